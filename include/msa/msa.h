@@ -1,0 +1,281 @@
+/*
+ * libmsa: MiniMax-M3 block-sparse attention (MSA) as an inference-engine
+ * attention backend.  Public C11 API.  No CUDA headers: device pointers and
+ * streams are passed as `void *`.
+ *
+ * Object graph (see docs/API.md):
+ *
+ *   msa_context  backend (CPU or CUDA), thread pool, last-error message
+ *   msa_model    layer shapes and per-layer sparse / index-value flags
+ *   msa_cache    paged KV pool: per-layer planes K, V, index K, index V
+ *   msa_plan     one step's request metadata, sized by capacity limits
+ *   msa_forward  one layer of one step: cache write, then attention
+ *
+ * Every function that can fail returns an msa_status.  Failures of calls that
+ * take a context store a message retrievable with msa_context_last_error().
+ * A rejected call writes nothing: neither outputs nor the cache.
+ */
+#ifndef MSA_MSA_H
+#define MSA_MSA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MSA_VERSION_MAJOR 0
+#define MSA_VERSION_MINOR 1
+#define MSA_VERSION_PATCH 0
+#define MSA_VERSION_NUMBER \
+    (MSA_VERSION_MAJOR * 10000 + MSA_VERSION_MINOR * 100 + MSA_VERSION_PATCH)
+
+/* Runtime version of the linked library, e.g. "0.1.0" and 100. */
+const char *msa_version_string(void);
+unsigned msa_version_number(void);
+
+/* ---- status codes (stable values; never renumbered) ------------------- */
+typedef enum msa_status {
+    MSA_OK = 0,
+    MSA_ERR_INVALID_ARGUMENT = 1, /* null pointer, bad value, inconsistent lengths */
+    MSA_ERR_INVALID_CONFIG = 2,   /* model or cache configuration is invalid */
+    MSA_ERR_OUT_OF_RANGE = 3,     /* page id, layer index, token count out of range */
+    MSA_ERR_UNSUPPORTED = 4,      /* dtype / backend / feature not in this build */
+    MSA_ERR_OUT_OF_MEMORY = 5,
+    MSA_ERR_IO = 6,               /* file could not be read or parsed */
+    MSA_ERR_CAPACITY = 7,         /* step exceeds the plan's capacity limits */
+    MSA_ERR_BACKEND = 8,          /* device runtime error */
+    MSA_ERR_NO_DEVICE = 9         /* backend compiled in but no device present */
+} msa_status;
+
+/* "MSA_OK", "MSA_ERR_INVALID_ARGUMENT", ...; "MSA_ERR_UNKNOWN" otherwise. */
+const char *msa_status_name(msa_status status);
+
+/* ---- element types ----------------------------------------------------- */
+typedef enum msa_dtype {
+    MSA_DTYPE_FP32 = 0,
+    MSA_DTYPE_BF16 = 1,
+    MSA_DTYPE_FP16 = 2,
+    MSA_DTYPE_FP8_E4M3 = 3, /* cache planes only */
+    MSA_DTYPE_NVFP4 = 4     /* cache planes only */
+} msa_dtype;
+
+const char *msa_dtype_name(msa_dtype dtype); /* "fp32", "bf16", ... */
+/* Parses "fp32" / "bf16" / "fp16" / "fp8_e4m3" / "nvfp4". */
+msa_status msa_dtype_from_name(const char *name, msa_dtype *out);
+/* Bytes per element for fp32/bf16/fp16/fp8; 0 for nvfp4 (sub-byte). */
+size_t msa_dtype_size(msa_dtype dtype);
+
+/* ---- context ----------------------------------------------------------- */
+typedef enum msa_backend {
+    MSA_BACKEND_CPU = 0,
+    MSA_BACKEND_CUDA = 1
+} msa_backend;
+
+const char *msa_backend_name(msa_backend backend); /* "cpu", "cuda" */
+/* 1 when the backend is compiled into this build (CUDA: and a device exists). */
+int msa_backend_available(msa_backend backend);
+
+typedef struct msa_context_params {
+    msa_backend backend; /* default MSA_BACKEND_CPU */
+    int num_threads;     /* CPU worker threads; 0 = number of online cores */
+    int device;          /* CUDA device ordinal; default 0 */
+} msa_context_params;
+
+void msa_context_params_default(msa_context_params *params);
+
+typedef struct msa_context msa_context;
+
+/* On failure *out is NULL and, when errbuf is non-NULL, a message is written
+ * there (NUL-terminated, truncated to errbuf_size). */
+msa_status msa_context_create(const msa_context_params *params, msa_context **out,
+                              char *errbuf, size_t errbuf_size);
+void msa_context_free(msa_context *ctx); /* NULL is fine */
+/* Message of the last failed call on this context ("" when none). Owned by
+ * the context; valid until the next call on it. */
+const char *msa_context_last_error(const msa_context *ctx);
+msa_backend msa_context_backend(const msa_context *ctx);
+int msa_context_num_threads(const msa_context *ctx);
+
+/* ---- model ------------------------------------------------------------- */
+typedef enum msa_score_type {
+    MSA_SCORE_MAX = 0,
+    MSA_SCORE_LSE = 1
+} msa_score_type;
+
+typedef struct msa_model_config {
+    int32_t num_layers;       /* default 1 */
+    int32_t num_q_heads;      /* Hq, default 64 */
+    int32_t num_kv_heads;     /* Hkv, default 4 */
+    int32_t head_dim;         /* D, default 128 */
+    int32_t num_index_heads;  /* Hi, default 4 */
+    int32_t index_dim;        /* Di, default 128 */
+    int32_t block_size;       /* B, default 128 */
+    int32_t topk_blocks;      /* K, default 16 */
+    int32_t init_blocks;      /* I, default 0 */
+    int32_t local_blocks;     /* Lc, default 1 */
+    msa_score_type score_type; /* default MSA_SCORE_MAX */
+    /* Per layer 0/1, num_layers entries, copied by msa_model_create.
+     * layer_sparse NULL: every layer sparse.  layer_index_value NULL: no
+     * layer keeps an index value. */
+    const uint8_t *layer_sparse;
+    const uint8_t *layer_index_value;
+    float softmax_scale;       /* main attention; 0 = head_dim^-1/2 */
+    float index_softmax_scale; /* c of SPEC 4/6; 0 = index_dim^-1/2 */
+} msa_model_config;
+
+/* M3 shape with one sparse layer without index value. */
+void msa_model_config_default(msa_model_config *cfg);
+
+typedef struct msa_model msa_model;
+
+msa_status msa_model_create(msa_context *ctx, const msa_model_config *cfg, msa_model **out);
+/* Hugging Face config.json: keys at top level or under "text_config". */
+msa_status msa_model_load_config_file(msa_context *ctx, const char *path, msa_model **out);
+msa_status msa_model_load_config_json(msa_context *ctx, const char *json, size_t len,
+                                      msa_model **out);
+void msa_model_free(msa_model *model);
+/* Fills *cfg; its layer arrays point into the model (valid while it lives)
+ * and the scales hold the resolved values. */
+void msa_model_get_config(const msa_model *model, msa_model_config *cfg);
+int msa_model_layer_is_sparse(const msa_model *model, int32_t layer);      /* 0 if out of range */
+int msa_model_layer_has_index_value(const msa_model *model, int32_t layer); /* 0 if out of range */
+/* Width W of a selected-ids row: K, or m*K when Hi = m*Hkv (unions). */
+int32_t msa_model_topk_width(const msa_model *model);
+
+/* ---- cache ------------------------------------------------------------- */
+/*
+ * Layout of the planes (element = the plane's dtype), per layer:
+ *   K, V        [num_pages][Hkv][page_size][D]
+ *   index K, V  [num_pages][page_size][Di]
+ * Dense layers have no index planes; layers without index value have no
+ * index V plane.  fp8_e4m3 / nvfp4 layouts are described in docs/API.md.
+ * With the CUDA backend every plane lives in device memory.
+ */
+typedef enum msa_plane {
+    MSA_PLANE_K = 0,
+    MSA_PLANE_V = 1,
+    MSA_PLANE_INDEX_K = 2,
+    MSA_PLANE_INDEX_V = 3
+} msa_plane;
+
+typedef struct msa_cache_config {
+    int64_t num_pages;     /* default 0: must be set */
+    int32_t page_size;     /* P, power of two in 1..256; default 128 */
+    msa_dtype kv_dtype;    /* main K and V planes; default bf16 */
+    msa_dtype index_dtype; /* index K and V planes; default bf16 */
+} msa_cache_config;
+
+void msa_cache_config_default(msa_cache_config *cfg);
+
+typedef struct msa_cache msa_cache;
+
+/* Library-allocated pool (zero-filled). */
+msa_status msa_cache_create(msa_context *ctx, const msa_model *model,
+                            const msa_cache_config *cfg, msa_cache **out);
+/* Wraps caller memory.  planes[layer * 4 + plane] points to the plane's
+ * storage in the layout above (NULL for planes the layer does not have).
+ * The caller keeps ownership; the memory must outlive the cache. */
+msa_status msa_cache_wrap(msa_context *ctx, const msa_model *model,
+                          const msa_cache_config *cfg, void *const *planes,
+                          msa_cache **out);
+void msa_cache_free(msa_cache *cache);
+void msa_cache_get_config(const msa_cache *cache, msa_cache_config *cfg);
+/* Bytes of one plane of one layer (0 when the layer has no such plane). */
+size_t msa_cache_plane_bytes(const msa_cache *cache, int32_t layer, msa_plane plane);
+/* Pointer to the plane (device pointer with CUDA); NULL when absent. */
+void *msa_cache_plane_data(const msa_cache *cache, int32_t layer, msa_plane plane);
+/* Per-layer quantization scales (fp8: dequant scale; nvfp4: global scale).
+ * Default 1.0; must be finite and positive. */
+msa_status msa_cache_set_scales(msa_cache *cache, int32_t layer, float k_scale,
+                                float v_scale, float index_k_scale, float index_v_scale);
+
+/* ---- memory helpers (work for both backends) --------------------------- */
+/* Allocates memory the backend's kernels can read (host memory for CPU,
+ * device memory for CUDA), copies between it and the host. */
+msa_status msa_buffer_alloc(msa_context *ctx, size_t bytes, void **out);
+void msa_buffer_free(msa_context *ctx, void *ptr);
+msa_status msa_copy_to_buffer(msa_context *ctx, void *dst, const void *host_src, size_t bytes);
+msa_status msa_copy_from_buffer(msa_context *ctx, void *host_dst, const void *src, size_t bytes);
+/* Waits for all work the context enqueued (no-op on the CPU). */
+msa_status msa_synchronize(msa_context *ctx);
+
+/* ---- plan -------------------------------------------------------------- */
+typedef struct msa_plan_limits {
+    int32_t max_requests; /* 0 = grow on update */
+    int64_t max_tokens;   /* rows of the token tensors; 0 = grow */
+    int64_t max_kv_len;   /* longest context of any request; 0 = grow */
+} msa_plan_limits;
+
+void msa_plan_limits_default(msa_plan_limits *limits); /* all 0 */
+
+typedef struct msa_step {
+    int32_t num_requests;
+    int64_t num_tokens;        /* rows of the token tensors, >= sum(q_len) */
+    const int32_t *q_len;      /* [num_requests], host memory */
+    const int32_t *kv_len;     /* [num_requests], total tokens after the step */
+    /* Row r (at page_table + r * page_table_stride) maps logical page n of
+     * request r to its physical page, n < ceil(kv_len[r] / page_size). */
+    const int32_t *page_table;
+    int64_t page_table_stride;
+} msa_step;
+
+typedef struct msa_plan msa_plan;
+
+/* The plan captures model and cache; both must outlive it.  With non-zero
+ * limits every buffer is sized once here, so msa_plan_update never
+ * allocates and a captured CUDA graph stays valid across updates. */
+msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *cache,
+                           const msa_plan_limits *limits, msa_plan **out);
+void msa_plan_free(msa_plan *plan);
+/* Host-side: validates the step and (CUDA) uploads it on `stream`.  A
+ * rejected step leaves the plan as it was. */
+msa_status msa_plan_update(msa_plan *plan, const msa_step *step, void *stream);
+
+/* ---- forward ----------------------------------------------------------- */
+typedef struct msa_layer_io {
+    msa_dtype act_dtype; /* fp32 / bf16 / fp16; default bf16 */
+    /* Inputs, rows = step.num_tokens, C order. */
+    const void *q;     /* [T][Hq][D] */
+    const void *k;     /* [T][Hkv][D]   (unused when write_cache == 0) */
+    const void *v;     /* [T][Hkv][D]   (unused when write_cache == 0) */
+    const void *idx_q; /* [T][Hi][Di]   sparse layers */
+    const void *idx_k; /* [T][Di]       sparse layers, write_cache */
+    const void *idx_v; /* [T][Di]       index-value layers, write_cache */
+    /* Outputs. */
+    void *o;           /* [T][Hq][D] act_dtype, required */
+    void *idx_o;       /* [T][Hi][Di] act_dtype, required for index-value layers */
+    float *lse;        /* [T][Hq] optional: natural-log sum-exp of scaled logits */
+    int32_t *topk;     /* [T][Hkv][W] optional, sparse layers: selected block ids */
+    int write_cache;   /* default 1; 0 = the step's entries are already cached */
+    void *stream;      /* CUDA stream (cudaStream_t); NULL = default stream */
+} msa_layer_io;
+
+void msa_layer_io_default(msa_layer_io *io);
+
+/* One layer of the step held by `plan`. */
+msa_status msa_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);
+
+/* Which kernel path the last msa_plan_update chose for this layer, and why a
+ * fast path was not taken ("" when it was).  Strings owned by the plan. */
+const char *msa_plan_kernel_name(const msa_plan *plan, int32_t layer);
+const char *msa_plan_fallback_reason(const msa_plan *plan, int32_t layer);
+
+/* ---- benchmark helpers ------------------------------------------------- */
+/* Times msa_forward of `layer` on the current plan.  `io_sets` holds
+ * num_sets input/output sets used in rotation (so the working set can exceed
+ * the caches).  After `warmup` untimed runs, writes the time of each of
+ * `reps` runs in microseconds to times_us[reps].  CUDA: each set's forward is
+ * captured once in a graph and replays are timed with events. */
+msa_status msa_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
+                             const msa_layer_io *io_sets, int num_sets, int warmup,
+                             int reps, double *times_us);
+/* Streaming-read bandwidth of the backend's memory (GB/s, 1e9 bytes/s):
+ * reads `bytes` bytes `reps` times and reports the median rate. */
+msa_status msa_bench_read_bandwidth(msa_context *ctx, size_t bytes, int reps, double *gbps);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MSA_MSA_H */

@@ -1,0 +1,233 @@
+/* The paged KV pool: per-layer planes, geometry, scales. */
+#include "core/internal.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+void msa_cache_config_default(msa_cache_config *cfg)
+{
+    if (!cfg)
+        return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->num_pages = 0;
+    cfg->page_size = 128;
+    cfg->kv_dtype = MSA_DTYPE_BF16;
+    cfg->index_dtype = MSA_DTYPE_BF16;
+}
+
+int32_t msa_plane_dim(const msa_model *model, msa_plane plane)
+{
+    return plane == MSA_PLANE_K || plane == MSA_PLANE_V ? model->cfg.head_dim : model->cfg.index_dim;
+}
+
+int msa_layer_has_plane(const msa_model *model, int32_t layer, msa_plane plane)
+{
+    switch (plane) {
+    case MSA_PLANE_K:
+    case MSA_PLANE_V: return 1;
+    case MSA_PLANE_INDEX_K: return model->layer_sparse[layer];
+    case MSA_PLANE_INDEX_V: return model->layer_index_value[layer];
+    }
+    return 0;
+}
+
+/* Bytes of one (page, head) tile of P tokens x dim elements. */
+static size_t tile_bytes(msa_dtype dtype, int64_t page_size, int64_t dim)
+{
+    int64_t n = page_size * dim;
+    if (dtype == MSA_DTYPE_NVFP4) /* two codes per byte + one E4M3 scale per 16 */
+        return (size_t)(n / 2 + n / 16);
+    return (size_t)n * msa_dtype_size(dtype);
+}
+
+size_t msa_plane_bytes_for(const msa_model *model, const msa_cache_config *cfg, int32_t layer,
+                           msa_plane plane)
+{
+    if (!msa_layer_has_plane(model, layer, plane))
+        return 0;
+    int main_plane = plane == MSA_PLANE_K || plane == MSA_PLANE_V;
+    msa_dtype dt = main_plane ? cfg->kv_dtype : cfg->index_dtype;
+    int64_t heads = main_plane ? model->cfg.num_kv_heads : 1;
+    size_t tile = tile_bytes(dt, cfg->page_size, msa_plane_dim(model, plane));
+    /* Sizes were bounded by validate_cache_config, so no overflow here. */
+    return tile * (size_t)heads * (size_t)cfg->num_pages;
+}
+
+static int is_storage_dtype(msa_dtype d)
+{
+    return d == MSA_DTYPE_FP32 || d == MSA_DTYPE_BF16 || d == MSA_DTYPE_FP16 ||
+           d == MSA_DTYPE_FP8_E4M3 || d == MSA_DTYPE_NVFP4;
+}
+
+static msa_status validate_cache_config(msa_context *ctx, const msa_model *model,
+                                        const msa_cache_config *cfg)
+{
+    if (cfg->num_pages < 1 || cfg->num_pages > (INT64_C(1) << 31))
+        return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "num_pages must be in 1..2^31 (got %lld)",
+                             (long long)cfg->num_pages);
+    int32_t p = cfg->page_size;
+    if (p < 1 || p > 256 || (p & (p - 1)) != 0)
+        return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG,
+                             "page_size must be a power of two in 1..256 (got %d)", p);
+    if (!is_storage_dtype(cfg->kv_dtype) || !is_storage_dtype(cfg->index_dtype))
+        return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "unknown cache dtype");
+    if (cfg->kv_dtype == MSA_DTYPE_FP8_E4M3 || cfg->kv_dtype == MSA_DTYPE_NVFP4 ||
+        cfg->index_dtype == MSA_DTYPE_FP8_E4M3 || cfg->index_dtype == MSA_DTYPE_NVFP4)
+        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
+                             "quantized cache planes (fp8_e4m3, nvfp4) are not supported by this "
+                             "version yet (kv %s, index %s)",
+                             msa_dtype_name(cfg->kv_dtype), msa_dtype_name(cfg->index_dtype));
+    if ((cfg->kv_dtype == MSA_DTYPE_NVFP4 && (p * model->cfg.head_dim) % 16 != 0) ||
+        (cfg->index_dtype == MSA_DTYPE_NVFP4 && (p * model->cfg.index_dim) % 16 != 0))
+        return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "nvfp4 needs head dims multiple of 16");
+    /* Bound every plane below 2^46 bytes so size arithmetic cannot overflow. */
+    int64_t dim = model->cfg.head_dim > model->cfg.index_dim ? model->cfg.head_dim : model->cfg.index_dim;
+    double bytes = (double)cfg->num_pages * p * dim * model->cfg.num_kv_heads * 4.0;
+    if (bytes > (double)(INT64_C(1) << 46))
+        return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "cache plane would exceed 2^46 bytes");
+    return MSA_OK;
+}
+
+static msa_status cache_alloc_struct(msa_context *ctx, const msa_model *model,
+                                     const msa_cache_config *cfg, msa_cache **out)
+{
+    size_t n = (size_t)model->cfg.num_layers * 4;
+    msa_cache *c = calloc(1, sizeof *c);
+    if (c) {
+        c->planes = calloc(n, sizeof *c->planes);
+        c->plane_bytes = calloc(n, sizeof *c->plane_bytes);
+        c->scales = malloc(n * sizeof *c->scales);
+    }
+    if (!c || !c->planes || !c->plane_bytes || !c->scales) {
+        if (c) {
+            free(c->planes);
+            free(c->plane_bytes);
+            free(c->scales);
+        }
+        free(c);
+        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "cache: out of memory");
+    }
+    c->ctx = ctx;
+    c->model = model;
+    c->cfg = *cfg;
+    for (size_t i = 0; i < n; i++)
+        c->scales[i] = 1.0f;
+    for (int32_t l = 0; l < model->cfg.num_layers; l++)
+        for (int pl = 0; pl < 4; pl++)
+            c->plane_bytes[l * 4 + pl] = msa_plane_bytes_for(model, cfg, l, (msa_plane)pl);
+    *out = c;
+    return MSA_OK;
+}
+
+msa_status msa_cache_create(msa_context *ctx, const msa_model *model, const msa_cache_config *cfg,
+                            msa_cache **out)
+{
+    if (!ctx)
+        return MSA_ERR_INVALID_ARGUMENT;
+    if (!model || !cfg || !out)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "msa_cache_create: NULL argument");
+    *out = NULL;
+    msa_status st = validate_cache_config(ctx, model, cfg);
+    if (st != MSA_OK)
+        return st;
+    msa_cache *c;
+    if ((st = cache_alloc_struct(ctx, model, cfg, &c)) != MSA_OK)
+        return st;
+    c->owns_memory = 1;
+    for (int32_t i = 0; i < model->cfg.num_layers * 4; i++) {
+        if (!c->plane_bytes[i])
+            continue;
+        st = ctx->ops->alloc(ctx, c->plane_bytes[i], &c->planes[i]);
+        if (st != MSA_OK) {
+            msa_cache_free(c);
+            return msa_set_error(ctx, st, "cache: cannot allocate %zu bytes for layer %d plane %d",
+                                 msa_plane_bytes_for(model, cfg, i / 4, (msa_plane)(i % 4)), i / 4,
+                                 i % 4);
+        }
+    }
+    msa_clear_error(ctx);
+    *out = c;
+    return MSA_OK;
+}
+
+msa_status msa_cache_wrap(msa_context *ctx, const msa_model *model, const msa_cache_config *cfg,
+                          void *const *planes, msa_cache **out)
+{
+    if (!ctx)
+        return MSA_ERR_INVALID_ARGUMENT;
+    if (!model || !cfg || !planes || !out)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "msa_cache_wrap: NULL argument");
+    *out = NULL;
+    msa_status st = validate_cache_config(ctx, model, cfg);
+    if (st != MSA_OK)
+        return st;
+    for (int32_t l = 0; l < model->cfg.num_layers; l++)
+        for (int pl = 0; pl < 4; pl++)
+            if (msa_layer_has_plane(model, l, (msa_plane)pl) && !planes[l * 4 + pl])
+                return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                                     "msa_cache_wrap: layer %d plane %d is NULL", l, pl);
+    msa_cache *c;
+    if ((st = cache_alloc_struct(ctx, model, cfg, &c)) != MSA_OK)
+        return st;
+    for (int32_t i = 0; i < model->cfg.num_layers * 4; i++)
+        c->planes[i] = c->plane_bytes[i] ? planes[i] : NULL;
+    msa_clear_error(ctx);
+    *out = c;
+    return MSA_OK;
+}
+
+void msa_cache_free(msa_cache *cache)
+{
+    if (!cache)
+        return;
+    if (cache->owns_memory)
+        for (int32_t i = 0; i < cache->model->cfg.num_layers * 4; i++)
+            if (cache->planes[i])
+                cache->ctx->ops->free(cache->ctx, cache->planes[i]);
+    free(cache->planes);
+    free(cache->plane_bytes);
+    free(cache->scales);
+    free(cache);
+}
+
+void msa_cache_get_config(const msa_cache *cache, msa_cache_config *cfg)
+{
+    if (cache && cfg)
+        *cfg = cache->cfg;
+}
+
+static int plane_index_ok(const msa_cache *cache, int32_t layer, msa_plane plane)
+{
+    return cache && layer >= 0 && layer < cache->model->cfg.num_layers && (unsigned)plane < 4u;
+}
+
+size_t msa_cache_plane_bytes(const msa_cache *cache, int32_t layer, msa_plane plane)
+{
+    return plane_index_ok(cache, layer, plane) ? cache->plane_bytes[layer * 4 + plane] : 0;
+}
+
+void *msa_cache_plane_data(const msa_cache *cache, int32_t layer, msa_plane plane)
+{
+    return plane_index_ok(cache, layer, plane) ? cache->planes[layer * 4 + plane] : NULL;
+}
+
+msa_status msa_cache_set_scales(msa_cache *cache, int32_t layer, float k_scale, float v_scale,
+                                float index_k_scale, float index_v_scale)
+{
+    if (!cache)
+        return MSA_ERR_INVALID_ARGUMENT;
+    msa_context *ctx = cache->ctx;
+    if (layer < 0 || layer >= cache->model->cfg.num_layers)
+        return msa_set_error(ctx, MSA_ERR_OUT_OF_RANGE, "layer %d out of range 0..%d", layer,
+                             cache->model->cfg.num_layers - 1);
+    const float s[4] = {k_scale, v_scale, index_k_scale, index_v_scale};
+    for (int i = 0; i < 4; i++)
+        if (!(s[i] > 0.0f) || isinf(s[i]))
+            return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                                 "cache scales must be finite and positive");
+    memcpy(&cache->scales[layer * 4], s, sizeof s);
+    msa_clear_error(ctx);
+    return MSA_OK;
+}

@@ -1,0 +1,293 @@
+/* Hugging Face config.json loader (SPEC section 2), on cJSON. */
+#include "core/internal.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_CONFIG_BYTES (64u << 20)
+
+typedef struct loader {
+    msa_context *ctx;
+    const cJSON *top;  /* text_config when present, else the root */
+    const cJSON *root;
+    const cJSON *sparse; /* sparse_attention_config or NULL */
+} loader;
+
+/* A key of the model: text_config first, then the top level. */
+static const cJSON *model_key(const loader *ld, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(ld->top, key);
+    if (!v && ld->top != ld->root)
+        v = cJSON_GetObjectItemCaseSensitive(ld->root, key);
+    return v;
+}
+
+/* Reads an integer value; 1 = found, 0 = absent, -1 = error (message set). */
+static int read_int(const loader *ld, const cJSON *v, const char *key, int64_t *out)
+{
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble) ||
+        fabs(v->valuedouble) > 2147483647.0) {
+        msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG, "config key '%s' must be an integer", key);
+        return -1;
+    }
+    *out = (int64_t)v->valuedouble;
+    return 1;
+}
+
+static int model_int(const loader *ld, const char *key, int64_t *out)
+{
+    return read_int(ld, model_key(ld, key), key, out);
+}
+
+static int sparse_int(const loader *ld, const char *key, int64_t *out)
+{
+    return ld->sparse ? read_int(ld, cJSON_GetObjectItemCaseSensitive(ld->sparse, key), key, out) : 0;
+}
+
+static msa_status clamp_int32(msa_context *ctx, const char *key, int64_t v, int32_t *out)
+{
+    if (v < -2147483647 || v > 2147483647)
+        return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "config key '%s' out of range", key);
+    *out = (int32_t)v;
+    return MSA_OK;
+}
+
+/* Per-layer 0/1 list; absent leaves `out` untouched (caller pre-fills). */
+static msa_status layer_list(const loader *ld, const char *key, int32_t n, uint8_t *out)
+{
+    const cJSON *v = ld->sparse ? cJSON_GetObjectItemCaseSensitive(ld->sparse, key) : NULL;
+    if (!v || cJSON_IsNull(v))
+        return MSA_OK;
+    if (!cJSON_IsArray(v))
+        return msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG, "config key '%s' must be a list", key);
+    int len = cJSON_GetArraySize(v);
+    if (len != n)
+        return msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG,
+                             "config key '%s' has %d entries, expected num_hidden_layers = %d", key,
+                             len, n);
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, v)
+    {
+        double d;
+        if (cJSON_IsBool(e))
+            d = cJSON_IsTrue(e) ? 1.0 : 0.0;
+        else if (cJSON_IsNumber(e))
+            d = e->valuedouble;
+        else
+            d = -1.0;
+        if (d != 0.0 && d != 1.0)
+            return msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG,
+                                 "config key '%s'[%d] must be 0 or 1", key, i);
+        out[i++] = (uint8_t)d;
+    }
+    return MSA_OK;
+}
+
+/* Blocks from the `_block` key, else from `_tokens` (ceil(tokens/B) + extra). */
+static msa_status block_count(const loader *ld, const char *block_key, const char *tokens_key,
+                              int32_t block_size, int32_t extra, int32_t dflt, int32_t *out)
+{
+    int64_t v;
+    int r = sparse_int(ld, block_key, &v);
+    if (r < 0)
+        return MSA_ERR_INVALID_CONFIG;
+    if (r == 1)
+        return clamp_int32(ld->ctx, block_key, v, out);
+    r = sparse_int(ld, tokens_key, &v);
+    if (r < 0)
+        return MSA_ERR_INVALID_CONFIG;
+    if (r == 0) {
+        *out = dflt;
+        return MSA_OK;
+    }
+    if (v < 0)
+        return msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG, "config key '%s' must be >= 0",
+                             tokens_key);
+    if (block_size < 1)
+        return msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG, "sparse_block_size must be positive");
+    return clamp_int32(ld->ctx, tokens_key, (v + block_size - 1) / block_size + extra, out);
+}
+
+static msa_status required_int(const loader *ld, const char *key, int sparse, int32_t *out)
+{
+    int64_t v;
+    int r = sparse ? sparse_int(ld, key, &v) : model_int(ld, key, &v);
+    if (r < 0)
+        return MSA_ERR_INVALID_CONFIG;
+    if (r == 0)
+        return msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG, "config key '%s' is missing", key);
+    return clamp_int32(ld->ctx, key, v, out);
+}
+
+static msa_status parse(loader *ld, msa_model **out)
+{
+    msa_context *ctx = ld->ctx;
+    msa_model_config cfg;
+    msa_model_config_default(&cfg);
+    msa_status st;
+    int64_t v;
+    int r;
+
+    if ((st = required_int(ld, "num_attention_heads", 0, &cfg.num_q_heads)) != MSA_OK)
+        return st;
+    if ((st = required_int(ld, "num_hidden_layers", 0, &cfg.num_layers)) != MSA_OK)
+        return st;
+    /* Hugging Face defaults: no KV-head count means MHA, no head_dim means
+     * hidden_size / heads. */
+    if ((r = model_int(ld, "num_key_value_heads", &v)) < 0)
+        return MSA_ERR_INVALID_CONFIG;
+    if ((st = clamp_int32(ctx, "num_key_value_heads", r ? v : cfg.num_q_heads, &cfg.num_kv_heads)) != MSA_OK)
+        return st;
+    if ((r = model_int(ld, "head_dim", &v)) < 0)
+        return MSA_ERR_INVALID_CONFIG;
+    if (r == 0) {
+        int64_t hidden;
+        int rh = model_int(ld, "hidden_size", &hidden);
+        if (rh < 0)
+            return MSA_ERR_INVALID_CONFIG;
+        if (rh == 0)
+            return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG,
+                                 "config has neither 'head_dim' nor 'hidden_size'");
+        if (cfg.num_q_heads <= 0 || hidden % cfg.num_q_heads != 0)
+            return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG,
+                                 "hidden_size is not a multiple of num_attention_heads");
+        v = hidden / cfg.num_q_heads;
+    }
+    if ((st = clamp_int32(ctx, "head_dim", v, &cfg.head_dim)) != MSA_OK)
+        return st;
+    if (cfg.num_layers < 1 || cfg.num_layers > 100000)
+        return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "num_hidden_layers must be in 1..100000");
+
+    uint8_t *sparse = malloc((size_t)cfg.num_layers);
+    uint8_t *ivalue = malloc((size_t)cfg.num_layers);
+    if (!sparse || !ivalue) {
+        free(sparse);
+        free(ivalue);
+        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+
+    if (!ld->sparse) {
+        /* No sparse config: every layer dense; index shapes are unused but
+         * must still form a valid configuration. */
+        memset(sparse, 0, (size_t)cfg.num_layers);
+        memset(ivalue, 0, (size_t)cfg.num_layers);
+        cfg.num_index_heads = cfg.num_kv_heads;
+        cfg.index_dim = cfg.head_dim;
+    } else {
+        /* Defaults: every layer sparse; index value disabled everywhere. */
+        memset(sparse, 1, (size_t)cfg.num_layers);
+        memset(ivalue, 1, (size_t)cfg.num_layers);
+        if ((st = required_int(ld, "sparse_num_index_heads", 1, &cfg.num_index_heads)) != MSA_OK ||
+            (st = required_int(ld, "sparse_index_dim", 1, &cfg.index_dim)) != MSA_OK ||
+            (st = required_int(ld, "sparse_block_size", 1, &cfg.block_size)) != MSA_OK ||
+            (st = required_int(ld, "sparse_topk_blocks", 1, &cfg.topk_blocks)) != MSA_OK ||
+            (st = block_count(ld, "sparse_init_block", "sparse_init_tokens", cfg.block_size, 0, 0,
+                              &cfg.init_blocks)) != MSA_OK ||
+            (st = block_count(ld, "sparse_local_block", "sparse_local_tokens", cfg.block_size, 1, 1,
+                              &cfg.local_blocks)) != MSA_OK ||
+            (st = layer_list(ld, "sparse_attention_freq", cfg.num_layers, sparse)) != MSA_OK ||
+            (st = layer_list(ld, "sparse_disable_index_value", cfg.num_layers, ivalue)) != MSA_OK)
+            goto fail;
+        /* The config says "disable"; the model stores "keeps". */
+        for (int32_t l = 0; l < cfg.num_layers; l++)
+            ivalue[l] = (uint8_t)!ivalue[l];
+        const cJSON *score = cJSON_GetObjectItemCaseSensitive(ld->sparse, "sparse_score_type");
+        if (score && !cJSON_IsNull(score)) {
+            if (cJSON_IsString(score) && strcmp(score->valuestring, "max") == 0)
+                cfg.score_type = MSA_SCORE_MAX;
+            else if (cJSON_IsString(score) && strcmp(score->valuestring, "lse") == 0)
+                cfg.score_type = MSA_SCORE_LSE;
+            else {
+                st = msa_set_error(ctx, MSA_ERR_INVALID_CONFIG,
+                                   "sparse_score_type must be \"max\" or \"lse\"");
+                goto fail;
+            }
+        }
+    }
+    cfg.layer_sparse = sparse;
+    cfg.layer_index_value = ivalue;
+    st = msa_model_create(ctx, &cfg, out);
+fail:
+    free(sparse);
+    free(ivalue);
+    return st;
+}
+
+msa_status msa_model_load_config_json(msa_context *ctx, const char *json, size_t len, msa_model **out)
+{
+    if (!ctx)
+        return MSA_ERR_INVALID_ARGUMENT;
+    if (!json || !out)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "msa_model_load_config_json: NULL argument");
+    *out = NULL;
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root)
+        return msa_set_error(ctx, MSA_ERR_IO, "config is not valid JSON");
+    msa_status st;
+    if (!cJSON_IsObject(root)) {
+        st = msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "config must be a JSON object");
+    } else {
+        loader ld = {ctx, root, root, NULL};
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+        if (text && cJSON_IsObject(text))
+            ld.top = text;
+        const cJSON *sp = model_key(&ld, "sparse_attention_config");
+        if (sp && !cJSON_IsNull(sp)) {
+            if (!cJSON_IsObject(sp)) {
+                cJSON_Delete(root);
+                return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG,
+                                     "sparse_attention_config must be an object");
+            }
+            ld.sparse = sp;
+        }
+        st = parse(&ld, out);
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+msa_status msa_model_load_config_file(msa_context *ctx, const char *path, msa_model **out)
+{
+    if (!ctx)
+        return MSA_ERR_INVALID_ARGUMENT;
+    if (!path || !out)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "msa_model_load_config_file: NULL argument");
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return msa_set_error(ctx, MSA_ERR_IO, "cannot open config file '%s'", path);
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            size_t ncap = cap ? cap * 2 : 65536;
+            char *nb = ncap <= MAX_CONFIG_BYTES ? realloc(buf, ncap) : NULL;
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return msa_set_error(ctx, MSA_ERR_IO, "config file '%s' is too large", path);
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t n = fread(buf + len, 1, cap - len, f);
+        len += n;
+        if (n == 0)
+            break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        return msa_set_error(ctx, MSA_ERR_IO, "error reading config file '%s'", path);
+    }
+    msa_status st = msa_model_load_config_json(ctx, buf, len, out);
+    free(buf);
+    return st;
+}

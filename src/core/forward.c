@@ -1,0 +1,105 @@
+/* msa_forward: validation of one layer call, then the backend. */
+#include "core/internal.h"
+
+#include <string.h>
+
+void msa_layer_io_default(msa_layer_io *io)
+{
+    if (!io)
+        return;
+    memset(io, 0, sizeof *io);
+    io->act_dtype = MSA_DTYPE_BF16;
+    io->write_cache = 1;
+}
+
+static msa_status validate_io(msa_context *ctx, const msa_plan *plan, int32_t layer,
+                              const msa_layer_io *io)
+{
+    const msa_model *m = plan->model;
+    if (io->act_dtype != MSA_DTYPE_FP32 && io->act_dtype != MSA_DTYPE_BF16 &&
+        io->act_dtype != MSA_DTYPE_FP16)
+        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
+                             "activation dtype %s is not supported (fp32, bf16, fp16)",
+                             msa_dtype_name(io->act_dtype));
+    if (io->write_cache != 0 && io->write_cache != 1)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "write_cache must be 0 or 1");
+    if (plan->num_tokens == 0)
+        return MSA_OK; /* nothing is read or written */
+    const int sparse = m->layer_sparse[layer];
+    const int ivalue = m->layer_index_value[layer];
+#define NEED(ptr, what) \
+    if (!(ptr))         \
+    return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "layer %d: %s is NULL", layer, what)
+    NEED(io->q, "q");
+    NEED(io->o, "o");
+    if (sparse) {
+        NEED(io->idx_q, "idx_q");
+    }
+    if (ivalue) {
+        NEED(io->idx_o, "idx_o (the layer keeps an index value)");
+    }
+    if (io->write_cache && plan->active_tokens > 0) {
+        NEED(io->k, "k");
+        NEED(io->v, "v");
+        if (sparse) {
+            NEED(io->idx_k, "idx_k");
+        }
+        if (ivalue) {
+            NEED(io->idx_v, "idx_v");
+        }
+    }
+#undef NEED
+    for (int pl = 0; pl < 4; pl++)
+        if (msa_layer_has_plane(m, layer, (msa_plane)pl) && !plan->cache->planes[layer * 4 + pl])
+            return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "layer %d: cache plane %d missing",
+                                 layer, pl);
+    return MSA_OK;
+}
+
+static msa_status validate_call(msa_context *ctx, const msa_plan *plan, int32_t layer)
+{
+    if (!plan)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "plan is NULL");
+    if (plan->ctx != ctx)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "the plan belongs to another context");
+    if (layer < 0 || layer >= plan->model->cfg.num_layers)
+        return msa_set_error(ctx, MSA_ERR_OUT_OF_RANGE, "layer %d out of range 0..%d", layer,
+                             plan->model->cfg.num_layers - 1);
+    return MSA_OK;
+}
+
+msa_status msa_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io)
+{
+    if (!ctx)
+        return MSA_ERR_INVALID_ARGUMENT;
+    msa_status st = validate_call(ctx, plan, layer);
+    if (st != MSA_OK)
+        return st;
+    if (!io)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "io is NULL");
+    if ((st = validate_io(ctx, plan, layer, io)) != MSA_OK)
+        return st;
+    msa_clear_error(ctx);
+    if (plan->num_tokens == 0)
+        return MSA_OK;
+    return ctx->ops->forward(ctx, plan, layer, io);
+}
+
+msa_status msa_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
+                             const msa_layer_io *io_sets, int num_sets, int warmup, int reps,
+                             double *times_us)
+{
+    if (!ctx)
+        return MSA_ERR_INVALID_ARGUMENT;
+    msa_status st = validate_call(ctx, plan, layer);
+    if (st != MSA_OK)
+        return st;
+    if (!io_sets || num_sets < 1 || warmup < 0 || reps < 1 || !times_us)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                             "msa_bench_forward: need io_sets, num_sets >= 1, warmup >= 0, reps >= 1, times_us");
+    for (int i = 0; i < num_sets; i++)
+        if ((st = validate_io(ctx, plan, layer, &io_sets[i])) != MSA_OK)
+            return st;
+    msa_clear_error(ctx);
+    return ctx->ops->bench_forward(ctx, plan, layer, io_sets, num_sets, warmup, reps, times_us);
+}

@@ -1,0 +1,145 @@
+/* Internal structures shared by the core and the backends.  No CUDA headers. */
+#ifndef MSA_INTERNAL_H
+#define MSA_INTERNAL_H
+
+#include "msa/msa.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+
+typedef struct msa_threadpool msa_threadpool;
+
+/* ---- backend operation table ------------------------------------------
+ * The core validates every call, then calls through this table.  A backend
+ * never sees invalid input.  All pointers handed to the stage functions are
+ * backend memory (host for CPU, device for CUDA). */
+typedef struct msa_backend_ops {
+    const char *name;
+    /* Context lifetime. */
+    msa_status (*init)(msa_context *ctx, const msa_context_params *params,
+                       char *err, size_t err_size);
+    void (*shutdown)(msa_context *ctx);
+    /* Memory: alloc returns zero-filled memory. */
+    msa_status (*alloc)(msa_context *ctx, size_t bytes, void **out);
+    void (*free)(msa_context *ctx, void *ptr);
+    msa_status (*copy_in)(msa_context *ctx, void *dst, const void *host_src, size_t bytes);
+    msa_status (*copy_out)(msa_context *ctx, void *host_dst, const void *src, size_t bytes);
+    msa_status (*synchronize)(msa_context *ctx);
+    /* Plan: create backend state sized by plan->cap_*, publish the host
+     * metadata of a validated step (may re-create state when a capacity
+     * grew), free it. */
+    msa_status (*plan_init)(msa_plan *plan);
+    msa_status (*plan_upload)(msa_plan *plan, void *stream);
+    void (*plan_free)(msa_plan *plan);
+    /* Kernel path for a layer under the current plan; `reason` gets "" when
+     * the fast path is taken. */
+    void (*describe)(const msa_plan *plan, int32_t layer, const char **kernel,
+                     const char **reason);
+    /* One layer, input already validated by msa_forward. */
+    msa_status (*forward)(msa_context *ctx, msa_plan *plan, int32_t layer,
+                          const msa_layer_io *io);
+    /* Benchmark helpers (arguments validated by the core). */
+    msa_status (*bench_forward)(msa_context *ctx, msa_plan *plan, int32_t layer,
+                                const msa_layer_io *io_sets, int num_sets, int warmup,
+                                int reps, double *times_us);
+    msa_status (*bench_read_bandwidth)(msa_context *ctx, size_t bytes, int reps,
+                                       double *gbps);
+} msa_backend_ops;
+
+extern const msa_backend_ops msa_cpu_backend_ops;
+#ifdef MSA_HAVE_CUDA
+extern const msa_backend_ops msa_cuda_backend_ops;
+#endif
+
+struct msa_context {
+    msa_backend backend;
+    const msa_backend_ops *ops;
+    int num_threads;
+    int device;
+    msa_threadpool *pool; /* CPU backend */
+    void *backend_state;  /* backend-private */
+    char last_error[512];
+};
+
+struct msa_model {
+    msa_model_config cfg; /* scales resolved; layer arrays point below */
+    uint8_t *layer_sparse;
+    uint8_t *layer_index_value;
+    int32_t group;        /* Hq / Hkv */
+    int32_t topk_width;   /* W */
+};
+
+struct msa_cache {
+    msa_context *ctx;
+    const msa_model *model;
+    msa_cache_config cfg;
+    int owns_memory;
+    void **planes;        /* [num_layers * 4] */
+    size_t *plane_bytes;  /* [num_layers * 4] */
+    float *scales;        /* [num_layers * 4] */
+};
+
+/* Host copy of one validated step, plus capacities. */
+struct msa_plan {
+    msa_context *ctx;
+    const msa_model *model;
+    msa_cache *cache;
+    msa_plan_limits limits; /* as given (0 = grow) */
+
+    /* Current capacities (== limits when fixed). */
+    int32_t cap_requests;
+    int64_t cap_tokens;
+    int64_t cap_kv_len;
+    int64_t cap_pages_per_request; /* ceil(cap_kv_len / page_size) */
+
+    /* Current step. */
+    int32_t num_requests;
+    int64_t num_tokens;     /* rows of the token tensors */
+    int64_t active_tokens;  /* sum(q_len) */
+    int64_t max_kv_len;     /* max kv_len of this step */
+    int32_t max_q_len;
+    int32_t *q_len;         /* [cap_requests] */
+    int32_t *kv_len;        /* [cap_requests] */
+    int64_t *q_start;       /* [cap_requests + 1] first token row of request r */
+    int32_t *page_table;    /* [cap_requests * cap_pages_per_request], -1 unused */
+    int32_t *token_request; /* [cap_tokens]: request of a row, -1 for padding */
+    int64_t *token_pos;     /* [cap_tokens]: absolute position, -1 for padding */
+
+    void *backend;          /* backend-private plan state */
+};
+
+/* ---- core helpers ------------------------------------------------------ */
+msa_status msa_set_error(msa_context *ctx, msa_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+void msa_clear_error(msa_context *ctx);
+
+/* Element conversions (exact bit-level implementations, no FPU mode tricks). */
+float msa_bf16_to_f32(uint16_t x);
+uint16_t msa_f32_to_bf16(float x);   /* round to nearest even, NaN kept */
+float msa_f16_to_f32(uint16_t x);
+uint16_t msa_f32_to_f16(float x);    /* round to nearest even, overflow to inf */
+/* Reads element i of an fp32/bf16/fp16 array as float. */
+float msa_load_act(const void *base, msa_dtype dtype, int64_t i);
+void msa_store_act(void *base, msa_dtype dtype, int64_t i, float value);
+/* Converts n floats into an fp32/bf16/fp16 array (and back). */
+void msa_convert_from_f32(void *dst, msa_dtype dtype, const float *src, int64_t n);
+void msa_convert_to_f32(float *dst, const void *src, msa_dtype dtype, int64_t n);
+
+/* Row width of plane elements per token (D for K/V, Di for index). */
+int32_t msa_plane_dim(const msa_model *model, msa_plane plane);
+int msa_layer_has_plane(const msa_model *model, int32_t layer, msa_plane plane);
+size_t msa_plane_bytes_for(const msa_model *model, const msa_cache_config *cfg,
+                           int32_t layer, msa_plane plane);
+
+/* Thread pool: run fn(arg, ith, nth) on nth = pool size threads (caller is
+ * thread 0) and wait for all. */
+typedef void (*msa_work_fn)(void *arg, int ith, int nth);
+msa_status msa_threadpool_create(int num_threads, msa_threadpool **out);
+void msa_threadpool_free(msa_threadpool *pool);
+void msa_threadpool_run(msa_threadpool *pool, msa_work_fn fn, void *arg);
+int msa_threadpool_size(const msa_threadpool *pool);
+
+#endif /* MSA_INTERNAL_H */

@@ -1,0 +1,288 @@
+/* Stage 3: attention over the cache (SPEC sections 5 and 6).
+ *
+ * One work item = (chunk of a request's tokens, KV head, split).  The item
+ * walks the union of the blocks its tokens use, converts each K/V tile to
+ * fp32 once, and applies it to every (token, query head) row that needs it
+ * (per-token membership and causal masks), with an online softmax.  When
+ * there are too few items to feed the threads, each item's blocks are split
+ * and the fp32 partials merged by their log-sum-exp. */
+#include "cpu/cpu_kernels.h"
+#include "cpu/cpu_math.h"
+
+#include <math.h>
+
+typedef struct attn_job {
+    msa_plan *plan;
+    const cpu_attention *a;
+    cpu_chunk *chunks; /* attention chunks of this call */
+    int64_t num_chunks;
+    int32_t kv_heads;
+    int32_t splits;    /* per (chunk, KV head) */
+    int64_t items;
+    atomic_llong next;
+} attn_job;
+
+static int32_t chunk_block_count(const cpu_chunk *ch, int32_t B)
+{
+    return (int32_t)((ch->pos0 + ch->n - 1) / B) + 1;
+}
+
+/* Union of the tokens' selected blocks for KV head g, ascending. */
+static int32_t sparse_union(const cpu_attention *a, const cpu_chunk *ch, int32_t g, int32_t *out,
+                            int32_t *cursor)
+{
+    const int32_t W = a->sel_width;
+    int32_t cnt = 0;
+    for (int32_t t = 0; t < ch->n; t++)
+        cursor[t] = 0;
+    for (;;) {
+        int32_t best = -1;
+        for (int32_t t = 0; t < ch->n; t++) {
+            const int32_t *row = a->sel + ((ch->row0 + t) * a->k.heads + g) * W;
+            if (cursor[t] < W && row[cursor[t]] >= 0 && (best < 0 || row[cursor[t]] < best))
+                best = row[cursor[t]];
+        }
+        if (best < 0)
+            break;
+        for (int32_t t = 0; t < ch->n; t++) {
+            const int32_t *row = a->sel + ((ch->row0 + t) * a->k.heads + g) * W;
+            if (cursor[t] < W && row[cursor[t]] == best)
+                cursor[t]++;
+        }
+        out[cnt++] = best;
+    }
+    return cnt;
+}
+
+static void store_output(const cpu_attention *a, const cpu_chunk *ch, int32_t g, int32_t t,
+                         int32_t h, const float *acc, float mx, float l)
+{
+    const int32_t D = a->k.dim, Hq = a->q_heads;
+    int64_t row = ch->row0 + t;
+    int32_t hq = g * a->group + h;
+    float inv = 1.0f / l;
+    float tmp[512];
+    for (int32_t d0 = 0; d0 < D; d0 += 512) {
+        int32_t n = D - d0 < 512 ? D - d0 : 512;
+        for (int32_t d = 0; d < n; d++)
+            tmp[d] = acc[d0 + d] * inv;
+        msa_convert_from_f32((char *)a->o + ((row * Hq + hq) * D + d0) * (int64_t)msa_dtype_size(a->act),
+                             a->act, tmp, n);
+    }
+    if (a->lse)
+        a->lse[row * Hq + hq] = mx + logf(l);
+}
+
+static void attn_item(attn_job *job, int64_t item, float *scratch)
+{
+    const msa_plan *p = job->plan;
+    const cpu_attention *a = job->a;
+    cpu_plan *cp = p->backend;
+    const int32_t S = job->splits, Hkv = job->kv_heads;
+    const int64_t pair = item / S;
+    const int32_t split = (int32_t)(item % S);
+    const cpu_chunk *ch = &job->chunks[pair / Hkv];
+    const int32_t g = (int32_t)(pair % Hkv);
+    const int32_t G = a->group, D = a->k.dim, B = a->block;
+    const int32_t TW = B < MSA_CPU_TILE ? B : MSA_CPU_TILE;
+    const int32_t rows = ch->n * G;
+    const int32_t *pt = p->page_table + (int64_t)ch->request * p->cap_pages_per_request;
+
+    /* scratch: q | acc [rows][D] | m, l [rows] | K, V tiles [TW][D] | s [TW]
+     *          | union ids | cursors */
+    float *q = scratch;
+    float *acc = q + (int64_t)rows * D;
+    float *mrow = acc + (int64_t)rows * D;
+    float *lrow = mrow + rows;
+    float *kt = lrow + rows;
+    float *vt = kt + (int64_t)TW * D;
+    float *s = vt + (int64_t)TW * D;
+    int32_t *uni = (int32_t *)(s + TW);
+    int32_t *cursor = uni + (int64_t)MSA_CPU_ATTN_ROWS * a->sel_width;
+
+    /* Query rows of this KV head's group, pre-scaled by the softmax scale. */
+    size_t es = msa_dtype_size(a->act);
+    for (int32_t t = 0; t < ch->n; t++) {
+        const char *src = (const char *)a->q + ((ch->row0 + t) * a->q_row + (int64_t)g * G * D) * (int64_t)es;
+        float *dst = q + (int64_t)t * G * D;
+        msa_convert_to_f32(dst, src, a->act, (int64_t)G * D);
+        for (int64_t i = 0; i < (int64_t)G * D; i++)
+            dst[i] *= a->scale;
+    }
+    for (int64_t i = 0; i < (int64_t)rows * D; i++)
+        acc[i] = 0.0f;
+    for (int32_t r = 0; r < rows; r++) {
+        mrow[r] = -INFINITY;
+        lrow[r] = 0.0f;
+    }
+
+    /* This split's slice of the item's blocks. */
+    int32_t nblocks = a->sel ? sparse_union(a, ch, g, uni, cursor) : chunk_block_count(ch, B);
+    int32_t u0 = (int32_t)((int64_t)nblocks * split / S), u1 = (int32_t)((int64_t)nblocks * (split + 1) / S);
+    if (a->sel) /* cursors track each token's position in its own row */
+        for (int32_t t = 0; t < ch->n; t++)
+            cursor[t] = 0;
+
+    for (int32_t u = u0; u < u1; u++) {
+        int32_t n = a->sel ? uni[u] : u;
+        int64_t blk0 = (int64_t)n * B;
+        /* tokens that use this block */
+        uint8_t uses[MSA_CPU_ATTN_ROWS];
+        int64_t last = -1;
+        for (int32_t t = 0; t < ch->n; t++) {
+            int64_t pos = ch->pos0 + t;
+            int use = pos >= blk0;
+            if (a->sel && use) {
+                const int32_t *row = a->sel + ((ch->row0 + t) * Hkv + g) * a->sel_width;
+                while (cursor[t] < a->sel_width && row[cursor[t]] >= 0 && row[cursor[t]] < n)
+                    cursor[t]++;
+                use = cursor[t] < a->sel_width && row[cursor[t]] == n;
+            }
+            uses[t] = (uint8_t)use;
+            if (use)
+                last = pos;
+        }
+        if (last < 0)
+            continue;
+        int64_t blk1 = blk0 + B - 1 < last ? blk0 + B - 1 : last;
+        for (int64_t j0 = blk0; j0 <= blk1; j0 += TW) {
+            int32_t nk = (int32_t)(blk1 - j0 + 1 < TW ? blk1 - j0 + 1 : TW);
+            msa_cpu_load_rows(kt, &a->k, pt, g, j0, nk);
+            msa_cpu_load_rows(vt, &a->v, pt, g, j0, nk);
+            for (int32_t t = 0; t < ch->n; t++) {
+                int64_t pos = ch->pos0 + t;
+                if (!uses[t] || pos < j0)
+                    continue;
+                int32_t vis = pos - j0 + 1 < nk ? (int32_t)(pos - j0 + 1) : nk;
+                for (int32_t h = 0; h < G; h++) {
+                    int32_t r = t * G + h;
+                    const float *qr = q + (int64_t)r * D;
+                    float mx = mrow[r];
+                    for (int32_t jj = 0; jj < vis; jj++) {
+                        s[jj] = msa_dot_f32(qr, kt + (int64_t)jj * D, D);
+                        mx = s[jj] > mx ? s[jj] : mx;
+                    }
+                    float corr = msa_exp_neg(mrow[r] - mx);
+                    float l = lrow[r] * corr;
+                    for (int32_t jj = 0; jj < vis; jj++) {
+                        s[jj] = msa_exp_neg(s[jj] - mx);
+                        l += s[jj];
+                    }
+                    float *ar = acc + (int64_t)r * D;
+                    if (corr != 1.0f)
+                        for (int32_t d = 0; d < D; d++)
+                            ar[d] *= corr;
+                    for (int32_t jj = 0; jj < vis; jj++)
+                        msa_axpy_f32(ar, s[jj], vt + (int64_t)jj * D, D);
+                    mrow[r] = mx;
+                    lrow[r] = l;
+                }
+            }
+        }
+    }
+
+    if (S == 1) {
+        for (int32_t t = 0; t < ch->n; t++)
+            for (int32_t h = 0; h < G; h++) {
+                int32_t r = t * G + h;
+                store_output(a, ch, g, t, h, acc + (int64_t)r * D, mrow[r], lrow[r]);
+            }
+        return;
+    }
+    /* Partial of this split: [rows][D + 2] = acc, m, l. */
+    float *part = cp->partials + item * (int64_t)MSA_CPU_ATTN_ROWS * (D + 2);
+    for (int32_t r = 0; r < rows; r++) {
+        float *pr = part + (int64_t)r * (D + 2);
+        for (int32_t d = 0; d < D; d++)
+            pr[d] = acc[(int64_t)r * D + d];
+        pr[D] = mrow[r];
+        pr[D + 1] = lrow[r];
+    }
+}
+
+static void attn_work(void *arg, int ith, int nth)
+{
+    (void)nth;
+    attn_job *job = arg;
+    cpu_plan *cp = job->plan->backend;
+    float *scratch = cp->scratch + (int64_t)ith * cp->scratch_per_thread;
+    for (;;) {
+        int64_t item = atomic_fetch_add(&job->next, 1);
+        if (item >= job->items)
+            break;
+        attn_item(job, item, scratch);
+    }
+}
+
+/* Merges the splits of each (chunk, KV head) by log-sum-exp. */
+static void merge_work(void *arg, int ith, int nth)
+{
+    attn_job *job = arg;
+    const cpu_attention *a = job->a;
+    cpu_plan *cp = job->plan->backend;
+    const int32_t S = job->splits, D = a->k.dim, G = a->group;
+    float *acc = cp->scratch + (int64_t)ith * cp->scratch_per_thread;
+    int64_t pairs = job->items / S;
+    for (int64_t pair = ith; pair < pairs; pair += nth) {
+        const cpu_chunk *ch = &job->chunks[pair / job->kv_heads];
+        int32_t g = (int32_t)(pair % job->kv_heads);
+        for (int32_t r = 0; r < ch->n * G; r++) {
+            float mx = -INFINITY;
+            for (int32_t sp = 0; sp < S; sp++) {
+                const float *pr = cp->partials + ((pair * S + sp) * (int64_t)MSA_CPU_ATTN_ROWS + r) * (D + 2);
+                if (pr[D] > mx)
+                    mx = pr[D];
+            }
+            float l = 0.0f;
+            for (int32_t d = 0; d < D; d++)
+                acc[d] = 0.0f;
+            for (int32_t sp = 0; sp < S; sp++) {
+                const float *pr = cp->partials + ((pair * S + sp) * (int64_t)MSA_CPU_ATTN_ROWS + r) * (D + 2);
+                if (pr[D + 1] == 0.0f)
+                    continue; /* this split saw no key of the row */
+                float w = msa_exp_neg(pr[D] - mx);
+                l += pr[D + 1] * w;
+                msa_axpy_f32(acc, w, pr, D);
+            }
+            store_output(a, ch, g, r / G, r % G, acc, mx, l);
+        }
+    }
+}
+
+void msa_cpu_attention(msa_context *ctx, msa_plan *plan, const cpu_attention *a)
+{
+    cpu_plan *cp = plan->backend;
+    attn_job job;
+    job.plan = plan;
+    job.a = a;
+    job.kv_heads = a->k.heads;
+    /* Chunks of up to MSA_CPU_ATTN_ROWS / group tokens per request. */
+    int32_t tq = MSA_CPU_ATTN_ROWS / a->group;
+    if (tq < 1)
+        tq = 1;
+    int64_t nc = 0;
+    for (int32_t r = 0; r < plan->num_requests; r++) {
+        for (int32_t t0 = 0; t0 < plan->q_len[r]; t0 += tq) {
+            cpu_chunk *ch = &cp->attn_chunks[nc++];
+            ch->request = r;
+            ch->n = plan->q_len[r] - t0 < tq ? plan->q_len[r] - t0 : tq;
+            ch->row0 = plan->q_start[r] + t0;
+            ch->pos0 = (int64_t)plan->kv_len[r] - plan->q_len[r] + t0;
+            ch->blocks = 0;
+            ch->score_off = 0;
+        }
+    }
+    job.chunks = cp->attn_chunks;
+    job.num_chunks = nc;
+    int64_t pairs = nc * job.kv_heads;
+    int nth = msa_threadpool_size(ctx->pool);
+    int32_t splits = 1;
+    if (pairs > 0 && pairs < 2 * nth)
+        splits = (int32_t)((2 * nth + pairs - 1) / pairs);
+    job.splits = splits;
+    job.items = pairs * splits;
+    atomic_store(&job.next, 0);
+    msa_threadpool_run(ctx->pool, attn_work, &job);
+    if (splits > 1)
+        msa_threadpool_run(ctx->pool, merge_work, &job);
+}

@@ -1,0 +1,340 @@
+/* The CPU backend: memory, plan state and the order of the stages. */
+#include "cpu/cpu_kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static msa_status cpu_init(msa_context *ctx, const msa_context_params *params, char *err, size_t n)
+{
+    (void)ctx;
+    (void)params;
+    (void)err;
+    (void)n;
+    return MSA_OK;
+}
+
+static void cpu_shutdown(msa_context *ctx) { (void)ctx; }
+
+static msa_status cpu_alloc(msa_context *ctx, size_t bytes, void **out)
+{
+    /* 64-byte alignment for vector loads; aligned_alloc needs a multiple. */
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    void *p = rounded >= bytes ? aligned_alloc(64, rounded) : NULL;
+    if (!p)
+        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes", bytes);
+    memset(p, 0, rounded);
+    *out = p;
+    return MSA_OK;
+}
+
+static void cpu_free(msa_context *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+static msa_status cpu_copy(msa_context *ctx, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    memmove(dst, src, bytes);
+    return MSA_OK;
+}
+
+static msa_status cpu_sync(msa_context *ctx)
+{
+    (void)ctx;
+    return MSA_OK;
+}
+
+static void cpu_plan_free(msa_plan *plan)
+{
+    cpu_plan *cp = plan->backend;
+    if (!cp)
+        return;
+    free(cp->chunks);
+    free(cp->attn_chunks);
+    free(cp->wave_start);
+    free(cp->task_start);
+    free(cp->scores);
+    free(cp->sel);
+    free(cp->partials);
+    free(cp->scratch);
+    free(cp);
+    plan->backend = NULL;
+}
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Per-thread scratch (floats) of the largest stage; see the layouts in
+ * cpu_indexer.c and cpu_attention.c. */
+static int64_t scratch_floats(const msa_model *m)
+{
+    const int64_t D = max64(m->cfg.head_dim, m->cfg.index_dim);
+    const int64_t TW = m->cfg.block_size < MSA_CPU_TILE ? m->cfg.block_size : MSA_CPU_TILE;
+    const int64_t TWa = MSA_CPU_TILE; /* dense tiles */
+    const int64_t rows = MSA_CPU_ATTN_ROWS;
+    int64_t attn = rows * D * 2 + 2 * rows + 2 * max64(TW, TWa) * D + max64(TW, TWa) +
+                   rows * m->topk_width + rows;
+    int64_t rows_i = (int64_t)MSA_CPU_INDEX_CHUNK * m->cfg.num_index_heads;
+    int64_t index = rows_i * m->cfg.index_dim + TW * m->cfg.index_dim + TW + rows_i * 3;
+    int64_t select = (int64_t)m->cfg.num_index_heads * m->cfg.topk_blocks;
+    return max64(max64(attn, index), select) + 64;
+}
+
+static msa_status cpu_plan_init(msa_plan *plan)
+{
+    msa_context *ctx = plan->ctx;
+    const msa_model *m = plan->model;
+    cpu_plan *cp = calloc(1, sizeof *cp);
+    if (!cp)
+        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "plan: out of memory");
+    int nth = msa_threadpool_size(ctx->pool);
+    int64_t T = plan->cap_tokens;
+    cp->chunk_cap = T;
+    cp->chunks = malloc((size_t)T * sizeof *cp->chunks);
+    cp->attn_chunks = malloc((size_t)T * sizeof *cp->attn_chunks);
+    cp->wave_start = malloc((size_t)(T + 1) * sizeof *cp->wave_start);
+    cp->task_start = malloc((size_t)T * sizeof *cp->task_start);
+    cp->sel = malloc((size_t)T * (size_t)m->cfg.num_kv_heads * (size_t)m->topk_width * sizeof *cp->sel);
+    int64_t D = max64(m->cfg.head_dim, m->cfg.index_dim);
+    cp->partial_cap = 4 * (int64_t)nth * MSA_CPU_ATTN_ROWS * (D + 2);
+    cp->partials = malloc((size_t)cp->partial_cap * sizeof(float));
+    cp->scratch_per_thread = (scratch_floats(m) + 15) & ~(int64_t)15;
+    cp->scratch = aligned_alloc(64, (size_t)(cp->scratch_per_thread * nth) * sizeof(float));
+    plan->backend = cp;
+    if (!cp->chunks || !cp->attn_chunks || !cp->wave_start || !cp->task_start || !cp->sel ||
+        !cp->partials || !cp->scratch) {
+        cpu_plan_free(plan);
+        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "plan: out of memory for workspaces");
+    }
+    return MSA_OK;
+}
+
+/* Index-scan schedule: chunks of each request's tokens, grouped in waves
+ * whose block scores fit the score buffer. */
+static msa_status cpu_plan_upload(msa_plan *plan, void *stream)
+{
+    (void)stream;
+    cpu_plan *cp = plan->backend;
+    const msa_model *m = plan->model;
+    const int32_t B = m->cfg.block_size, Hi = m->cfg.num_index_heads;
+    int64_t nc = 0, nw = 0, wave_floats = 0, need = 0;
+    cp->wave_start[0] = 0;
+    for (int32_t r = 0; r < plan->num_requests; r++) {
+        for (int32_t t0 = 0; t0 < plan->q_len[r]; t0 += MSA_CPU_INDEX_CHUNK) {
+            cpu_chunk *ch = &cp->chunks[nc];
+            ch->request = r;
+            ch->n = plan->q_len[r] - t0 < MSA_CPU_INDEX_CHUNK ? plan->q_len[r] - t0 : MSA_CPU_INDEX_CHUNK;
+            ch->row0 = plan->q_start[r] + t0;
+            ch->pos0 = (int64_t)plan->kv_len[r] - plan->q_len[r] + t0;
+            ch->blocks = (int32_t)((ch->pos0 + ch->n - 1) / B) + 1;
+            int64_t f = (int64_t)ch->n * Hi * ch->blocks;
+            if (wave_floats > 0 && wave_floats + f > MSA_CPU_SCORE_BUDGET_FLOATS) {
+                cp->wave_start[++nw] = nc;
+                wave_floats = 0;
+            }
+            ch->score_off = wave_floats;
+            wave_floats += f;
+            need = max64(need, wave_floats);
+            nc++;
+        }
+    }
+    if (wave_floats > 0)
+        cp->wave_start[++nw] = nc;
+    cp->num_chunks = nc;
+    cp->num_waves = nw;
+    if (need > cp->score_cap) {
+        float *s = malloc((size_t)need * sizeof *s);
+        if (!s)
+            return msa_set_error(plan->ctx, MSA_ERR_OUT_OF_MEMORY, "plan: out of memory for scores");
+        free(cp->scores);
+        cp->scores = s;
+        cp->score_cap = need;
+    }
+    return MSA_OK;
+}
+
+static void cpu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const char **reason)
+{
+    *kernel = plan->model->layer_sparse[layer] ? "cpu_sparse" : "cpu_dense";
+    *reason = "";
+}
+
+static void fill_padding(const msa_plan *plan, int32_t layer, const msa_layer_io *io)
+{
+    const msa_model *m = plan->model;
+    const int64_t a = plan->active_tokens, T = plan->num_tokens;
+    if (T <= a)
+        return;
+    const int64_t Hq = m->cfg.num_q_heads, D = m->cfg.head_dim, Hi = m->cfg.num_index_heads,
+                  Di = m->cfg.index_dim, Hkv = m->cfg.num_kv_heads, W = m->topk_width;
+    const size_t es = msa_dtype_size(io->act_dtype);
+    /* All-zero bits are +0.0 in every activation format. */
+    memset((char *)io->o + a * Hq * D * (int64_t)es, 0, (size_t)((T - a) * Hq * D) * es);
+    if (m->layer_index_value[layer])
+        memset((char *)io->idx_o + a * Hi * Di * (int64_t)es, 0, (size_t)((T - a) * Hi * Di) * es);
+    if (io->lse)
+        for (int64_t i = a * Hq; i < T * Hq; i++)
+            io->lse[i] = -INFINITY;
+    if (io->topk && m->layer_sparse[layer])
+        for (int64_t i = a * Hkv * W; i < T * Hkv * W; i++)
+            io->topk[i] = -1;
+}
+
+static msa_status cpu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io)
+{
+    const msa_model *m = plan->model;
+    const msa_cache *c = plan->cache;
+    cpu_plan *cp = plan->backend;
+    const int sparse = m->layer_sparse[layer];
+    if (io->write_cache && plan->active_tokens > 0)
+        msa_cpu_write_cache(ctx, plan, layer, io);
+    fill_padding(plan, layer, io);
+    if (plan->active_tokens == 0)
+        return MSA_OK;
+    if (sparse) {
+        msa_cpu_select(ctx, plan, layer, io);
+        if (io->topk)
+            memcpy(io->topk, cp->sel,
+                   (size_t)(plan->active_tokens * m->cfg.num_kv_heads * m->topk_width) * sizeof(int32_t));
+    }
+    const int32_t P = c->cfg.page_size;
+    cpu_attention a;
+    a.q = io->q;
+    a.q_row = (int64_t)m->cfg.num_q_heads * m->cfg.head_dim;
+    a.q_heads = m->cfg.num_q_heads;
+    a.group = m->group;
+    a.k = (cpu_plane){c->planes[layer * 4 + MSA_PLANE_K], c->cfg.kv_dtype, m->cfg.num_kv_heads,
+                      m->cfg.head_dim, P};
+    a.v = (cpu_plane){c->planes[layer * 4 + MSA_PLANE_V], c->cfg.kv_dtype, m->cfg.num_kv_heads,
+                      m->cfg.head_dim, P};
+    a.scale = m->cfg.softmax_scale;
+    a.block = sparse ? m->cfg.block_size : MSA_CPU_TILE;
+    a.sel = sparse ? cp->sel : NULL;
+    a.sel_width = m->topk_width;
+    a.o = io->o;
+    a.lse = io->lse;
+    a.act = io->act_dtype;
+    msa_cpu_attention(ctx, plan, &a);
+
+    if (m->layer_index_value[layer]) {
+        cpu_attention b;
+        b.q = io->idx_q;
+        b.q_row = (int64_t)m->cfg.num_index_heads * m->cfg.index_dim;
+        b.q_heads = m->cfg.num_index_heads;
+        b.group = m->cfg.num_index_heads;
+        b.k = (cpu_plane){c->planes[layer * 4 + MSA_PLANE_INDEX_K], c->cfg.index_dtype, 1,
+                          m->cfg.index_dim, P};
+        b.v = (cpu_plane){c->planes[layer * 4 + MSA_PLANE_INDEX_V], c->cfg.index_dtype, 1,
+                          m->cfg.index_dim, P};
+        b.scale = m->cfg.index_softmax_scale;
+        b.block = MSA_CPU_TILE;
+        b.sel = NULL;
+        b.sel_width = m->topk_width;
+        b.o = io->idx_o;
+        b.lse = NULL;
+        b.act = io->act_dtype;
+        msa_cpu_attention(ctx, plan, &b);
+    }
+    return MSA_OK;
+}
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static msa_status cpu_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
+                                    const msa_layer_io *io_sets, int num_sets, int warmup, int reps,
+                                    double *times_us)
+{
+    for (int i = 0; i < warmup + reps; i++) {
+        const msa_layer_io *io = &io_sets[i % num_sets];
+        double t0 = now_us();
+        msa_status st = cpu_forward(ctx, plan, layer, io);
+        double t1 = now_us();
+        if (st != MSA_OK)
+            return st;
+        if (i >= warmup)
+            times_us[i - warmup] = t1 - t0;
+    }
+    return MSA_OK;
+}
+
+typedef struct read_job {
+    const uint64_t *data;
+    int64_t words;
+    uint64_t sums[256];
+} read_job;
+
+static void read_work(void *arg, int ith, int nth)
+{
+    read_job *job = arg;
+    int64_t lo = job->words * ith / nth, hi = job->words * (ith + 1) / nth;
+    uint64_t acc[8] = {0};
+    int64_t i = lo;
+    for (; i + 8 <= hi; i += 8)
+        for (int l = 0; l < 8; l++)
+            acc[l] ^= job->data[i + l];
+    for (; i < hi; i++)
+        acc[0] ^= job->data[i];
+    job->sums[ith % 256] = acc[0] ^ acc[1] ^ acc[2] ^ acc[3] ^ acc[4] ^ acc[5] ^ acc[6] ^ acc[7];
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static msa_status cpu_bench_read_bandwidth(msa_context *ctx, size_t bytes, int reps, double *gbps)
+{
+    uint64_t *buf = NULL;
+    msa_status st = cpu_alloc(ctx, bytes, (void **)&buf);
+    if (st != MSA_OK)
+        return st;
+    double *rates = malloc((size_t)reps * sizeof *rates);
+    if (!rates) {
+        free(buf);
+        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    read_job job;
+    job.data = buf;
+    job.words = (int64_t)(bytes / sizeof(uint64_t));
+    for (int64_t i = 0; i < job.words; i++)
+        buf[i] = (uint64_t)i * 0x9e3779b97f4a7c15ull;
+    msa_threadpool_run(ctx->pool, read_work, &job); /* warm-up: page faults */
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_us();
+        msa_threadpool_run(ctx->pool, read_work, &job);
+        double t1 = now_us();
+        rates[r] = (double)job.words * 8.0 / ((t1 - t0) * 1e3);
+    }
+    qsort(rates, (size_t)reps, sizeof *rates, cmp_double);
+    *gbps = rates[reps / 2];
+    free(rates);
+    free(buf);
+    return MSA_OK;
+}
+
+const msa_backend_ops msa_cpu_backend_ops = {
+    .name = "cpu",
+    .init = cpu_init,
+    .shutdown = cpu_shutdown,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy_in = cpu_copy,
+    .copy_out = cpu_copy,
+    .synchronize = cpu_sync,
+    .plan_init = cpu_plan_init,
+    .plan_upload = cpu_plan_upload,
+    .plan_free = cpu_plan_free,
+    .describe = cpu_describe,
+    .forward = cpu_forward,
+    .bench_forward = cpu_bench_forward,
+    .bench_read_bandwidth = cpu_bench_read_bandwidth,
+};

@@ -1,0 +1,92 @@
+/* CPU backend internals: plan state, work-list types and the stage entry
+ * points.  Every stage is a `work(args, ith, nth)` function run by the
+ * context's thread pool. */
+#ifndef MSA_CPU_KERNELS_H
+#define MSA_CPU_KERNELS_H
+
+#include "core/internal.h"
+
+#include <stdatomic.h>
+
+/* Query tokens that share one pass over the keys (index scan and attention
+ * tiles).  Attention rows per work item = tokens * query heads <= this. */
+#define MSA_CPU_INDEX_CHUNK 16
+#define MSA_CPU_ATTN_ROWS 256
+/* Keys converted to fp32 at a time (blocks larger than this are sub-tiled). */
+#define MSA_CPU_TILE 128
+/* Blocks of the index scan handed to one worker at a time. */
+#define MSA_CPU_SCAN_BLOCKS 8
+/* Budget of the block-score buffer; longer prefills are scored in waves. */
+#define MSA_CPU_SCORE_BUDGET_FLOATS ((int64_t)8 << 20)
+
+/* One chunk of a request's query tokens: rows [row0, row0 + n). */
+typedef struct cpu_chunk {
+    int32_t request;
+    int32_t n;
+    int64_t row0;
+    int64_t pos0;    /* position of the first token */
+    int32_t blocks;  /* blocks reachable by the last token: floor(p/B) + 1 */
+    int64_t score_off; /* offset of its scores in the wave's buffer */
+} cpu_chunk;
+
+typedef struct cpu_plan {
+    /* Index scan schedule (sparse layers), rebuilt by plan_upload. */
+    cpu_chunk *chunks;   /* chunks of the index scan, MSA_CPU_INDEX_CHUNK tokens */
+    int64_t num_chunks;
+    int64_t chunk_cap;
+    int64_t *wave_start; /* chunk index where each wave starts, num_waves + 1 */
+    int64_t *task_start; /* [chunk_cap]: first scan task of each chunk of a wave */
+    int64_t num_waves;
+    float *scores;       /* [score budget] */
+    int64_t score_cap;
+    cpu_chunk *attn_chunks; /* [cap_tokens]: attention chunks of one call */
+    /* Selection rows of every token row: [cap_tokens][Hkv][W]. */
+    int32_t *sel;
+    /* Attention partials for split work items and per-thread scratch. */
+    float *partials;
+    int64_t partial_cap; /* floats */
+    float *scratch;      /* nth * scratch_per_thread floats */
+    int64_t scratch_per_thread;
+} cpu_plan;
+
+/* Where a plane keeps the row of (page, head, offset). */
+typedef struct cpu_plane {
+    const void *data;
+    msa_dtype dtype;
+    int32_t heads;
+    int32_t dim;
+    int32_t page_size;
+} cpu_plane;
+
+static inline const void *cpu_plane_row(const cpu_plane *p, int32_t page, int32_t head, int32_t off)
+{
+    int64_t idx = (((int64_t)page * p->heads + head) * p->page_size + off) * p->dim;
+    return (const char *)p->data + idx * (int64_t)msa_dtype_size(p->dtype);
+}
+
+/* Copies key rows [j0, j0 + n) of one head into dst[n][dim] as fp32. */
+void msa_cpu_load_rows(float *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
+                       int64_t j0, int32_t n);
+
+/* Stage entry points (cpu_cache_write.c, cpu_indexer.c, cpu_attention.c). */
+void msa_cpu_write_cache(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);
+void msa_cpu_select(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);
+
+typedef struct cpu_attention {
+    const void *q;       /* token rows, act dtype */
+    int64_t q_row;       /* elements per token row */
+    int32_t q_heads;     /* query heads of the whole layer (rows of o) */
+    int32_t group;       /* query heads per KV head */
+    cpu_plane k, v;      /* K and V planes (heads = KV heads) */
+    float scale;
+    int32_t block;       /* tile size in keys (the selection block for sparse) */
+    const int32_t *sel;  /* [tokens][kv heads][width] or NULL for dense */
+    int32_t sel_width;
+    void *o;             /* [tokens][q_heads][dim] act dtype */
+    float *lse;          /* [tokens][q_heads] or NULL */
+    msa_dtype act;
+} cpu_attention;
+
+void msa_cpu_attention(msa_context *ctx, msa_plan *plan, const cpu_attention *a);
+
+#endif
