@@ -88,30 +88,36 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     const int32_t rows = ch->n * G;
     const int32_t *pt = p->page_table + (int64_t)ch->request * p->cap_pages_per_request;
 
-    /* scratch: q | acc [rows][D] | m, l [rows] | K, V tiles [TW][D] | s [TW]
-     *          | union ids | cursors */
-    float *q = scratch;
-    float *acc = q + (int64_t)rows * D;
+    /* Heads run along vector lanes: the G query heads of the group, padded
+     * to GP = a multiple of 16, share every K row and every V row.
+     * scratch: qt [n][D][GP] | acc [rows][D] | m, l [n][GP] | K, V tiles
+     *          [TILE][D] | s [TILE][GP] | union ids | cursors */
+    const int32_t GP = (G + 15) & ~15;
+    float *qt = scratch;
+    float *acc = qt + (int64_t)ch->n * D * GP;
     float *mrow = acc + (int64_t)rows * D;
-    float *lrow = mrow + rows;
-    float *kt = lrow + rows;
-    float *vt = kt + (int64_t)TW * D;
-    float *s = vt + (int64_t)TW * D;
-    int32_t *uni = (int32_t *)(s + TW);
+    float *lrow = mrow + (int64_t)ch->n * GP;
+    float *kt = lrow + (int64_t)ch->n * GP;
+    float *vt = kt + (int64_t)MSA_CPU_TILE * D;
+    float *s = vt + (int64_t)MSA_CPU_TILE * D;
+    int32_t *uni = (int32_t *)(s + (int64_t)MSA_CPU_TILE * GP);
     int32_t *cursor = uni + (int64_t)MSA_CPU_ATTN_ROWS * a->sel_width;
 
-    /* Query rows of this KV head's group, pre-scaled by the softmax scale. */
+    /* Query rows of this KV head's group, pre-scaled by the softmax scale,
+     * transposed to [D][GP] (padding heads are zero). */
     size_t es = msa_dtype_size(a->act);
     for (int32_t t = 0; t < ch->n; t++) {
         const char *src = (const char *)a->q + ((ch->row0 + t) * a->q_row + (int64_t)g * G * D) * (int64_t)es;
-        float *dst = q + (int64_t)t * G * D;
-        msa_convert_to_f32(dst, src, a->act, (int64_t)G * D);
-        for (int64_t i = 0; i < (int64_t)G * D; i++)
-            dst[i] *= a->scale;
+        float *tmp = acc; /* acc is initialised below */
+        msa_convert_to_f32(tmp, src, a->act, (int64_t)G * D);
+        float *dst = qt + (int64_t)t * D * GP;
+        for (int32_t d = 0; d < D; d++)
+            for (int32_t h = 0; h < GP; h++)
+                dst[(int64_t)d * GP + h] = h < G ? tmp[(int64_t)h * D + d] * a->scale : 0.0f;
     }
     for (int64_t i = 0; i < (int64_t)rows * D; i++)
         acc[i] = 0.0f;
-    for (int32_t r = 0; r < rows; r++) {
+    for (int64_t r = 0; r < (int64_t)ch->n * GP; r++) {
         mrow[r] = -INFINITY;
         lrow[r] = 0.0f;
     }
@@ -154,28 +160,29 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                 if (!uses[t] || pos < j0)
                     continue;
                 int32_t vis = pos - j0 + 1 < nk ? (int32_t)(pos - j0 + 1) : nk;
-                for (int32_t h = 0; h < G; h++) {
-                    int32_t r = t * G + h;
-                    const float *qr = q + (int64_t)r * D;
-                    float mx = mrow[r];
-                    for (int32_t jj = 0; jj < vis; jj++) {
-                        s[jj] = msa_dot_f32(qr, kt + (int64_t)jj * D, D);
-                        mx = s[jj] > mx ? s[jj] : mx;
-                    }
-                    float corr = msa_exp_neg(mrow[r] - mx);
-                    float l = lrow[r] * corr;
-                    for (int32_t jj = 0; jj < vis; jj++) {
-                        s[jj] = msa_exp_neg(s[jj] - mx);
-                        l += s[jj];
-                    }
-                    float *ar = acc + (int64_t)r * D;
-                    if (corr != 1.0f)
-                        for (int32_t d = 0; d < D; d++)
-                            ar[d] *= corr;
+                float *mt = mrow + (int64_t)t * GP, *lt = lrow + (int64_t)t * GP;
+                msa_scores_heads(s, qt + (int64_t)t * D * GP, GP, kt, D, vis);
+                for (int32_t h0 = 0; h0 < GP; h0 += 16) {
+                    msa_v16 mold = msa_v16_load(mt + h0), mx = mold;
                     for (int32_t jj = 0; jj < vis; jj++)
-                        msa_axpy_f32(ar, s[jj], vt + (int64_t)jj * D, D);
-                    mrow[r] = mx;
-                    lrow[r] = l;
+                        mx = msa_v16_max(mx, msa_v16_load(s + (int64_t)jj * GP + h0));
+                    msa_v16_store(mt + h0, mx);
+                    float corr[16], mxs[16], mos[16];
+                    msa_v16_store(mxs, mx);
+                    msa_v16_store(mos, mold);
+                    for (int l = 0; l < 16; l++)
+                        corr[l] = msa_exp_neg(mos[l] - mxs[l]);
+                    msa_v16 sum = msa_v16_load(lt + h0) * msa_v16_load(corr);
+                    for (int32_t jj = 0; jj < vis; jj++) {
+                        float *sj = s + (int64_t)jj * GP + h0;
+                        for (int l = 0; l < 16; l++)
+                            sj[l] = msa_exp_neg(sj[l] - mxs[l]);
+                        sum += msa_v16_load(sj);
+                    }
+                    msa_v16_store(lt + h0, sum);
+                    for (int l = 0; l < 16 && h0 + l < G; l++)
+                        msa_pv_tile(acc + ((int64_t)t * G + h0 + l) * D, corr[l], s + h0 + l, GP, vt, D,
+                                    vis);
                 }
             }
         }
@@ -185,7 +192,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
         for (int32_t t = 0; t < ch->n; t++)
             for (int32_t h = 0; h < G; h++) {
                 int32_t r = t * G + h;
-                store_output(a, ch, g, t, h, acc + (int64_t)r * D, mrow[r], lrow[r]);
+                store_output(a, ch, g, t, h, acc + (int64_t)r * D, mrow[(int64_t)t * GP + h],
+                             lrow[(int64_t)t * GP + h]);
             }
         return;
     }
@@ -195,8 +203,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
         float *pr = part + (int64_t)r * (D + 2);
         for (int32_t d = 0; d < D; d++)
             pr[d] = acc[(int64_t)r * D + d];
-        pr[D] = mrow[r];
-        pr[D + 1] = lrow[r];
+        pr[D] = mrow[(int64_t)(r / G) * GP + r % G];
+        pr[D + 1] = lrow[(int64_t)(r / G) * GP + r % G];
     }
 }
 
@@ -257,7 +265,7 @@ void msa_cpu_attention(msa_context *ctx, msa_plan *plan, const cpu_attention *a)
     job.a = a;
     job.kv_heads = a->k.heads;
     /* Chunks of up to MSA_CPU_ATTN_ROWS / group tokens per request. */
-    int32_t tq = MSA_CPU_ATTN_ROWS / a->group;
+    int32_t tq = MSA_CPU_ATTN_ROWS / ((a->group + 15) & ~15);
     if (tq < 1)
         tq = 1;
     int64_t nc = 0;

@@ -74,8 +74,10 @@ static int64_t scratch_floats(const msa_model *m)
     const int64_t D = max64(m->cfg.head_dim, m->cfg.index_dim);
     const int64_t TW = m->cfg.block_size < MSA_CPU_TILE ? m->cfg.block_size : MSA_CPU_TILE;
     const int64_t TWa = MSA_CPU_TILE; /* dense tiles */
-    const int64_t rows = MSA_CPU_ATTN_ROWS;
-    int64_t attn = rows * D * 2 + 2 * rows + 2 * max64(TW, TWa) * D + max64(TW, TWa) +
+    /* Heads padded to 16 lanes; a chunk holds at least one token. */
+    const int64_t gp = max64((m->group + 15) & ~15, (m->cfg.num_index_heads + 15) & ~15);
+    const int64_t rows = max64(MSA_CPU_ATTN_ROWS, gp);
+    int64_t attn = rows * D * 2 + 2 * rows + 2 * max64(TW, TWa) * D + max64(TW, TWa) * gp +
                    rows * m->topk_width + rows;
     int64_t rows_i = (int64_t)MSA_CPU_INDEX_CHUNK * m->cfg.num_index_heads;
     int64_t index = rows_i * m->cfg.index_dim + TW * m->cfg.index_dim + TW + rows_i * 3;

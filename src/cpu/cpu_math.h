@@ -6,22 +6,38 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Dot product with 16 independent partial sums: the compiler maps them to
- * one vector register and needs no reassociation licence to vectorize. */
+/* 16 floats as one value.  GCC/Clang vector extensions lower this to the
+ * widest registers of the target (one AVX-512 register, two AVX2 ...), so
+ * the hot loops below say exactly which sums run side by side instead of
+ * hoping that the vectorizer picks the right loop. */
+typedef float msa_v16 __attribute__((vector_size(64)));
+typedef float msa_v16u __attribute__((vector_size(64), aligned(4)));
+
+static inline msa_v16 msa_v16_load(const float *p) { return *(const msa_v16u *)p; }
+static inline void msa_v16_store(float *p, msa_v16 v) { *(msa_v16u *)p = v; }
+static inline msa_v16 msa_v16_splat(float x) { return (msa_v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
+static inline float msa_v16_sum(msa_v16 v)
+{
+    float t[16];
+    msa_v16_store(t, v);
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++)
+            t[l] += t[l + w];
+    return t[0];
+}
+
+/* Dot product with 16 independent partial sums. */
 static inline float msa_dot_f32(const float *a, const float *b, int n)
 {
-    float acc[16] = {0};
+    msa_v16 acc = msa_v16_splat(0.0f);
     int d = 0;
     for (; d + 16 <= n; d += 16)
-        for (int l = 0; l < 16; l++)
-            acc[l] += a[d + l] * b[d + l];
+        acc += msa_v16_load(a + d) * msa_v16_load(b + d);
     float tail = 0.0f;
     for (; d < n; d++)
         tail += a[d] * b[d];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++)
-            acc[l] += acc[l + w];
-    return acc[0] + tail;
+    return msa_v16_sum(acc) + tail;
 }
 
 /* y += a * x */
@@ -29,6 +45,98 @@ static inline void msa_axpy_f32(float *restrict y, float a, const float *restric
 {
     for (int d = 0; d < n; d++)
         y[d] += a * x[d];
+}
+
+/* s[j] = q . kt[:, j] for j < n rounded up to 16; kt is [dim][ld] (keys
+ * along rows), so 16 keys' sums stay in one register; two groups of keys
+ * share each broadcast of q. */
+static inline void msa_scores_tile(float *restrict s, const float *restrict q,
+                                   const float *restrict kt, int ld, int dim, int n)
+{
+    const int n16 = (n + 15) & ~15;
+    int j0 = 0;
+    for (; j0 + 32 <= n16; j0 += 32) {
+        msa_v16 a0 = msa_v16_splat(0.0f), a1 = a0;
+        for (int d = 0; d < dim; d++) {
+            const msa_v16 qd = msa_v16_splat(q[d]);
+            const float *k = kt + (int64_t)d * ld + j0;
+            a0 += qd * msa_v16_load(k);
+            a1 += qd * msa_v16_load(k + 16);
+        }
+        msa_v16_store(s + j0, a0);
+        msa_v16_store(s + j0 + 16, a1);
+    }
+    for (; j0 < n; j0 += 16) {
+        msa_v16 a0 = msa_v16_splat(0.0f);
+        for (int d = 0; d < dim; d++)
+            a0 += msa_v16_splat(q[d]) * msa_v16_load(kt + (int64_t)d * ld + j0);
+        msa_v16_store(s + j0, a0);
+    }
+}
+
+static inline msa_v16 msa_v16_max(msa_v16 a, msa_v16 b)
+{
+    float x[16], y[16];
+    msa_v16_store(x, a);
+    msa_v16_store(y, b);
+    for (int l = 0; l < 16; l++)
+        x[l] = y[l] > x[l] ? y[l] : x[l];
+    return msa_v16_load(x);
+}
+
+/* s[j][h] = k[j] . qt[:, h] for keys j < n and heads h < gp (gp a multiple
+ * of 16): heads along the lanes, two keys per pass so each load of qt
+ * feeds two fused multiply-adds. */
+static inline void msa_scores_heads(float *restrict s, const float *restrict qt, int gp,
+                                    const float *restrict k, int dim, int n)
+{
+    for (int h0 = 0; h0 < gp; h0 += 16) {
+        int j = 0;
+        for (; j + 2 <= n; j += 2) {
+            const float *k0 = k + (int64_t)j * dim, *k1 = k0 + dim;
+            msa_v16 a0 = msa_v16_splat(0.0f), a1 = a0;
+            for (int d = 0; d < dim; d++) {
+                const msa_v16 q = msa_v16_load(qt + (int64_t)d * gp + h0);
+                a0 += msa_v16_splat(k0[d]) * q;
+                a1 += msa_v16_splat(k1[d]) * q;
+            }
+            msa_v16_store(s + (int64_t)j * gp + h0, a0);
+            msa_v16_store(s + (int64_t)(j + 1) * gp + h0, a1);
+        }
+        for (; j < n; j++) {
+            const float *k0 = k + (int64_t)j * dim;
+            msa_v16 a0 = msa_v16_splat(0.0f);
+            for (int d = 0; d < dim; d++)
+                a0 += msa_v16_splat(k0[d]) * msa_v16_load(qt + (int64_t)d * gp + h0);
+            msa_v16_store(s + (int64_t)j * gp + h0, a0);
+        }
+    }
+}
+
+/* acc = acc * corr + sum_j p[j] * v[j][:], 32 output columns at a time so
+ * the running sums stay in registers across the keys. */
+static inline void msa_pv_tile(float *restrict acc, float corr, const float *restrict p,
+                               int p_stride, const float *restrict v, int dim, int n)
+{
+    const msa_v16 c = msa_v16_splat(corr);
+    int d0 = 0;
+    for (; d0 + 32 <= dim; d0 += 32) {
+        msa_v16 a0 = msa_v16_load(acc + d0) * c, a1 = msa_v16_load(acc + d0 + 16) * c;
+        for (int j = 0; j < n; j++) {
+            const msa_v16 pj = msa_v16_splat(p[(int64_t)j * p_stride]);
+            const float *vr = v + (int64_t)j * dim + d0;
+            a0 += pj * msa_v16_load(vr);
+            a1 += pj * msa_v16_load(vr + 16);
+        }
+        msa_v16_store(acc + d0, a0);
+        msa_v16_store(acc + d0 + 16, a1);
+    }
+    for (; d0 < dim; d0++) {
+        float a = acc[d0] * corr;
+        for (int j = 0; j < n; j++)
+            a += p[(int64_t)j * p_stride] * v[(int64_t)j * dim + d0];
+        acc[d0] = a;
+    }
 }
 
 static inline float msa_bits_to_f32(uint32_t u)

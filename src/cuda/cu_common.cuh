@@ -1,0 +1,131 @@
+/*
+ * Shared definitions of the CUDA backend: the core's structures (with C
+ * linkage), error helpers, element loads/stores by run-time dtype and small
+ * warp utilities.  Every .cu file of the backend includes this first.
+ */
+#ifndef MSA_CU_COMMON_CUH
+#define MSA_CU_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+extern "C" {
+#include "core/internal.h"
+}
+
+/* Requests with at most this many new tokens take the decode/verify path
+ * (split-context indexer, union attention); longer ones the prefill path. */
+#define CU_DEC_MAX_Q 16
+/* Query rows (tokens x heads of one KV group) one attention work item owns. */
+#define CU_ROWS_PER_ITEM 64
+/* Keys per attention / indexer tile. */
+#define CU_TILE_KEYS 64
+/* Largest head dims the SIMT kernels keep in registers (32 lanes x 16). */
+#define CU_SIMT_MAX_DIM 512
+/* Floats per partial-result row: D values, the LSE, padding to 16 bytes. */
+#define CU_PART_STRIDE(d) ((d) + 4)
+
+/* Records a CUDA error on the context and returns MSA_ERR_BACKEND. */
+#define CU_TRY(ctx, call)                                                        \
+    do {                                                                         \
+        cudaError_t cu_err_ = (call);                                            \
+        if (cu_err_ != cudaSuccess) {                                            \
+            return msa_set_error((ctx), MSA_ERR_BACKEND, "%s: %s (%s:%d)", #call, \
+                                 cudaGetErrorString(cu_err_), __FILE__, __LINE__); \
+        }                                                                        \
+    } while (0)
+
+/* ---- element access by run-time dtype (fp32 / bf16 / fp16) ------------ */
+
+__device__ __forceinline__ float cu_bf16_bits_to_f32(uint16_t u)
+{
+    return __uint_as_float((uint32_t)u << 16);
+}
+
+/* Round to nearest even; NaN stays NaN (quiet).  Same bits as the core's
+ * msa_f32_to_bf16, so a cache written here equals one written on the CPU. */
+__device__ __forceinline__ uint16_t cu_f32_to_bf16_bits(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ float cu_load(const void *base, int dtype, int64_t i)
+{
+    if (dtype == MSA_DTYPE_FP32)
+        return ((const float *)base)[i];
+    uint16_t u = ((const uint16_t *)base)[i];
+    if (dtype == MSA_DTYPE_BF16)
+        return cu_bf16_bits_to_f32(u);
+    return __half2float(__ushort_as_half(u));
+}
+
+__device__ __forceinline__ void cu_store(void *base, int dtype, int64_t i, float v)
+{
+    if (dtype == MSA_DTYPE_FP32) {
+        ((float *)base)[i] = v;
+    } else if (dtype == MSA_DTYPE_BF16) {
+        ((uint16_t *)base)[i] = cu_f32_to_bf16_bits(v);
+    } else {
+        ((uint16_t *)base)[i] = __half_as_ushort(__float2half_rn(v));
+    }
+}
+
+/* ---- warp helpers ------------------------------------------------------- */
+
+__device__ __forceinline__ float cu_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float cu_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ int cu_warp_min_int(int v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Log-sum-exp state (m, l) = max and sum of exp(x - m).  Combining keeps
+ * -inf maxima from producing NaN (exp(-inf - -inf)). */
+__device__ __forceinline__ void cu_lse_merge(float &m, float &l, float m2, float l2)
+{
+    if (m2 == -INFINITY)
+        return;
+    if (m == -INFINITY) {
+        m = m2;
+        l = l2;
+        return;
+    }
+    float mx = fmaxf(m, m2);
+    l = l * expf(m - mx) + l2 * expf(m2 - mx);
+    m = mx;
+}
+
+/* Bits of the request's tokens (0..q_len-1) whose causal window contains
+ * absolute position `pos`: token i sits at base + i and sees pos <= base + i. */
+__device__ __forceinline__ uint32_t cu_causal_bits(int32_t pos, int32_t base, int32_t q_len)
+{
+    uint32_t all = q_len >= 32 ? 0xffffffffu : ((1u << q_len) - 1u);
+    int32_t first = pos - base; /* lowest token index that sees pos */
+    if (first <= 0)
+        return all;
+    if (first >= q_len)
+        return 0u;
+    return all & ~((1u << first) - 1u);
+}
+
+#endif /* MSA_CU_COMMON_CUH */

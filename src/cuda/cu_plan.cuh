@@ -1,0 +1,211 @@
+/*
+ * Device-side plan of the CUDA backend.
+ *
+ * msa_plan_update (host) turns one step's metadata into a schedule: request
+ * arrays, the list of decode requests (q_len <= CU_DEC_MAX_Q) with their
+ * compact token rows, the prefill token list, and the work items of the
+ * split decode attention.  Everything is packed into one pinned staging
+ * buffer and copied with one async copy into a device blob whose layout is
+ * fixed by the plan's capacities.  Kernels read only this blob (and the
+ * workspaces below), so a graph captured once replays correctly after any
+ * later update: the addresses never move, only the contents.
+ */
+#ifndef MSA_CU_PLAN_CUH
+#define MSA_CU_PLAN_CUH
+
+#include "cu_common.cuh"
+
+enum { CU_KIND_SPARSE = 0, CU_KIND_DENSE = 1, CU_KIND_IV = 2, CU_KINDS = 3 };
+
+/* Rows [row0, row0 + nrows) of one (decode request, KV head) row space
+ * (row = token * G + head in group), split `split` of `nsplit` over the key
+ * stream.  With nsplit > 1 the item writes partial rows starting at
+ * part_base + split * nrows; a merge item combines them. */
+typedef struct cu_att_item {
+    int32_t dec;
+    int32_t group;
+    int32_t row0;
+    int32_t nrows;
+    int32_t split;
+    int32_t nsplit;
+    int32_t part_base;
+    int32_t pad;
+} cu_att_item;
+
+typedef struct cu_merge_item {
+    int32_t dec;
+    int32_t group;
+    int32_t row0;
+    int32_t nrows;
+    int32_t nsplit;
+    int32_t part_base;
+    int32_t pad0;
+    int32_t pad1;
+} cu_merge_item;
+
+/* Per-step counts, read by the kernels from device memory. */
+typedef struct cu_step_hdr {
+    int32_t num_requests;
+    int32_t num_tokens;      /* rows of the token tensors */
+    int32_t n_dec;           /* decode requests */
+    int32_t n_dec_rows;      /* their tokens */
+    int32_t n_pf;            /* prefill tokens */
+    int32_t total_dec_blocks;/* sum over decode requests of ceil(kv_len / B) */
+    int32_t n_att[CU_KINDS];
+    int32_t n_merge[CU_KINDS];
+    int32_t pad[4];
+} cu_step_hdr;
+
+/* Typed views into the metadata blob (device or staging copy). */
+typedef struct cu_meta {
+    cu_step_hdr *hdr;
+    int32_t *q_len;      /* [cap_req] */
+    int32_t *kv_len;     /* [cap_req] */
+    int32_t *q_start;    /* [cap_req] */
+    int32_t *token_req;  /* [cap_tok] request of a row, -1 padding */
+    int32_t *token_pos;  /* [cap_tok] */
+    int32_t *dec_req;    /* [cap_req] request of decode slot k */
+    int32_t *dec_row0;   /* [cap_req] first compact row of decode slot k */
+    int32_t *dec_blk0;   /* [cap_req + 1] prefix sum of blocks over decode slots */
+    int32_t *dec_tok;    /* [dec_rows_cap] token row of compact decode row */
+    int32_t *pf_tok;     /* [cap_tok] token rows of prefill requests */
+    cu_att_item *att[CU_KINDS];     /* [att_cap] each */
+    cu_merge_item *merge[CU_KINDS]; /* [merge_cap] each */
+    int32_t *page_table; /* [cap_req][cap_pages]; last, so uploads copy a prefix */
+} cu_meta;
+
+typedef struct cu_plan_state {
+    /* Capacities this state was built for. */
+    int32_t cap_req;
+    int32_t cap_tok;
+    int32_t cap_kv;
+    int32_t cap_pages;
+    int32_t cap_blocks;    /* ceil(cap_kv / B) (1 for dense-only models) */
+    int32_t dec_rows_cap;  /* min(cap_tok, CU_DEC_MAX_Q * cap_req) */
+    int32_t cap_union;     /* union entries per (decode slot, KV head) */
+    int32_t att_cap;       /* items per kind */
+    int32_t merge_cap;
+    int32_t part_rows_cap;
+    int32_t part_stride;   /* floats per partial row */
+
+    /* Grids (fixed by device and capacities). */
+    int grid_tok, grid_idx, grid_idx_fast, grid_sel, grid_pf, grid_att, grid_att_fast;
+    int grid_merge, grid_union;
+    int num_sms;
+
+    /* Metadata blob: device copy, two pinned staging copies (an upload
+     * never overwrites a staging buffer an earlier async copy may still
+     * read: each has an event recorded after its copy). */
+    size_t meta_bytes;
+    size_t pt_offset;      /* byte offset of the page table */
+    void *meta_dev;
+    void *staging[2];
+    cudaEvent_t staged[2];
+    int staging_used[2];
+    int next_staging;
+    cu_meta dev;           /* views into meta_dev */
+
+    /* Workspaces. */
+    float *scores;         /* [dec_rows_cap][Hi][cap_blocks] block scores */
+    int32_t *sel;          /* [cap_tok][Hkv][W] selected blocks per KV head */
+    int32_t *uids;         /* [cap_req][Hkv][cap_union] union of a request's blocks */
+    uint32_t *umask;       /* same shape: bit i = token i selected the block */
+    int32_t *ucnt;         /* [cap_req][Hkv] */
+    float *pf_scratch;     /* [grid_pf][mi][cap_blocks] prefill block scores */
+    float *part;           /* [part_rows_cap][part_stride] split partials */
+
+    /* Host view of the current step (for describe). */
+    int32_t max_q_len;
+    int32_t n_pf;
+} cu_plan_state;
+
+/* Everything a kernel needs for one layer, passed by value. */
+typedef struct cu_layer {
+    /* Shapes. */
+    int32_t Hq, Hkv, D, G;
+    int32_t Hi, Di, B, K, I, Lc, W;
+    int32_t mi, mk, units;   /* index heads per unit, KV heads per unit, units per token */
+    int32_t score_lse, sparse, iv;
+    float scale, iscale;
+    int32_t P, logP;
+    /* Element types. */
+    int32_t act, kv_dt, idx_dt;
+    /* Cache planes. */
+    const void *kp, *vp, *ikp, *ivp;
+    void *kp_w, *vp_w, *ikp_w, *ivp_w;
+    /* Step tensors. */
+    const void *q, *k, *v, *iq, *ik, *iv_in;
+    void *o, *idx_o;
+    float *lse;
+    int32_t *topk;
+    int32_t write_cache;
+    /* Plan. */
+    cu_meta m;
+    int32_t cap_pages, cap_blocks, cap_union, part_stride;
+    float *scores;
+    int32_t *sel;
+    int32_t *uids;
+    uint32_t *umask;
+    int32_t *ucnt;
+    float *pf_scratch;
+    float *part;
+} cu_layer;
+
+/* One attention pass (main sparse, main dense or index value) seen as
+ * generic paged attention: rows of `q` with `hq_total` heads, KV planes of
+ * `hkv` heads, `g` query heads per KV head. */
+typedef struct cu_attn {
+    int32_t kind;
+    int32_t hq_total, hkv, d, g;
+    float scale;
+    int32_t act, kv_dt;
+    const void *q;
+    const void *kp, *vp;
+    void *o;
+    float *lse;              /* NULL for the index-value pass */
+    int32_t B;               /* key-stream block size (sparse unions) */
+    int32_t sparse;          /* keys from the union / sel rows, else all causal keys */
+    int32_t W;               /* width of sel rows */
+} cu_attn;
+
+/* Physical page of logical position pos of request r. */
+__device__ __forceinline__ int32_t cu_page_of(const int32_t *page_table, int32_t cap_pages,
+                                              int32_t r, int32_t pos, int32_t logP)
+{
+    return page_table[(int64_t)r * cap_pages + (pos >> logP)];
+}
+
+/* Decode slot owning global indexer block gb (blocks of all decode
+ * requests laid end to end): the last k with dec_blk0[k] <= gb. */
+__device__ __forceinline__ int32_t cu_dec_of_block(const int32_t *dec_blk0, int32_t n_dec,
+                                                   int32_t gb)
+{
+    int32_t lo = 0, hi = n_dec - 1;
+    while (lo < hi) {
+        int32_t mid = (lo + hi + 1) >> 1;
+        if (dec_blk0[mid] <= gb)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* ---- launchers (one per kernel file) ---------------------------------- */
+void cu_launch_prologue(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
+void cu_launch_indexer(const cu_layer *L, const cu_plan_state *st, int fast, cudaStream_t s);
+void cu_launch_select(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
+void cu_launch_union(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
+void cu_launch_attn_decode(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+                           int fast, cudaStream_t s);
+void cu_launch_merge(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+                     cudaStream_t s);
+void cu_launch_attn_prefill(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+                            cudaStream_t s);
+
+/* Occupancy-derived grid sizes and kernel attributes (plan_init). */
+cudaError_t cu_indexer_setup(int num_sms, int *grid_simt, int *grid_fast);
+cudaError_t cu_attn_setup(int num_sms, int *grid_simt, int *grid_fast);
+size_t cu_select_smem(const cu_layer *L);
+
+#endif /* MSA_CU_PLAN_CUH */
