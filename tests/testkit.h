@@ -1,0 +1,70 @@
+/*
+ * Test kit shared by the CTest programs and `msa check`: builds random steps,
+ * runs them through a backend with poisoned outputs, and compares with the
+ * oracle.  Linked into the tests and the `msa` program, never the library.
+ */
+#ifndef MSA_TESTKIT_H
+#define MSA_TESTKIT_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "msa/msa.h"
+
+typedef struct msa_case {
+    const char *name;
+    /* layer */
+    int Hq, Hkv, D, Hi, Di, block, topk, init_blocks, local_blocks;
+    int score_lse, sparse, index_value;
+    float scale, index_scale; /* 0 = defaults */
+    /* cache */
+    int page_size;
+    msa_dtype act_dtype, kv_dtype, index_dtype;
+    /* step: requests with (q_len, kv_len); padding rows after them */
+    int num_requests;
+    const int *q_len;
+    const int *kv_len;
+    int padding_rows;
+    int share_prefix;   /* requests share the physical pages of a common prefix */
+    int shuffle_pages;  /* physical pages in random order */
+    int write_cache;    /* 1 normally; 0 = entries pre-written by the test */
+    uint64_t seed;
+    /* Additions (kept at the end so existing initialisers stay valid). */
+    int tie_blocks;     /* >0: this many exact copies of one strong index-key block,
+                           so the tie rule (lower id first) decides the selection */
+    int nan_blocks;     /* >0: this many cached blocks whose index keys are NaN */
+    int fixed_limits;   /* plan created with exact capacity limits (no growth) */
+    int omit_optional;  /* lse and topk outputs not requested */
+    float k_scale, v_scale, index_k_scale, index_v_scale; /* quantized planes; 0 = 1.0 */
+} msa_case;
+
+typedef struct msa_case_result {
+    double o_err, lse_err, idx_o_err; /* relative errors (||out-ref|| / ||ref||) */
+    long topk_mismatches;             /* rows whose ids differ from the oracle */
+    long unwritten;                   /* poisoned elements left unwritten / NaN */
+    double tolerance;                 /* the SPEC 11 bound that applied */
+    int passed;
+    int skipped;                      /* backend not available */
+    char message[256];
+    /* Additions. */
+    long cache_errors;                /* cache rows that differ from the expected image */
+    long padding_errors;              /* padding-row outputs other than 0 / -inf / -1 */
+    double seconds;                   /* wall time of the whole case */
+} msa_case_result;
+
+/* Runs one case on `ctx`'s backend against the oracle. Returns result->passed. */
+int msa_case_run(msa_context *ctx, const msa_case *c, msa_case_result *result);
+
+typedef struct msa_sweep_options {
+    msa_backend backend;
+    int quick;          /* smaller sweep (sanitizer builds, smoke runs) */
+    int decode_only;    /* only decode/verify cases (q_len <= 16 per request) */
+    const char *filter; /* substring of case names; NULL = all */
+    FILE *log;          /* one line per case; NULL = silent */
+} msa_sweep_options;
+
+/* Runs the oracle sweep; counts go to *passed / *failed / *skipped.
+ * Returns 0 when nothing failed. */
+int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *skipped);
+
+#endif

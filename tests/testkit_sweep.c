@@ -1,0 +1,380 @@
+/*
+ * The oracle sweep: a fixed list of cases covering every shape, head
+ * mapping, dtype, page size and step kind of the SPEC, each run through
+ * msa_case_run.  Cases are built from a few shapes and step kinds, with the
+ * other axes rotating so that every value of every axis is visited without
+ * running the full product.
+ */
+#include "testkit_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct tk_shape {
+    const char *name;
+    int Hq, Hkv, D, Hi, Di, block, topk, init_blocks, local_blocks;
+} tk_shape;
+
+typedef struct tk_steps {
+    const char *name;
+    int num_requests;
+    const int *q_len, *kv_len;
+    int padding_rows, share_prefix, shuffle_pages;
+} tk_steps;
+
+typedef struct tk_entry {
+    msa_case c;
+    const char *shape, *step;
+    int quick;
+    char name[128];
+} tk_entry;
+
+typedef struct tk_list {
+    tk_entry *e;
+    int n, cap;
+} tk_list;
+
+/* ---- shapes: small head dims keep long contexts cheap ------------------- */
+static const tk_shape SMALL = {"small", 8, 2, 32, 2, 32, 16, 8, 1, 2};   /* Hi == Hkv */
+static const tk_shape UNION2 = {"union2", 8, 2, 32, 4, 32, 16, 6, 0, 1}; /* Hi = 2 Hkv */
+static const tk_shape UNION4 = {"union4", 4, 1, 32, 4, 16, 16, 4, 1, 1}; /* Hi = 4 Hkv */
+static const tk_shape SPLIT = {"split", 8, 4, 32, 2, 32, 32, 6, 1, 2};   /* Hkv = 2 Hi */
+static const tk_shape MHA = {"mha", 4, 4, 16, 4, 16, 16, 5, 0, 3};       /* group of 1 */
+static const tk_shape ODD = {"odd", 6, 3, 40, 3, 24, 16, 5, 0, 1};       /* unaligned dims */
+static const tk_shape B32 = {"b32", 8, 2, 32, 2, 32, 32, 10, 2, 3};      /* I = 2, Lc = 3 */
+static const tk_shape M3 = {"m3", 64, 4, 128, 4, 128, 128, 16, 0, 1};    /* the real layer */
+
+/* ---- step kinds (B = 16: 1100 tokens are 69 blocks) -------------------- */
+static const int dec_q[] = {1, 1, 1, 1}, dec_kv[] = {1100, 517, 33, 1};
+static const int ver_q[] = {2, 7, 16}, ver_kv[] = {1030, 260, 16};
+static const int pre_q[] = {600}, pre_kv[] = {600};
+static const int ext_q[] = {150, 40}, ext_kv[] = {1060, 300};
+static const int mix_q[] = {1, 64, 0, 5}, mix_kv[] = {900, 200, 77, 5};
+static const int few_q[] = {20, 1}, few_kv[] = {100, 60}; /* N <= K: dense equivalent */
+static const int zero_q[] = {0, 0}, zero_kv[] = {40, 0};
+static const int long_q[] = {1, 3}, long_kv[] = {2100, 1500}; /* 65 blocks of 32 */
+static const int m3dec_q[] = {1, 1}, m3dec_kv[] = {8200, 2900};
+static const int m3ver_q[] = {4, 8}, m3ver_kv[] = {8300, 1500};
+static const int m3ext_q[] = {24}, m3ext_kv[] = {2200};
+static const int m3small_q[] = {1, 2}, m3small_kv[] = {2200, 300};
+
+static const tk_steps DECODE = {"decode", 4, dec_q, dec_kv, 0, 1, 1};
+static const tk_steps VERIFY = {"verify", 3, ver_q, ver_kv, 0, 0, 1};
+static const tk_steps PREFILL = {"prefill", 1, pre_q, pre_kv, 0, 0, 0};
+static const tk_steps EXTEND = {"extend", 2, ext_q, ext_kv, 0, 1, 1};
+static const tk_steps MIXED = {"mixed", 4, mix_q, mix_kv, 3, 1, 1};
+static const tk_steps FEW = {"few-blocks", 2, few_q, few_kv, 0, 0, 1};
+static const tk_steps ZERO_Q = {"zero-q", 2, zero_q, zero_kv, 0, 0, 0};
+static const tk_steps ZERO_Q_PAD = {"zero-q-pad", 2, zero_q, zero_kv, 4, 0, 1};
+static const tk_steps NO_REQUESTS = {"no-requests", 0, NULL, NULL, 0, 0, 0};
+static const tk_steps NO_REQUESTS_PAD = {"no-requests-pad", 0, NULL, NULL, 2, 0, 0};
+static const tk_steps LONG32 = {"long", 2, long_q, long_kv, 1, 1, 1};
+static const tk_steps M3_DECODE = {"decode", 2, m3dec_q, m3dec_kv, 0, 1, 1};
+static const tk_steps M3_VERIFY = {"verify", 2, m3ver_q, m3ver_kv, 2, 0, 1};
+static const tk_steps M3_EXTEND = {"extend", 1, m3ext_q, m3ext_kv, 0, 0, 1};
+static const tk_steps M3_SMALL = {"decode-short", 2, m3small_q, m3small_kv, 1, 1, 1};
+
+/* Activation / main plane / index plane dtypes. */
+typedef struct tk_dtypes {
+    msa_dtype act, kv, index;
+} tk_dtypes;
+
+static const tk_dtypes DTYPES[] = {
+    {MSA_DTYPE_FP32, MSA_DTYPE_FP32, MSA_DTYPE_FP32},
+    {MSA_DTYPE_BF16, MSA_DTYPE_BF16, MSA_DTYPE_BF16},
+    {MSA_DTYPE_FP16, MSA_DTYPE_FP16, MSA_DTYPE_FP16},
+    {MSA_DTYPE_FP32, MSA_DTYPE_BF16, MSA_DTYPE_BF16}, /* mixed: narrow cache */
+    {MSA_DTYPE_BF16, MSA_DTYPE_FP32, MSA_DTYPE_BF16}, /* mixed: wide main planes */
+    {MSA_DTYPE_FP16, MSA_DTYPE_BF16, MSA_DTYPE_FP16}, /* mixed: fp16 act, bf16 K/V */
+};
+#define N_DTYPES ((int)(sizeof DTYPES / sizeof DTYPES[0]))
+
+static const int PAGE_SIZES[] = {16, 1, 128, 256, 32, 64};
+#define N_PAGE_SIZES ((int)(sizeof PAGE_SIZES / sizeof PAGE_SIZES[0]))
+
+static msa_case *add(tk_list *l, int quick, const tk_shape *sh, const tk_steps *st,
+                     tk_dtypes dt, int page_size, int score_lse, int index_value)
+{
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->e = realloc(l->e, sizeof(tk_entry) * (size_t)l->cap);
+        if (!l->e) {
+            fprintf(stderr, "testkit: out of memory\n");
+            abort();
+        }
+    }
+    tk_entry *e = &l->e[l->n++];
+    memset(e, 0, sizeof *e);
+    e->shape = sh->name;
+    e->step = st->name;
+    e->quick = quick;
+    msa_case *c = &e->c;
+    c->Hq = sh->Hq;
+    c->Hkv = sh->Hkv;
+    c->D = sh->D;
+    c->Hi = sh->Hi;
+    c->Di = sh->Di;
+    c->block = sh->block;
+    c->topk = sh->topk;
+    c->init_blocks = sh->init_blocks;
+    c->local_blocks = sh->local_blocks;
+    c->score_lse = score_lse;
+    c->sparse = 1;
+    c->index_value = index_value;
+    c->page_size = page_size;
+    c->act_dtype = dt.act;
+    c->kv_dtype = dt.kv;
+    c->index_dtype = dt.index;
+    c->num_requests = st->num_requests;
+    c->q_len = st->q_len;
+    c->kv_len = st->kv_len;
+    c->padding_rows = st->padding_rows;
+    c->share_prefix = st->share_prefix;
+    c->shuffle_pages = st->shuffle_pages;
+    c->write_cache = 1;
+    c->seed = 0x6d7361ull * 1000003ull + (uint64_t)l->n * 7919ull;
+    return c;
+}
+
+static void name_entry(tk_entry *e)
+{
+    const msa_case *c = &e->c;
+    char tags[64] = "";
+    size_t n = 0;
+#define TAG(cond, text)                                                              \
+    do {                                                                             \
+        if (cond)                                                                    \
+            n += (size_t)snprintf(tags + n, sizeof tags - n, "/%s", text);           \
+    } while (0)
+    TAG(!c->write_cache, "prewritten");
+    TAG(c->fixed_limits, "fixed");
+    TAG(c->omit_optional, "no-lse-topk");
+    TAG(c->tie_blocks, "ties");
+    TAG(c->nan_blocks, "nan");
+    TAG(c->scale > 0 || c->index_scale > 0, "scales");
+#undef TAG
+    snprintf(e->name, sizeof e->name, "%s/%s/%s%s/%s-%s-%s/p%d%s", e->shape, e->step,
+             c->sparse ? (c->score_lse ? "lse" : "max") : "dense",
+             c->sparse && c->index_value ? "+iv" : "", msa_dtype_name(c->act_dtype),
+             msa_dtype_name(c->kv_dtype), msa_dtype_name(c->index_dtype), c->page_size, tags);
+}
+
+/* Sparse small-shape matrix: every step kind in every dtype combination. */
+static void add_core(tk_list *l)
+{
+    const tk_steps *steps[] = {&DECODE, &VERIFY, &PREFILL, &EXTEND, &MIXED, &FEW};
+    for (int d = 0; d < N_DTYPES; d++)
+        for (int s = 0; s < 6; s++) {
+            int k = d * 6 + s;
+            int quick = d < 3 && (s == 0 || s == 1 || s == 4) && (k % 2 == 0 || d == 0);
+            add(l, quick, &SMALL, steps[s], DTYPES[d], PAGE_SIZES[k % N_PAGE_SIZES], (d + s) % 2,
+                (k / 2) % 2);
+        }
+}
+
+/* Every head mapping and odd shape, both score types. */
+static void add_mappings(tk_list *l)
+{
+    const tk_shape *shapes[] = {&UNION2, &UNION4, &SPLIT, &MHA, &ODD, &B32};
+    const tk_steps *steps[] = {&DECODE, &VERIFY, &EXTEND, &MIXED};
+    int k = 0;
+    for (int h = 0; h < 6; h++)
+        for (int s = 0; s < 4; s++)
+            for (int lse = 0; lse < 2; lse++, k++)
+                add(l, s == 1 && lse == h % 2, shapes[h], steps[s], DTYPES[k % N_DTYPES],
+                    PAGE_SIZES[(k / 2) % N_PAGE_SIZES], lse, (k / 3) % 2);
+    /* 64+ blocks of 32 tokens. */
+    add(l, 0, &B32, &LONG32, DTYPES[1], 32, 0, 1);
+    add(l, 0, &SPLIT, &LONG32, DTYPES[0], 64, 1, 0);
+}
+
+static void add_dense(tk_list *l)
+{
+    const tk_steps *steps[] = {&DECODE, &VERIFY, &PREFILL, &EXTEND, &MIXED, &FEW};
+    for (int s = 0; s < 6; s++) {
+        msa_case *c = add(l, s == 0 || s == 4, &SMALL, steps[s], DTYPES[s % N_DTYPES],
+                          PAGE_SIZES[s % N_PAGE_SIZES], 0, 0);
+        c->sparse = 0;
+    }
+    for (int s = 0; s < 2; s++) {
+        msa_case *c = add(l, 0, &ODD, s ? &EXTEND : &VERIFY, DTYPES[s ? 2 : 3], 16, 0, 0);
+        c->sparse = 0;
+    }
+}
+
+/* Page sizes 1..256 on one step with shared, shuffled pages. */
+static void add_pages(tk_list *l)
+{
+    static const int sizes[] = {1, 2, 16, 128, 256};
+    for (int i = 0; i < 5; i++) {
+        add(l, i == 0 || i == 4, &SMALL, &EXTEND, DTYPES[1], sizes[i], i % 2, 1);
+        add(l, 0, &SMALL, &MIXED, DTYPES[0], sizes[i], (i + 1) % 2, 0);
+    }
+}
+
+/* Empty steps, padding, pre-written cache, limits, optional outputs, scales,
+ * ties and NaN scores. */
+static void add_special(tk_list *l)
+{
+    msa_case *c;
+    add(l, 1, &SMALL, &ZERO_Q, DTYPES[1], 16, 0, 1);
+    add(l, 1, &SMALL, &ZERO_Q_PAD, DTYPES[0], 16, 0, 1);
+    add(l, 1, &SMALL, &NO_REQUESTS, DTYPES[1], 16, 0, 0);
+    add(l, 1, &SMALL, &NO_REQUESTS_PAD, DTYPES[2], 16, 1, 1);
+    c = add(l, 1, &SMALL, &ZERO_Q_PAD, DTYPES[0], 16, 0, 0);
+    c->sparse = 0;
+
+    c = add(l, 1, &SMALL, &DECODE, DTYPES[1], 16, 0, 1);
+    c->write_cache = 0;
+    c = add(l, 0, &UNION2, &EXTEND, DTYPES[0], 128, 1, 1);
+    c->write_cache = 0;
+    c = add(l, 0, &SMALL, &VERIFY, DTYPES[2], 16, 0, 0);
+    c->write_cache = 0;
+    c->sparse = 0;
+
+    c = add(l, 1, &SMALL, &MIXED, DTYPES[0], 16, 1, 1);
+    c->fixed_limits = 1;
+    c = add(l, 0, &SPLIT, &VERIFY, DTYPES[1], 32, 0, 1);
+    c->fixed_limits = 1;
+
+    c = add(l, 1, &SMALL, &VERIFY, DTYPES[1], 16, 0, 1);
+    c->omit_optional = 1;
+    c = add(l, 0, &SMALL, &EXTEND, DTYPES[0], 16, 0, 0);
+    c->omit_optional = 1;
+    c->sparse = 0;
+
+    c = add(l, 1, &SMALL, &EXTEND, DTYPES[0], 16, 1, 1);
+    c->scale = 0.05f;
+    c->index_scale = 0.4f;
+    c = add(l, 0, &UNION2, &VERIFY, DTYPES[1], 16, 1, 1);
+    c->scale = 0.3f;
+    c->index_scale = 0.02f;
+    c = add(l, 0, &SMALL, &MIXED, DTYPES[2], 16, 0, 0);
+    c->sparse = 0;
+    c->scale = 0.25f;
+
+    for (int lse = 0; lse < 2; lse++) {
+        c = add(l, lse == 0, &SMALL, &DECODE, DTYPES[lse ? 1 : 0], 16, lse, 0);
+        c->tie_blocks = 9;
+        c = add(l, 0, &UNION2, &VERIFY, DTYPES[lse ? 0 : 2], 32, lse, 1);
+        c->tie_blocks = 8;
+        c = add(l, lse == 1, &SMALL, &VERIFY, DTYPES[lse ? 0 : 1], 16, lse, 0);
+        c->nan_blocks = 6;
+    }
+}
+
+/* Quantized planes (skipped while the build does not support them). */
+static void add_quantized(tk_list *l)
+{
+    static const tk_dtypes q[] = {
+        {MSA_DTYPE_BF16, MSA_DTYPE_FP8_E4M3, MSA_DTYPE_BF16},
+        {MSA_DTYPE_BF16, MSA_DTYPE_BF16, MSA_DTYPE_FP8_E4M3},
+        {MSA_DTYPE_FP32, MSA_DTYPE_NVFP4, MSA_DTYPE_FP32},
+        {MSA_DTYPE_BF16, MSA_DTYPE_BF16, MSA_DTYPE_NVFP4},
+        {MSA_DTYPE_FP16, MSA_DTYPE_FP8_E4M3, MSA_DTYPE_NVFP4},
+    };
+    for (int i = 0; i < 5; i++) {
+        msa_case *c = add(l, i < 2, &SMALL, i % 2 ? &VERIFY : &DECODE, q[i], 16, i % 2, 1);
+        c->k_scale = 0.05f;
+        c->v_scale = 0.5f;
+        c->index_k_scale = i == 4 ? 0.1f : 2.0f;
+        c->index_v_scale = 0.25f;
+        c = add(l, 0, &SMALL, &EXTEND, q[i], 128, (i + 1) % 2, 0); /* default scales */
+    }
+    msa_case *c = add(l, 0, &SMALL, &MIXED, q[0], 16, 0, 0);
+    c->sparse = 0;
+    c = add(l, 0, &M3, &M3_DECODE, q[4], 128, 0, 0);
+}
+
+/* The real M3 layer shape. */
+static void add_m3(tk_list *l)
+{
+    msa_case *c;
+    add(l, 1, &M3, &M3_SMALL, DTYPES[1], 128, 0, 0);
+    add(l, 0, &M3, &M3_DECODE, DTYPES[1], 128, 0, 0);
+    add(l, 0, &M3, &M3_DECODE, DTYPES[0], 64, 1, 1);
+    add(l, 0, &M3, &M3_VERIFY, DTYPES[1], 128, 0, 0);
+    add(l, 0, &M3, &M3_VERIFY, DTYPES[2], 256, 1, 0);
+    add(l, 0, &M3, &M3_EXTEND, DTYPES[1], 128, 0, 1);
+    c = add(l, 0, &M3, &M3_VERIFY, DTYPES[3], 128, 0, 0);
+    c->sparse = 0;
+}
+
+static void build(tk_list *l)
+{
+    add_core(l);
+    add_mappings(l);
+    add_dense(l);
+    add_pages(l);
+    add_special(l);
+    add_quantized(l);
+    add_m3(l);
+    for (int i = 0; i < l->n; i++) {
+        name_entry(&l->e[i]);
+        l->e[i].c.name = l->e[i].name;
+    }
+}
+
+static int decode_like(const msa_case *c)
+{
+    for (int r = 0; r < c->num_requests; r++)
+        if (c->q_len[r] > 16)
+            return 0;
+    return 1;
+}
+
+int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *skipped)
+{
+    tk_list list = {NULL, 0, 0};
+    msa_context *ctx = NULL;
+    msa_context_params cp;
+    char err[256] = "";
+    int np = 0, nf = 0, ns = 0;
+
+    build(&list);
+    msa_context_params_default(&cp);
+    cp.backend = opts->backend;
+    msa_status st = msa_context_create(&cp, &ctx, err, sizeof err);
+    if (st != MSA_OK && opts->log)
+        fprintf(opts->log, "backend %s not usable (%s: %s): every case skipped\n",
+                msa_backend_name(opts->backend), msa_status_name(st), err);
+
+    for (int i = 0; i < list.n; i++) {
+        const msa_case *c = &list.e[i].c;
+        if (opts->quick && !list.e[i].quick)
+            continue;
+        if (opts->decode_only && !decode_like(c))
+            continue;
+        if (opts->filter && !strstr(c->name, opts->filter))
+            continue;
+        msa_case_result res;
+        memset(&res, 0, sizeof res);
+        if (!ctx) {
+            res.skipped = 1;
+            snprintf(res.message, sizeof res.message, "no context");
+        } else {
+            msa_case_run(ctx, c, &res);
+        }
+        const char *verdict = res.passed ? "PASS" : res.skipped ? "SKIP" : "FAIL";
+        np += res.passed;
+        ns += !res.passed && res.skipped;
+        nf += !res.passed && !res.skipped;
+        if (opts->log) {
+            fprintf(opts->log, "%-58s o %.1e lse %.1e idx_o %.1e topk %ld  %5.2fs  %s", c->name,
+                    res.o_err, res.lse_err, res.idx_o_err, res.topk_mismatches, res.seconds,
+                    verdict);
+            if (!res.passed && res.message[0])
+                fprintf(opts->log, "  (%s)", res.message);
+            fputc('\n', opts->log);
+            fflush(opts->log);
+        }
+    }
+    msa_context_free(ctx);
+    free(list.e);
+    *passed = np;
+    *failed = nf;
+    *skipped = ns;
+    return nf != 0;
+}

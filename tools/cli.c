@@ -1,0 +1,102 @@
+#include "cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int cli_option(int argc, char **argv, int *i, const char *name, const char **value)
+{
+    const char *arg = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0)
+        return 0;
+    if (arg[n] == '=') {
+        *value = arg + n + 1;
+        return 1;
+    }
+    if (arg[n] != '\0')
+        return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "msa: option %s needs a value\n", name);
+        return -1;
+    }
+    *value = argv[++*i];
+    return 1;
+}
+
+int cli_int(const char *option, const char *text, int64_t min, int64_t max, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || v < min || v > max) {
+        fprintf(stderr, "msa: %s expects an integer in [%lld, %lld], got '%s'\n", option,
+                (long long)min, (long long)max, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_double(const char *option, const char *text, double min, double max, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno != 0 || end == text || *end != '\0' || !(v >= min && v <= max)) {
+        fprintf(stderr, "msa: %s expects a number in [%g, %g], got '%s'\n", option, min, max,
+                text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_backend(const char *text, msa_backend *out)
+{
+    if (strcmp(text, "cpu") == 0) {
+        *out = MSA_BACKEND_CPU;
+        return 0;
+    }
+    if (strcmp(text, "cuda") == 0) {
+        *out = MSA_BACKEND_CUDA;
+        return 0;
+    }
+    fprintf(stderr, "msa: unknown backend '%s' (expected cpu or cuda)\n", text);
+    return -1;
+}
+
+int cli_dtype(const char *option, const char *text, msa_dtype *out)
+{
+    if (msa_dtype_from_name(text, out) == MSA_OK)
+        return 0;
+    fprintf(stderr, "msa: %s: unknown dtype '%s' (fp32, bf16, fp16, fp8_e4m3, nvfp4)\n", option,
+            text);
+    return -1;
+}
+
+double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+msa_context *cli_context(msa_backend backend, int threads)
+{
+    msa_context_params params;
+    msa_context_params_default(&params);
+    params.backend = backend;
+    params.num_threads = threads;
+    msa_context *ctx = NULL;
+    char err[512] = "";
+    msa_status st = msa_context_create(&params, &ctx, err, sizeof err);
+    if (st != MSA_OK) {
+        fprintf(stderr, "msa: cannot create a %s context: %s%s%s\n", msa_backend_name(backend),
+                msa_status_name(st), err[0] ? ": " : "", err);
+        return NULL;
+    }
+    return ctx;
+}
