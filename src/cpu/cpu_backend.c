@@ -80,7 +80,8 @@ static int64_t scratch_floats(const msa_model *m)
     int64_t attn = rows * D * 2 + 2 * rows + 2 * max64(TW, TWa) * D + max64(TW, TWa) * gp +
                    rows * m->topk_width + rows;
     int64_t rows_i = (int64_t)MSA_CPU_INDEX_CHUNK * m->cfg.num_index_heads;
-    int64_t index = rows_i * m->cfg.index_dim + TW * m->cfg.index_dim + TW + rows_i * 3;
+    const int64_t TW16 = (TW + 15) & ~15;
+    int64_t index = rows_i * m->cfg.index_dim + TW16 * m->cfg.index_dim + TW16 + rows_i * 3;
     int64_t select = (int64_t)m->cfg.num_index_heads * m->cfg.topk_blocks;
     return max64(max64(attn, index), select) + 64;
 }

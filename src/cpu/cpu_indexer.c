@@ -45,11 +45,12 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                           Di, cache->cfg.page_size};
     const int32_t *pt = p->page_table + (int64_t)ch->request * p->cap_pages_per_request;
 
-    /* scratch: q [rows][Di] | key tile [TW][Di] | raw scores [TW] | acc [rows] */
+    /* scratch: q [rows][Di] | key tile [TW16][Di] | raw scores [TW16] | acc [rows] */
     float *q = scratch;
     float *tile = q + (int64_t)rows * Di;
-    float *sr = tile + (int64_t)TW * Di;
-    score_acc *acc = (score_acc *)(sr + TW);
+    const int32_t TW16 = (TW + 15) & ~15;
+    float *sr = tile + (int64_t)TW16 * Di;
+    score_acc *acc = (score_acc *)(sr + TW16);
     msa_convert_to_f32(q, (const char *)job->io->idx_q + ch->row0 * Hi * Di * (int64_t)msa_dtype_size(job->io->act_dtype),
                        job->io->act_dtype, (int64_t)rows * Di);
     const int64_t p_last = ch->pos0 + ch->n - 1;
@@ -63,14 +64,23 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
         for (int64_t j0 = blk0; j0 <= blk1; j0 += TW) {
             int32_t nk = (int32_t)(blk1 - j0 + 1 < TW ? blk1 - j0 + 1 : TW);
             msa_cpu_load_rows(tile, &ik, pt, 0, j0, nk);
+            /* Zero the rows up to the next multiple of 16 keys: the
+             * 16-key dot products read them (their scores are not used). */
+            int32_t nk16 = (nk + 15) & ~15;
+            for (int64_t i = (int64_t)nk * Di; i < (int64_t)nk16 * Di; i++)
+                tile[i] = 0.0f;
             for (int32_t rr = 0; rr < rows; rr++) {
                 int64_t pos = ch->pos0 + rr / Hi;
                 if (pos < j0)
                     continue; /* keys after this token */
                 int32_t vis = pos - j0 + 1 < nk ? (int32_t)(pos - j0 + 1) : nk;
                 const float *qr = q + (int64_t)rr * Di;
-                for (int32_t jj = 0; jj < vis; jj++)
-                    sr[jj] = msa_dot_f32(qr, tile + (int64_t)jj * Di, Di);
+                if (Di % 16 == 0)
+                    for (int32_t jj = 0; jj < vis; jj += 16)
+                        msa_dot16_rows(sr + jj, qr, tile + (int64_t)jj * Di, Di);
+                else
+                    for (int32_t jj = 0; jj < vis; jj++)
+                        sr[jj] = msa_dot_f32(qr, tile + (int64_t)jj * Di, Di);
                 score_acc *a = &acc[rr];
                 if (lse)
                     for (int32_t jj = 0; jj < vis; jj++)

@@ -40,6 +40,47 @@ static inline float msa_dot_f32(const float *a, const float *b, int n)
     return msa_v16_sum(acc) + tail;
 }
 
+#if defined(__clang__)
+#define MSA_SHUFFLE2(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+typedef int32_t msa_v16i __attribute__((vector_size(64)));
+#define MSA_SHUFFLE2(a, b, ...) __builtin_shuffle(a, b, (msa_v16i){__VA_ARGS__})
+#endif
+
+/* Sums of 16 vectors, lane l of the result = sum of p[l]'s lanes: four
+ * levels of pairwise shuffles and adds instead of 16 separate horizontal
+ * reductions. */
+static inline msa_v16 msa_v16_transpose_sum(const msa_v16 *p)
+{
+    msa_v16 x[8], y[4], z[2];
+    for (int k = 0; k < 8; k++)
+        x[k] = MSA_SHUFFLE2(p[2 * k], p[2 * k + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               MSA_SHUFFLE2(p[2 * k], p[2 * k + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int k = 0; k < 4; k++)
+        y[k] = MSA_SHUFFLE2(x[2 * k], x[2 * k + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               MSA_SHUFFLE2(x[2 * k], x[2 * k + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int k = 0; k < 2; k++)
+        z[k] = MSA_SHUFFLE2(y[2 * k], y[2 * k + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+               MSA_SHUFFLE2(y[2 * k], y[2 * k + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return MSA_SHUFFLE2(z[0], z[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           MSA_SHUFFLE2(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+/* out[j] = q . k[j] for 16 consecutive rows k[j] of `dim` floats (dim a
+ * multiple of 16). */
+static inline void msa_dot16_rows(float *out, const float *q, const float *k, int dim)
+{
+    msa_v16 p[16];
+    for (int j = 0; j < 16; j++)
+        p[j] = msa_v16_splat(0.0f);
+    for (int d = 0; d < dim; d += 16) {
+        const msa_v16 qd = msa_v16_load(q + d);
+        for (int j = 0; j < 16; j++)
+            p[j] += qd * msa_v16_load(k + (int64_t)j * dim + d);
+    }
+    msa_v16_store(out, msa_v16_transpose_sum(p));
+}
+
 /* y += a * x */
 static inline void msa_axpy_f32(float *restrict y, float a, const float *restrict x, int n)
 {

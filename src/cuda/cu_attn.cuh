@@ -1,0 +1,76 @@
+/*
+ * The key stream of one decode attention item.
+ *
+ * Sparse pass: the union of the request's selected blocks for this KV head,
+ * laid end to end (key u is offset u % B of union entry u / B), each key
+ * carrying the membership bits of the block.  Dense and index-value passes:
+ * positions 0 .. kv_len-1, every token a member.  A key is used by token i
+ * when i is a member and the key is inside i's causal window.
+ *
+ * Splits divide the stream in whole 64-key tiles, evenly, so the work of an
+ * item follows the actual union size known only on the device.
+ */
+#ifndef MSA_CU_ATTN_CUH
+#define MSA_CU_ATTN_CUH
+
+#include "cu_plan.cuh"
+
+typedef struct cu_stream {
+    int32_t r, ql, kl, base, t0;
+    int32_t u0, u1;         /* this split's keys */
+    const int32_t *uid;     /* sparse: union ids */
+    const uint32_t *umk;    /* sparse: membership */
+    int32_t B;
+    int32_t sparse;
+} cu_stream;
+
+__device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_attn &A,
+                                                  const cu_att_item &it)
+{
+    cu_stream s;
+    s.r = L.m.dec_req[it.dec];
+    s.ql = L.m.q_len[s.r];
+    s.kl = L.m.kv_len[s.r];
+    s.base = s.kl - s.ql;
+    s.t0 = L.m.q_start[s.r];
+    s.B = A.B;
+    s.sparse = A.sparse;
+    int32_t len;
+    if (A.sparse) {
+        const int64_t w = (int64_t)it.dec * L.Hkv + it.group;
+        s.uid = L.uids + w * L.cap_union;
+        s.umk = L.umask + w * L.cap_union;
+        len = L.ucnt[w] * A.B;
+    } else {
+        s.uid = NULL;
+        s.umk = NULL;
+        len = s.kl;
+    }
+    const int32_t tiles = (len + CU_TILE_KEYS - 1) / CU_TILE_KEYS;
+    const int32_t tb = (int32_t)((int64_t)tiles * it.split / it.nsplit);
+    const int32_t te = (int32_t)((int64_t)tiles * (it.split + 1) / it.nsplit);
+    s.u0 = tb * CU_TILE_KEYS;
+    s.u1 = min(te * CU_TILE_KEYS, len);
+    return s;
+}
+
+/* Position of stream key u and the tokens that use it (0 when none). */
+__device__ __forceinline__ uint32_t cu_stream_key(const cu_stream &s, int32_t u, int32_t *pos)
+{
+    uint32_t member;
+    int32_t p;
+    if (s.sparse) {
+        const int32_t bi = u / s.B;
+        p = s.uid[bi] * s.B + (u - bi * s.B);
+        member = s.umk[bi];
+    } else {
+        p = u;
+        member = 0xffffffffu;
+    }
+    *pos = p;
+    if (p >= s.kl)
+        return 0u;
+    return member & cu_causal_bits(p, s.base, s.ql);
+}
+
+#endif /* MSA_CU_ATTN_CUH */

@@ -1,0 +1,286 @@
+/*
+ * Decode indexer, tensor-core path: bf16/fp16 index keys and queries,
+ * Di = 128, B a multiple of 64, at most 4 index heads.
+ *
+ * Work split as in the portable path: the blocks of all decode requests end
+ * to end, an equal contiguous share per CTA.  Each 64-key tile of index keys
+ * is streamed once through a 4-stage cp.async ring and multiplied with all
+ * query columns of its request (q_len x Hi <= 64: every token and index head
+ * at once) with the keys on the MMA's M side, so even a single query column
+ * wastes only half an n-tile.  Products of 16-bit values are exact in fp32
+ * and accumulate in fp32.  Block max (or log-sum-exp) is fused: per-warp
+ * column reductions, then a running state across the tiles of a block.
+ */
+#include "cu_plan.cuh"
+#include "cu_mma.cuh"
+
+#define IDX_STAGES 4
+#define IDX_THREADS 128
+#define IDX_TILE_BYTES (CU_TILE_KEYS * 256)
+#define IDX_SMEM_BYTES (IDX_STAGES * IDX_TILE_BYTES + IDX_TILE_BYTES + 4 * 64 * 4 * 2 + 64 * 4 * 2)
+
+typedef struct cu_idx_ctx {
+    int32_t gb_begin, tpb, F, n_dec;
+    unsigned char *ktile;
+    unsigned char *qtile;
+    float *red_m, *red_l, *run_m, *run_l;
+} cu_idx_ctx;
+
+/* Issues the cp.async copies of flattened tile f into ring stage `stage`. */
+__device__ __forceinline__ void cu_idx_load(const cu_layer &L, const cu_idx_ctx &c, int32_t f,
+                                            int stage)
+{
+    const int32_t gb = c.gb_begin + f / c.tpb;
+    const int32_t tb = f - (f / c.tpb) * c.tpb;
+    const int32_t k = cu_dec_of_block(L.m.dec_blk0, c.n_dec, gb);
+    const int32_t n = gb - L.m.dec_blk0[k];
+    const int32_t r = L.m.dec_req[k];
+    const int32_t kl = L.m.kv_len[r];
+    const int row = threadIdx.x >> 1;
+    const int half = threadIdx.x & 1;
+    const int32_t pos = n * L.B + tb * CU_TILE_KEYS + row;
+    const bool valid = pos < kl;
+    const unsigned char *src = (const unsigned char *)L.ikp;
+    if (valid) {
+        const int32_t page = cu_page_of(L.m.page_table, L.cap_pages, r, pos, L.logP);
+        src += (((int64_t)page * L.P + (pos & (L.P - 1))) * 128) * 2;
+    }
+    const uint32_t dst = cu_smem_addr(c.ktile + stage * IDX_TILE_BYTES);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int chunk = half * 8 + i;
+        cu_cp_async16(dst + cu_swz(row, chunk), src + (valid ? chunk * 16 : 0), valid ? 16 : 0);
+    }
+}
+
+/* B fragments (query columns nt0*8 .. +NR*8, all 128 dims) from the Q tile. */
+template <int NR>
+__device__ __forceinline__ void cu_idx_bfrags(const unsigned char *qtile, int nt0,
+                                              uint32_t (&bq)[NR][8][2])
+{
+    const int lane = threadIdx.x & 31;
+    const uint32_t qa = cu_smem_addr(qtile);
+#pragma unroll
+    for (int nt = 0; nt < NR; ++nt) {
+#pragma unroll
+        for (int kp = 0; kp < 4; ++kp) {
+            const int row = (nt0 + nt) * 8 + (lane & 7);
+            const int chunk = kp * 4 + (lane >> 3);
+            cu_ldsm_x4(qa + cu_swz(row, chunk), bq[nt][2 * kp][0], bq[nt][2 * kp][1],
+                       bq[nt][2 * kp + 1][0], bq[nt][2 * kp + 1][1]);
+        }
+    }
+}
+
+/* Scores of this warp's 16 keys against NR n-tiles, reduced over the keys
+ * into red_m / red_l [warp][column]. */
+template <typename Tag, int NR>
+__device__ __forceinline__ void cu_idx_tile(const cu_layer &L, const cu_idx_ctx &c, int stage,
+                                            const uint32_t (&bq)[NR][8][2], int nt0, int32_t key0,
+                                            int32_t base, int32_t nq)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    float acc[NR][4];
+#pragma unroll
+    for (int nt = 0; nt < NR; ++nt)
+        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    const uint32_t ka = cu_smem_addr(c.ktile + stage * IDX_TILE_BYTES);
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+        uint32_t a0, a1, a2, a3;
+        const int row = warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+        const int chunk = 2 * ks + (lane >> 4);
+        cu_ldsm_x4(ka + cu_swz(row, chunk), a0, a1, a2, a3);
+#pragma unroll
+        for (int nt = 0; nt < NR; ++nt)
+            cu_mma16816(acc[nt], a0, a1, a2, a3, bq[nt][ks][0], bq[nt][ks][1], Tag());
+    }
+    const int32_t pos_lo = key0 + warp * 16 + (lane >> 2);
+    const int32_t pos_hi = pos_lo + 8;
+#pragma unroll
+    for (int nt = 0; nt < NR; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int32_t col = (nt0 + nt) * 8 + 2 * (lane & 3) + e;
+            const int32_t tok = col / L.Hi;
+            const bool in = col < nq;
+            const bool vlo = in && pos_lo <= base + tok;
+            const bool vhi = in && pos_hi <= base + tok;
+            float xlo = acc[nt][e], xhi = acc[nt][2 + e];
+            if (L.score_lse) {
+                xlo *= L.iscale;
+                xhi *= L.iscale;
+            }
+            float m = fmaxf(vlo ? xlo : -INFINITY, vhi ? xhi : -INFINITY);
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1)
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            float l = 0.0f;
+            if (L.score_lse) {
+                if (m != -INFINITY) {
+                    l = (vlo ? expf(xlo - m) : 0.0f) + (vhi ? expf(xhi - m) : 0.0f);
+                }
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1)
+                    l += __shfl_xor_sync(0xffffffffu, l, o);
+            }
+            if (lane < 4 && col < 64) {
+                c.red_m[warp * 64 + col] = m;
+                c.red_l[warp * 64 + col] = l;
+            }
+        }
+    }
+}
+
+template <typename Tag, int NT>
+__device__ void cu_idx_segment(const cu_layer &L, const cu_idx_ctx &c, int32_t f_begin,
+                               int32_t f_end, int32_t n0, int32_t base, int32_t d0, int32_t nq)
+{
+    constexpr int NR = NT < 4 ? NT : 4;
+    uint32_t bq[NR][8][2];
+    cu_idx_bfrags<NR>(c.qtile, 0, bq);
+    for (int32_t f = f_begin; f < f_end; ++f) {
+        cu_cp_async_wait<IDX_STAGES - 2>();
+        __syncthreads();
+        const int32_t fn = f + IDX_STAGES - 1;
+        if (fn < c.F)
+            cu_idx_load(L, c, fn, fn % IDX_STAGES);
+        cu_cp_async_commit();
+        const int stage = f % IDX_STAGES;
+        const int32_t blk = f / c.tpb;                   /* block index in this CTA's range */
+        const int32_t tb = f - blk * c.tpb;
+        const int32_t n = n0 + blk - f_begin / c.tpb;    /* block id within the request */
+        const int32_t key0 = n * L.B + tb * CU_TILE_KEYS;
+        if (NT > 4) {
+            cu_idx_bfrags<NR>(c.qtile, 0, bq);
+            cu_idx_tile<Tag, NR>(L, c, stage, bq, 0, key0, base, nq);
+            cu_idx_bfrags<NR>(c.qtile, 4, bq);
+            cu_idx_tile<Tag, NR>(L, c, stage, bq, 4, key0, base, nq);
+        } else {
+            cu_idx_tile<Tag, NR>(L, c, stage, bq, 0, key0, base, nq);
+        }
+        __syncthreads();
+        const int col = threadIdx.x;
+        if (col < nq) {
+            float m = -INFINITY, l = 0.0f;
+            if (tb > 0) {
+                m = c.run_m[col];
+                l = c.run_l[col];
+            }
+#pragma unroll
+            for (int w = 0; w < IDX_THREADS / 32; ++w) {
+                const float m2 = c.red_m[w * 64 + col];
+                if (L.score_lse) {
+                    cu_lse_merge(m, l, m2, c.red_l[w * 64 + col]);
+                } else {
+                    m = fmaxf(m, m2);
+                }
+            }
+            if (tb == c.tpb - 1) {
+                float score = m;
+                if (L.score_lse)
+                    score = (m == -INFINITY) ? -INFINITY : m + logf(l);
+                const int32_t tok = col / L.Hi;
+                const int32_t h = col - tok * L.Hi;
+                L.scores[((int64_t)(d0 + tok) * L.Hi + h) * L.cap_blocks + n] = score;
+            } else {
+                c.run_m[col] = m;
+                c.run_l[col] = l;
+            }
+        }
+    }
+}
+
+template <typename Tag>
+__global__ void __launch_bounds__(IDX_THREADS, 2) cu_indexer_mma_kernel(cu_layer L)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const cu_step_hdr *hdr = L.m.hdr;
+    cu_idx_ctx c;
+    c.n_dec = hdr->n_dec;
+    const int64_t total = hdr->total_dec_blocks;
+    if (c.n_dec == 0 || total == 0)
+        return;
+    c.gb_begin = (int32_t)(total * blockIdx.x / gridDim.x);
+    const int32_t gb_end = (int32_t)(total * (blockIdx.x + 1) / gridDim.x);
+    c.tpb = L.B / CU_TILE_KEYS;
+    c.F = (gb_end - c.gb_begin) * c.tpb;
+    if (c.F == 0)
+        return;
+    c.ktile = smem;
+    c.qtile = smem + IDX_STAGES * IDX_TILE_BYTES;
+    c.red_m = (float *)(c.qtile + IDX_TILE_BYTES);
+    c.red_l = c.red_m + 4 * 64;
+    c.run_m = c.red_l + 4 * 64;
+    c.run_l = c.run_m + 64;
+
+    for (int s = 0; s < IDX_STAGES - 1; ++s) {
+        if (s < c.F)
+            cu_idx_load(L, c, s, s);
+        cu_cp_async_commit();
+    }
+    int32_t f = 0;
+    while (f < c.F) {
+        const int32_t gb = c.gb_begin + f / c.tpb;
+        const int32_t k = cu_dec_of_block(L.m.dec_blk0, c.n_dec, gb);
+        const int32_t seg_end = min(c.F, (L.m.dec_blk0[k + 1] - c.gb_begin) * c.tpb);
+        const int32_t r = L.m.dec_req[k];
+        const int32_t ql = L.m.q_len[r];
+        const int32_t base = L.m.kv_len[r] - ql;
+        const int32_t t0 = L.m.q_start[r];
+        const int32_t nq = ql * L.Hi;
+        const int32_t n0 = gb - L.m.dec_blk0[k];
+        __syncthreads(); /* every warp is done with the previous request's Q tile */
+        const uint4 *q = (const uint4 *)((const unsigned char *)L.iq + (int64_t)t0 * L.Hi * 256);
+        for (int i = threadIdx.x; i < 64 * 16; i += IDX_THREADS) {
+            const int row = i >> 4, chunk = i & 15;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (row < nq)
+                v = q[row * 16 + chunk];
+            *(uint4 *)(c.qtile + cu_swz(row, chunk)) = v;
+        }
+        __syncthreads();
+        const int nt = (nq + 7) >> 3;
+        const int32_t d0 = L.m.dec_row0[k];
+        if (nt <= 1)
+            cu_idx_segment<Tag, 1>(L, c, f, seg_end, n0, base, d0, nq);
+        else if (nt <= 2)
+            cu_idx_segment<Tag, 2>(L, c, f, seg_end, n0, base, d0, nq);
+        else if (nt <= 4)
+            cu_idx_segment<Tag, 4>(L, c, f, seg_end, n0, base, d0, nq);
+        else
+            cu_idx_segment<Tag, 8>(L, c, f, seg_end, n0, base, d0, nq);
+        f = seg_end;
+    }
+    cu_cp_async_wait<0>();
+}
+
+void cu_launch_indexer_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
+void cu_launch_indexer_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
+{
+    if (L->act == MSA_DTYPE_BF16)
+        cu_indexer_mma_kernel<cu_bf16_tag><<<st->grid_idx_fast, IDX_THREADS, IDX_SMEM_BYTES, s>>>(*L);
+    else
+        cu_indexer_mma_kernel<cu_f16_tag><<<st->grid_idx_fast, IDX_THREADS, IDX_SMEM_BYTES, s>>>(*L);
+}
+
+cudaError_t cu_indexer_mma_setup(int num_sms, int *grid);
+cudaError_t cu_indexer_mma_setup(int num_sms, int *grid)
+{
+    cudaError_t e = cudaFuncSetAttribute(cu_indexer_mma_kernel<cu_bf16_tag>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, IDX_SMEM_BYTES);
+    if (e != cudaSuccess)
+        return e;
+    e = cudaFuncSetAttribute(cu_indexer_mma_kernel<cu_f16_tag>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, IDX_SMEM_BYTES);
+    if (e != cudaSuccess)
+        return e;
+    int occ = 0;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, cu_indexer_mma_kernel<cu_bf16_tag>,
+                                                      IDX_THREADS, IDX_SMEM_BYTES);
+    if (e != cudaSuccess)
+        return e;
+    *grid = num_sms * (occ > 0 ? occ : 1);
+    return cudaSuccess;
+}

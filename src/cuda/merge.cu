@@ -1,0 +1,59 @@
+/*
+ * Merge of split decode attention: each split left a normalized fp32 row and
+ * its LSE; the result is the LSE-weighted sum (SPEC 5's optional LSE output
+ * exists for exactly this combination).  One warp per output row.
+ */
+#include "cu_attn.cuh"
+
+#define MERGE_WARPS 4
+
+__global__ void __launch_bounds__(MERGE_WARPS * 32) cu_merge_kernel(cu_layer L, cu_attn A)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int32_t n_items = L.m.hdr->n_merge[A.kind];
+    const cu_merge_item *items = L.m.merge[A.kind];
+    /* Rows of all merge items enumerated item by item, CU_ROWS_PER_ITEM each. */
+    const int64_t total = (int64_t)n_items * CU_ROWS_PER_ITEM;
+    for (int64_t w = (int64_t)blockIdx.x * MERGE_WARPS + warp; w < total;
+         w += (int64_t)gridDim.x * MERGE_WARPS) {
+        const int32_t ii = (int32_t)(w / CU_ROWS_PER_ITEM);
+        const int32_t rl = (int32_t)(w - (int64_t)ii * CU_ROWS_PER_ITEM);
+        const cu_merge_item it = items[ii];
+        if (rl >= it.nrows)
+            continue;
+        const int32_t r = L.m.dec_req[it.dec];
+        const int32_t t0 = L.m.q_start[r];
+        const int32_t row = it.row0 + rl;
+        const int32_t i = row / A.g;
+        const int32_t hq = it.group * A.g + (row - i * A.g);
+        const int64_t qrow = (int64_t)(t0 + i) * A.hq_total + hq;
+        const float *p0 = L.part + ((int64_t)it.part_base + rl) * L.part_stride;
+        const int64_t step = (int64_t)it.nrows * L.part_stride;
+        float M = -INFINITY;
+        for (int32_t s = 0; s < it.nsplit; ++s)
+            M = fmaxf(M, p0[s * step + A.d]);
+        float wsum = 0.0f;
+        for (int32_t s = 0; s < it.nsplit; ++s) {
+            const float ls = p0[s * step + A.d];
+            wsum += ls == -INFINITY ? 0.0f : expf(ls - M);
+        }
+        const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+        for (int32_t d = lane; d < A.d; d += 32) {
+            float acc = 0.0f;
+            for (int32_t s = 0; s < it.nsplit; ++s) {
+                const float ls = p0[s * step + A.d];
+                if (ls != -INFINITY)
+                    acc = fmaf(expf(ls - M), p0[s * step + d], acc);
+            }
+            cu_store(A.o, A.act, qrow * A.d + d, acc * inv);
+        }
+        if (A.lse && lane == 0)
+            A.lse[qrow] = wsum > 0.0f ? M + logf(wsum) : -INFINITY;
+    }
+}
+
+void cu_launch_merge(const cu_layer *L, const cu_plan_state *st, const cu_attn *A, cudaStream_t s)
+{
+    cu_merge_kernel<<<st->grid_merge, MERGE_WARPS * 32, 0, s>>>(*L, *A);
+}
