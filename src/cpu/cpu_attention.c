@@ -7,6 +7,7 @@
  * there are too few items to feed the threads, each item's blocks are split
  * and the fp32 partials merged by their log-sum-exp. */
 #include "cpu/cpu_kernels.h"
+#include "cpu/cpu_bf16.h"
 #include "cpu/cpu_math.h"
 
 #include <math.h>
@@ -103,11 +104,25 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     int32_t *uni = (int32_t *)(s + (int64_t)MSA_CPU_TILE * GP);
     int32_t *cursor = uni + (int64_t)MSA_CPU_ATTN_ROWS * a->sel_width;
 
-    /* Query rows of this KV head's group, pre-scaled by the softmax scale,
-     * transposed to [D][GP] (padding heads are zero). */
+    /* bf16 queries and keys: q.k with bf16 dot products straight from the
+     * stored values; the scale is applied to the fp32 sums. */
+    const int bf16_dot = MSA_CPU_HAVE_BF16_DOT && a->act == MSA_DTYPE_BF16 &&
+                         a->k.dtype == MSA_DTYPE_BF16 && D % 2 == 0;
     size_t es = msa_dtype_size(a->act);
     for (int32_t t = 0; t < ch->n; t++) {
         const char *src = (const char *)a->q + ((ch->row0 + t) * a->q_row + (int64_t)g * G * D) * (int64_t)es;
+        if (bf16_dot) {
+            /* [D/2][GP] bf16 pairs along the head dimension */
+            const uint16_t *qb = (const uint16_t *)src;
+            uint32_t *dst = (uint32_t *)qt + (int64_t)t * (D / 2) * GP;
+            for (int32_t d = 0; d < D; d += 2)
+                for (int32_t h = 0; h < GP; h++)
+                    dst[(int64_t)(d / 2) * GP + h] =
+                        h < G ? (uint32_t)qb[(int64_t)h * D + d] | (uint32_t)qb[(int64_t)h * D + d + 1] << 16 : 0u;
+            continue;
+        }
+        /* Pre-scaled by the softmax scale, transposed to [D][GP] (padding
+         * heads are zero). */
         float *tmp = acc; /* acc is initialised below */
         msa_convert_to_f32(tmp, src, a->act, (int64_t)G * D);
         float *dst = qt + (int64_t)t * D * GP;
@@ -153,7 +168,10 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
         int64_t blk1 = blk0 + B - 1 < last ? blk0 + B - 1 : last;
         for (int64_t j0 = blk0; j0 <= blk1; j0 += TW) {
             int32_t nk = (int32_t)(blk1 - j0 + 1 < TW ? blk1 - j0 + 1 : TW);
-            msa_cpu_load_rows(kt, &a->k, pt, g, j0, nk);
+            if (bf16_dot)
+                msa_cpu_copy_rows(kt, &a->k, pt, g, j0, nk);
+            else
+                msa_cpu_load_rows(kt, &a->k, pt, g, j0, nk);
             msa_cpu_load_rows(vt, &a->v, pt, g, j0, nk);
             for (int32_t t = 0; t < ch->n; t++) {
                 int64_t pos = ch->pos0 + t;
@@ -161,7 +179,13 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                     continue;
                 int32_t vis = pos - j0 + 1 < nk ? (int32_t)(pos - j0 + 1) : nk;
                 float *mt = mrow + (int64_t)t * GP, *lt = lrow + (int64_t)t * GP;
-                msa_scores_heads(s, qt + (int64_t)t * D * GP, GP, kt, D, vis);
+#if MSA_CPU_HAVE_BF16_DOT
+                if (bf16_dot)
+                    msa_scores_heads_bf16(s, (const uint32_t *)qt + (int64_t)t * (D / 2) * GP, GP,
+                                          (const uint16_t *)kt, D, vis, a->scale);
+                else
+#endif
+                    msa_scores_heads(s, qt + (int64_t)t * D * GP, GP, kt, D, vis);
                 for (int32_t h0 = 0; h0 < GP; h0 += 16) {
                     msa_v16 mold = msa_v16_load(mt + h0), mx = mold;
                     for (int32_t jj = 0; jj < vis; jj++)

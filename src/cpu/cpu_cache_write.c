@@ -87,3 +87,19 @@ void msa_cpu_load_rows(float *dst, const cpu_plane *plane, const int32_t *page_r
         i += run;
     }
 }
+
+void msa_cpu_copy_rows(void *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
+                       int64_t j0, int32_t n)
+{
+    const int32_t P = plane->page_size;
+    const size_t row_bytes = (size_t)plane->dim * msa_dtype_size(plane->dtype);
+    int32_t i = 0;
+    while (i < n) {
+        int64_t j = j0 + i;
+        int32_t off = (int32_t)(j % P);
+        int32_t run = P - off < n - i ? P - off : n - i;
+        memcpy((char *)dst + (size_t)i * row_bytes, cpu_plane_row(plane, page_row[j / P], head, off),
+               (size_t)run * row_bytes);
+        i += run;
+    }
+}

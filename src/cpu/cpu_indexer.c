@@ -5,10 +5,12 @@
  * heads.  Block scores of a wave of chunks are kept in the plan's score
  * buffer, then every token row selects its blocks (SPEC section 4). */
 #include "cpu/cpu_kernels.h"
+#include "cpu/cpu_bf16.h"
 #include "cpu/cpu_math.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct select_job {
     msa_plan *plan;
@@ -51,8 +53,13 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
     const int32_t TW16 = (TW + 15) & ~15;
     float *sr = tile + (int64_t)TW16 * Di;
     score_acc *acc = (score_acc *)(sr + TW16);
-    msa_convert_to_f32(q, (const char *)job->io->idx_q + ch->row0 * Hi * Di * (int64_t)msa_dtype_size(job->io->act_dtype),
-                       job->io->act_dtype, (int64_t)rows * Di);
+    const char *q_src = (const char *)job->io->idx_q + ch->row0 * Hi * Di * (int64_t)msa_dtype_size(job->io->act_dtype);
+    /* bf16 queries and keys: dot products straight from the stored bf16
+     * values (no conversion pass). */
+    const int bf16_dot = MSA_CPU_HAVE_BF16_DOT && job->io->act_dtype == MSA_DTYPE_BF16 &&
+                         ik.dtype == MSA_DTYPE_BF16 && Di % 32 == 0;
+    if (!bf16_dot)
+        msa_convert_to_f32(q, q_src, job->io->act_dtype, (int64_t)rows * Di);
     const int64_t p_last = ch->pos0 + ch->n - 1;
     float *out = cp->scores + ch->score_off;
 
@@ -63,18 +70,30 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
             acc[rr] = (score_acc){-INFINITY, 0.0f, 0};
         for (int64_t j0 = blk0; j0 <= blk1; j0 += TW) {
             int32_t nk = (int32_t)(blk1 - j0 + 1 < TW ? blk1 - j0 + 1 : TW);
-            msa_cpu_load_rows(tile, &ik, pt, 0, j0, nk);
             /* Zero the rows up to the next multiple of 16 keys: the
              * 16-key dot products read them (their scores are not used). */
             int32_t nk16 = (nk + 15) & ~15;
-            for (int64_t i = (int64_t)nk * Di; i < (int64_t)nk16 * Di; i++)
-                tile[i] = 0.0f;
+            if (bf16_dot) {
+                msa_cpu_copy_rows(tile, &ik, pt, 0, j0, nk);
+                memset((uint16_t *)tile + (int64_t)nk * Di, 0, (size_t)(nk16 - nk) * Di * 2);
+            } else {
+                msa_cpu_load_rows(tile, &ik, pt, 0, j0, nk);
+                for (int64_t i = (int64_t)nk * Di; i < (int64_t)nk16 * Di; i++)
+                    tile[i] = 0.0f;
+            }
             for (int32_t rr = 0; rr < rows; rr++) {
                 int64_t pos = ch->pos0 + rr / Hi;
                 if (pos < j0)
                     continue; /* keys after this token */
                 int32_t vis = pos - j0 + 1 < nk ? (int32_t)(pos - j0 + 1) : nk;
                 const float *qr = q + (int64_t)rr * Di;
+#if MSA_CPU_HAVE_BF16_DOT
+                if (bf16_dot)
+                    for (int32_t jj = 0; jj < vis; jj += 16)
+                        msa_dot16_rows_bf16(sr + jj, (const uint16_t *)q_src + (int64_t)rr * Di,
+                                            (const uint16_t *)tile + (int64_t)jj * Di, Di);
+                else
+#endif
                 if (Di % 16 == 0)
                     for (int32_t jj = 0; jj < vis; jj += 16)
                         msa_dot16_rows(sr + jj, qr, tile + (int64_t)jj * Di, Di);

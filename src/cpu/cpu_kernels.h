@@ -68,6 +68,10 @@ static inline const void *cpu_plane_row(const cpu_plane *p, int32_t page, int32_
 void msa_cpu_load_rows(float *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
                        int64_t j0, int32_t n);
 
+/* Copies key rows [j0, j0 + n) of one head into dst[n][dim] unconverted. */
+void msa_cpu_copy_rows(void *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
+                       int64_t j0, int32_t n);
+
 /* Stage entry points (cpu_cache_write.c, cpu_indexer.c, cpu_attention.c). */
 void msa_cpu_write_cache(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);
 void msa_cpu_select(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);

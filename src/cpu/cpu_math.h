@@ -126,23 +126,25 @@ static inline msa_v16 msa_v16_max(msa_v16 a, msa_v16 b)
 }
 
 /* s[j][h] = k[j] . qt[:, h] for keys j < n and heads h < gp (gp a multiple
- * of 16): heads along the lanes, two keys per pass so each load of qt
- * feeds two fused multiply-adds. */
+ * of 16): heads along the lanes, four keys per pass: each load of qt
+ * feeds four independent fused multiply-add chains. */
 static inline void msa_scores_heads(float *restrict s, const float *restrict qt, int gp,
                                     const float *restrict k, int dim, int n)
 {
     for (int h0 = 0; h0 < gp; h0 += 16) {
         int j = 0;
-        for (; j + 2 <= n; j += 2) {
-            const float *k0 = k + (int64_t)j * dim, *k1 = k0 + dim;
-            msa_v16 a0 = msa_v16_splat(0.0f), a1 = a0;
+        for (; j + 4 <= n; j += 4) {
+            const float *k0 = k + (int64_t)j * dim;
+            msa_v16 a[4];
+            for (int i = 0; i < 4; i++)
+                a[i] = msa_v16_splat(0.0f);
             for (int d = 0; d < dim; d++) {
                 const msa_v16 q = msa_v16_load(qt + (int64_t)d * gp + h0);
-                a0 += msa_v16_splat(k0[d]) * q;
-                a1 += msa_v16_splat(k1[d]) * q;
+                for (int i = 0; i < 4; i++)
+                    a[i] += msa_v16_splat(k0[(int64_t)i * dim + d]) * q;
             }
-            msa_v16_store(s + (int64_t)j * gp + h0, a0);
-            msa_v16_store(s + (int64_t)(j + 1) * gp + h0, a1);
+            for (int i = 0; i < 4; i++)
+                msa_v16_store(s + (int64_t)(j + i) * gp + h0, a[i]);
         }
         for (; j < n; j++) {
             const float *k0 = k + (int64_t)j * dim;
@@ -154,23 +156,32 @@ static inline void msa_scores_heads(float *restrict s, const float *restrict qt,
     }
 }
 
-/* acc = acc * corr + sum_j p[j] * v[j][:], 32 output columns at a time so
- * the running sums stay in registers across the keys. */
+/* acc = acc * corr + sum_j p[j * p_stride] * v[j][:].  128 output columns
+ * at a time: eight independent accumulator chains hide the FMA latency
+ * (two chains left this loop latency-bound). */
 static inline void msa_pv_tile(float *restrict acc, float corr, const float *restrict p,
                                int p_stride, const float *restrict v, int dim, int n)
 {
     const msa_v16 c = msa_v16_splat(corr);
     int d0 = 0;
-    for (; d0 + 32 <= dim; d0 += 32) {
-        msa_v16 a0 = msa_v16_load(acc + d0) * c, a1 = msa_v16_load(acc + d0 + 16) * c;
+    for (; d0 + 128 <= dim; d0 += 128) {
+        msa_v16 a[8];
+        for (int k = 0; k < 8; k++)
+            a[k] = msa_v16_load(acc + d0 + 16 * k) * c;
         for (int j = 0; j < n; j++) {
             const msa_v16 pj = msa_v16_splat(p[(int64_t)j * p_stride]);
             const float *vr = v + (int64_t)j * dim + d0;
-            a0 += pj * msa_v16_load(vr);
-            a1 += pj * msa_v16_load(vr + 16);
+            for (int k = 0; k < 8; k++)
+                a[k] += pj * msa_v16_load(vr + 16 * k);
         }
+        for (int k = 0; k < 8; k++)
+            msa_v16_store(acc + d0 + 16 * k, a[k]);
+    }
+    for (; d0 + 16 <= dim; d0 += 16) {
+        msa_v16 a0 = msa_v16_load(acc + d0) * c;
+        for (int j = 0; j < n; j++)
+            a0 += msa_v16_splat(p[(int64_t)j * p_stride]) * msa_v16_load(v + (int64_t)j * dim + d0);
         msa_v16_store(acc + d0, a0);
-        msa_v16_store(acc + d0 + 16, a1);
     }
     for (; d0 < dim; d0++) {
         float a = acc[d0] * corr;
