@@ -73,10 +73,17 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
             /* Zero the rows up to the next multiple of 16 keys: the
              * 16-key dot products read them (their scores are not used). */
             int32_t nk16 = (nk + 15) & ~15;
-            if (bf16_dot) {
+            const uint16_t *keys = (const uint16_t *)tile;
+            if (bf16_dot && (j0 % ik.page_size) + nk16 <= ik.page_size) {
+                /* The 16-key groups lie inside one page: read them in place.
+                 * Rows past the last key belong to the page too; their
+                 * scores are never used. */
+                keys = cpu_plane_row(&ik, pt[j0 / ik.page_size], 0, (int32_t)(j0 % ik.page_size));
+            } else if (bf16_dot) {
                 msa_cpu_copy_rows(tile, &ik, pt, 0, j0, nk);
                 memset((uint16_t *)tile + (int64_t)nk * Di, 0, (size_t)(nk16 - nk) * Di * 2);
             } else {
+                (void)keys; /* only the bf16 path reads keys in place */
                 msa_cpu_load_rows(tile, &ik, pt, 0, j0, nk);
                 for (int64_t i = (int64_t)nk * Di; i < (int64_t)nk16 * Di; i++)
                     tile[i] = 0.0f;
@@ -91,7 +98,7 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                 if (bf16_dot)
                     for (int32_t jj = 0; jj < vis; jj += 16)
                         msa_dot16_rows_bf16(sr + jj, (const uint16_t *)q_src + (int64_t)rr * Di,
-                                            (const uint16_t *)tile + (int64_t)jj * Di, Di);
+                                            keys + (int64_t)jj * Di, Di);
                 else
 #endif
                 if (Di % 16 == 0)
