@@ -77,6 +77,52 @@ int cli_dtype(const char *option, const char *text, msa_dtype *out)
     return -1;
 }
 
+char *cli_read_file(const char *path, size_t *len, char *err, size_t err_size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, err_size, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1)
+            break;
+        /* Bounded: these are metadata files, never tensors. */
+        char *grown = cap >= ((size_t)128 << 20) ? NULL : realloc(buf, cap * 2);
+        if (!grown) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = grown;
+        cap *= 2;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        snprintf(err, err_size, "%s: cannot read (or larger than 128 MiB)", path);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void cli_sort_doubles(double *x, size_t n)
+{
+    qsort(x, n, sizeof *x, cmp_double);
+}
+
 double cli_now(void)
 {
     struct timespec ts;

@@ -5,6 +5,7 @@
 #ifndef MSA_TOOLS_CLI_H
 #define MSA_TOOLS_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "msa/msa.h"
@@ -35,6 +36,13 @@ int cli_int(const char *option, const char *text, int64_t min, int64_t max, int6
 int cli_double(const char *option, const char *text, double min, double max, double *out);
 int cli_backend(const char *text, msa_backend *out);
 int cli_dtype(const char *option, const char *text, msa_dtype *out);
+
+/* Reads a whole (text) file of at most 128 MiB, NUL-terminated.  Returns
+ * the malloc'd text and its length, or NULL with a message in err. */
+char *cli_read_file(const char *path, size_t *len, char *err, size_t err_size);
+
+/* Sorts n doubles ascending (timings, for medians and percentiles). */
+void cli_sort_doubles(double *x, size_t n);
 
 /* Monotonic clock in seconds. */
 double cli_now(void);

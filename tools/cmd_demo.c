@@ -25,6 +25,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "devbuf.h"
 #include "elem.h"
 #include "oracle_cmp.h"
 #include "synth.h"
@@ -71,8 +72,7 @@ typedef struct layer_bufs {
     float *q, *k, *v, *idx_q, *idx_k, *idx_v;
     float *o, *lse, *idx_o;
     int32_t *topk;
-    void *dev[10];
-    int ndev;
+    dev_pool pool;
 } layer_bufs;
 
 static int demo_fail(demo *d, const char *what)
@@ -155,7 +155,7 @@ static int demo_setup(demo *d)
 
 /* ---- one layer ---------------------------------------------------------- */
 
-static void bufs_free(demo *d, layer_bufs *b)
+static void bufs_free(layer_bufs *b)
 {
     free(b->q);
     free(b->k);
@@ -167,50 +167,24 @@ static void bufs_free(demo *d, layer_bufs *b)
     free(b->lse);
     free(b->idx_o);
     free(b->topk);
-    for (int i = 0; i < b->ndev; i++)
-        msa_buffer_free(d->ctx, b->dev[i]);
+    dev_pool_release(&b->pool);
     memset(b, 0, sizeof *b);
 }
 
-/* Backend buffer of `bytes`, filled from host when given. */
-static void *dev_buffer(demo *d, layer_bufs *b, const void *host, size_t bytes)
-{
-    void *p = NULL;
-    if (msa_buffer_alloc(d->ctx, bytes ? bytes : 16, &p) != MSA_OK)
-        return NULL;
-    b->dev[b->ndev++] = p;
-    if (host && bytes && msa_copy_to_buffer(d->ctx, p, host, bytes) != MSA_OK)
-        return NULL;
-    return p;
-}
-
 /* Random activations: host floats rounded to the activation dtype, and the
- * same values in the activation dtype in backend memory. */
+ * same values in backend memory. */
 static float *make_input(demo *d, layer_bufs *b, int64_t n, const void **dev)
 {
     float *x = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    void *raw = malloc((size_t)n * msa_dtype_size(d->act) + 1);
-    if (!x || !raw) {
-        free(x);
-        free(raw);
+    if (!x)
         return NULL;
-    }
     synth_fill_uniform(&d->rng, x, n, 1.0f);
-    elem_from_f32(raw, d->act, x, n);
-    elem_to_f32(x, d->act, raw, n);
-    *dev = dev_buffer(d, b, raw, (size_t)n * msa_dtype_size(d->act));
-    free(raw);
-    if (!*dev) {
+    elem_round_f32(x, d->act, n);
+    if (!(*dev = dev_pool_act(&b->pool, d->act, x, n))) {
         free(x);
         return NULL;
     }
     return x;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* Rows to hold against the oracle: per request the last row, then the
@@ -241,200 +215,258 @@ static const char *layer_kind(const demo *d, int32_t l)
     return msa_model_layer_has_index_value(d->model, l) ? "sparse+iv" : "sparse";
 }
 
-static int run_layer(demo *d, const char *step_name, int decode, const msa_step *step, int32_t l)
+/* Sizes of one layer's step tensors. */
+typedef struct layer_shape {
+    int sparse, iv;
+    int32_t W;
+    int64_t T, n_o, n_kv, n_iq, n_ik, n_lse, n_ids;
+} layer_shape;
+
+static void layer_shape_init(const demo *d, const msa_step *step, int32_t l, layer_shape *sh)
 {
     msa_model_config cfg;
     msa_model_get_config(d->model, &cfg);
-    const int64_t T = step->num_tokens;
-    const int sparse = msa_model_layer_is_sparse(d->model, l);
-    const int iv = msa_model_layer_has_index_value(d->model, l);
-    const int32_t W = msa_model_topk_width(d->model);
-    const int64_t n_o = T * cfg.num_q_heads * cfg.head_dim;
-    const int64_t n_kv = T * cfg.num_kv_heads * cfg.head_dim;
-    const int64_t n_iq = T * cfg.num_index_heads * cfg.index_dim;
-    const int64_t n_ik = T * cfg.index_dim;
-    const size_t act = msa_dtype_size(d->act);
-    layer_bufs b;
-    memset(&b, 0, sizeof b);
-    msa_layer_io io;
-    msa_layer_io_default(&io);
-    io.act_dtype = d->act;
-    int rc = -1;
+    sh->sparse = msa_model_layer_is_sparse(d->model, l);
+    sh->iv = msa_model_layer_has_index_value(d->model, l);
+    sh->W = msa_model_topk_width(d->model);
+    sh->T = step->num_tokens;
+    sh->n_o = sh->T * cfg.num_q_heads * cfg.head_dim;
+    sh->n_kv = sh->T * cfg.num_kv_heads * cfg.head_dim;
+    sh->n_iq = sh->T * cfg.num_index_heads * cfg.index_dim;
+    sh->n_ik = sh->T * cfg.index_dim;
+    sh->n_lse = sh->T * cfg.num_q_heads;
+    sh->n_ids = sh->T * cfg.num_kv_heads * sh->W;
+}
 
-    b.q = make_input(d, &b, n_o, &io.q);
-    b.k = make_input(d, &b, n_kv, &io.k);
-    b.v = make_input(d, &b, n_kv, &io.v);
-    int ok = b.q && b.k && b.v;
-    if (ok && sparse) {
-        b.idx_q = make_input(d, &b, n_iq, &io.idx_q);
-        b.idx_k = make_input(d, &b, n_ik, &io.idx_k);
-        ok = b.idx_q && b.idx_k;
+/* Random inputs (kept on the host for the oracle) and output buffers. */
+static int make_layer_io(demo *d, const layer_shape *sh, layer_bufs *b, msa_layer_io *io)
+{
+    const size_t act = msa_dtype_size(d->act);
+    msa_layer_io_default(io);
+    io->act_dtype = d->act;
+    b->q = make_input(d, b, sh->n_o, &io->q);
+    b->k = make_input(d, b, sh->n_kv, &io->k);
+    b->v = make_input(d, b, sh->n_kv, &io->v);
+    int ok = b->q && b->k && b->v;
+    if (ok && sh->sparse) {
+        b->idx_q = make_input(d, b, sh->n_iq, &io->idx_q);
+        b->idx_k = make_input(d, b, sh->n_ik, &io->idx_k);
+        ok = b->idx_q && b->idx_k;
     }
-    if (ok && iv)
-        ok = (b.idx_v = make_input(d, &b, n_ik, &io.idx_v)) != NULL;
+    if (ok && sh->iv)
+        ok = (b->idx_v = make_input(d, b, sh->n_ik, &io->idx_v)) != NULL;
     if (ok) {
-        io.o = dev_buffer(d, &b, NULL, (size_t)n_o * act);
-        io.lse = dev_buffer(d, &b, NULL, sizeof(float) * (size_t)(T * cfg.num_q_heads));
-        ok = io.o && io.lse;
-        if (ok && sparse)
-            ok = (io.topk = dev_buffer(d, &b, NULL, sizeof(int32_t) * (size_t)(T * cfg.num_kv_heads * W))) != NULL;
-        if (ok && iv)
-            ok = (io.idx_o = dev_buffer(d, &b, NULL, (size_t)n_iq * act)) != NULL;
+        io->o = dev_pool_alloc(&b->pool, NULL, (size_t)sh->n_o * act);
+        io->lse = dev_pool_alloc(&b->pool, NULL, sizeof(float) * (size_t)sh->n_lse);
+        ok = io->o && io->lse;
+        if (ok && sh->sparse)
+            ok = (io->topk = dev_pool_alloc(&b->pool, NULL, sizeof(int32_t) * (size_t)sh->n_ids)) != NULL;
+        if (ok && sh->iv)
+            ok = (io->idx_o = dev_pool_alloc(&b->pool, NULL, (size_t)sh->n_iq * act)) != NULL;
     }
     if (!ok) {
-        fprintf(stderr, "msa demo: out of memory for the layer's tensors\n");
-        goto done;
+        fprintf(stderr, "msa demo: no memory for the layer's tensors: %s\n",
+                msa_context_last_error(d->ctx));
+        return -1;
     }
+    return 0;
+}
 
-    /* The step itself: writes the cache, computes the layer. */
+/* Runs the layer once (the step itself: cache write, then attention) and
+ * returns its time; decode steps are short, so they are timed again over
+ * repeated runs (rewriting the same entries is harmless) and the median
+ * kept, within about half a second per layer so slow builds stay quick. */
+static int run_and_time(demo *d, int32_t l, const msa_layer_io *io, int decode, double *seconds)
+{
     double t0 = cli_now();
-    if (msa_forward(d->ctx, d->plan, l, &io) != MSA_OK || msa_synchronize(d->ctx) != MSA_OK) {
-        demo_fail(d, "forward");
-        goto done;
-    }
-    double seconds = cli_now() - t0;
-    if (decode) {
-        /* Decode steps are short: time repeated runs (rewriting the same
-         * entries is harmless) and take the median, within about half a
-         * second per layer so slow builds still finish the demo quickly. */
-        int reps = (int)d->opt.reps;
-        if (seconds * (reps + 2) > 0.5)
-            reps = seconds > 0.1 ? 3 : (int)(0.5 / seconds) - 2;
-        if (reps < 3)
-            reps = 3;
-        double *times = malloc(sizeof(double) * (size_t)reps);
-        if (!times || msa_bench_forward(d->ctx, d->plan, l, &io, 1, 2, reps, times) != MSA_OK) {
-            free(times);
-            demo_fail(d, "bench forward");
-            goto done;
-        }
-        qsort(times, (size_t)reps, sizeof(double), cmp_double);
-        seconds = times[reps / 2] * 1e-6;
+    if (msa_forward(d->ctx, d->plan, l, io) != MSA_OK || msa_synchronize(d->ctx) != MSA_OK)
+        return demo_fail(d, "forward");
+    *seconds = cli_now() - t0;
+    if (!decode)
+        return 0;
+    int reps = (int)d->opt.reps;
+    if (*seconds * (reps + 2) > 0.5)
+        reps = *seconds > 0.1 ? 3 : (int)(0.5 / *seconds) - 2;
+    if (reps < 3)
+        reps = 3;
+    double *times = malloc(sizeof(double) * (size_t)reps);
+    if (!times || msa_bench_forward(d->ctx, d->plan, l, io, 1, 2, reps, times) != MSA_OK) {
         free(times);
+        return demo_fail(d, "bench forward");
     }
+    cli_sort_doubles(times, (size_t)reps);
+    *seconds = times[reps / 2] * 1e-6;
+    free(times);
+    return 0;
+}
 
-    /* Outputs back to the host as float. */
-    b.o = malloc(sizeof(float) * (size_t)(n_o > 0 ? n_o : 1));
-    b.lse = malloc(sizeof(float) * (size_t)(T * cfg.num_q_heads + 1));
-    b.topk = malloc(sizeof(int32_t) * (size_t)(T * cfg.num_kv_heads * W + 1));
-    b.idx_o = malloc(sizeof(float) * (size_t)(n_iq + 1));
-    void *stage = malloc((size_t)(n_o > n_iq ? n_o : n_iq) * act + 1);
-    ok = b.o && b.lse && b.topk && b.idx_o && stage;
-    ok = ok && msa_copy_from_buffer(d->ctx, stage, io.o, (size_t)n_o * act) == MSA_OK;
+/* The outputs back on the host as float / int32. */
+static int read_outputs(demo *d, const layer_shape *sh, const msa_layer_io *io, layer_bufs *b)
+{
+    const size_t act = msa_dtype_size(d->act);
+    b->o = malloc(sizeof(float) * (size_t)(sh->n_o + 1));
+    b->lse = malloc(sizeof(float) * (size_t)(sh->n_lse + 1));
+    b->topk = malloc(sizeof(int32_t) * (size_t)(sh->n_ids + 1));
+    b->idx_o = malloc(sizeof(float) * (size_t)(sh->n_iq + 1));
+    void *stage = malloc((size_t)(sh->n_o > sh->n_iq ? sh->n_o : sh->n_iq) * act + 1);
+    int ok = b->o && b->lse && b->topk && b->idx_o && stage;
+    ok = ok && msa_copy_from_buffer(d->ctx, stage, io->o, (size_t)sh->n_o * act) == MSA_OK;
     if (ok)
-        elem_to_f32(b.o, d->act, stage, n_o);
-    ok = ok && msa_copy_from_buffer(d->ctx, b.lse, io.lse, sizeof(float) * (size_t)(T * cfg.num_q_heads)) == MSA_OK;
-    if (ok && sparse)
-        ok = msa_copy_from_buffer(d->ctx, b.topk, io.topk, sizeof(int32_t) * (size_t)(T * cfg.num_kv_heads * W)) == MSA_OK;
-    if (ok && iv) {
-        ok = msa_copy_from_buffer(d->ctx, stage, io.idx_o, (size_t)n_iq * act) == MSA_OK;
+        elem_to_f32(b->o, d->act, stage, sh->n_o);
+    ok = ok && msa_copy_from_buffer(d->ctx, b->lse, io->lse, sizeof(float) * (size_t)sh->n_lse) == MSA_OK;
+    if (ok && sh->sparse)
+        ok = msa_copy_from_buffer(d->ctx, b->topk, io->topk, sizeof(int32_t) * (size_t)sh->n_ids) == MSA_OK;
+    if (ok && sh->iv) {
+        ok = msa_copy_from_buffer(d->ctx, stage, io->idx_o, (size_t)sh->n_iq * act) == MSA_OK;
         if (ok)
-            elem_to_f32(b.idx_o, d->act, stage, n_iq);
+            elem_to_f32(b->idx_o, d->act, stage, sh->n_iq);
     }
     free(stage);
-    if (!ok) {
+    if (!ok)
         fprintf(stderr, "msa demo: cannot read the outputs back\n");
-        goto done;
-    }
+    return ok ? 0 : -1;
+}
 
-    /* Work and selection statistics, request by request. */
+/* What one (step, layer) row reports. */
+typedef struct layer_row {
+    double seconds;
+    double work;     /* bytes (decode) or FLOPs (prefill) of the work model */
+    double sel_mean; /* selected blocks per (token, KV head) */
+    double kept;     /* of the reachable blocks */
+    int64_t max_kv;
+    int num_rows;    /* tokens held against the oracle */
+    double tol;
+    int passed;
+    cmp_result res;
+} layer_row;
+
+/* Work and selection statistics, request by request. */
+static void layer_stats(const demo *d, const msa_step *step, int32_t l, const layer_shape *sh,
+                        const int32_t *topk, int decode, layer_row *row)
+{
     msa_cache_config cc;
     msa_cache_get_config(d->cache, &cc);
     work_layer w;
     work_layer_init(&w, d->model, l, cc.kv_dtype, cc.index_dtype);
-    double work = 0.0;
-    int64_t selected = 0, reachable = 0, max_kv = 0, row0 = 0;
+    int64_t selected = 0, reachable = 0, row0 = 0;
+    int64_t per_token = sh->T > 0 ? sh->n_ids / sh->T : 0;
     for (int32_t r = 0; r < step->num_requests; row0 += step->q_len[r], r++) {
-        const int32_t *rows = sparse ? b.topk + row0 * cfg.num_kv_heads * W : NULL;
+        const int32_t *ids = sh->sparse ? topk + row0 * per_token : NULL;
         int64_t s, n;
         if (decode)
-            work += work_decode_bytes(&w, step->kv_len[r], step->q_len[r], rows);
+            row->work += work_decode_bytes(&w, step->kv_len[r], step->q_len[r], ids);
         else
-            work += work_prefill_flops(&w, step->kv_len[r], step->q_len[r], rows);
-        work_selection_stats(&w, step->kv_len[r], step->q_len[r], rows, &s, &n);
+            row->work += work_prefill_flops(&w, step->kv_len[r], step->q_len[r], ids);
+        work_selection_stats(&w, step->kv_len[r], step->q_len[r], ids, &s, &n);
         selected += s;
         reachable += n;
-        if (step->kv_len[r] > max_kv)
-            max_kv = step->kv_len[r];
+        if (step->kv_len[r] > row->max_kv)
+            row->max_kv = step->kv_len[r];
     }
-    double sel_mean = sparse ? (double)selected / (double)(T * cfg.num_kv_heads) : 0.0;
-    double kept = reachable ? (double)selected / (double)reachable : 1.0;
+    row->sel_mean = sh->sparse && sh->T ? (double)selected / (double)(sh->n_ids / sh->W) : 0.0;
+    row->kept = reachable ? (double)selected / (double)reachable : 1.0;
+}
 
-    /* The oracle on sampled rows. */
-    int64_t rows[64];
-    cmp_inputs in = {
-        .ctx = d->ctx, .model = d->model, .cache = d->cache, .plane_scales = d->scales,
-        .layer = l, .step = step, .q = b.q, .idx_q = b.idx_q, .o = b.o, .lse = b.lse,
-        .idx_o = iv ? b.idx_o : NULL, .topk = sparse ? b.topk : NULL, .rows = rows,
-        .num_rows = pick_rows(d, step, rows, 64),
-    };
-    cmp_result res;
-    double tol = d->act == MSA_DTYPE_FP32 ? 1e-5 : 1e-2;
-    int ran = cmp_layer(&in, &res) == 0;
-    int passed = ran && !res.nonfinite && res.o_err <= tol && res.lse_err <= tol &&
-                 res.idx_o_err <= tol && res.topk_mismatches == res.near_ties;
-    if (!ran)
-        fprintf(stderr, "msa demo: oracle comparison failed: %s\n", res.message);
-    if (!passed)
-        d->failed = 1;
-    d->total_s += seconds;
-
-    /* Report. */
-    double rate = seconds > 0 ? work / seconds * 1e-9 : 0.0;
-    const char *unit = decode ? "GB/s" : "GFLOP/s";
-    double err = fmax(res.o_err, fmax(res.lse_err, res.idx_o_err));
+static void report_row(demo *d, const char *step_name, int decode, const msa_step *step,
+                       int32_t l, const layer_shape *sh, const layer_row *row)
+{
+    const cmp_result *res = &row->res;
+    double rate = row->seconds > 0 ? row->work / row->seconds * 1e-9 : 0.0;
+    double err = fmax(res->o_err, fmax(res->lse_err, res->idx_o_err));
     table_cell(d->tab, "%s", step_name);
     table_cell(d->tab, "%d %s", l, layer_kind(d, l));
-    table_cell(d->tab, "%lld", (long long)T);
-    table_cell(d->tab, "%lld", (long long)max_kv);
-    table_cell(d->tab, "%.3f", seconds * 1e3);
-    table_cell(d->tab, "%.1f %s", rate, unit);
-    if (sparse) {
-        table_cell(d->tab, "%.1f", sel_mean);
-        table_cell(d->tab, "%.0f%%", kept * 100.0);
-        table_cell(d->tab, "%ld/%ld%s", res.topk_mismatches, res.topk_rows,
-                   res.near_ties ? " (tie)" : "");
+    table_cell(d->tab, "%lld", (long long)sh->T);
+    table_cell(d->tab, "%lld", (long long)row->max_kv);
+    table_cell(d->tab, "%.3f", row->seconds * 1e3);
+    table_cell(d->tab, "%.1f %s", rate, decode ? "GB/s" : "GFLOP/s");
+    if (sh->sparse) {
+        table_cell(d->tab, "%.1f", row->sel_mean);
+        table_cell(d->tab, "%.0f%%", row->kept * 100.0);
+        table_cell(d->tab, "%ld/%ld%s", res->topk_mismatches, res->topk_rows,
+                   res->near_ties ? " (tie)" : "");
     } else {
         table_cell(d->tab, "all");
         table_cell(d->tab, "100%%");
         table_cell(d->tab, "-");
     }
     table_cell(d->tab, "%.1e", err);
-    table_cell(d->tab, "%s", passed ? "ok" : "FAIL");
+    table_cell(d->tab, "%s", row->passed ? "ok" : "FAIL");
+    table_cell(d->tab, "%s", msa_plan_kernel_name(d->plan, l));
 
-    cJSON *row = cJSON_CreateObject();
-    if (row) {
-        cJSON_AddStringToObject(row, "step", step_name);
-        cJSON_AddNumberToObject(row, "layer", l);
-        cJSON_AddStringToObject(row, "layer_kind", layer_kind(d, l));
-        cJSON_AddStringToObject(row, "kernel", msa_plan_kernel_name(d->plan, l));
-        cJSON_AddStringToObject(row, "fallback_reason", msa_plan_fallback_reason(d->plan, l));
-        cJSON_AddNumberToObject(row, "requests", step->num_requests);
-        cJSON_AddNumberToObject(row, "tokens", (double)T);
-        cJSON_AddNumberToObject(row, "max_kv_len", (double)max_kv);
-        cJSON_AddNumberToObject(row, "time_us", seconds * 1e6);
-        cJSON_AddNumberToObject(row, decode ? "bytes" : "flops", work);
-        cJSON_AddNumberToObject(row, decode ? "gb_per_s" : "gflop_per_s", rate);
-        if (sparse) {
-            cJSON_AddNumberToObject(row, "selected_blocks_mean", sel_mean);
-            cJSON_AddNumberToObject(row, "kept_fraction", kept);
-            cJSON_AddNumberToObject(row, "topk_rows", (double)res.topk_rows);
-            cJSON_AddNumberToObject(row, "topk_mismatches", (double)res.topk_mismatches);
-            cJSON_AddNumberToObject(row, "near_ties", (double)res.near_ties);
-        }
-        cJSON_AddNumberToObject(row, "sampled_tokens", in.num_rows);
-        cJSON_AddNumberToObject(row, "o_rel_err", res.o_err);
-        cJSON_AddNumberToObject(row, "lse_rel_err", res.lse_err);
-        if (iv)
-            cJSON_AddNumberToObject(row, "idx_o_rel_err", res.idx_o_err);
-        cJSON_AddNumberToObject(row, "tolerance", tol);
-        cJSON_AddBoolToObject(row, "passed", passed);
-        cJSON_AddItemToArray(d->rows, row);
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return;
+    cJSON_AddStringToObject(o, "step", step_name);
+    cJSON_AddNumberToObject(o, "layer", l);
+    cJSON_AddStringToObject(o, "layer_kind", layer_kind(d, l));
+    cJSON_AddStringToObject(o, "kernel", msa_plan_kernel_name(d->plan, l));
+    cJSON_AddStringToObject(o, "fallback_reason", msa_plan_fallback_reason(d->plan, l));
+    cJSON_AddNumberToObject(o, "requests", step->num_requests);
+    cJSON_AddNumberToObject(o, "tokens", (double)sh->T);
+    cJSON_AddNumberToObject(o, "max_kv_len", (double)row->max_kv);
+    cJSON_AddNumberToObject(o, "time_us", row->seconds * 1e6);
+    cJSON_AddNumberToObject(o, decode ? "bytes" : "flops", row->work);
+    cJSON_AddNumberToObject(o, decode ? "gb_per_s" : "gflop_per_s", rate);
+    if (sh->sparse) {
+        cJSON_AddNumberToObject(o, "selected_blocks_mean", row->sel_mean);
+        cJSON_AddNumberToObject(o, "kept_fraction", row->kept);
+        cJSON_AddNumberToObject(o, "topk_rows", (double)res->topk_rows);
+        cJSON_AddNumberToObject(o, "topk_mismatches", (double)res->topk_mismatches);
+        cJSON_AddNumberToObject(o, "near_ties", (double)res->near_ties);
     }
-    rc = 0;
-done:
-    bufs_free(d, &b);
-    return rc;
+    cJSON_AddNumberToObject(o, "sampled_tokens", row->num_rows);
+    cJSON_AddNumberToObject(o, "o_rel_err", res->o_err);
+    cJSON_AddNumberToObject(o, "lse_rel_err", res->lse_err);
+    if (sh->iv)
+        cJSON_AddNumberToObject(o, "idx_o_rel_err", res->idx_o_err);
+    cJSON_AddNumberToObject(o, "tolerance", row->tol);
+    cJSON_AddBoolToObject(o, "passed", row->passed);
+    cJSON_AddItemToArray(d->rows, o);
+}
+
+static int run_layer(demo *d, const char *step_name, int decode, const msa_step *step, int32_t l)
+{
+    layer_shape sh;
+    layer_shape_init(d, step, l, &sh);
+    layer_bufs b;
+    memset(&b, 0, sizeof b);
+    dev_pool_init(&b.pool, d->ctx);
+    msa_layer_io io;
+    layer_row row;
+    memset(&row, 0, sizeof row);
+    int rc = make_layer_io(d, &sh, &b, &io);
+    if (rc == 0)
+        rc = run_and_time(d, l, &io, decode, &row.seconds);
+    if (rc == 0)
+        rc = read_outputs(d, &sh, &io, &b);
+    if (rc != 0) {
+        bufs_free(&b);
+        return -1;
+    }
+    layer_stats(d, step, l, &sh, b.topk, decode, &row);
+
+    /* The oracle on sampled rows. */
+    int64_t rows[64];
+    row.num_rows = pick_rows(d, step, rows, 64);
+    cmp_inputs in = {
+        .ctx = d->ctx, .model = d->model, .cache = d->cache, .plane_scales = d->scales,
+        .layer = l, .step = step, .q = b.q, .idx_q = b.idx_q, .o = b.o, .lse = b.lse,
+        .idx_o = sh.iv ? b.idx_o : NULL, .topk = sh.sparse ? b.topk : NULL, .rows = rows,
+        .num_rows = row.num_rows,
+    };
+    row.tol = d->act == MSA_DTYPE_FP32 ? 1e-5 : 1e-2;
+    int ran = cmp_layer(&in, &row.res) == 0;
+    const cmp_result *res = &row.res;
+    row.passed = ran && !res->nonfinite && res->o_err <= row.tol && res->lse_err <= row.tol &&
+                 res->idx_o_err <= row.tol && res->topk_mismatches == res->near_ties;
+    if (!ran)
+        fprintf(stderr, "msa demo: oracle comparison failed: %s\n", res->message);
+    if (!row.passed)
+        d->failed = 1;
+    d->total_s += row.seconds;
+    report_row(d, step_name, decode, step, l, &sh, &row);
+    bufs_free(&b);
+    return 0;
 }
 
 /* ---- one step ----------------------------------------------------------- */
@@ -580,8 +612,9 @@ int cmd_demo(int argc, char **argv)
     }
     synth_seed(&d.rng, (uint64_t)d.opt.seed);
     static const char *const headers[] = {"step", "layer", "tokens", "ctx", "ms", "rate",
-                                          "blk/tok", "kept", "topk diff", "max err", "check"};
-    d.tab = table_new(11, headers);
+                                          "blk/tok", "kept", "topk diff", "max err", "check",
+                                          "kernel"};
+    d.tab = table_new(12, headers);
     d.rows = cJSON_CreateArray();
     int rc = (d.tab && d.rows) ? demo_setup(&d) : -1;
     double wall0 = cli_now();

@@ -23,8 +23,10 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "devbuf.h"
 #include "elem.h"
 #include "npy.h"
+#include "plane.h"
 #include "replay_meta.h"
 #include "table.h"
 
@@ -44,8 +46,7 @@ typedef struct replay_run {
     msa_model *model;
     msa_cache *cache;
     msa_plan *plan;
-    void *bufs[16];
-    int num_bufs;
+    dev_pool pool;
     /* host outputs, float32 / int32 */
     float *o, *lse, *idx_o;
     int32_t *topk;
@@ -162,58 +163,37 @@ static msa_status load_inputs(replay_run *r)
 
 /* ---- step 3: the library ------------------------------------------------ */
 
-/* Backend memory holding `bytes` copied from host (at least one element so
- * an empty step still gets a valid pointer). */
+/* Backend memory holding `bytes` copied from host. */
 static msa_status upload(replay_run *r, const void *host, size_t bytes, void **out)
 {
-    if (r->num_bufs == (int)(sizeof r->bufs / sizeof r->bufs[0]))
-        return set_fail(r, MSA_ERR_OUT_OF_MEMORY, "too many buffers");
-    void *p = NULL;
-    msa_status st = msa_buffer_alloc(r->ctx, bytes ? bytes : 16, &p);
-    if (st != MSA_OK)
-        return lib_fail(r, st, "msa_buffer_alloc");
-    r->bufs[r->num_bufs++] = p;
-    if (bytes && (st = msa_copy_to_buffer(r->ctx, p, host, bytes)) != MSA_OK)
-        return lib_fail(r, st, "msa_copy_to_buffer");
-    *out = p;
+    if (!(*out = dev_pool_alloc(&r->pool, host, bytes)))
+        return lib_fail(r, r->pool.status, "backend memory");
     return MSA_OK;
 }
 
-/* Rounds a float32 input to the activation dtype and uploads it. */
-static msa_status upload_act(replay_run *r, const npy_array *a, const void **out)
+/* Rounds float32 values to the activation dtype and uploads them. */
+static msa_status upload_act(replay_run *r, const float *x, int64_t n, const void **out)
 {
-    if (!a->data && a->count > 0)
-        return set_fail(r, MSA_ERR_INVALID_ARGUMENT, "internal: input not loaded");
-    size_t bytes = (size_t)a->count * msa_dtype_size(r->meta.act_dtype);
-    void *host = malloc(bytes ? bytes : 1);
-    if (!host)
-        return set_fail(r, MSA_ERR_OUT_OF_MEMORY, "out of memory");
-    elem_from_f32(host, r->meta.act_dtype, a->data, a->count);
-    void *dev = NULL;
-    msa_status st = upload(r, host, bytes, &dev);
-    free(host);
+    void *dev = dev_pool_act(&r->pool, r->meta.act_dtype, x, n);
+    if (!dev)
+        return lib_fail(r, r->pool.status, "backend memory");
     *out = dev;
-    return st;
+    return MSA_OK;
 }
 
 /* Poison so an element the library failed to write shows up as NaN (or id
  * -2) in the output files instead of as a plausible value. */
 static msa_status upload_poison_act(replay_run *r, int64_t n, void **out)
 {
-    size_t bytes = (size_t)n * msa_dtype_size(r->meta.act_dtype);
-    float *nan_f = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    void *host = malloc(bytes ? bytes : 1);
-    msa_status st = MSA_ERR_OUT_OF_MEMORY;
-    if (nan_f && host) {
-        for (int64_t i = 0; i < n; i++)
-            nan_f[i] = NAN;
-        elem_from_f32(host, r->meta.act_dtype, nan_f, n);
-        st = upload(r, host, bytes, out);
-    } else {
-        set_fail(r, st, "out of memory");
-    }
+    float *nan_f = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (!nan_f)
+        return set_fail(r, MSA_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int64_t i = 0; i < n; i++)
+        nan_f[i] = NAN;
+    const void *dev = NULL;
+    msa_status st = upload_act(r, nan_f, n, &dev);
     free(nan_f);
-    free(host);
+    *out = (void *)dev;
     return st;
 }
 
@@ -228,6 +208,7 @@ static msa_status create_objects(replay_run *r)
     if (st != MSA_OK)
         return set_fail(r, st, "cannot create a %s context: %s", msa_backend_name(r->backend),
                         err[0] ? err : msa_status_name(st));
+    dev_pool_init(&r->pool, r->ctx);
 
     uint8_t sparse = (uint8_t)m->sparse, index_value = (uint8_t)(m->sparse && m->index_value);
     msa_model_config cfg;
@@ -272,26 +253,26 @@ static msa_status fill_planes(replay_run *r)
 {
     const replay_meta *m = &r->meta;
     const float scales[4] = {m->k_scale, m->v_scale, m->index_k_scale, m->index_v_scale};
+    msa_cache_config cc;
+    msa_cache_get_config(r->cache, &cc);
     for (int p = 0; p < 4; p++) {
         const npy_array *a = &r->plane_in[p];
         if (!a->data)
-            continue; /* plane not read: the layer does not have it, or it is empty */
-        int main_plane = p == MSA_PLANE_K || p == MSA_PLANE_V;
-        msa_dtype dt = main_plane ? m->kv_dtype : m->index_dtype;
-        int64_t units = main_plane ? m->num_pages * m->Hkv : m->num_pages;
-        int64_t unit_elems = (int64_t)m->page_size * (main_plane ? m->D : m->Di);
-        size_t want = elem_plane_bytes(dt, units, unit_elems);
+            continue; /* plane not read: the layer does not have it */
+        plane_geom g;
+        plane_geometry(r->model, 0, &cc, (msa_plane)p, &g);
+        size_t want = g.bytes;
         size_t have = msa_cache_plane_bytes(r->cache, 0, (msa_plane)p);
         void *dst = msa_cache_plane_data(r->cache, 0, (msa_plane)p);
         if (want == 0 || want != have || !dst)
             return set_fail(r, MSA_ERR_UNSUPPORTED,
                             "the library's %s plane (%zu bytes) differs from the %s layout this "
                             "program writes (%zu bytes)",
-                            plane_names[p], have, msa_dtype_name(dt), want);
+                            plane_names[p], have, msa_dtype_name(g.dtype), want);
         void *host = malloc(want);
         if (!host)
             return set_fail(r, MSA_ERR_OUT_OF_MEMORY, "out of memory for a %zu-byte plane", want);
-        elem_encode_plane(host, dt, a->data, units, unit_elems, scales[p]);
+        elem_encode_plane(host, g.dtype, a->data, g.units, g.unit_elems, scales[p]);
         msa_status st = msa_copy_to_buffer(r->ctx, dst, host, want);
         free(host);
         if (st != MSA_OK)
@@ -346,16 +327,15 @@ static msa_status run_layer(replay_run *r)
     io.write_cache = m->write_cache;
     msa_status st;
     void *o = NULL, *idx_o = NULL, *lse = NULL, *topk = NULL;
-    if ((st = upload_act(r, &r->q, &io.q)))
-        return st;
-    if (m->write_cache && ((st = upload_act(r, &r->k, &io.k)) || (st = upload_act(r, &r->v, &io.v))))
-        return st;
-    if (m->sparse) {
-        if ((st = upload_act(r, &r->idx_q, &io.idx_q)))
-            return st;
-        if (m->write_cache && (st = upload_act(r, &r->idx_k, &io.idx_k)))
-            return st;
-        if (m->write_cache && m->index_value && (st = upload_act(r, &r->idx_v, &io.idx_v)))
+    /* Inputs not read for this layer stay NULL (their arrays were not loaded). */
+    const struct {
+        const npy_array *a;
+        const void **dst;
+    } inputs[] = {{&r->q, &io.q},         {&r->k, &io.k},         {&r->v, &io.v},
+                  {&r->idx_q, &io.idx_q}, {&r->idx_k, &io.idx_k}, {&r->idx_v, &io.idx_v}};
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
+        int loaded = inputs[i].a->ndim > 0;
+        if (loaded && (st = upload_act(r, inputs[i].a->data, inputs[i].a->count, inputs[i].dst)))
             return st;
     }
     size_t lse_n = (size_t)(T * m->Hq), topk_n = (size_t)(T * m->Hkv * r->width);
@@ -501,8 +481,8 @@ static void release(replay_run *r)
     npy_free(&r->idx_q);
     npy_free(&r->idx_k);
     npy_free(&r->idx_v);
-    for (int i = 0; i < r->num_bufs; i++)
-        msa_buffer_free(r->ctx, r->bufs[i]);
+    if (r->ctx)
+        dev_pool_release(&r->pool);
     msa_plan_free(r->plan);
     msa_cache_free(r->cache);
     msa_model_free(r->model);

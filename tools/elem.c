@@ -160,6 +160,8 @@ int elem_is_act_dtype(msa_dtype dtype)
 
 void elem_from_f32(void *dst, msa_dtype dtype, const float *src, int64_t n)
 {
+    if (n <= 0)
+        return; /* empty tensors may come with NULL pointers */
     if (dtype == MSA_DTYPE_FP32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
     } else if (dtype == MSA_DTYPE_BF16) {
@@ -175,6 +177,8 @@ void elem_from_f32(void *dst, msa_dtype dtype, const float *src, int64_t n)
 
 void elem_to_f32(float *dst, msa_dtype dtype, const void *src, int64_t n)
 {
+    if (n <= 0)
+        return;
     if (dtype == MSA_DTYPE_FP32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
     } else if (dtype == MSA_DTYPE_BF16) {

@@ -7,6 +7,7 @@
 
 #include "elem.h"
 #include "oracle.h"
+#include "plane.h"
 
 /* A mismatched selection is excused when the last block the oracle took
  * and the best block it left differ by less than this (relative): fp32
@@ -20,25 +21,21 @@ typedef struct plane_copy {
 
 static int read_planes(const cmp_inputs *in, plane_copy *pc, char *msg, size_t msg_size)
 {
-    msa_model_config cfg;
     msa_cache_config cc;
-    msa_model_get_config(in->model, &cfg);
     msa_cache_get_config(in->cache, &cc);
     memset(pc, 0, sizeof *pc);
     for (int p = 0; p < 4; p++) {
         size_t bytes = msa_cache_plane_bytes(in->cache, in->layer, (msa_plane)p);
         if (bytes == 0)
             continue;
-        int main_plane = p == MSA_PLANE_K || p == MSA_PLANE_V;
-        msa_dtype dt = main_plane ? cc.kv_dtype : cc.index_dtype;
-        int64_t units = cc.num_pages * (main_plane ? cfg.num_kv_heads : 1);
-        int64_t unit_elems = (int64_t)cc.page_size * (main_plane ? cfg.head_dim : cfg.index_dim);
-        if (elem_plane_bytes(dt, units, unit_elems) != bytes) {
+        plane_geom g;
+        plane_geometry(in->model, in->layer, &cc, (msa_plane)p, &g);
+        if (g.bytes != bytes) {
             snprintf(msg, msg_size, "plane %d of layer %d has an unexpected size", p, in->layer);
             return -1;
         }
         void *raw = malloc(bytes);
-        pc->data[p] = malloc((size_t)(units * unit_elems) * sizeof(float));
+        pc->data[p] = malloc((size_t)(g.units * g.unit_elems) * sizeof(float));
         if (!raw || !pc->data[p]) {
             free(raw);
             snprintf(msg, msg_size, "out of memory reading the cache");
@@ -52,7 +49,7 @@ static int read_planes(const cmp_inputs *in, plane_copy *pc, char *msg, size_t m
             snprintf(msg, msg_size, "reading the cache: %s", msa_context_last_error(in->ctx));
             return -1;
         }
-        elem_decode_plane(pc->data[p], dt, raw, units, unit_elems, in->plane_scales[p]);
+        elem_decode_plane(pc->data[p], g.dtype, raw, g.units, g.unit_elems, in->plane_scales[p]);
         free(raw);
     }
     return 0;

@@ -1,7 +1,8 @@
 #include "replay_meta.h"
 
+#include "cli.h"
+
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -291,39 +292,6 @@ static int parse_requests(meta_err *e, const cJSON *reqs, replay_meta *m)
     return 0;
 }
 
-static char *read_text(const char *path, size_t *len, meta_err *e)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fail(e, MSA_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap)
-            break;
-        char *grown = (cap > ((size_t)64 << 20)) ? NULL : realloc(buf, cap * 2);
-        if (!grown) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = grown;
-        cap *= 2;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
-        free(buf);
-        fail(e, MSA_ERR_IO, "%s: cannot read (or larger than 128 MiB)", path);
-        return NULL;
-    }
-    *len = n;
-    return buf;
-}
-
 msa_status replay_meta_load(const char *path, replay_meta *m, char *msg, size_t msg_size)
 {
     static const char *const known[] = {"layer", "cache", "act_dtype", "tokens", "requests",
@@ -331,9 +299,9 @@ msa_status replay_meta_load(const char *path, replay_meta *m, char *msg, size_t 
     meta_err e = {MSA_OK, msg, msg_size};
     memset(m, 0, sizeof *m);
     size_t len = 0;
-    char *text = read_text(path, &len, &e);
+    char *text = cli_read_file(path, &len, msg, msg_size);
     if (!text)
-        return e.status;
+        return MSA_ERR_IO;
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);
     if (!root) {

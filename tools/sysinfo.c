@@ -30,6 +30,25 @@ size_t sysinfo_llc_bytes(size_t fallback)
     return best ? best : fallback;
 }
 
+size_t sysinfo_phys_bytes(size_t fallback)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : fallback;
+}
+
+int sysinfo_exe_dir(char *buf, size_t size)
+{
+    ssize_t n = readlink("/proc/self/exe", buf, size - 1);
+    if (n <= 0 || (size_t)n >= size - 1)
+        return -1;
+    buf[n] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (!slash)
+        return -1;
+    *slash = '\0';
+    return 0;
+}
+
 int sysinfo_online_cpus(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);

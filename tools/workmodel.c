@@ -33,6 +33,35 @@ static int64_t block_keys(int64_t n, int64_t block, int64_t last)
     return k < block ? k : block;
 }
 
+/* Per KV head, the union of the blocks the request's tokens selected:
+ * adds the number of such blocks and the keys they hold (up to kv_len). */
+static void union_scan(const work_layer *w, int64_t kv_len, int32_t q_len, const int32_t *topk,
+                       int64_t *blocks, int64_t *keys)
+{
+    int64_t nblocks = (kv_len + w->block - 1) / w->block;
+    size_t n = (size_t)(nblocks > 0 ? nblocks : 1);
+    unsigned char *seen = malloc(n);
+    *blocks = 0;
+    *keys = 0;
+    if (!seen)
+        return; /* cannot happen at sane sizes; undercounts rather than crashes */
+    for (int g = 0; g < w->Hkv; g++) {
+        memset(seen, 0, n);
+        for (int32_t i = 0; i < q_len; i++) {
+            const int32_t *row = topk + ((int64_t)i * w->Hkv + g) * w->width;
+            for (int j = 0; j < w->width; j++) {
+                int32_t b = row[j];
+                if (b < 0 || b >= nblocks || seen[b])
+                    continue;
+                seen[b] = 1;
+                *blocks += 1;
+                *keys += block_keys(b, w->block, kv_len - 1);
+            }
+        }
+    }
+    free(seen);
+}
+
 double work_decode_bytes(const work_layer *w, int64_t kv_len, int32_t q_len,
                          const int32_t *topk)
 {
@@ -40,27 +69,18 @@ double work_decode_bytes(const work_layer *w, int64_t kv_len, int32_t q_len,
     if (!w->sparse)
         return (double)kv_len * w->Hkv * kv_row;
     double bytes = (double)kv_len * w->Di * w->index_elem_bytes * (w->index_value ? 2.0 : 1.0);
-    int64_t nblocks = (kv_len + w->block - 1) / w->block;
-    unsigned char *seen = calloc((size_t)(nblocks > 0 ? nblocks : 1), 1);
-    if (!seen)
-        return bytes; /* cannot happen at sane sizes; undercounts rather than crashes */
-    for (int g = 0; g < w->Hkv; g++) {
-        memset(seen, 0, (size_t)(nblocks > 0 ? nblocks : 1));
-        int64_t keys = 0;
-        for (int32_t i = 0; i < q_len; i++) {
-            const int32_t *row = topk + ((int64_t)i * w->Hkv + g) * w->width;
-            for (int j = 0; j < w->width; j++) {
-                int32_t n = row[j];
-                if (n < 0 || n >= nblocks || seen[n])
-                    continue;
-                seen[n] = 1;
-                keys += block_keys(n, w->block, kv_len - 1);
-            }
-        }
-        bytes += (double)keys * kv_row;
-    }
-    free(seen);
-    return bytes;
+    int64_t blocks, keys;
+    union_scan(w, kv_len, q_len, topk, &blocks, &keys);
+    return bytes + (double)keys * kv_row;
+}
+
+int64_t work_union_blocks(const work_layer *w, int64_t kv_len, int32_t q_len,
+                          const int32_t *topk)
+{
+    int64_t blocks = 0, keys;
+    if (w->sparse)
+        union_scan(w, kv_len, q_len, topk, &blocks, &keys);
+    return blocks;
 }
 
 double work_prefill_flops(const work_layer *w, int64_t kv_len, int32_t q_len,

@@ -37,6 +37,11 @@ double work_decode_bytes(const work_layer *w, int64_t kv_len, int32_t q_len,
 double work_prefill_flops(const work_layer *w, int64_t kv_len, int32_t q_len,
                           const int32_t *topk);
 
+/* Blocks a sparse layer reads for the request, summed over KV heads (the
+ * union over its tokens per head); 0 for dense layers. */
+int64_t work_union_blocks(const work_layer *w, int64_t kv_len, int32_t q_len,
+                          const int32_t *topk);
+
 /* Selected blocks summed over (token, KV head), and the blocks those tokens
  * could reach (N = floor(p/B) + 1 each), for "fraction kept". */
 void work_selection_stats(const work_layer *w, int64_t kv_len, int32_t q_len,

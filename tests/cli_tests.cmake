@@ -1,0 +1,16 @@
+# Tests of the `msa` program (included from the top-level CMakeLists.txt).
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME msa_replay
+           COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/tests/replay/run_replay_test.sh
+                   $<TARGET_FILE:msa_cli> ${CMAKE_CURRENT_BINARY_DIR}/replay_work)
+  set_tests_properties(msa_replay PROPERTIES LABELS quick
+                       ENVIRONMENT "PYTHON=${Python3_EXECUTABLE}")
+endif()
+add_test(NAME msa_info COMMAND msa_cli info)
+add_test(NAME msa_check_quick COMMAND msa_cli check --quick)
+add_test(NAME msa_demo_small COMMAND msa_cli demo --prefix 1024 --chunk 512)
+add_test(NAME msa_bench_smoke COMMAND msa_cli bench --decode-context 4096 --batch 2 --q-len 8 --dense --reps 3 --warmup 1)
+add_test(NAME msa_demo COMMAND msa_cli demo)
+set_tests_properties(msa_info msa_check_quick msa_demo_small msa_bench_smoke PROPERTIES LABELS quick)
+set_tests_properties(msa_demo PROPERTIES LABELS slow TIMEOUT 600)
