@@ -1,10 +1,18 @@
 /* A small fork-join thread pool owned by the context.  Work functions have
  * the shape fn(arg, ith, nth) so an engine with its own pool can drive the
- * same kernels.  The caller runs as thread 0. */
+ * same kernels.  The caller runs as thread 0.
+ *
+ * A decode step runs a few short stages of tens of microseconds each, so
+ * waking sleeping threads through the kernel for every stage would cost as
+ * much as the work: workers and the caller spin briefly on atomics before
+ * they fall back to the condition variables. */
 #include "core/internal.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+
+#define MSA_SPIN_ITERATIONS 20000
 
 struct msa_threadpool {
     int size;
@@ -14,9 +22,9 @@ struct msa_threadpool {
     pthread_cond_t done_cv;
     msa_work_fn fn;
     void *arg;
-    unsigned long generation; /* bumped for every job */
-    int pending;              /* workers still running the current job */
-    int quit;
+    atomic_ulong generation; /* bumped for every job */
+    atomic_int pending;      /* workers still running the current job */
+    atomic_int quit;
 };
 
 typedef struct worker_arg {
@@ -24,28 +32,42 @@ typedef struct worker_arg {
     int ith;
 } worker_arg;
 
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 static void *worker_main(void *p)
 {
     worker_arg wa = *(worker_arg *)p;
     free(p);
     msa_threadpool *pool = wa.pool;
     unsigned long seen = 0;
-    pthread_mutex_lock(&pool->lock);
     for (;;) {
-        while (!pool->quit && pool->generation == seen)
-            pthread_cond_wait(&pool->start_cv, &pool->lock);
-        if (pool->quit)
+        unsigned long gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        for (int i = 0; gen == seen && i < MSA_SPIN_ITERATIONS && !atomic_load(&pool->quit); i++) {
+            cpu_relax();
+            gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        }
+        if (gen == seen) {
+            pthread_mutex_lock(&pool->lock);
+            while (!atomic_load(&pool->quit) &&
+                   (gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen)
+                pthread_cond_wait(&pool->start_cv, &pool->lock);
+            pthread_mutex_unlock(&pool->lock);
+        }
+        if (atomic_load(&pool->quit))
             break;
-        seen = pool->generation;
-        msa_work_fn fn = pool->fn;
-        void *arg = pool->arg;
-        pthread_mutex_unlock(&pool->lock);
-        fn(arg, wa.ith, pool->size);
-        pthread_mutex_lock(&pool->lock);
-        if (--pool->pending == 0)
+        seen = gen;
+        pool->fn(pool->arg, wa.ith, pool->size);
+        if (atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&pool->lock);
             pthread_cond_signal(&pool->done_cv);
+            pthread_mutex_unlock(&pool->lock);
+        }
     }
-    pthread_mutex_unlock(&pool->lock);
     return NULL;
 }
 
@@ -59,6 +81,9 @@ msa_status msa_threadpool_create(int num_threads, msa_threadpool **out)
     pthread_mutex_init(&pool->lock, NULL);
     pthread_cond_init(&pool->start_cv, NULL);
     pthread_cond_init(&pool->done_cv, NULL);
+    atomic_init(&pool->generation, 0);
+    atomic_init(&pool->pending, 0);
+    atomic_init(&pool->quit, 0);
     if (pool->size > 1) {
         pool->threads = calloc((size_t)pool->size, sizeof *pool->threads);
         if (!pool->threads) {
@@ -88,7 +113,7 @@ void msa_threadpool_free(msa_threadpool *pool)
     if (!pool)
         return;
     pthread_mutex_lock(&pool->lock);
-    pool->quit = 1;
+    atomic_store(&pool->quit, 1);
     pthread_cond_broadcast(&pool->start_cv);
     pthread_mutex_unlock(&pool->lock);
     for (int i = 1; i < pool->size; i++)
@@ -106,18 +131,23 @@ void msa_threadpool_run(msa_threadpool *pool, msa_work_fn fn, void *arg)
         fn(arg, 0, 1);
         return;
     }
-    pthread_mutex_lock(&pool->lock);
+    /* Workers read fn/arg after they see the new generation (acquire). */
     pool->fn = fn;
     pool->arg = arg;
-    pool->pending = pool->size - 1;
-    pool->generation++;
+    atomic_store_explicit(&pool->pending, pool->size - 1, memory_order_relaxed);
+    pthread_mutex_lock(&pool->lock);
+    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
     pthread_cond_broadcast(&pool->start_cv);
     pthread_mutex_unlock(&pool->lock);
     fn(arg, 0, pool->size);
-    pthread_mutex_lock(&pool->lock);
-    while (pool->pending > 0)
-        pthread_cond_wait(&pool->done_cv, &pool->lock);
-    pthread_mutex_unlock(&pool->lock);
+    for (int i = 0; i < MSA_SPIN_ITERATIONS && atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; i++)
+        cpu_relax();
+    if (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0) {
+        pthread_mutex_lock(&pool->lock);
+        while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0)
+            pthread_cond_wait(&pool->done_cv, &pool->lock);
+        pthread_mutex_unlock(&pool->lock);
+    }
 }
 
 int msa_threadpool_size(const msa_threadpool *pool) { return pool ? pool->size : 1; }
