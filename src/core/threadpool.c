@@ -9,10 +9,14 @@
 #include "core/internal.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#define MSA_SPIN_ITERATIONS 20000
+/* Pause-spins, then yields (so that an oversubscribed machine can run the
+ * thread being waited for), then sleeps. */
+#define MSA_SPIN_ITERATIONS 2000
+#define MSA_YIELD_ITERATIONS 200
 
 struct msa_threadpool {
     int size;
@@ -32,8 +36,12 @@ typedef struct worker_arg {
     int ith;
 } worker_arg;
 
-static inline void cpu_relax(void)
+static inline void cpu_relax(int i)
 {
+    if (i >= MSA_SPIN_ITERATIONS) {
+        sched_yield();
+        return;
+    }
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
@@ -47,8 +55,10 @@ static void *worker_main(void *p)
     unsigned long seen = 0;
     for (;;) {
         unsigned long gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
-        for (int i = 0; gen == seen && i < MSA_SPIN_ITERATIONS && !atomic_load(&pool->quit); i++) {
-            cpu_relax();
+        for (int i = 0; gen == seen && i < MSA_SPIN_ITERATIONS + MSA_YIELD_ITERATIONS &&
+                        !atomic_load(&pool->quit);
+             i++) {
+            cpu_relax(i);
             gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
         }
         if (gen == seen) {
@@ -140,8 +150,10 @@ void msa_threadpool_run(msa_threadpool *pool, msa_work_fn fn, void *arg)
     pthread_cond_broadcast(&pool->start_cv);
     pthread_mutex_unlock(&pool->lock);
     fn(arg, 0, pool->size);
-    for (int i = 0; i < MSA_SPIN_ITERATIONS && atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; i++)
-        cpu_relax();
+    for (int i = 0; i < MSA_SPIN_ITERATIONS + MSA_YIELD_ITERATIONS &&
+                    atomic_load_explicit(&pool->pending, memory_order_acquire) > 0;
+         i++)
+        cpu_relax(i);
     if (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0) {
         pthread_mutex_lock(&pool->lock);
         while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0)
