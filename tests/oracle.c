@@ -125,6 +125,8 @@ static void select_blocks(const msa_oracle_layer *L, const msa_oracle_request *r
             if (best < 0 || ranks_before(n, scores[n], best, scores[best]))
                 best = n;
         }
+        if (best < 0)
+            break; /* cannot happen: taken < T <= N leaves a block unchosen */
         chosen[best] = 1;
         taken++;
     }

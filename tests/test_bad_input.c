@@ -1,1 +1,619 @@
-int main(void){return 0;}
+/*
+ * Bad input (SPEC 10): every entry point rejects it with a status and a
+ * message, writes nothing (cache planes and outputs byte-identical
+ * afterwards), and a rejected msa_plan_update leaves the previous plan
+ * usable (the next forward reproduces the baseline bit for bit).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "msa/msa.h"
+
+enum { L = 2, HQ = 4, HKV = 2, D = 16, HI = 2, DI = 16, BLK = 4, K = 3, P = 4, PAGES = 8 };
+enum { R = 2, ROWS = 4, STRIDE = 3 };
+
+static msa_context *ctx;
+static msa_model *model;
+static msa_cache *cache;
+static msa_plan *plan;
+
+/* The valid step: request 0 has 2 new tokens of 6, request 1 one of 3, and
+ * one padding row. */
+static int32_t q_len[R] = {2, 1}, kv_len[R] = {6, 3};
+static int32_t table[R * STRIDE] = {3, 5, -1, 1, -1, -1};
+static msa_step good_step = {R, ROWS, q_len, kv_len, table, STRIDE};
+
+/* Backend buffers: inputs, then outputs. */
+static void *q, *k, *v, *iq, *ik, *iv, *o, *io_out, *lse, *topk;
+static size_t o_bytes, idx_o_bytes, lse_bytes, topk_bytes;
+
+/* Baseline outputs and cache of the valid step on layer 1. */
+static unsigned char *base_o, *base_io, *base_lse, *base_topk, *base_cache[L * 4];
+
+/* ---- helpers --------------------------------------------------------- */
+
+static void *buffer(size_t bytes, unsigned seed)
+{
+    void *p = NULL;
+    unsigned char *h = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++) {
+        seed = seed * 1103515245u + 12345u;
+        h[i] = (unsigned char)(seed >> 16);
+    }
+    /* bf16 data: keep every element a small finite number. */
+    for (size_t i = 1; i < bytes; i += 2)
+        h[i] = (unsigned char)(0x3c + (h[i] & 1));
+    if (msa_buffer_alloc(ctx, bytes, &p) != MSA_OK || msa_copy_to_buffer(ctx, p, h, bytes) != MSA_OK)
+        p = NULL;
+    free(h);
+    return p;
+}
+
+static unsigned char *read_back(const void *p, size_t bytes)
+{
+    unsigned char *h = malloc(bytes ? bytes : 1);
+    msa_copy_from_buffer(ctx, h, p, bytes);
+    return h;
+}
+
+static void fill(void *p, size_t bytes, unsigned char byte)
+{
+    unsigned char *h = malloc(bytes);
+    memset(h, byte, bytes);
+    msa_copy_to_buffer(ctx, p, h, bytes);
+    free(h);
+}
+
+static msa_layer_io good_io(int32_t layer)
+{
+    msa_layer_io io;
+    msa_layer_io_default(&io);
+    io.act_dtype = MSA_DTYPE_BF16;
+    io.q = q;
+    io.k = k;
+    io.v = v;
+    io.o = o;
+    io.lse = lse;
+    if (layer == 1) {
+        io.idx_q = iq;
+        io.idx_k = ik;
+        io.idx_v = iv;
+        io.idx_o = io_out;
+        io.topk = topk;
+    }
+    return io;
+}
+
+/* Snapshot of every byte a call could write. */
+typedef struct snapshot {
+    unsigned char *cache[L * 4], *o, *io, *lse, *topk;
+} snapshot;
+
+static void snap_take(snapshot *s)
+{
+    for (int i = 0; i < L * 4; i++) {
+        size_t n = msa_cache_plane_bytes(cache, i / 4, (msa_plane)(i % 4));
+        s->cache[i] = n ? read_back(msa_cache_plane_data(cache, i / 4, (msa_plane)(i % 4)), n) : NULL;
+    }
+    s->o = read_back(o, o_bytes);
+    s->io = read_back(io_out, idx_o_bytes);
+    s->lse = read_back(lse, lse_bytes);
+    s->topk = read_back(topk, topk_bytes);
+}
+
+static int same_bytes(const unsigned char *a, const void *buf, size_t n)
+{
+    unsigned char *b = read_back(buf, n);
+    int same = !memcmp(a, b, n);
+    free(b);
+    return same;
+}
+
+/* 1 when nothing changed since the snapshot; frees it. */
+static int snap_same(snapshot *s)
+{
+    int same = 1;
+    for (int i = 0; i < L * 4; i++) {
+        if (!s->cache[i])
+            continue;
+        size_t n = msa_cache_plane_bytes(cache, i / 4, (msa_plane)(i % 4));
+        same &= same_bytes(s->cache[i], msa_cache_plane_data(cache, i / 4, (msa_plane)(i % 4)), n);
+        free(s->cache[i]);
+    }
+    same &= same_bytes(s->o, o, o_bytes) && same_bytes(s->io, io_out, idx_o_bytes) &&
+            same_bytes(s->lse, lse, lse_bytes) && same_bytes(s->topk, topk, topk_bytes);
+    free(s->o);
+    free(s->io);
+    free(s->lse);
+    free(s->topk);
+    return same;
+}
+
+/* Leaves a known message on the context, so a rejected call must replace
+ * it with its own. */
+static const char *plant_message(void)
+{
+    static char planted[512];
+    msa_model *m = NULL;
+    msa_model_load_config_file(ctx, "/nonexistent/dir/planted-message.json", &m);
+    msa_model_free(m);
+    snprintf(planted, sizeof planted, "%s", msa_context_last_error(ctx));
+    return planted;
+}
+
+static int fresh_message(const char *planted)
+{
+    const char *msg = msa_context_last_error(ctx);
+    return msg && msg[0] && strcmp(msg, planted) != 0;
+}
+
+static int status_in(msa_status st, msa_status a, msa_status b)
+{
+    return st == a || st == b;
+}
+
+/* Both layers of the valid step; o and lse end up holding layer 1's. */
+static msa_status run_both_layers(msa_plan *p)
+{
+    msa_layer_io io0 = good_io(0), io1 = good_io(1);
+    msa_status st = msa_forward(ctx, p, 0, &io0);
+    if (st == MSA_OK)
+        st = msa_forward(ctx, p, 1, &io1);
+    if (st == MSA_OK)
+        st = msa_synchronize(ctx);
+    return st;
+}
+
+/* Forward of the valid step reproduces the baseline exactly. */
+static int plan_reproduces_baseline(void)
+{
+    if (run_both_layers(plan) != MSA_OK)
+        return 0;
+    int same = same_bytes(base_o, o, o_bytes) && same_bytes(base_io, io_out, idx_o_bytes) &&
+               same_bytes(base_lse, lse, lse_bytes) && same_bytes(base_topk, topk, topk_bytes);
+    for (int i = 0; i < L * 4; i++)
+        if (base_cache[i])
+            same &= same_bytes(base_cache[i], msa_cache_plane_data(cache, i / 4, (msa_plane)(i % 4)),
+                               msa_cache_plane_bytes(cache, i / 4, (msa_plane)(i % 4)));
+    return same;
+}
+
+/* ---- setup ------------------------------------------------------------- */
+
+static int setup(void)
+{
+    msa_context_params cp;
+    msa_context_params_default(&cp);
+    cp.num_threads = 2;
+    if (msa_context_create(&cp, &ctx, NULL, 0) != MSA_OK)
+        return -1;
+    msa_model_config mc;
+    msa_model_config_default(&mc);
+    static const uint8_t sparse[L] = {0, 1}, value[L] = {0, 1};
+    mc.num_layers = L;
+    mc.num_q_heads = HQ;
+    mc.num_kv_heads = HKV;
+    mc.head_dim = D;
+    mc.num_index_heads = HI;
+    mc.index_dim = DI;
+    mc.block_size = BLK;
+    mc.topk_blocks = K;
+    mc.layer_sparse = sparse;
+    mc.layer_index_value = value;
+    if (msa_model_create(ctx, &mc, &model) != MSA_OK)
+        return -1;
+    msa_cache_config cc;
+    msa_cache_config_default(&cc);
+    cc.num_pages = PAGES;
+    cc.page_size = P;
+    if (msa_cache_create(ctx, model, &cc, &cache) != MSA_OK)
+        return -1;
+    /* Non-zero pool contents, so any stray write shows. */
+    for (int i = 0; i < L * 4; i++) {
+        size_t n = msa_cache_plane_bytes(cache, i / 4, (msa_plane)(i % 4));
+        if (!n)
+            continue;
+        void *tmp = buffer(n, 100u + (unsigned)i);
+        unsigned char *h = read_back(tmp, n);
+        msa_copy_to_buffer(ctx, msa_cache_plane_data(cache, i / 4, (msa_plane)(i % 4)), h, n);
+        free(h);
+        msa_buffer_free(ctx, tmp);
+    }
+    msa_plan_limits lim;
+    msa_plan_limits_default(&lim);
+    if (msa_plan_create(ctx, model, cache, &lim, &plan) != MSA_OK ||
+        msa_plan_update(plan, &good_step, NULL) != MSA_OK)
+        return -1;
+
+    q = buffer(ROWS * HQ * D * 2, 1);
+    k = buffer(ROWS * HKV * D * 2, 2);
+    v = buffer(ROWS * HKV * D * 2, 3);
+    iq = buffer(ROWS * HI * DI * 2, 4);
+    ik = buffer(ROWS * DI * 2, 5);
+    iv = buffer(ROWS * DI * 2, 6);
+    o_bytes = ROWS * HQ * D * 2;
+    idx_o_bytes = ROWS * HI * DI * 2;
+    lse_bytes = ROWS * HQ * 4;
+    topk_bytes = ROWS * HKV * K * 4;
+    o = buffer(o_bytes, 7);
+    io_out = buffer(idx_o_bytes, 8);
+    lse = buffer(lse_bytes, 9);
+    topk = buffer(topk_bytes, 10);
+    if (!q || !k || !v || !iq || !ik || !iv || !o || !io_out || !lse || !topk)
+        return -1;
+
+    if (run_both_layers(plan) != MSA_OK)
+        return -1;
+    base_o = read_back(o, o_bytes);
+    base_io = read_back(io_out, idx_o_bytes);
+    base_lse = read_back(lse, lse_bytes);
+    base_topk = read_back(topk, topk_bytes);
+    for (int i = 0; i < L * 4; i++) {
+        size_t n = msa_cache_plane_bytes(cache, i / 4, (msa_plane)(i % 4));
+        base_cache[i] = n ? read_back(msa_cache_plane_data(cache, i / 4, (msa_plane)(i % 4)), n) : NULL;
+    }
+    return 0;
+}
+
+/* ---- msa_plan_update ---------------------------------------------------- */
+
+static void reject_step(const char *what, const msa_step *step, msa_status a, msa_status b)
+{
+    fill(o, o_bytes, 0x11);
+    snapshot s;
+    snap_take(&s);
+    const char *planted = plant_message();
+    msa_status st = msa_plan_update(plan, step, NULL);
+    CHECK(status_in(st, a, b), "%s: got %s, want %s", what, msa_status_name(st), msa_status_name(a));
+    CHECK(fresh_message(planted), "%s: no message of its own (\"%s\")", what,
+          msa_context_last_error(ctx));
+    CHECK(snap_same(&s), "%s: rejected update wrote something", what);
+    CHECK(plan_reproduces_baseline(), "%s: previous plan no longer usable", what);
+}
+
+static void test_plan_update(void)
+{
+    const msa_status IA = MSA_ERR_INVALID_ARGUMENT, OOR = MSA_ERR_OUT_OF_RANGE;
+    int32_t ql[R], kl[R], tb[R * STRIDE];
+    msa_step s;
+#define RESET()                                  \
+    do {                                         \
+        memcpy(ql, q_len, sizeof ql);            \
+        memcpy(kl, kv_len, sizeof kl);           \
+        memcpy(tb, table, sizeof tb);            \
+        s = good_step;                           \
+        s.q_len = ql;                            \
+        s.kv_len = kl;                           \
+        s.page_table = tb;                       \
+    } while (0)
+
+    reject_step("NULL step", NULL, IA, IA);
+    CHECK(msa_plan_update(NULL, &good_step, NULL) == IA, "NULL plan");
+    RESET();
+    s.num_requests = -1;
+    reject_step("negative num_requests", &s, IA, IA);
+    RESET();
+    s.q_len = NULL;
+    reject_step("NULL q_len", &s, IA, IA);
+    RESET();
+    s.kv_len = NULL;
+    reject_step("NULL kv_len", &s, IA, IA);
+    RESET();
+    s.page_table = NULL;
+    reject_step("NULL page table", &s, IA, IA);
+    RESET();
+    ql[0] = -1;
+    reject_step("negative q_len", &s, IA, IA);
+    RESET();
+    kl[1] = -1;
+    ql[1] = 0;
+    reject_step("negative kv_len", &s, IA, IA);
+    RESET();
+    ql[1] = 4;
+    s.num_tokens = 8;
+    reject_step("q_len > kv_len", &s, IA, IA);
+    RESET();
+    s.num_tokens = 2;
+    reject_step("num_tokens < sum(q_len)", &s, IA, OOR);
+    RESET();
+    s.num_tokens = -1;
+    reject_step("negative num_tokens", &s, IA, OOR);
+    RESET();
+    tb[1] = PAGES;
+    reject_step("page id == num_pages", &s, OOR, OOR);
+    RESET();
+    tb[STRIDE] = 1000000;
+    reject_step("page id far outside the pool", &s, OOR, OOR);
+    RESET();
+    tb[0] = -2;
+    reject_step("page id -2", &s, OOR, IA);
+    RESET();
+    tb[1] = -1;
+    reject_step("missing page for a position in use", &s, IA, OOR);
+    RESET();
+    tb[STRIDE] = -1;
+    reject_step("missing page of a decode request", &s, IA, OOR);
+#undef RESET
+
+    /* Fixed limits: a step beyond them is a capacity error, and the plan
+     * keeps its previous step. */
+    msa_plan *fixed = NULL;
+    msa_plan_limits lim = {R, ROWS, 8};
+    CHECK(msa_plan_create(ctx, model, cache, &lim, &fixed) == MSA_OK && fixed, "fixed plan");
+    if (!fixed)
+        return;
+    CHECK(msa_plan_update(fixed, &good_step, NULL) == MSA_OK, "fixed plan: valid step");
+    int32_t q3[3] = {1, 1, 1}, kv3[3] = {2, 2, 2}, t3[3 * STRIDE] = {0, -1, -1, 1, -1, -1, 2, -1, -1};
+    msa_step big = {3, 3, q3, kv3, t3, STRIDE};
+    const char *planted = plant_message();
+    CHECK(msa_plan_update(fixed, &big, NULL) == MSA_ERR_CAPACITY, "too many requests");
+    CHECK(fresh_message(planted), "capacity: message");
+    msa_step rows = good_step;
+    rows.num_tokens = ROWS + 1;
+    CHECK(msa_plan_update(fixed, &rows, NULL) == MSA_ERR_CAPACITY, "too many rows");
+    int32_t kv9[R] = {9, 3}, t9[R * STRIDE] = {3, 5, 6, 1, -1, -1};
+    msa_step longer = {R, ROWS, q_len, kv9, t9, STRIDE};
+    CHECK(msa_plan_update(fixed, &longer, NULL) == MSA_ERR_CAPACITY, "context beyond max_kv_len");
+    CHECK(run_both_layers(fixed) == MSA_OK &&
+              same_bytes(base_o, o, o_bytes) && same_bytes(base_topk, topk, topk_bytes),
+          "fixed plan still runs its previous step");
+    msa_plan_free(fixed);
+}
+
+/* ---- msa_forward ------------------------------------------------------------ */
+
+static void reject_forward(const char *what, msa_context *c, msa_plan *p, int32_t layer,
+                           const msa_layer_io *io, msa_status a, msa_status b)
+{
+    fill(o, o_bytes, 0x22);
+    fill(lse, lse_bytes, 0x33);
+    snapshot s;
+    snap_take(&s);
+    const char *planted = plant_message();
+    msa_status st = msa_forward(c, p, layer, io);
+    CHECK(status_in(st, a, b), "%s: got %s, want %s", what, msa_status_name(st), msa_status_name(a));
+    if (c)
+        CHECK(fresh_message(planted), "%s: no message of its own (\"%s\")", what,
+              msa_context_last_error(ctx));
+    msa_synchronize(ctx); /* before the snapshot comparison, after the message */
+    CHECK(snap_same(&s), "%s: rejected forward wrote something", what);
+}
+
+static void test_forward(void)
+{
+    const msa_status IA = MSA_ERR_INVALID_ARGUMENT, OOR = MSA_ERR_OUT_OF_RANGE,
+                     UNS = MSA_ERR_UNSUPPORTED;
+    msa_layer_io io = good_io(1);
+    reject_forward("NULL context", NULL, plan, 1, &io, IA, IA);
+    reject_forward("NULL plan", ctx, NULL, 1, &io, IA, IA);
+    reject_forward("NULL io", ctx, plan, 1, NULL, IA, IA);
+    reject_forward("layer -1", ctx, plan, -1, &io, OOR, OOR);
+    reject_forward("layer == num_layers", ctx, plan, L, &io, OOR, OOR);
+
+    struct {
+        const char *what;
+        size_t offset;
+    } required[] = {
+        {"o NULL", offsetof(msa_layer_io, o)},
+        {"q NULL", offsetof(msa_layer_io, q)},
+        {"k NULL while writing the cache", offsetof(msa_layer_io, k)},
+        {"v NULL while writing the cache", offsetof(msa_layer_io, v)},
+        {"idx_q NULL on a sparse layer", offsetof(msa_layer_io, idx_q)},
+        {"idx_k NULL on a sparse layer", offsetof(msa_layer_io, idx_k)},
+        {"idx_v NULL on an index-value layer", offsetof(msa_layer_io, idx_v)},
+        {"idx_o NULL on an index-value layer", offsetof(msa_layer_io, idx_o)},
+    };
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        msa_layer_io bad = good_io(1);
+        void *null_ptr = NULL;
+        memcpy((char *)&bad + required[i].offset, &null_ptr, sizeof null_ptr);
+        reject_forward(required[i].what, ctx, plan, 1, &bad, IA, IA);
+    }
+    /* The dense layer needs no q/o on the index side: o NULL still fails. */
+    msa_layer_io dense = good_io(0);
+    dense.o = NULL;
+    reject_forward("o NULL on a dense layer", ctx, plan, 0, &dense, IA, IA);
+
+    msa_layer_io bad = good_io(1);
+    bad.act_dtype = MSA_DTYPE_FP8_E4M3;
+    reject_forward("fp8 activations", ctx, plan, 1, &bad, UNS, IA);
+    bad.act_dtype = MSA_DTYPE_NVFP4;
+    reject_forward("nvfp4 activations", ctx, plan, 1, &bad, UNS, IA);
+    bad.act_dtype = (msa_dtype)42;
+    reject_forward("unknown act dtype", ctx, plan, 1, &bad, IA, UNS);
+
+    /* What is not required may be absent. */
+    dense = good_io(0);
+    CHECK(msa_forward(ctx, plan, 0, &dense) == MSA_OK, "dense layer without index tensors: %s",
+          msa_context_last_error(ctx));
+    msa_layer_io pre = good_io(1);
+    pre.write_cache = 0;
+    pre.k = pre.v = pre.idx_k = pre.idx_v = NULL;
+    pre.lse = NULL;
+    pre.topk = NULL;
+    snapshot s;
+    snap_take(&s);
+    free(s.o);
+    free(s.io);
+    free(s.lse);
+    free(s.topk);
+    CHECK(msa_forward(ctx, plan, 1, &pre) == MSA_OK && msa_synchronize(ctx) == MSA_OK,
+          "write_cache = 0 without k/v/idx_k/idx_v: %s", msa_context_last_error(ctx));
+    int same = 1;
+    for (int i = 0; i < L * 4; i++) {
+        if (!s.cache[i])
+            continue;
+        same &= same_bytes(s.cache[i], msa_cache_plane_data(cache, i / 4, (msa_plane)(i % 4)),
+                           msa_cache_plane_bytes(cache, i / 4, (msa_plane)(i % 4)));
+        free(s.cache[i]);
+    }
+    CHECK(same, "write_cache = 0 leaves the cache alone");
+    CHECK(same_bytes(base_o, o, o_bytes), "write_cache = 0 on the cached step gives the same o");
+}
+
+/* ---- objects -------------------------------------------------------------- */
+
+static void expect_fail(const char *what, msa_status st, msa_status a, msa_status b,
+                        const char *planted)
+{
+    CHECK(status_in(st, a, b), "%s: got %s", what, msa_status_name(st));
+    if (planted)
+        CHECK(fresh_message(planted), "%s: no message of its own", what);
+}
+
+static void test_objects(void)
+{
+    const msa_status IA = MSA_ERR_INVALID_ARGUMENT, IC = MSA_ERR_INVALID_CONFIG,
+                     OOR = MSA_ERR_OUT_OF_RANGE, UNS = MSA_ERR_UNSUPPORTED;
+    msa_cache_config cc;
+    msa_cache *c2;
+    const char *pl;
+
+    /* Caches. */
+    static const int32_t bad_pages[] = {0, 3, 512, -4};
+    for (size_t i = 0; i < 4; i++) {
+        msa_cache_config_default(&cc);
+        cc.num_pages = 4;
+        cc.page_size = bad_pages[i];
+        c2 = NULL;
+        pl = plant_message();
+        char what[64];
+        snprintf(what, sizeof what, "page size %d", bad_pages[i]);
+        expect_fail(what, msa_cache_create(ctx, model, &cc, &c2), IC, IA, pl);
+        CHECK(c2 == NULL, "%s: no cache", what);
+    }
+    msa_cache_config_default(&cc);
+    cc.num_pages = 0;
+    c2 = NULL;
+    pl = plant_message();
+    expect_fail("zero pages", msa_cache_create(ctx, model, &cc, &c2), IC, IA, pl);
+    cc.num_pages = -3;
+    expect_fail("negative pages", msa_cache_create(ctx, model, &cc, &c2), IC, IA, NULL);
+    cc.num_pages = 4;
+    cc.kv_dtype = (msa_dtype)42;
+    expect_fail("unknown kv dtype", msa_cache_create(ctx, model, &cc, &c2), IA, IC, NULL);
+    cc.kv_dtype = MSA_DTYPE_BF16;
+    cc.index_dtype = (msa_dtype)-1;
+    expect_fail("unknown index dtype", msa_cache_create(ctx, model, &cc, &c2), IA, IC, NULL);
+    CHECK(c2 == NULL, "no cache from bad configs");
+
+    /* Quantized planes: supported, or refused as UNSUPPORTED with a message. */
+    static const msa_dtype quant[] = {MSA_DTYPE_FP8_E4M3, MSA_DTYPE_NVFP4};
+    for (int i = 0; i < 2; i++) {
+        msa_cache_config_default(&cc);
+        cc.num_pages = 4;
+        cc.page_size = P;
+        cc.kv_dtype = quant[i];
+        c2 = NULL;
+        pl = plant_message();
+        msa_status st = msa_cache_create(ctx, model, &cc, &c2);
+        if (st == MSA_OK) {
+            CHECK(c2 != NULL, "%s cache", msa_dtype_name(quant[i]));
+        } else {
+            expect_fail(msa_dtype_name(quant[i]), st, UNS, UNS, pl);
+            CHECK(c2 == NULL, "%s: no cache", msa_dtype_name(quant[i]));
+        }
+        msa_cache_free(c2);
+    }
+
+    msa_cache_config_default(&cc);
+    cc.num_pages = 4;
+    cc.page_size = P;
+    expect_fail("cache: NULL model", msa_cache_create(ctx, NULL, &cc, &c2), IA, IA, NULL);
+    expect_fail("cache: NULL config", msa_cache_create(ctx, model, NULL, &c2), IA, IA, NULL);
+    expect_fail("cache: NULL out", msa_cache_create(ctx, model, &cc, NULL), IA, IA, NULL);
+    expect_fail("wrap: NULL planes", msa_cache_wrap(ctx, model, &cc, NULL, &c2), IA, IA, NULL);
+    void *planes[L * 4] = {0};
+    expect_fail("wrap: missing plane", msa_cache_wrap(ctx, model, &cc, planes, &c2), IA, IA, NULL);
+
+    /* Scales: layer out of range, non-positive or non-finite. */
+    pl = plant_message();
+    expect_fail("scales: layer 2", msa_cache_set_scales(cache, L, 1, 1, 1, 1), OOR, OOR, pl);
+    expect_fail("scales: layer -1", msa_cache_set_scales(cache, -1, 1, 1, 1, 1), OOR, OOR, NULL);
+    static const float bad_scale[] = {0.0f, -1.0f, NAN, INFINITY};
+    for (int i = 0; i < 4; i++) {
+        pl = plant_message();
+        expect_fail("scales: bad value", msa_cache_set_scales(cache, 1, 1, bad_scale[i], 1, 1), IA,
+                    IA, pl);
+        expect_fail("scales: bad index value",
+                    msa_cache_set_scales(cache, 1, 1, 1, 1, bad_scale[i]), IA, IA, NULL);
+    }
+
+    /* Plans. */
+    msa_plan *p2 = NULL;
+    msa_plan_limits lim;
+    msa_plan_limits_default(&lim);
+    expect_fail("plan: NULL model", msa_plan_create(ctx, NULL, cache, &lim, &p2), IA, IA, NULL);
+    expect_fail("plan: NULL cache", msa_plan_create(ctx, model, NULL, &lim, &p2), IA, IA, NULL);
+    expect_fail("plan: NULL out", msa_plan_create(ctx, model, cache, &lim, NULL), IA, IA, NULL);
+    lim.max_tokens = -1;
+    pl = plant_message();
+    expect_fail("plan: negative limit", msa_plan_create(ctx, model, cache, &lim, &p2), IA, IC, pl);
+    CHECK(p2 == NULL, "no plan from bad arguments");
+
+    /* Contexts. */
+    msa_context_params cp;
+    msa_context_params_default(&cp);
+    msa_context *c3 = NULL;
+    char err[256] = "";
+    cp.num_threads = -1;
+    expect_fail("context: negative threads", msa_context_create(&cp, &c3, err, sizeof err), IA, IA,
+                NULL);
+    CHECK(c3 == NULL && err[0], "context: NULL and a message");
+    msa_context_params_default(&cp);
+    cp.backend = (msa_backend)9;
+    err[0] = 0;
+    expect_fail("context: unknown backend", msa_context_create(&cp, &c3, err, sizeof err), IA, UNS,
+                NULL);
+    CHECK(c3 == NULL && err[0], "context: NULL and a message");
+    msa_context_params_default(&cp);
+    expect_fail("context: NULL out", msa_context_create(&cp, NULL, NULL, 0), IA, IA, NULL);
+
+    /* Memory helpers and benchmarks. */
+    void *b = NULL;
+    expect_fail("alloc: NULL out", msa_buffer_alloc(ctx, 16, NULL), IA, IA, NULL);
+    unsigned char byte = 0;
+    expect_fail("copy to NULL", msa_copy_to_buffer(ctx, NULL, &byte, 1), IA, IA, NULL);
+    expect_fail("copy from NULL", msa_copy_from_buffer(ctx, &byte, NULL, 1), IA, IA, NULL);
+    (void)b;
+    double t[2];
+    msa_layer_io io = good_io(1);
+    expect_fail("bench: zero reps", msa_bench_forward(ctx, plan, 1, &io, 1, 0, 0, t), IA, IA, NULL);
+    expect_fail("bench: NULL times", msa_bench_forward(ctx, plan, 1, &io, 1, 0, 2, NULL), IA, IA,
+                NULL);
+    expect_fail("bench: no io sets", msa_bench_forward(ctx, plan, 1, &io, 0, 0, 2, t), IA, IA, NULL);
+    msa_layer_io bad = good_io(1);
+    bad.o = NULL;
+    expect_fail("bench: invalid io", msa_bench_forward(ctx, plan, 1, &bad, 1, 0, 2, t), IA, IA, NULL);
+    expect_fail("bench: layer 5", msa_bench_forward(ctx, plan, 5, &io, 1, 0, 2, t), OOR, OOR, NULL);
+    CHECK(plan_reproduces_baseline(), "plan intact after all the rejected calls");
+}
+
+int main(void)
+{
+    if (setup() != 0) {
+        CHECK(0, "setup failed: %s", ctx ? msa_context_last_error(ctx) : "no context");
+        return check_finish();
+    }
+    CHECK(plan_reproduces_baseline(), "baseline reproducible");
+    test_plan_update();
+    test_forward();
+    test_objects();
+
+    for (int i = 0; i < L * 4; i++)
+        free(base_cache[i]);
+    free(base_o);
+    free(base_io);
+    free(base_lse);
+    free(base_topk);
+    void *bufs[] = {q, k, v, iq, ik, iv, o, io_out, lse, topk};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        msa_buffer_free(ctx, bufs[i]);
+    msa_plan_free(plan);
+    msa_cache_free(cache);
+    msa_model_free(model);
+    msa_context_free(ctx);
+    return check_finish();
+}

@@ -1,6 +1,7 @@
 /*
  * The oracle sweep as a CTest program.
- *   test_sweep [--quick] [--decode-only] [--filter TEXT] [--backend cpu|cuda]
+ *   test_sweep [--quick] [--decode-only] [--filter TEXT] [--threads N]
+ *              [--backend cpu|cuda]
  * MSA_TEST_QUICK=1 in the environment also selects the quick subset, so a
  * sanitizer job can run every registered test without a long sweep.
  * Exit: 0 all passed, 1 something failed, 77 nothing could run (skipped).
@@ -16,7 +17,8 @@
 static int usage(void)
 {
     fprintf(stderr,
-            "usage: test_sweep [--quick] [--decode-only] [--filter TEXT] [--backend cpu|cuda]\n");
+            "usage: test_sweep [--quick] [--decode-only] [--filter TEXT] [--threads N] "
+            "[--backend cpu|cuda]\n");
     return 2;
 }
 
@@ -34,6 +36,8 @@ int main(int argc, char **argv)
             opts.quick = 1;
         } else if (!strcmp(argv[i], "--decode-only")) {
             opts.decode_only = 1;
+        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            opts.num_threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
             opts.filter = argv[++i];
         } else if (!strcmp(argv[i], "--backend") && i + 1 < argc) {

@@ -1,7 +1,8 @@
 /*
- * msa_case_run: one case through the public API on any backend, checked
- * against the oracle.  Outputs are poisoned before the call so unwritten
- * elements show up; the whole pool is read back so stray writes show up.
+ * msa_case_run / msa_case_run_sequence: steps through the public API on any
+ * backend, checked against the oracle.  Outputs are poisoned before each
+ * call so unwritten elements show up; the whole pool is read back so stray
+ * writes show up; a sequence reuses one plan so stale plan state shows up.
  */
 #include "testkit_internal.h"
 
@@ -97,8 +98,8 @@ static double tolerance_of(const msa_case *c)
     return fp32 ? 1e-5 : 1e-2;
 }
 
-static msa_status create_objects(tk_run *run, const msa_case *c, const tk_step *s,
-                                 msa_case_result *res)
+static msa_status create_model_cache(tk_run *run, const msa_case *c, int64_t num_pages,
+                                     msa_case_result *res)
 {
     msa_model_config mc;
     msa_model_config_default(&mc);
@@ -124,7 +125,7 @@ static msa_status create_objects(tk_run *run, const msa_case *c, const tk_step *
 
     msa_cache_config cc;
     msa_cache_config_default(&cc);
-    cc.num_pages = s->num_pages;
+    cc.num_pages = num_pages;
     cc.page_size = c->page_size;
     cc.kv_dtype = c->kv_dtype;
     cc.index_dtype = c->index_dtype;
@@ -132,13 +133,46 @@ static msa_status create_objects(tk_run *run, const msa_case *c, const tk_step *
     if (call_failed(run, res, "msa_cache_create", st))
         return st;
     if (c->k_scale > 0 || c->v_scale > 0 || c->index_k_scale > 0 || c->index_v_scale > 0) {
-        st = msa_cache_set_scales(run->cache, 0, s->plane[0].scale, s->plane[1].scale,
-                                  s->plane[2].scale, s->plane[3].scale);
+        st = msa_cache_set_scales(run->cache, 0, c->k_scale > 0 ? c->k_scale : 1.0f,
+                                  c->v_scale > 0 ? c->v_scale : 1.0f,
+                                  c->index_k_scale > 0 ? c->index_k_scale : 1.0f,
+                                  c->index_v_scale > 0 ? c->index_v_scale : 1.0f);
         if (call_failed(run, res, "msa_cache_set_scales", st))
             return st;
     }
+    return MSA_OK;
+}
 
-    /* The pool must have exactly the documented layout, then gets the image. */
+/* Limits: "grow", or the exact maxima over every step of the sequence. */
+static msa_status create_plan(tk_run *run, const msa_case *cases, int n, msa_case_result *res)
+{
+    msa_plan_limits lim;
+    msa_plan_limits_default(&lim);
+    if (cases[0].fixed_limits) {
+        for (int i = 0; i < n; i++) {
+            const msa_case *c = &cases[i];
+            int64_t rows = c->padding_rows;
+            if (c->num_requests > lim.max_requests)
+                lim.max_requests = c->num_requests;
+            for (int r = 0; r < c->num_requests; r++) {
+                rows += c->q_len[r];
+                if (c->kv_len[r] > lim.max_kv_len)
+                    lim.max_kv_len = c->kv_len[r];
+            }
+            if (rows > lim.max_tokens)
+                lim.max_tokens = rows;
+        }
+    }
+    msa_status st = msa_plan_create(run->ctx, run->model, run->cache, &lim, &run->plan);
+    call_failed(run, res, "msa_plan_create", st);
+    return st;
+}
+
+/* The pool must have exactly the documented layout; it gets the step's
+ * "before" image, then the plan gets the step. */
+static msa_status load_step(tk_run *run, const tk_step *s, msa_case_result *res)
+{
+    msa_status st;
     for (int p = 0; p < 4; p++) {
         size_t want = s->has_plane[p] ? tk_plane_bytes(&s->plane[p]) : 0;
         size_t got = msa_cache_plane_bytes(run->cache, 0, (msa_plane)p);
@@ -153,17 +187,6 @@ static msa_status create_objects(tk_run *run, const msa_case *c, const tk_step *
         if (call_failed(run, res, "msa_copy_to_buffer", st))
             return st;
     }
-
-    msa_plan_limits lim;
-    msa_plan_limits_default(&lim);
-    if (c->fixed_limits) {
-        lim.max_requests = s->R;
-        lim.max_tokens = s->rows;
-        lim.max_kv_len = s->max_kv;
-    }
-    st = msa_plan_create(run->ctx, run->model, run->cache, &lim, &run->plan);
-    if (call_failed(run, res, "msa_plan_create", st))
-        return st;
 
     msa_step step;
     memset(&step, 0, sizeof step);
@@ -287,9 +310,9 @@ static void err_add(tk_err *e, double got, double ref, long *unwritten)
     e->ref2 += ref * ref;
 }
 
-static double err_value(const tk_err *e, long unwritten)
+static double err_value(const tk_err *e)
 {
-    if (unwritten || isnan(e->diff2) || isinf(e->diff2))
+    if (isnan(e->diff2) || isinf(e->diff2))
         return INFINITY;
     if (e->ref2 == 0.0)
         return e->diff2 == 0.0 ? 0.0 : INFINITY;
@@ -340,9 +363,9 @@ static void check_outputs(const msa_case *c, const tk_step *s, const tk_outputs 
         }
         tk_view_free(&view);
     }
-    res->o_err = err_value(&eo, 0);
-    res->lse_err = out->lse ? err_value(&el, 0) : 0.0;
-    res->idx_o_err = out->idx_o ? err_value(&ei, 0) : 0.0;
+    res->o_err = err_value(&eo);
+    res->lse_err = out->lse ? err_value(&el) : 0.0;
+    res->idx_o_err = out->idx_o ? err_value(&ei) : 0.0;
     if (res->unwritten) /* a NaN or poison anywhere fails every norm */
         res->o_err = INFINITY;
     free(o);
@@ -388,47 +411,108 @@ static void judge(msa_case_result *res)
              res->unwritten, res->cache_errors, res->padding_errors);
 }
 
-static void release(tk_run *run, tk_outputs *out)
+static void release_step(tk_run *run, tk_outputs *out)
 {
     for (int i = 0; i < run->nbuf; i++)
         msa_buffer_free(run->ctx, run->buf[i]);
-    msa_plan_free(run->plan);
-    msa_cache_free(run->cache);
-    msa_model_free(run->model);
+    run->nbuf = 0;
     free(out->o);
     free(out->idx_o);
     free(out->lse);
     free(out->topk);
     for (int p = 0; p < 4; p++)
         free(out->cache[p]);
+    memset(out, 0, sizeof *out);
+}
+
+static void release(tk_run *run)
+{
+    msa_plan_free(run->plan);
+    msa_cache_free(run->cache);
+    msa_model_free(run->model);
+}
+
+/* Cases of one sequence must describe the same layer and cache. */
+static int same_setup(const msa_case *a, const msa_case *b)
+{
+    return a->Hq == b->Hq && a->Hkv == b->Hkv && a->D == b->D && a->Hi == b->Hi &&
+           a->Di == b->Di && a->block == b->block && a->topk == b->topk &&
+           a->init_blocks == b->init_blocks && a->local_blocks == b->local_blocks &&
+           a->score_lse == b->score_lse && a->sparse == b->sparse &&
+           a->index_value == b->index_value && a->scale == b->scale &&
+           a->index_scale == b->index_scale && a->page_size == b->page_size &&
+           a->act_dtype == b->act_dtype && a->kv_dtype == b->kv_dtype &&
+           a->index_dtype == b->index_dtype && a->k_scale == b->k_scale &&
+           a->v_scale == b->v_scale && a->index_k_scale == b->index_k_scale &&
+           a->index_v_scale == b->index_v_scale;
+}
+
+/* Folds one step's result into the sequence's: worst error, summed counts. */
+static void merge(msa_case_result *into, const msa_case_result *step)
+{
+    into->o_err = fmax(into->o_err, step->o_err);
+    into->lse_err = fmax(into->lse_err, step->lse_err);
+    into->idx_o_err = fmax(into->idx_o_err, step->idx_o_err);
+    into->topk_mismatches += step->topk_mismatches;
+    into->unwritten += step->unwritten;
+    into->cache_errors += step->cache_errors;
+    into->padding_errors += step->padding_errors;
+}
+
+int msa_case_run_sequence(msa_context *ctx, const msa_case *cases, int n,
+                          msa_case_result *res)
+{
+    const double t0 = now_seconds();
+    tk_run run;
+    memset(res, 0, sizeof *res);
+    memset(&run, 0, sizeof run);
+    run.ctx = ctx;
+    if (n < 1) {
+        note(res, "empty sequence");
+        return 0;
+    }
+    int64_t pages = 0;
+    for (int i = 0; i < n; i++) {
+        if (!same_setup(&cases[0], &cases[i])) {
+            note(res, "sequence step %d changes the layer or cache setup", i);
+            return 0;
+        }
+        int64_t need = tk_step_pages(&cases[i]);
+        pages = need > pages ? need : pages;
+        res->tolerance = fmax(res->tolerance, tolerance_of(&cases[i]));
+    }
+
+    int ok = create_model_cache(&run, &cases[0], pages, res) == MSA_OK &&
+             create_plan(&run, cases, n, res) == MSA_OK;
+    for (int i = 0; ok && i < n; i++) {
+        const msa_case *c = &cases[i];
+        msa_case_result one;
+        tk_step s;
+        tk_outputs out;
+        memset(&one, 0, sizeof one);
+        memset(&out, 0, sizeof out);
+        if (tk_step_build(c, pages, &s, res->message, sizeof res->message) ||
+            tk_avoid_near_ties(&s, c->seed, res->message, sizeof res->message)) {
+            ok = 0;
+        } else if (load_step(&run, &s, res) != MSA_OK || forward(&run, c, &s, res, &out) != MSA_OK) {
+            ok = 0;
+        } else {
+            one.cache_errors = check_cache(&s, &out);
+            check_outputs(c, &s, &out, &one);
+            check_padding(c, &s, &out, &one);
+            merge(res, &one);
+        }
+        release_step(&run, &out);
+        tk_step_free(&s);
+    }
+    if (ok)
+        judge(res);
+    release(&run);
+    res->seconds = now_seconds() - t0;
+    return res->passed;
 }
 
 int msa_case_run(msa_context *ctx, const msa_case *c, msa_case_result *res)
 {
-    const double t0 = now_seconds();
-    tk_step s;
-    tk_run run;
-    tk_outputs out;
-    memset(res, 0, sizeof *res);
-    memset(&run, 0, sizeof run);
-    memset(&out, 0, sizeof out);
-    run.ctx = ctx;
-    res->tolerance = tolerance_of(c);
-
-    if (tk_step_build(c, &s, res->message, sizeof res->message) ||
-        tk_avoid_near_ties(&s, c->seed, res->message, sizeof res->message)) {
-        tk_step_free(&s);
-        res->seconds = now_seconds() - t0;
-        return 0;
-    }
-    if (create_objects(&run, c, &s, res) == MSA_OK && forward(&run, c, &s, res, &out) == MSA_OK) {
-        res->cache_errors = check_cache(&s, &out);
-        check_outputs(c, &s, &out, res);
-        check_padding(c, &s, &out, res);
-        judge(res);
-    }
-    release(&run, &out);
-    tk_step_free(&s);
-    res->seconds = now_seconds() - t0;
-    return res->passed;
+    return msa_case_run_sequence(ctx, c, 1, res);
 }

@@ -55,12 +55,21 @@ typedef struct msa_case_result {
 /* Runs one case on `ctx`'s backend against the oracle. Returns result->passed. */
 int msa_case_run(msa_context *ctx, const msa_case *c, msa_case_result *result);
 
+/* Runs the steps of cases[0..n-1] one after another on one model, cache and
+ * plan, the plan updated in place between steps (as an engine does).  The
+ * cases must agree on everything but their steps and seeds; each step gets
+ * fresh pool contents.  The result holds the worst error over the steps. */
+int msa_case_run_sequence(msa_context *ctx, const msa_case *cases, int n,
+                          msa_case_result *result);
+
 typedef struct msa_sweep_options {
     msa_backend backend;
     int quick;          /* smaller sweep (sanitizer builds, smoke runs) */
     int decode_only;    /* only decode/verify cases (q_len <= 16 per request) */
     const char *filter; /* substring of case names; NULL = all */
     FILE *log;          /* one line per case; NULL = silent */
+    /* Additions. */
+    int num_threads;    /* CPU worker threads of the sweep's context; 0 = all cores */
 } msa_sweep_options;
 
 /* Runs the oracle sweep; counts go to *passed / *failed / *skipped.

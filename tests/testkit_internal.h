@@ -89,8 +89,11 @@ typedef struct tk_step {
     uint8_t *before[4], *after[4];
 } tk_step;
 
-/* Builds everything from the case's seed.  Returns 0, or -1 with err set. */
-int tk_step_build(const msa_case *c, tk_step *s, char *err, size_t err_size);
+/* Builds everything from the case's seed, in a pool of at least min_pages
+ * pages (spare pages hold garbage).  Returns 0, or -1 with err set. */
+int tk_step_build(const msa_case *c, int64_t min_pages, tk_step *s, char *err, size_t err_size);
+/* Pool pages the case needs (its own pages plus spares). */
+int64_t tk_step_pages(const msa_case *c);
 void tk_step_free(tk_step *s);
 
 /* One request's logical cache, decoded from a set of plane images. */

@@ -78,7 +78,8 @@ static void fill_planes(const msa_case *c, tk_step *s)
 }
 
 /* Requests, rows and page tables. */
-static int build_layout(const msa_case *c, tk_step *s, tk_rng *rng, char *err, size_t n)
+static int build_layout(const msa_case *c, int64_t min_pages, tk_step *s, tk_rng *rng,
+                        char *err, size_t n)
 {
     const int R = c->num_requests, P = c->page_size;
     s->R = R;
@@ -132,6 +133,8 @@ static int build_layout(const msa_case *c, tk_step *s, tk_rng *rng, char *err, s
     if (shared > 0)
         needed -= (int64_t)(sharers - 1) * shared;
     s->num_pages = needed + TK_SPARE_PAGES;
+    if (s->num_pages < min_pages)
+        s->num_pages = min_pages;
 
     /* Physical ids handed out in this order: identity or shuffled. */
     int32_t *order = xcalloc((size_t)s->num_pages, sizeof(int32_t));
@@ -298,7 +301,20 @@ static int check_case(const msa_case *c, char *err, size_t n)
     return 0;
 }
 
-int tk_step_build(const msa_case *c, tk_step *s, char *err, size_t err_size)
+int64_t tk_step_pages(const msa_case *c)
+{
+    tk_step s;
+    tk_rng rng = {c->seed};
+    char err[64];
+    memset(&s, 0, sizeof s);
+    int64_t pages = 0;
+    if (!check_case(c, err, sizeof err) && !build_layout(c, 0, &s, &rng, err, sizeof err))
+        pages = s.num_pages;
+    tk_step_free(&s);
+    return pages;
+}
+
+int tk_step_build(const msa_case *c, int64_t min_pages, tk_step *s, char *err, size_t err_size)
 {
     tk_rng rng = {c->seed};
     memset(s, 0, sizeof *s);
@@ -306,7 +322,7 @@ int tk_step_build(const msa_case *c, tk_step *s, char *err, size_t err_size)
         return -1;
     s->act = c->act_dtype;
     fill_layer(c, s);
-    if (build_layout(c, s, &rng, err, err_size))
+    if (build_layout(c, min_pages, s, &rng, err, err_size))
         return -1;
     fill_planes(c, s);
 

@@ -24,11 +24,18 @@ typedef struct tk_steps {
     int padding_rows, share_prefix, shuffle_pages;
 } tk_steps;
 
+/* One sweep entry: a single step, or a sequence of steps on one plan. */
+#define TK_MAX_SEQ 5
 typedef struct tk_entry {
-    msa_case c;
-    const char *shape, *step;
+    msa_case c[TK_MAX_SEQ];
+    int n;
+    const char *shape, *step[TK_MAX_SEQ];
     int quick;
-    char name[128];
+    char name[320];
+    /* Lengths of generated steps live here (c[i] points in once the list
+     * stops moving). */
+    int own_lengths;
+    int q_store[TK_MAX_SEQ][8], kv_store[TK_MAX_SEQ][8];
 } tk_entry;
 
 typedef struct tk_list {
@@ -45,6 +52,12 @@ static const tk_shape MHA = {"mha", 4, 4, 16, 4, 16, 16, 5, 0, 3};       /* grou
 static const tk_shape ODD = {"odd", 6, 3, 40, 3, 24, 16, 5, 0, 1};       /* unaligned dims */
 static const tk_shape B32 = {"b32", 8, 2, 32, 2, 32, 32, 10, 2, 3};      /* I = 2, Lc = 3 */
 static const tk_shape M3 = {"m3", 64, 4, 128, 4, 128, 128, 16, 0, 1};    /* the real layer */
+static const tk_shape MID = {"mid", 16, 2, 64, 2, 64, 64, 8, 1, 1};      /* D = 64 */
+static const tk_shape WIDE = {"wide", 4, 1, 256, 1, 256, 32, 4, 0, 1};   /* D = 256 */
+static const tk_shape BIGK = {"bigk", 4, 1, 32, 4, 32, 16, 40, 2, 4};    /* width 4 x 40 */
+static const tk_shape B24 = {"b24", 8, 2, 32, 2, 32, 24, 6, 1, 2};       /* blocks straddle pages */
+static const tk_shape TIGHT = {"tight", 4, 2, 32, 2, 32, 16, 3, 1, 2};   /* I + Lc == K */
+static const tk_shape B1 = {"b1", 4, 2, 16, 2, 16, 1, 8, 1, 2};          /* one key per block */
 
 /* ---- step kinds (B = 16: 1100 tokens are 69 blocks) -------------------- */
 static const int dec_q[] = {1, 1, 1, 1}, dec_kv[] = {1100, 517, 33, 1};
@@ -59,6 +72,9 @@ static const int m3dec_q[] = {1, 1}, m3dec_kv[] = {8200, 2900};
 static const int m3ver_q[] = {4, 8}, m3ver_kv[] = {8300, 1500};
 static const int m3ext_q[] = {24}, m3ext_kv[] = {2200};
 static const int m3small_q[] = {1, 2}, m3small_kv[] = {2200, 300};
+static const int long16_q[] = {1, 5, 30}, long16_kv[] = {2000, 1200, 700}; /* 125 blocks */
+static const int m3long_q[] = {1}, m3long_kv[] = {33000};
+static const int one_q[] = {3}, one_kv[] = {200};
 
 static const tk_steps DECODE = {"decode", 4, dec_q, dec_kv, 0, 1, 1};
 static const tk_steps VERIFY = {"verify", 3, ver_q, ver_kv, 0, 0, 1};
@@ -75,6 +91,9 @@ static const tk_steps M3_DECODE = {"decode", 2, m3dec_q, m3dec_kv, 0, 1, 1};
 static const tk_steps M3_VERIFY = {"verify", 2, m3ver_q, m3ver_kv, 2, 0, 1};
 static const tk_steps M3_EXTEND = {"extend", 1, m3ext_q, m3ext_kv, 0, 0, 1};
 static const tk_steps M3_SMALL = {"decode-short", 2, m3small_q, m3small_kv, 1, 1, 1};
+static const tk_steps LONG16 = {"long", 3, long16_q, long16_kv, 2, 1, 1};
+static const tk_steps M3_LONG = {"decode-33k", 1, m3long_q, m3long_kv, 0, 0, 1};
+static const tk_steps ONE = {"one", 1, one_q, one_kv, 1, 0, 1};
 
 /* Activation / main plane / index plane dtypes. */
 typedef struct tk_dtypes {
@@ -108,9 +127,10 @@ static msa_case *add(tk_list *l, int quick, const tk_shape *sh, const tk_steps *
     tk_entry *e = &l->e[l->n++];
     memset(e, 0, sizeof *e);
     e->shape = sh->name;
-    e->step = st->name;
+    e->step[0] = st->name;
+    e->n = 1;
     e->quick = quick;
-    msa_case *c = &e->c;
+    msa_case *c = &e->c[0];
     c->Hq = sh->Hq;
     c->Hkv = sh->Hkv;
     c->D = sh->D;
@@ -138,11 +158,35 @@ static msa_case *add(tk_list *l, int quick, const tk_shape *sh, const tk_steps *
     return c;
 }
 
+static void set_steps(msa_case *c, const tk_steps *st)
+{
+    c->num_requests = st->num_requests;
+    c->q_len = st->q_len;
+    c->kv_len = st->kv_len;
+    c->padding_rows = st->padding_rows;
+    c->share_prefix = st->share_prefix;
+    c->shuffle_pages = st->shuffle_pages;
+}
+
+/* Appends a step to the last entry: same setup, new step and seed. */
+static void then(tk_list *l, const tk_steps *st)
+{
+    tk_entry *e = &l->e[l->n - 1];
+    if (e->n == TK_MAX_SEQ)
+        abort();
+    e->c[e->n] = e->c[e->n - 1];
+    e->c[e->n].seed += 104729ull;
+    set_steps(&e->c[e->n], st);
+    e->step[e->n++] = st->name;
+}
+
 static void name_entry(tk_entry *e)
 {
-    const msa_case *c = &e->c;
-    char tags[64] = "";
-    size_t n = 0;
+    const msa_case *c = &e->c[0];
+    char tags[64] = "", step[96] = "";
+    size_t n = 0, m = 0;
+    for (int i = 0; i < e->n; i++)
+        m += (size_t)snprintf(step + m, sizeof step - m, "%s%s", i ? ">" : "", e->step[i]);
 #define TAG(cond, text)                                                              \
     do {                                                                             \
         if (cond)                                                                    \
@@ -155,7 +199,7 @@ static void name_entry(tk_entry *e)
     TAG(c->nan_blocks, "nan");
     TAG(c->scale > 0 || c->index_scale > 0, "scales");
 #undef TAG
-    snprintf(e->name, sizeof e->name, "%s/%s/%s%s/%s-%s-%s/p%d%s", e->shape, e->step,
+    snprintf(e->name, sizeof e->name, "%s/%s/%s%s/%s-%s-%s/p%d%s", e->shape, step,
              c->sparse ? (c->score_lse ? "lse" : "max") : "dense",
              c->sparse && c->index_value ? "+iv" : "", msa_dtype_name(c->act_dtype),
              msa_dtype_name(c->kv_dtype), msa_dtype_name(c->index_dtype), c->page_size, tags);
@@ -298,8 +342,128 @@ static void add_m3(tk_list *l)
     add(l, 0, &M3, &M3_VERIFY, DTYPES[1], 128, 0, 0);
     add(l, 0, &M3, &M3_VERIFY, DTYPES[2], 256, 1, 0);
     add(l, 0, &M3, &M3_EXTEND, DTYPES[1], 128, 0, 1);
+    add(l, 0, &M3, &M3_LONG, DTYPES[1], 128, 0, 0);
     c = add(l, 0, &M3, &M3_VERIFY, DTYPES[3], 128, 0, 0);
     c->sparse = 0;
+}
+
+/* Head dims, block sizes and K away from the common values. */
+static void add_odd_geometry(tk_list *l)
+{
+    msa_case *c;
+    add(l, 1, &MID, &VERIFY, DTYPES[1], 64, 0, 1);
+    add(l, 0, &MID, &EXTEND, DTYPES[0], 16, 1, 0);
+    add(l, 1, &WIDE, &VERIFY, DTYPES[2], 32, 1, 1);
+    add(l, 0, &WIDE, &MIXED, DTYPES[3], 128, 0, 0);
+    add(l, 1, &BIGK, &LONG16, DTYPES[0], 16, 0, 1);
+    add(l, 0, &BIGK, &LONG16, DTYPES[1], 64, 1, 0);
+    add(l, 1, &B24, &EXTEND, DTYPES[1], 16, 0, 1);
+    add(l, 0, &B24, &MIXED, DTYPES[0], 32, 1, 0);
+    add(l, 0, &B24, &DECODE, DTYPES[2], 8, 0, 0);
+    add(l, 1, &TIGHT, &MIXED, DTYPES[0], 16, 0, 0);
+    add(l, 0, &TIGHT, &VERIFY, DTYPES[1], 4, 1, 1);
+    add(l, 1, &B1, &ONE, DTYPES[0], 1, 0, 1);
+    add(l, 0, &B1, &VERIFY, DTYPES[1], 2, 1, 0);
+    c = add(l, 0, &B24, &EXTEND, DTYPES[1], 16, 0, 0);
+    c->sparse = 0;
+}
+
+/* Scales that overflow exp() in fp32 unless the softmax and the lse block
+ * score subtract their maxima; and tiny scales. */
+static void add_extreme_scales(tk_list *l)
+{
+    msa_case *c = add(l, 1, &SMALL, &VERIFY, DTYPES[0], 16, 1, 1);
+    c->scale = 8.0f;
+    c->index_scale = 20.0f;
+    c = add(l, 0, &UNION2, &EXTEND, DTYPES[1], 16, 1, 1);
+    c->scale = 6.0f;
+    c->index_scale = 12.0f;
+    c = add(l, 0, &SMALL, &MIXED, DTYPES[0], 16, 0, 0);
+    c->sparse = 0;
+    c->scale = 10.0f;
+    /* Max scoring here: with a tiny c every lse block score is ~ln(B). */
+    c = add(l, 0, &SMALL, &DECODE, DTYPES[0], 16, 0, 1);
+    c->scale = 1e-3f;
+    c->index_scale = 1e-3f;
+}
+
+/* Seeded random cases: any small shape, random request mixes (decode,
+ * verify, extend, fresh prefill, empty), dtypes, page sizes and flags. */
+static void add_random(tk_list *l, int count)
+{
+    static const tk_shape *const shapes[] = {&SMALL, &UNION2, &UNION4, &SPLIT, &MHA,
+                                             &ODD, &B32, &MID, &B24, &TIGHT, &BIGK};
+    static const tk_steps RANDOM = {"random", 0, NULL, NULL, 0, 0, 0};
+    tk_rng rng = {0x72616e646f6dull};
+    for (int i = 0; i < count; i++) {
+        const tk_shape *sh = shapes[tk_rng_below(&rng, (int)(sizeof shapes / sizeof shapes[0]))];
+        int page = 1 << tk_rng_below(&rng, 9);
+        msa_case *c = add(l, i % 12 == 0, sh, &RANDOM, DTYPES[tk_rng_below(&rng, N_DTYPES)], page,
+                          tk_rng_below(&rng, 2), tk_rng_below(&rng, 2));
+        tk_entry *e = &l->e[l->n - 1];
+        e->own_lengths = 1;
+        c->num_requests = 1 + tk_rng_below(&rng, 5);
+        for (int r = 0; r < c->num_requests; r++) {
+            int kind = tk_rng_below(&rng, 10), q, kv;
+            if (kind < 4) { /* decode */
+                q = 1;
+                kv = 1 + tk_rng_below(&rng, 1500);
+            } else if (kind < 7) { /* verify */
+                q = 2 + tk_rng_below(&rng, 15);
+                kv = q + tk_rng_below(&rng, 1200);
+            } else if (kind < 8) { /* extend a cached prefix */
+                q = 17 + tk_rng_below(&rng, 180);
+                kv = q + tk_rng_below(&rng, 900);
+            } else if (kind < 9) { /* fresh prefill */
+                q = 1 + tk_rng_below(&rng, 300);
+                kv = q;
+            } else { /* nothing new this step */
+                q = 0;
+                kv = tk_rng_below(&rng, 300);
+            }
+            e->q_store[0][r] = q;
+            e->kv_store[0][r] = kv;
+        }
+        c->padding_rows = tk_rng_below(&rng, 4) == 0 ? 1 + tk_rng_below(&rng, 3) : 0;
+        c->share_prefix = tk_rng_below(&rng, 2);
+        c->shuffle_pages = tk_rng_below(&rng, 4) != 0;
+        c->write_cache = tk_rng_below(&rng, 10) != 0;
+        c->fixed_limits = tk_rng_below(&rng, 3) == 0;
+        c->omit_optional = tk_rng_below(&rng, 10) == 0;
+        c->sparse = tk_rng_below(&rng, 6) != 0;
+        c->seed ^= tk_rng_next(&rng);
+    }
+}
+
+/* Several steps on one plan, as an engine runs them: the plan is updated
+ * in place, requests come and go, capacities grow (or are fixed). */
+static void add_sequences(tk_list *l)
+{
+    msa_case *c;
+    add(l, 1, &SMALL, &PREFILL, DTYPES[1], 16, 0, 1);
+    then(l, &DECODE);
+    then(l, &VERIFY);
+    then(l, &ZERO_Q_PAD);
+    then(l, &MIXED);
+    c = add(l, 1, &SMALL, &MIXED, DTYPES[0], 32, 1, 0);
+    c->fixed_limits = 1;
+    then(l, &DECODE);
+    then(l, &NO_REQUESTS_PAD);
+    then(l, &EXTEND);
+    add(l, 0, &UNION2, &VERIFY, DTYPES[0], 16, 1, 1);
+    then(l, &EXTEND);
+    then(l, &DECODE);
+    c = add(l, 0, &SMALL, &EXTEND, DTYPES[2], 128, 0, 0);
+    c->sparse = 0;
+    then(l, &DECODE);
+    then(l, &PREFILL);
+    add(l, 1, &SPLIT, &DECODE, DTYPES[1], 16, 0, 0); /* decode-only sequence */
+    then(l, &VERIFY);
+    then(l, &DECODE);
+    c = add(l, 0, &M3, &M3_DECODE, DTYPES[1], 128, 0, 0);
+    c->fixed_limits = 1;
+    then(l, &M3_VERIFY);
+    then(l, &M3_SMALL);
 }
 
 static void build(tk_list *l)
@@ -311,17 +475,33 @@ static void build(tk_list *l)
     add_special(l);
     add_quantized(l);
     add_m3(l);
+    add_odd_geometry(l);
+    add_extreme_scales(l);
+    add_sequences(l);
+    add_random(l, 120);
     for (int i = 0; i < l->n; i++) {
-        name_entry(&l->e[i]);
-        l->e[i].c.name = l->e[i].name;
+        tk_entry *e = &l->e[i];
+        for (int j = 0; j < e->n; j++) {
+            if (e->own_lengths) {
+                e->c[j].q_len = e->q_store[j];
+                e->c[j].kv_len = e->kv_store[j];
+            }
+        }
+        name_entry(e);
+        if (e->own_lengths) /* the seed tells random cases apart */
+            snprintf(e->name + strlen(e->name), sizeof e->name - strlen(e->name), "/s%llx",
+                     (unsigned long long)(e->c[0].seed & 0xffffff));
+        for (int j = 0; j < e->n; j++)
+            e->c[j].name = e->name;
     }
 }
 
-static int decode_like(const msa_case *c)
+static int decode_like(const tk_entry *e)
 {
-    for (int r = 0; r < c->num_requests; r++)
-        if (c->q_len[r] > 16)
-            return 0;
+    for (int i = 0; i < e->n; i++)
+        for (int r = 0; r < e->c[i].num_requests; r++)
+            if (e->c[i].q_len[r] > 16)
+                return 0;
     return 1;
 }
 
@@ -336,16 +516,18 @@ int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *
     build(&list);
     msa_context_params_default(&cp);
     cp.backend = opts->backend;
+    cp.num_threads = opts->num_threads;
     msa_status st = msa_context_create(&cp, &ctx, err, sizeof err);
     if (st != MSA_OK && opts->log)
         fprintf(opts->log, "backend %s not usable (%s: %s): every case skipped\n",
                 msa_backend_name(opts->backend), msa_status_name(st), err);
 
     for (int i = 0; i < list.n; i++) {
-        const msa_case *c = &list.e[i].c;
-        if (opts->quick && !list.e[i].quick)
+        const tk_entry *e = &list.e[i];
+        const msa_case *c = &e->c[0];
+        if (opts->quick && !e->quick)
             continue;
-        if (opts->decode_only && !decode_like(c))
+        if (opts->decode_only && !decode_like(e))
             continue;
         if (opts->filter && !strstr(c->name, opts->filter))
             continue;
@@ -355,14 +537,14 @@ int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *
             res.skipped = 1;
             snprintf(res.message, sizeof res.message, "no context");
         } else {
-            msa_case_run(ctx, c, &res);
+            msa_case_run_sequence(ctx, e->c, e->n, &res);
         }
         const char *verdict = res.passed ? "PASS" : res.skipped ? "SKIP" : "FAIL";
         np += res.passed;
         ns += !res.passed && res.skipped;
         nf += !res.passed && !res.skipped;
         if (opts->log) {
-            fprintf(opts->log, "%-58s o %.1e lse %.1e idx_o %.1e topk %ld  %5.2fs  %s", c->name,
+            fprintf(opts->log, "%-64s o %.1e lse %.1e idx_o %.1e topk %ld  %5.2fs  %s", c->name,
                     res.o_err, res.lse_err, res.idx_o_err, res.topk_mismatches, res.seconds,
                     verdict);
             if (!res.passed && res.message[0])
