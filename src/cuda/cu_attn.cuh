@@ -28,11 +28,11 @@ __device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_at
                                                   const cu_att_item &it)
 {
     cu_stream s;
-    s.r = L.m.dec_req[it.dec];
-    s.ql = L.m.q_len[s.r];
-    s.kl = L.m.kv_len[s.r];
+    s.r = it.r;
+    s.ql = it.ql;
+    s.kl = it.kl;
     s.base = s.kl - s.ql;
-    s.t0 = L.m.q_start[s.r];
+    s.t0 = it.t0;
     s.B = A.B;
     s.sparse = A.sparse;
     int32_t len;

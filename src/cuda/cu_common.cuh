@@ -99,20 +99,42 @@ __device__ __forceinline__ int cu_warp_min_int(int v)
     return v;
 }
 
-/* Log-sum-exp state (m, l) = max and sum of exp(x - m).  Combining keeps
- * -inf maxima from producing NaN (exp(-inf - -inf)). */
+/* Max that propagates NaN: a NaN key poisons its block (SPEC 4, as the
+ * oracle has it), where fmaxf would drop it. */
+__device__ __forceinline__ float cu_nanmax(float a, float b)
+{
+    return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+}
+
+/* Log-sum-exp state (m, l): the largest term and sum of exp(x - m).  NaN
+ * poisons the state, an infinite m decides it alone, and -inf maxima never
+ * meet in exp(-inf - -inf). */
 __device__ __forceinline__ void cu_lse_merge(float &m, float &l, float m2, float l2)
 {
+    if (isnan(m) || isnan(m2)) {
+        m = __int_as_float(0x7fc00000);
+        return;
+    }
     if (m2 == -INFINITY)
         return;
-    if (m == -INFINITY) {
+    if (m == -INFINITY || m2 == INFINITY) {
         m = m2;
         l = l2;
         return;
     }
-    float mx = fmaxf(m, m2);
+    if (m == INFINITY)
+        return;
+    const float mx = fmaxf(m, m2);
     l = l * expf(m - mx) + l2 * expf(m2 - mx);
     m = mx;
+}
+
+/* Block score from a log-sum-exp state: ln(sum exp(x)). */
+__device__ __forceinline__ float cu_lse_value(float m, float l)
+{
+    if (isnan(m) || isinf(m))
+        return m;
+    return m + logf(l);
 }
 
 /* Bits of the request's tokens (0..q_len-1) whose causal window contains

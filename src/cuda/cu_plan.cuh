@@ -21,7 +21,7 @@ enum { CU_KIND_SPARSE = 0, CU_KIND_DENSE = 1, CU_KIND_IV = 2, CU_KINDS = 3 };
  * (row = token * G + head in group), split `split` of `nsplit` over the key
  * stream.  With nsplit > 1 the item writes partial rows starting at
  * part_base + split * nrows; a merge item combines them. */
-typedef struct cu_att_item {
+typedef struct __align__(16) cu_att_item {
     int32_t dec;
     int32_t group;
     int32_t row0;
@@ -29,8 +29,20 @@ typedef struct cu_att_item {
     int32_t split;
     int32_t nsplit;
     int32_t part_base;
+    int32_t r;          /* request, its q_len, kv_len and first token row: */
+    int32_t ql;         /* host-known, so an item starts without a chain of */
+    int32_t kl;         /* dependent loads */
+    int32_t t0;
     int32_t pad;
 } cu_att_item;
+
+/* One decode request as the indexer sees it (one 32-byte load). */
+typedef struct __align__(16) cu_dec_info {
+    int32_t r, ql, kl, t0;
+    int32_t d0;         /* first compact decode row */
+    int32_t blk0, blk1; /* its blocks in the end-to-end block sequence */
+    int32_t pad;
+} cu_dec_info;
 
 typedef struct cu_merge_item {
     int32_t dec;
@@ -67,7 +79,9 @@ typedef struct cu_meta {
     int32_t *dec_req;    /* [cap_req] request of decode slot k */
     int32_t *dec_row0;   /* [cap_req] first compact row of decode slot k */
     int32_t *dec_blk0;   /* [cap_req + 1] prefix sum of blocks over decode slots */
+    cu_dec_info *dec_info; /* [cap_req] */
     int32_t *dec_tok;    /* [dec_rows_cap] token row of compact decode row */
+    int32_t *dec_slot;   /* [dec_rows_cap] decode slot of compact decode row */
     int32_t *pf_tok;     /* [cap_tok] token rows of prefill requests */
     cu_att_item *att[CU_KINDS];     /* [att_cap] each */
     cu_merge_item *merge[CU_KINDS]; /* [merge_cap] each */
@@ -75,7 +89,9 @@ typedef struct cu_meta {
 } cu_meta;
 
 typedef struct cu_plan_state {
-    /* Capacities this state was built for. */
+    /* Capacities this state was built for (as the plan gave them, then as
+     * used: at least 1). */
+    int64_t plan_caps[4];
     int32_t cap_req;
     int32_t cap_tok;
     int32_t cap_kv;
@@ -90,8 +106,9 @@ typedef struct cu_plan_state {
 
     /* Grids (fixed by device and capacities). */
     int grid_tok, grid_idx, grid_idx_fast, grid_sel, grid_pf, grid_att, grid_att_fast;
-    int grid_merge, grid_union;
+    int grid_merge;
     int num_sms;
+    int pdl;               /* programmatic dependent launch between kernels */
 
     /* Metadata blob: device copy, two pinned staging copies (an upload
      * never overwrites a staging buffer an earlier async copy may still
@@ -111,12 +128,15 @@ typedef struct cu_plan_state {
     int32_t *uids;         /* [cap_req][Hkv][cap_union] union of a request's blocks */
     uint32_t *umask;       /* same shape: bit i = token i selected the block */
     int32_t *ucnt;         /* [cap_req][Hkv] */
+    int32_t *sel_done;     /* [cap_req][units] selection completion counters (kept 0) */
+    int32_t sel_cache;     /* scores cached per selecting warp (shared memory) */
     float *pf_scratch;     /* [grid_pf][mi][cap_blocks] prefill block scores */
     float *part;           /* [part_rows_cap][part_stride] split partials */
 
     /* Host view of the current step (for describe). */
     int32_t max_q_len;
     int32_t n_pf;
+    char why[2][512];      /* describe() text per layer kind (dense, sparse) */
 } cu_plan_state;
 
 /* Everything a kernel needs for one layer, passed by value. */
@@ -141,12 +161,13 @@ typedef struct cu_layer {
     int32_t write_cache;
     /* Plan. */
     cu_meta m;
-    int32_t cap_pages, cap_blocks, cap_union, part_stride;
+    int32_t cap_pages, cap_blocks, cap_union, part_stride, sel_cache;
     float *scores;
     int32_t *sel;
     int32_t *uids;
     uint32_t *umask;
     int32_t *ucnt;
+    int32_t *sel_done;
     float *pf_scratch;
     float *part;
 } cu_layer;
@@ -193,19 +214,21 @@ __device__ __forceinline__ int32_t cu_dec_of_block(const int32_t *dec_blk0, int3
 
 /* ---- launchers (one per kernel file) ---------------------------------- */
 void cu_launch_prologue(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
-void cu_launch_indexer(const cu_layer *L, const cu_plan_state *st, int fast, cudaStream_t s);
+void cu_launch_indexer_simt(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
+void cu_launch_indexer_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
 void cu_launch_select(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
-void cu_launch_union(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
-void cu_launch_attn_decode(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
-                           int fast, cudaStream_t s);
-void cu_launch_merge(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
-                     cudaStream_t s);
-void cu_launch_attn_prefill(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
-                            cudaStream_t s);
-
-/* Occupancy-derived grid sizes and kernel attributes (plan_init). */
-cudaError_t cu_indexer_setup(int num_sms, int *grid_simt, int *grid_fast);
-cudaError_t cu_attn_setup(int num_sms, int *grid_simt, int *grid_fast);
+void cu_launch_attn_decode_simt(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+                                cudaStream_t s);
+void cu_launch_attn_decode_mma(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+                               cudaStream_t s);
+/* Merge of split partials and, in the same launch, the prefill rows. */
+void cu_launch_merge_prefill(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+                             cudaStream_t s);
 size_t cu_select_smem(const cu_layer *L);
+cudaError_t cu_select_setup(size_t smem); /* raises the kernels' shared-memory limit */
+
+/* Kernel attributes and occupancy-derived grid sizes (context init). */
+cudaError_t cu_indexer_mma_setup(int num_sms, int *grid);
+cudaError_t cu_attn_mma_setup(int num_sms, int *grid);
 
 #endif /* MSA_CU_PLAN_CUH */

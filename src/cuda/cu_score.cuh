@@ -27,7 +27,7 @@ __device__ __forceinline__ float cu_warp_block_score(const cu_layer &L, int32_t 
         if (L.score_lse)
             cu_lse_merge(m, l, L.iscale * s, 1.0f);
         else
-            m = fmaxf(m, s);
+            m = cu_nanmax(m, s);
     }
     for (int o = 16; o > 0; o >>= 1) {
         const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
@@ -35,11 +35,9 @@ __device__ __forceinline__ float cu_warp_block_score(const cu_layer &L, int32_t 
         if (L.score_lse)
             cu_lse_merge(m, l, m2, l2);
         else
-            m = fmaxf(m, m2);
+            m = cu_nanmax(m, m2);
     }
-    if (!L.score_lse)
-        return m;
-    return (m == -INFINITY) ? -INFINITY : m + logf(l);
+    return L.score_lse ? cu_lse_value(m, l) : m;
 }
 
 #endif /* MSA_CU_SCORE_CUH */

@@ -13,38 +13,67 @@
  */
 #include "cu_plan.cuh"
 #include "cu_mma.cuh"
+#include "cu_launch.cuh"
 
 #define IDX_STAGES 4
 #define IDX_THREADS 128
 #define IDX_TILE_BYTES (CU_TILE_KEYS * 256)
 #define IDX_SMEM_BYTES (IDX_STAGES * IDX_TILE_BYTES + IDX_TILE_BYTES + 4 * 64 * 4 * 2 + 64 * 4 * 2)
 
+/* Producer position: the next tile whose copies are to be issued, walked
+ * tile by tile (no search per tile), and the page lookup of that tile issued
+ * one iteration before its copies, so its latency hides behind a compute. */
+typedef struct cu_idx_prod {
+    int32_t k, n, tb, gb, blk_end; /* decode slot, block in request, tile in block */
+    int32_t r, kl;
+    int32_t pos, page;             /* this thread's row of the pending tile */
+} cu_idx_prod;
+
 typedef struct cu_idx_ctx {
     int32_t gb_begin, tpb, F, n_dec;
     unsigned char *ktile;
     unsigned char *qtile;
     float *red_m, *red_l, *run_m, *run_l;
+    cu_idx_prod p;
 } cu_idx_ctx;
 
-/* Issues the cp.async copies of flattened tile f into ring stage `stage`. */
-__device__ __forceinline__ void cu_idx_load(const cu_layer &L, const cu_idx_ctx &c, int32_t f,
-                                            int stage)
+__device__ __forceinline__ void cu_idx_prod_slot(const cu_layer &L, cu_idx_prod &p, int32_t k)
 {
-    const int32_t gb = c.gb_begin + f / c.tpb;
-    const int32_t tb = f - (f / c.tpb) * c.tpb;
-    const int32_t k = cu_dec_of_block(L.m.dec_blk0, c.n_dec, gb);
-    const int32_t n = gb - L.m.dec_blk0[k];
-    const int32_t r = L.m.dec_req[k];
-    const int32_t kl = L.m.kv_len[r];
+    const cu_dec_info di = L.m.dec_info[k];
+    p.k = k;
+    p.r = di.r;
+    p.kl = di.kl;
+    p.blk_end = di.blk1;
+    p.n = p.gb - di.blk0;
+}
+
+/* Starts the page lookup of the producer's current tile (row of this thread). */
+__device__ __forceinline__ void cu_idx_prod_lookup(const cu_layer &L, cu_idx_prod &p)
+{
+    p.pos = p.n * L.B + p.tb * CU_TILE_KEYS + (threadIdx.x >> 1);
+    p.page = p.pos < p.kl ? cu_page_of(L.m.page_table, L.cap_pages, p.r, p.pos, L.logP) : -1;
+}
+
+__device__ __forceinline__ void cu_idx_prod_advance(const cu_layer &L, cu_idx_prod &p,
+                                                    int32_t n_dec)
+{
+    if (++p.tb < L.B / CU_TILE_KEYS)
+        return;
+    p.tb = 0;
+    ++p.n;
+    if (++p.gb == p.blk_end && p.k + 1 < n_dec)
+        cu_idx_prod_slot(L, p, p.k + 1);
+}
+
+/* Issues the cp.async copies of the looked-up tile into ring stage `stage`. */
+__device__ __forceinline__ void cu_idx_issue(const cu_layer &L, const cu_idx_ctx &c, int stage)
+{
     const int row = threadIdx.x >> 1;
     const int half = threadIdx.x & 1;
-    const int32_t pos = n * L.B + tb * CU_TILE_KEYS + row;
-    const bool valid = pos < kl;
+    const bool valid = c.p.page >= 0;
     const unsigned char *src = (const unsigned char *)L.ikp;
-    if (valid) {
-        const int32_t page = cu_page_of(L.m.page_table, L.cap_pages, r, pos, L.logP);
-        src += (((int64_t)page * L.P + (pos & (L.P - 1))) * 128) * 2;
-    }
+    if (valid)
+        src += (((int64_t)c.p.page * L.P + (c.p.pos & (L.P - 1))) * 128) * 2;
     const uint32_t dst = cu_smem_addr(c.ktile + stage * IDX_TILE_BYTES);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -112,18 +141,21 @@ __device__ __forceinline__ void cu_idx_tile(const cu_layer &L, const cu_idx_ctx 
                 xlo *= L.iscale;
                 xhi *= L.iscale;
             }
-            float m = fmaxf(vlo ? xlo : -INFINITY, vhi ? xhi : -INFINITY);
+            float m = cu_nanmax(vlo ? xlo : -INFINITY, vhi ? xhi : -INFINITY);
 #pragma unroll
             for (int o = 4; o < 32; o <<= 1)
-                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                m = cu_nanmax(m, __shfl_xor_sync(0xffffffffu, m, o));
             float l = 0.0f;
             if (L.score_lse) {
-                if (m != -INFINITY) {
+                /* Shuffles stay outside any branch on m: it differs per column. */
+                const bool decided = isnan(m) || isinf(m); /* m alone is the state */
+                if (!decided)
                     l = (vlo ? expf(xlo - m) : 0.0f) + (vhi ? expf(xhi - m) : 0.0f);
-                }
 #pragma unroll
                 for (int o = 4; o < 32; o <<= 1)
                     l += __shfl_xor_sync(0xffffffffu, l, o);
+                if (decided)
+                    l = 1.0f;
             }
             if (lane < 4 && col < 64) {
                 c.red_m[warp * 64 + col] = m;
@@ -134,7 +166,7 @@ __device__ __forceinline__ void cu_idx_tile(const cu_layer &L, const cu_idx_ctx 
 }
 
 template <typename Tag, int NT>
-__device__ void cu_idx_segment(const cu_layer &L, const cu_idx_ctx &c, int32_t f_begin,
+__device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin,
                                int32_t f_end, int32_t n0, int32_t base, int32_t d0, int32_t nq)
 {
     constexpr int NR = NT < 4 ? NT : 4;
@@ -145,8 +177,12 @@ __device__ void cu_idx_segment(const cu_layer &L, const cu_idx_ctx &c, int32_t f
         __syncthreads();
         const int32_t fn = f + IDX_STAGES - 1;
         if (fn < c.F)
-            cu_idx_load(L, c, fn, fn % IDX_STAGES);
+            cu_idx_issue(L, c, fn % IDX_STAGES);
         cu_cp_async_commit();
+        if (fn + 1 < c.F) {
+            cu_idx_prod_advance(L, c.p, c.n_dec);
+            cu_idx_prod_lookup(L, c.p);
+        }
         const int stage = f % IDX_STAGES;
         const int32_t blk = f / c.tpb;                   /* block index in this CTA's range */
         const int32_t tb = f - blk * c.tpb;
@@ -174,13 +210,11 @@ __device__ void cu_idx_segment(const cu_layer &L, const cu_idx_ctx &c, int32_t f
                 if (L.score_lse) {
                     cu_lse_merge(m, l, m2, c.red_l[w * 64 + col]);
                 } else {
-                    m = fmaxf(m, m2);
+                    m = cu_nanmax(m, m2);
                 }
             }
             if (tb == c.tpb - 1) {
-                float score = m;
-                if (L.score_lse)
-                    score = (m == -INFINITY) ? -INFINITY : m + logf(l);
+                const float score = L.score_lse ? cu_lse_value(m, l) : m;
                 const int32_t tok = col / L.Hi;
                 const int32_t h = col - tok * L.Hi;
                 L.scores[((int64_t)(d0 + tok) * L.Hi + h) * L.cap_blocks + n] = score;
@@ -195,6 +229,8 @@ __device__ void cu_idx_segment(const cu_layer &L, const cu_idx_ctx &c, int32_t f
 template <typename Tag>
 __global__ void __launch_bounds__(IDX_THREADS, 2) cu_indexer_mma_kernel(cu_layer L)
 {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     extern __shared__ __align__(128) unsigned char smem[];
     const cu_step_hdr *hdr = L.m.hdr;
     cu_idx_ctx c;
@@ -215,22 +251,31 @@ __global__ void __launch_bounds__(IDX_THREADS, 2) cu_indexer_mma_kernel(cu_layer
     c.run_m = c.red_l + 4 * 64;
     c.run_l = c.run_m + 64;
 
+    /* Ring prologue: tiles 0 .. STAGES-2, then the lookup of the next one. */
+    c.p.gb = c.gb_begin;
+    c.p.tb = 0;
+    cu_idx_prod_slot(L, c.p, cu_dec_of_block(L.m.dec_blk0, c.n_dec, c.gb_begin));
+    cu_idx_prod_lookup(L, c.p);
     for (int s = 0; s < IDX_STAGES - 1; ++s) {
         if (s < c.F)
-            cu_idx_load(L, c, s, s);
+            cu_idx_issue(L, c, s);
         cu_cp_async_commit();
+        if (s + 1 < c.F) {
+            cu_idx_prod_advance(L, c.p, c.n_dec);
+            cu_idx_prod_lookup(L, c.p);
+        }
     }
     int32_t f = 0;
     while (f < c.F) {
         const int32_t gb = c.gb_begin + f / c.tpb;
         const int32_t k = cu_dec_of_block(L.m.dec_blk0, c.n_dec, gb);
-        const int32_t seg_end = min(c.F, (L.m.dec_blk0[k + 1] - c.gb_begin) * c.tpb);
-        const int32_t r = L.m.dec_req[k];
-        const int32_t ql = L.m.q_len[r];
-        const int32_t base = L.m.kv_len[r] - ql;
-        const int32_t t0 = L.m.q_start[r];
+        const cu_dec_info di = L.m.dec_info[k];
+        const int32_t seg_end = min(c.F, (di.blk1 - c.gb_begin) * c.tpb);
+        const int32_t ql = di.ql;
+        const int32_t base = di.kl - ql;
+        const int32_t t0 = di.t0;
         const int32_t nq = ql * L.Hi;
-        const int32_t n0 = gb - L.m.dec_blk0[k];
+        const int32_t n0 = gb - di.blk0;
         __syncthreads(); /* every warp is done with the previous request's Q tile */
         const uint4 *q = (const uint4 *)((const unsigned char *)L.iq + (int64_t)t0 * L.Hi * 256);
         for (int i = threadIdx.x; i < 64 * 16; i += IDX_THREADS) {
@@ -242,7 +287,7 @@ __global__ void __launch_bounds__(IDX_THREADS, 2) cu_indexer_mma_kernel(cu_layer
         }
         __syncthreads();
         const int nt = (nq + 7) >> 3;
-        const int32_t d0 = L.m.dec_row0[k];
+        const int32_t d0 = di.d0;
         if (nt <= 1)
             cu_idx_segment<Tag, 1>(L, c, f, seg_end, n0, base, d0, nq);
         else if (nt <= 2)
@@ -256,16 +301,16 @@ __global__ void __launch_bounds__(IDX_THREADS, 2) cu_indexer_mma_kernel(cu_layer
     cu_cp_async_wait<0>();
 }
 
-void cu_launch_indexer_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
 void cu_launch_indexer_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
 {
     if (L->act == MSA_DTYPE_BF16)
-        cu_indexer_mma_kernel<cu_bf16_tag><<<st->grid_idx_fast, IDX_THREADS, IDX_SMEM_BYTES, s>>>(*L);
+        cu_launch(cu_indexer_mma_kernel<cu_bf16_tag>, st->grid_idx_fast, IDX_THREADS, IDX_SMEM_BYTES,
+                  s, st->pdl, *L);
     else
-        cu_indexer_mma_kernel<cu_f16_tag><<<st->grid_idx_fast, IDX_THREADS, IDX_SMEM_BYTES, s>>>(*L);
+        cu_launch(cu_indexer_mma_kernel<cu_f16_tag>, st->grid_idx_fast, IDX_THREADS, IDX_SMEM_BYTES,
+                  s, st->pdl, *L);
 }
 
-cudaError_t cu_indexer_mma_setup(int num_sms, int *grid);
 cudaError_t cu_indexer_mma_setup(int num_sms, int *grid)
 {
     cudaError_t e = cudaFuncSetAttribute(cu_indexer_mma_kernel<cu_bf16_tag>,

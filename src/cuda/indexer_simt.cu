@@ -8,11 +8,14 @@
  * whole GPU.  Inside a block, one warp per query column (token, index head).
  */
 #include "cu_score.cuh"
+#include "cu_launch.cuh"
 
 #define CU_IDX_SIMT_THREADS 128
 
-__global__ void __launch_bounds__(CU_IDX_SIMT_THREADS) cu_indexer_simt_kernel(cu_layer L)
+__global__ void __launch_bounds__(CU_IDX_SIMT_THREADS, 1) cu_indexer_simt_kernel(cu_layer L)
 {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     const cu_step_hdr *hdr = L.m.hdr;
     const int32_t n_dec = hdr->n_dec;
     const int64_t total = hdr->total_dec_blocks;
@@ -43,8 +46,7 @@ __global__ void __launch_bounds__(CU_IDX_SIMT_THREADS) cu_indexer_simt_kernel(cu
     }
 }
 
-void cu_launch_indexer_simt(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
 void cu_launch_indexer_simt(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
 {
-    cu_indexer_simt_kernel<<<st->grid_idx, CU_IDX_SIMT_THREADS, 0, s>>>(*L);
+    cu_launch(cu_indexer_simt_kernel, st->grid_idx, CU_IDX_SIMT_THREADS, 0, s, st->pdl, *L);
 }

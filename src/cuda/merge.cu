@@ -1,13 +1,17 @@
 /*
- * Merge of split decode attention: each split left a normalized fp32 row and
- * its LSE; the result is the LSE-weighted sum (SPEC 5's optional LSE output
- * exists for exactly this combination).  One warp per output row.
+ * Last launch of an attention pass, two roles:
+ *   merge CTAs    split decode attention: each split left a normalized fp32
+ *                 row and its LSE; the output is the LSE-weighted sum.  One
+ *                 warp per output row.
+ *   prefill CTAs  the rows of prefill requests (cu_rows.cuh), which depend
+ *                 only on the selection, not on the decode items.
  */
-#include "cu_attn.cuh"
+#include "cu_rows.cuh"
+#include "cu_launch.cuh"
 
 #define MERGE_WARPS 4
 
-__global__ void __launch_bounds__(MERGE_WARPS * 32) cu_merge_kernel(cu_layer L, cu_attn A)
+__device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &A, int cta, int nctas)
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -15,8 +19,7 @@ __global__ void __launch_bounds__(MERGE_WARPS * 32) cu_merge_kernel(cu_layer L, 
     const cu_merge_item *items = L.m.merge[A.kind];
     /* Rows of all merge items enumerated item by item, CU_ROWS_PER_ITEM each. */
     const int64_t total = (int64_t)n_items * CU_ROWS_PER_ITEM;
-    for (int64_t w = (int64_t)blockIdx.x * MERGE_WARPS + warp; w < total;
-         w += (int64_t)gridDim.x * MERGE_WARPS) {
+    for (int64_t w = (int64_t)cta * MERGE_WARPS + warp; w < total; w += (int64_t)nctas * MERGE_WARPS) {
         const int32_t ii = (int32_t)(w / CU_ROWS_PER_ITEM);
         const int32_t rl = (int32_t)(w - (int64_t)ii * CU_ROWS_PER_ITEM);
         const cu_merge_item it = items[ii];
@@ -53,7 +56,20 @@ __global__ void __launch_bounds__(MERGE_WARPS * 32) cu_merge_kernel(cu_layer L, 
     }
 }
 
-void cu_launch_merge(const cu_layer *L, const cu_plan_state *st, const cu_attn *A, cudaStream_t s)
+__global__ void __launch_bounds__(MERGE_WARPS * 32, 1) cu_merge_prefill_kernel(cu_layer L, cu_attn A,
+                                                                             int merge_ctas)
 {
-    cu_merge_kernel<<<st->grid_merge, MERGE_WARPS * 32, 0, s>>>(*L, *A);
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    if ((int)blockIdx.x < merge_ctas)
+        cu_merge_role(L, A, blockIdx.x, merge_ctas);
+    else
+        cu_attn_prefill_role(L, A, blockIdx.x - merge_ctas, gridDim.x - merge_ctas, MERGE_WARPS);
+}
+
+void cu_launch_merge_prefill(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+                             cudaStream_t s)
+{
+    cu_launch(cu_merge_prefill_kernel, st->grid_merge + st->grid_pf * 4, MERGE_WARPS * 32, 0, s,
+              st->pdl, *L, *A, st->grid_merge);
 }

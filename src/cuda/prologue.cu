@@ -7,6 +7,7 @@
  *     selected ids = -1), so the later kernels only ever touch real rows.
  */
 #include "cu_plan.cuh"
+#include "cu_launch.cuh"
 
 /* Copies n elements of one row, converting when the element types differ.
  * Equal types copy the bits, so NaN payloads survive as on the CPU. */
@@ -33,6 +34,7 @@ __device__ static size_t cu_elem_size(int dt)
 
 __global__ void cu_prologue_kernel(cu_layer L)
 {
+    cu_pdl_trigger(); /* the indexer may be scheduled; it waits for us */
     const int32_t ntok = L.m.hdr->num_tokens;
     for (int32_t t = blockIdx.x; t < ntok; t += gridDim.x) {
         const int32_t r = L.m.token_req[t];

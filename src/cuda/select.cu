@@ -1,186 +1,49 @@
 /*
- * Top-k block selection (SPEC 4) and the per-KV-head rows.
+ * Selection stage of a sparse layer, one launch:
  *
- * One warp selects one (token, index head) row with an exact radix select:
- * forced blocks (init, local) are always in; among the other reachable
- * blocks the (K - forced) best by score, ties toward the lower id, NaN below
- * every number.  Four 8-bit histogram passes over order-preserving 32-bit
- * keys find the threshold value; one ballot pass in id order then emits the
- * chosen ids already ascending, taking the lowest ids among keys equal to
- * the threshold.  Deterministic, no sort, no data-dependent memory.
+ *   prefill CTAs  (the simple path) one CTA per (prefill token, unit): block
+ *                 scores into a per-CTA scratch row, then warp 0 selects;
+ *   decode CTAs   one warp per (decode token, unit), reading the scores the
+ *                 indexer left in the workspace; the warp that finishes the
+ *                 last token of a (request, unit) also builds the request's
+ *                 union for the unit's KV heads (a completion counter, reset
+ *                 by that warp, so graph replays start from zero).
  *
  * A "unit" is what one warp turns into KV-head rows: with Hi = m*Hkv the m
- * index heads of one KV head (their lists are merged into a union), with
- * Hkv = m*Hi one index head whose row is repeated for its m KV heads.
+ * index heads of one KV head (their lists are merged), with Hkv = m*Hi one
+ * index head whose row is repeated for its m KV heads.
  *
- * Decode tokens read their block scores from the indexer's workspace;
- * prefill tokens (the simple path) compute them here, one CTA per
- * (token, unit), into a per-CTA scratch row.
+ * The union of a (decode request, KV head) lists every block selected by
+ * any of its tokens, ascending, with a bit per token that selected it: the
+ * decode attention reads each such block once for all tokens and heads.
  */
 #include "cu_score.cuh"
+#include "cu_select.cuh"
+#include "cu_launch.cuh"
 
 #define SEL_WARPS 4
 
-/* Order-preserving key: larger score -> larger key; NaN lowest (0); -0 == +0. */
-__device__ __forceinline__ uint32_t cu_score_key(float f)
+/* Per-warp shared memory, in 32-bit words: histogram, mi lists of K, one
+ * row of W, then the score cache (also the union's per-block masks). */
+__host__ __device__ __forceinline__ size_t cu_sel_warp_words(int32_t mi, int32_t K, int32_t W,
+                                                             int32_t cache)
 {
-    if (isnan(f))
-        return 0u;
-    if (f == 0.0f)
-        f = 0.0f;
-    const uint32_t u = __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-/* Writes min(K, N) ids ascending then -1 up to K into out[] (shared). */
-__device__ void cu_select_row(const float *scores, int32_t N, int32_t K, int32_t I, int32_t Lc,
-                              int32_t *out, uint32_t *hist)
-{
-    const int lane = threadIdx.x & 31;
-    const uint32_t below = (1u << lane) - 1u;
-    if (N <= K) {
-        for (int32_t j = lane; j < K; j += 32)
-            out[j] = j < N ? j : -1;
-        __syncwarp();
-        return;
-    }
-    const int32_t c_begin = I, c_end = N - Lc; /* non-forced candidates */
-    uint32_t prefix = 0u, mask = 0u;
-    const int32_t need = K - I - Lc; /* blocks chosen by score */
-    int32_t remaining = need;
-    if (need > 0) {
-        for (int shift = 24; shift >= 0; shift -= 8) {
-            for (int b = lane; b < 256; b += 32)
-                hist[b] = 0u;
-            __syncwarp();
-            for (int32_t b0 = c_begin; b0 < c_end; b0 += 32) {
-                const int32_t n = b0 + lane;
-                bool part = false;
-                uint32_t digit = 0u;
-                if (n < c_end) {
-                    const uint32_t key = cu_score_key(scores[n]);
-                    part = (key & mask) == prefix;
-                    digit = (key >> shift) & 255u;
-                }
-                const uint32_t peers = __match_any_sync(0xffffffffu, part ? digit : 256u + lane);
-                if (part && (__ffs(peers) - 1) == lane)
-                    atomicAdd(&hist[digit], (uint32_t)__popc(peers));
-            }
-            __syncwarp();
-            /* Lane owns bins [8*lane, 8*lane+8); find the bin where the count
-             * of keys with a larger digit reaches `remaining`. */
-            uint32_t local = 0u;
-            for (int b = 0; b < 8; ++b)
-                local += hist[lane * 8 + b];
-            uint32_t incl = local; /* sum over lanes >= lane */
-            for (int o = 1; o < 32; o <<= 1) {
-                const uint32_t v = __shfl_down_sync(0xffffffffu, incl, o);
-                if (lane + o < 32)
-                    incl += v;
-            }
-            const uint32_t above = incl - local; /* keys in higher lanes' bins */
-            const bool mine = above < (uint32_t)remaining && (uint32_t)remaining <= incl;
-            const uint32_t who = __ballot_sync(0xffffffffu, mine);
-            const int owner = __ffs(who) - 1;
-            uint32_t sel_digit = 0u, sel_above = 0u;
-            if (lane == owner) {
-                uint32_t acc = above;
-                for (int b = 7; b >= 0; --b) {
-                    const uint32_t h = hist[lane * 8 + b];
-                    if (acc + h >= (uint32_t)remaining) {
-                        sel_digit = (uint32_t)(lane * 8 + b);
-                        break;
-                    }
-                    acc += h;
-                }
-                sel_above = acc;
-            }
-            sel_digit = __shfl_sync(0xffffffffu, sel_digit, owner);
-            sel_above = __shfl_sync(0xffffffffu, sel_above, owner);
-            prefix |= sel_digit << shift;
-            mask |= 255u << shift;
-            remaining -= (int32_t)sel_above;
-            __syncwarp();
-        }
-    }
-    /* Emit in id order: forced, keys above the threshold, and the first
-     * `remaining` keys equal to it. */
-    const uint32_t thr = prefix;
-    int32_t count = 0, eq_seen = 0;
-    for (int32_t b0 = 0; b0 < N; b0 += 32) {
-        const int32_t n = b0 + lane;
-        bool sel = false, eq = false;
-        if (n < N) {
-            const bool forced = n < c_begin || n >= c_end;
-            if (forced) {
-                sel = true;
-            } else if (need > 0) {
-                const uint32_t key = cu_score_key(scores[n]);
-                sel = key > thr;
-                eq = key == thr;
-            }
-        }
-        const uint32_t eq_b = __ballot_sync(0xffffffffu, eq);
-        if (eq) {
-            const int32_t rank = eq_seen + __popc(eq_b & below);
-            sel = rank < remaining;
-        }
-        eq_seen += __popc(eq_b);
-        const uint32_t sel_b = __ballot_sync(0xffffffffu, sel);
-        if (sel)
-            out[count + __popc(sel_b & below)] = n;
-        count += __popc(sel_b);
-    }
-    for (int32_t j = count + lane; j < K; j += 32)
-        out[j] = -1;
-    __syncwarp();
-}
-
-/* Union of `nl` ascending lists (each K wide, -1 padded) into row[W]. */
-__device__ void cu_union_lists(const int32_t *lists, int nl, int32_t K, int32_t W, int32_t *row)
-{
-    const int lane = threadIdx.x & 31;
-    int32_t ptr = 0;
-    int32_t count = 0;
-    for (;;) {
-        int32_t v = INT32_MAX;
-        if (lane < nl && ptr < K) {
-            const int32_t x = lists[lane * K + ptr];
-            if (x >= 0)
-                v = x;
-        }
-        const int32_t m = cu_warp_min_int(v);
-        if (m == INT32_MAX)
-            break;
-        if (lane == 0)
-            row[count] = m;
-        ++count;
-        if (v == m)
-            ++ptr;
-    }
-    __syncwarp();
-    for (int32_t j = count + lane; j < W; j += 32)
-        row[j] = -1;
-    __syncwarp();
-}
-
-/* Per-warp shared memory: histogram, mi lists of K, one row of W. */
-__device__ __forceinline__ size_t cu_sel_warp_words(const cu_layer &L)
-{
-    return 256 + (size_t)L.mi * L.K + L.W;
+    return 256 + (size_t)mi * K + (size_t)W + (size_t)cache;
 }
 
 /* Selects the unit's index heads (score rows at scores + hl * row_stride)
  * and writes the KV-head rows of token t. */
-__device__ void cu_select_unit(const cu_layer &L, const float *scores, int64_t row_stride,
+__device__ __forceinline__ void cu_select_unit(const cu_layer &L, const float *scores, int64_t row_stride,
                                int32_t N, int32_t t, int32_t u, uint32_t *wsm)
 {
     const int lane = threadIdx.x & 31;
     uint32_t *hist = wsm;
     int32_t *lists = (int32_t *)(wsm + 256);
     int32_t *row = lists + L.mi * L.K;
+    float *cache = (float *)(row + L.W);
     for (int hl = 0; hl < L.mi; ++hl)
-        cu_select_row(scores + hl * row_stride, N, L.K, L.I, L.Lc, lists + hl * L.K, hist);
+        cu_select_row(scores + hl * row_stride, N, L.K, L.I, L.Lc, lists + hl * L.K, hist, cache,
+                      L.sel_cache);
     const int32_t *src = lists;
     if (L.mi > 1) {
         cu_union_lists(lists, L.mi, L.K, L.W, row);
@@ -198,31 +61,90 @@ __device__ void cu_select_unit(const cu_layer &L, const float *scores, int64_t r
     __syncwarp();
 }
 
-__global__ void __launch_bounds__(SEL_WARPS * 32) cu_select_decode_kernel(cu_layer L)
+/* Union of decode slot k's selections for KV head g into the plan's union
+ * arrays.  Rows are read with .cg loads: other SMs wrote them in this launch. */
+__device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, int32_t g, uint32_t *wsm)
 {
-    extern __shared__ uint32_t sel_smem[];
-    const int warp = threadIdx.x >> 5;
-    uint32_t *wsm = sel_smem + warp * cu_sel_warp_words(L);
-    const int32_t rows = L.m.hdr->n_dec_rows;
-    const int64_t total = (int64_t)rows * L.units;
-    for (int64_t w = (int64_t)blockIdx.x * SEL_WARPS + warp; w < total;
-         w += (int64_t)gridDim.x * SEL_WARPS) {
-        const int32_t d = (int32_t)(w / L.units);
-        const int32_t u = (int32_t)(w - (int64_t)d * L.units);
-        const int32_t t = L.m.dec_tok[d];
-        const int32_t N = L.m.token_pos[t] / L.B + 1;
-        const float *scores = L.scores + ((int64_t)d * L.Hi + (int64_t)u * L.mi) * L.cap_blocks;
-        cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm);
+    const int lane = threadIdx.x & 31;
+    const uint32_t below = (1u << lane) - 1u;
+    const int32_t r = L.m.dec_req[k];
+    const int32_t ql = L.m.q_len[r];
+    const int32_t t0 = L.m.q_start[r];
+    const int32_t N = (L.m.kv_len[r] - 1) / L.B + 1; /* reach of the last token */
+    const int64_t w = (int64_t)k * L.Hkv + g;
+    int32_t *uid = L.uids + w * L.cap_union;
+    uint32_t *umk = L.umask + w * L.cap_union;
+    int32_t count = 0;
+    if (N <= L.sel_cache) {
+        /* Per-block token bits in shared memory, then an ordered compaction. */
+        uint32_t *mask = wsm + 256 + (size_t)L.mi * L.K + L.W;
+        for (int32_t n = lane; n < N; n += 32)
+            mask[n] = 0u;
+        __syncwarp();
+        for (int32_t i = 0; i < ql; ++i) {
+            const int32_t *row = L.sel + ((int64_t)(t0 + i) * L.Hkv + g) * L.W;
+            for (int32_t j = lane; j < L.W; j += 32) {
+                const int32_t id = __ldcg(row + j);
+                if (id >= 0)
+                    atomicOr(&mask[id], 1u << i);
+            }
+        }
+        __syncwarp();
+        for (int32_t b0 = 0; b0 < N; b0 += 32) {
+            const int32_t n = b0 + lane;
+            const uint32_t m = n < N ? mask[n] : 0u;
+            const uint32_t bal = __ballot_sync(0xffffffffu, m != 0u);
+            if (m) {
+                const int32_t pos = count + __popc(bal & below);
+                if (pos < L.cap_union) {
+                    uid[pos] = n;
+                    umk[pos] = m;
+                }
+            }
+            count += __popc(bal);
+        }
+    } else {
+        /* Long context beyond the shared-memory bitmap: k-way merge, lane i
+         * following token i's ascending row. */
+        const int32_t *row = L.sel + ((int64_t)(t0 + lane) * L.Hkv + g) * L.W;
+        int32_t ptr = 0;
+        int32_t v = INT32_MAX;
+        if (lane < ql) {
+            const int32_t x = __ldcg(row);
+            v = x >= 0 ? x : INT32_MAX;
+        }
+        for (;;) {
+            const int32_t m = cu_warp_min_int(v);
+            if (m == INT32_MAX)
+                break;
+            const uint32_t holders = __ballot_sync(0xffffffffu, v == m);
+            if (lane == 0 && count < L.cap_union) {
+                uid[count] = m;
+                umk[count] = holders;
+            }
+            ++count;
+            if (v == m) {
+                ++ptr;
+                v = INT32_MAX;
+                if (ptr < L.W) {
+                    const int32_t x = __ldcg(row + ptr);
+                    if (x >= 0)
+                        v = x;
+                }
+            }
+        }
     }
+    if (lane == 0)
+        L.ucnt[w] = min(count, L.cap_union);
+    __syncwarp();
 }
 
-__global__ void __launch_bounds__(SEL_WARPS * 32) cu_select_prefill_kernel(cu_layer L)
+__device__ __forceinline__ void cu_select_prefill_role(const cu_layer &L, int cta, int nctas, uint32_t *smem)
 {
-    extern __shared__ uint32_t sel_smem[];
     const int warp = threadIdx.x >> 5;
-    float *scratch = L.pf_scratch + (int64_t)blockIdx.x * L.mi * L.cap_blocks;
+    float *scratch = L.pf_scratch + (int64_t)cta * L.mi * L.cap_blocks;
     const int64_t total = (int64_t)L.m.hdr->n_pf * L.units;
-    for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+    for (int64_t item = cta; item < total; item += nctas) {
         const int32_t pf = (int32_t)(item / L.units);
         const int32_t u = (int32_t)(item - (int64_t)pf * L.units);
         const int32_t t = L.m.pf_tok[pf];
@@ -240,19 +162,73 @@ __global__ void __launch_bounds__(SEL_WARPS * 32) cu_select_prefill_kernel(cu_la
         }
         __syncthreads();
         if (warp == 0)
-            cu_select_unit(L, scratch, L.cap_blocks, N, t, u, sel_smem);
+            cu_select_unit(L, scratch, L.cap_blocks, N, t, u, smem);
         __syncthreads();
     }
 }
 
+__device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta, int nctas, uint32_t *wsm)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int64_t total = (int64_t)L.m.hdr->n_dec_rows * L.units;
+    for (int64_t w = (int64_t)cta * SEL_WARPS + warp; w < total; w += (int64_t)nctas * SEL_WARPS) {
+        const int32_t d = (int32_t)(w / L.units);
+        const int32_t u = (int32_t)(w - (int64_t)d * L.units);
+        const int32_t t = L.m.dec_tok[d];
+        const int32_t N = L.m.token_pos[t] / L.B + 1;
+        const float *scores = L.scores + ((int64_t)d * L.Hi + (int64_t)u * L.mi) * L.cap_blocks;
+        cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm);
+
+        /* Completion count of (request, unit); the last token's warp builds
+         * the unions of the unit's KV heads. */
+        const int32_t k = L.m.dec_slot[d];
+        const int32_t ql = L.m.q_len[L.m.dec_req[k]];
+        int32_t *done = L.sel_done + (int64_t)k * L.units + u;
+        __threadfence();
+        int32_t prev = 0;
+        if (lane == 0)
+            prev = atomicAdd(done, 1);
+        prev = __shfl_sync(0xffffffffu, prev, 0);
+        if (prev == ql - 1) {
+            __threadfence();
+            for (int gl = 0; gl < L.mk; ++gl)
+                cu_request_union(L, k, u * L.mk + gl, wsm);
+            if (lane == 0)
+                *done = 0;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L, int pf_ctas)
+{
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    extern __shared__ uint32_t sel_smem[];
+    if ((int)blockIdx.x < pf_ctas) {
+        cu_select_prefill_role(L, blockIdx.x, pf_ctas, sel_smem);
+        return;
+    }
+    const int warp = threadIdx.x >> 5;
+    uint32_t *wsm = sel_smem + warp * cu_sel_warp_words(L.mi, L.K, L.W, L.sel_cache);
+    cu_select_decode_role(L, blockIdx.x - pf_ctas, gridDim.x - pf_ctas, wsm);
+}
+
 size_t cu_select_smem(const cu_layer *L)
 {
-    return SEL_WARPS * (256 + (size_t)L->mi * L->K + L->W) * sizeof(uint32_t);
+    return SEL_WARPS * cu_sel_warp_words(L->mi, L->K, L->W, L->sel_cache) * sizeof(uint32_t);
+}
+
+cudaError_t cu_select_setup(size_t smem)
+{
+    if (smem <= 48 * 1024)
+        return cudaSuccess;
+    return cudaFuncSetAttribute(cu_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)smem);
 }
 
 void cu_launch_select(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
 {
-    const size_t smem = cu_select_smem(L);
-    cu_select_prefill_kernel<<<st->grid_pf, SEL_WARPS * 32, smem, s>>>(*L);
-    cu_select_decode_kernel<<<st->grid_sel, SEL_WARPS * 32, smem, s>>>(*L);
+    cu_launch(cu_select_kernel, st->grid_pf + st->grid_sel, SEL_WARPS * 32, cu_select_smem(L), s,
+              st->pdl, *L, st->grid_pf);
 }

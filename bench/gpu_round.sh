@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# One whole GPU round on a machine with an NVIDIA GPU (the H200 of the device
+# tool): configure and build with the CUDA backend for sm_90a, run the CTest
+# suite (CPU and GPU tests), `msa check --backend cuda`, `msa bench --backend
+# cuda --workload decode` with 8 and with 1 query token per request, and
+# compute-sanitizer memcheck and racecheck on the GPU tests (last: slowest).
+#
+# Every step's log is appended to $OUT/all.log as the step ends (few files
+# in $OUT: the device tool brings back at most 8), JSON results and the
+# summary stay beside it; a short table is printed last.  Steps can be chosen with ROUND_STEPS (comma list of
+# build,ctest,gputest,sanitize,check,bench; default all), the decode suite
+# with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS.
+#
+# Usage (repository root):  bench/gpu_round.sh
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/gpu-round-out}
+BUILD=${BUILD:-/tmp/msa-gpu-build}
+STEPS=${ROUND_STEPS:-build,ctest,gputest,check,bench,profile,sanitize}
+SUITE=${BENCH_SUITE:-full}
+JOBS=$(nproc 2>/dev/null || echo 8)
+LOGS=${LOGS:-/tmp/msa-round-logs}
+mkdir -p "$OUT" "$LOGS"
+: >"$OUT/all.log"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+
+has_step() { [[ ",$STEPS," == *",$1,"* ]]; }
+note() { printf '%-34s %s\n' "$1" "$2" | tee -a "$SUMMARY"; }
+stamp() { date +%s; }
+
+# Runs a command with its output in $LOGS/<name>.log; notes ok/FAIL (rc) and seconds.
+run_logged() {
+    local name=$1
+    shift
+    local t0 rc
+    t0=$(stamp)
+    # A hung step must not eat the whole lease: STEP_TIMEOUT seconds each.
+    timeout -k 5 "${STEP_TIMEOUT:-300}" "$@" >"$LOGS/$name.log" 2>&1
+    rc=$?
+    local dt=$(($(stamp) - t0))
+    { echo "==== $name (rc $rc, ${dt}s): $*"; cat "$LOGS/$name.log"; } >>"$OUT/all.log"
+    if [ $rc -eq 0 ]; then
+        note "$name" "ok (${dt}s)"
+    elif [ $rc -eq 77 ]; then
+        note "$name" "skipped (${dt}s)"
+    else
+        note "$name" "FAIL rc=$rc (${dt}s)"
+    fi
+    return $rc
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem \
+    --format=csv >"$OUT/gpu.txt" 2>&1 || true
+note "gpu" "$(tail -n +2 "$OUT/gpu.txt" | head -1)"
+
+# ---- build -------------------------------------------------------------------
+CMAKE_EXTRA=()
+if [ ! -e /usr/include/cjson/cJSON.h ] && ls "$ROOT"/build-deps/*.deb >/dev/null 2>&1; then
+    # No cJSON on the machine: use the packages carried in build-deps/.
+    mkdir -p /tmp/msa-deps
+    for f in "$ROOT"/build-deps/*.deb; do dpkg -x "$f" /tmp/msa-deps; done
+    CJ=/tmp/msa-deps/usr
+    CMAKE_EXTRA+=("-DCJSON_INCLUDE_DIR=$CJ/include" "-DCJSON_LIBRARY=$CJ/lib/x86_64-linux-gnu/libcjson.so")
+    export LD_LIBRARY_PATH="$CJ/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+    export LIBRARY_PATH="$CJ/lib/x86_64-linux-gnu:${LIBRARY_PATH:-}"
+    export C_INCLUDE_PATH="$CJ/include:${C_INCLUDE_PATH:-}"
+fi
+
+if has_step build; then
+    run_logged configure cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMSA_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90a-real "${CMAKE_EXTRA[@]}" || { cat "$LOGS/configure.log"; exit 1; }
+    run_logged build cmake --build "$BUILD" -j "$JOBS" || { tail -50 "$LOGS/build.log"; exit 1; }
+    # The CUDA tests, built by hand when the test tree does not list them yet.
+    for t in test_cuda_graph test_cuda_sweep; do
+        if [ ! -x "$BUILD/tests/cuda/$t" ]; then
+            mkdir -p "$BUILD/tests/cuda"
+            gcc -std=c11 -O2 -D_POSIX_C_SOURCE=200809L -DMSA_TEST_HAVE_CUDART \
+                -I"$ROOT/include" -I"$ROOT/tests" -I"$ROOT/src" -I/usr/local/cuda/include \
+                ${C_INCLUDE_PATH:+-I${C_INCLUDE_PATH%%:*}} \
+                "$ROOT/tests/cuda/$t.c" -o "$BUILD/tests/cuda/$t" \
+                "$BUILD/libmsa_oracle.a" "$BUILD/libmsa.a" -L/usr/local/cuda/lib64 -lcudart_static \
+                ${LIBRARY_PATH:+-L${LIBRARY_PATH%%:*}} -lcjson -lstdc++ -lpthread -ldl -lrt -lm \
+                >>"$LOGS/build.log" 2>&1 || note "build $t" "FAIL"
+        fi
+    done
+fi
+MSA="$BUILD/msa"
+T="$BUILD/tests"
+
+# ---- tests -------------------------------------------------------------------
+if has_step ctest; then
+    (cd "$BUILD" && run_logged ctest_quick ctest -L quick --output-on-failure --timeout 600)
+    grep -E "tests passed|Skipped|Failed|\*\*\*" "$LOGS/ctest_quick.log" | head -20 >>"$SUMMARY"
+fi
+if has_step gputest; then
+    run_logged test_cuda_graph "$T/cuda/test_cuda_graph"
+    run_logged test_cuda_sweep "$T/cuda/test_cuda_sweep"
+    grep -E "FAIL|passed" "$LOGS/test_cuda_graph.log" | tail -8 >>"$SUMMARY"
+    grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep.log" | tail -12 >>"$SUMMARY"
+fi
+
+# ---- msa check -----------------------------------------------------------------
+if has_step check; then
+    run_logged msa_check_decode "$MSA" check --backend cuda --decode-only
+    run_logged msa_check_quick "$MSA" check --backend cuda --quick
+    tail -2 "$LOGS/msa_check_decode.log" >>"$SUMMARY"
+    tail -2 "$LOGS/msa_check_quick.log" >>"$SUMMARY"
+fi
+
+# ---- msa bench -----------------------------------------------------------------
+if has_step bench; then
+    for q in 8 1; do
+        run_logged "bench_decode_q$q" "$MSA" bench --backend cuda --workload decode --suite "$SUITE" \
+            --q-len "$q" --json "$OUT/bench_decode_q$q.json" ${BENCH_ARGS:-}
+    done
+fi
+
+# ---- per-kernel profile (ncu) -------------------------------------------------
+# PROFILE_CASES: space-separated batch:context:q_len shapes; one graph replay
+# each, every kernel of the layer with its time and DRAM throughput.
+if has_step profile; then
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    for pc in ${PROFILE_CASES:-8:100000:1 128:10000:8}; do
+        IFS=: read -r pb pl pq <<<"$pc"
+        run_logged "profile_b${pb}_l${pl}_q${pq}" "$NCU" --clock-control none \
+            --kernel-name regex:'cu_(prologue|indexer|select|attn|merge)' \
+            --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+            --csv "$MSA" bench --backend cuda --decode-context "$pl" --batch "$pb" --q-len "$pq" \
+            --reps 1 --warmup 0 --copies 1 --sets 1
+    done
+fi
+
+# ---- sanitizers ----------------------------------------------------------------
+if has_step sanitize; then
+    CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    # memcheck on both GPU tests (quick subset), racecheck on the graph test:
+    # it runs every kernel of both paths at small sizes.
+    run_logged sanitize_memcheck_graph "$CS" --tool memcheck --error-exitcode 3 "$T/cuda/test_cuda_graph"
+    run_logged sanitize_memcheck_sweep "$CS" --tool memcheck --error-exitcode 3 "$T/cuda/test_cuda_sweep" --quick
+    run_logged sanitize_racecheck_graph "$CS" --tool racecheck --error-exitcode 3 "$T/cuda/test_cuda_graph"
+    grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS"/sanitize_*.log >>"$SUMMARY"
+fi
+
+# Per-kernel times of the profiles, compact: kernel, metric, value.
+if has_step profile; then
+    for f in "$LOGS"/profile_*.log; do
+        [ -e "$f" ] || continue
+        echo "---- $(basename "$f" .log)" >>"$SUMMARY"
+        grep -E '^"[0-9]' "$f" | awk -F'","' '{gsub(/"/,"",$NF); k=$5; sub(/\(.*/,"",k); sub(/^void /,"",k); printf "%-28s %-58s %s\n", substr(k,1,28), $(NF-2), $NF}' \
+            | grep -E "gpu__time_duration|dram__throughput" >>"$SUMMARY" || true
+    done
+fi
+
+echo
+echo "==== gpu round summary ($(date -u +%Y-%m-%dT%H:%MZ)) ===="
+cat "$SUMMARY"
+if has_step bench; then
+    for q in 8 1; do
+        echo "---- decode, q_len $q ----"
+        # The bench prints its own table; its last lines hold the aggregate.
+        tail -40 "$LOGS/bench_decode_q$q.log"
+    done
+fi

@@ -1,0 +1,411 @@
+/*
+ * Decode attention, tensor-core path: bf16/fp16 queries and KV planes of the
+ * same type, head dim 128.  Serves the sparse pass (key stream = union of
+ * the request's selected blocks), the dense pass and the index-value pass.
+ *
+ * One CTA (4 warps) per work item: up to 64 query rows (tokens x heads of one
+ * KV group) against one split of the key stream.  64-key tiles of K and V go
+ * through a 3-stage cp.async ring; each key carries the bits of the tokens
+ * that use it (membership and causal window), applied as -inf before the
+ * softmax.  Rows map to warps in m16 tiles; with fewer than 64 rows the
+ * warps also split each tile's keys and are merged by LSE at the end, so a
+ * single decode token (16 rows) still keeps four warps busy.  Q stays in
+ * registers, S = Q K^T and O += P V run on mma.sync m16n8k16 with fp32
+ * accumulators; P is rounded to the 16-bit type for the second product.
+ */
+#include "cu_attn.cuh"
+#include "cu_mma.cuh"
+#include "cu_launch.cuh"
+
+#define ATT_STAGES 3
+#define ATT_THREADS 128
+#define ATT_TILE_BYTES (CU_TILE_KEYS * 256)
+#define ATT_STAGE_BYTES (2 * ATT_TILE_BYTES + CU_TILE_KEYS * 4)
+#define ATT_SMEM_BYTES (ATT_STAGES * ATT_STAGE_BYTES)
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+/* Copies of the key stream run three steps ahead of their use, each step
+ * one dependent load, so no step waits on memory in the loop:
+ *   look   (tile x+2)  union entry of this thread's key row: block id, bits
+ *   locate (tile x+1)  position, use bits, page-table entry
+ *   issue  (tile x)    cp.async of the K and V rows, use bits to shared */
+typedef struct cu_att_look {
+    int32_t blk, off;
+    uint32_t member;
+} cu_att_look;
+
+typedef struct cu_att_loc {
+    int32_t pos, page;
+    uint32_t use;
+} cu_att_loc;
+
+__device__ __forceinline__ cu_att_look cu_att_lookup(const cu_stream &s, int32_t j)
+{
+    cu_att_look a;
+    const int32_t u = s.u0 + j * CU_TILE_KEYS + (threadIdx.x >> 1);
+    a.blk = -1;
+    a.off = 0;
+    a.member = 0u;
+    if (u < s.u1) {
+        if (s.sparse) {
+            const int32_t bi = u / s.B;
+            a.blk = s.uid[bi];
+            a.member = s.umk[bi];
+            a.off = u - bi * s.B;
+        } else {
+            a.blk = 0;
+            a.off = u;
+            a.member = 0xffffffffu;
+        }
+    }
+    return a;
+}
+
+__device__ __forceinline__ cu_att_loc cu_att_locate(const cu_layer &L, const cu_stream &s,
+                                                    const cu_att_look &a)
+{
+    cu_att_loc b;
+    b.pos = a.blk * s.B + a.off;
+    b.use = (a.blk >= 0 && b.pos < s.kl) ? a.member & cu_causal_bits(b.pos, s.base, s.ql) : 0u;
+    b.page = b.use ? cu_page_of(L.m.page_table, L.cap_pages, s.r, b.pos, L.logP) : 0;
+    return b;
+}
+
+__device__ __forceinline__ void cu_att_issue(const cu_layer &L, const cu_attn &A, unsigned char *smem,
+                                             int32_t group, const cu_att_loc &b, int stage)
+{
+    unsigned char *st = smem + stage * ATT_STAGE_BYTES;
+    uint32_t *kmask = (uint32_t *)(st + 2 * ATT_TILE_BYTES);
+    const int row = threadIdx.x >> 1;
+    const int half = threadIdx.x & 1;
+    const unsigned char *ksrc = (const unsigned char *)A.kp;
+    const unsigned char *vsrc = (const unsigned char *)A.vp;
+    if (b.use) {
+        const int64_t off =
+            ((((int64_t)b.page * A.hkv + group) * L.P + (b.pos & (L.P - 1))) * 128) * 2;
+        ksrc += off;
+        vsrc += off;
+    }
+    const uint32_t kd = cu_smem_addr(st);
+    const uint32_t vd = kd + ATT_TILE_BYTES;
+    const int nbytes = b.use ? 16 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int chunk = half * 8 + i;
+        const int so = b.use ? chunk * 16 : 0;
+        cu_cp_async16(kd + cu_swz(row, chunk), ksrc + so, nbytes);
+        cu_cp_async16(vd + cu_swz(row, chunk), vsrc + so, nbytes);
+    }
+    if (half == 0)
+        kmask[row] = b.use;
+}
+
+template <typename Tag, int RT>
+__device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned char *smem,
+                                const cu_att_item &it)
+{
+    constexpr int KS = 4 / RT;         /* warps sharing one row tile */
+    constexpr int KW = CU_TILE_KEYS / KS; /* keys per warp per tile */
+    constexpr int NS = KW / 8;         /* S n-tiles */
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int rt = warp % RT;
+    const int ks = warp / RT;
+    const int key_base = ks * KW;
+
+    const cu_stream cs = cu_stream_of(L, A, it);
+    const int32_t ntiles = (cs.u1 - cs.u0 + CU_TILE_KEYS - 1) / CU_TILE_KEYS;
+
+    /* Rows of this thread and their query fragments. */
+    const int row_lo = rt * 16 + (lane >> 2);
+    const int row_hi = row_lo + 8;
+    const bool ok_lo = row_lo < it.nrows, ok_hi = row_hi < it.nrows;
+    int tok_lo = 31, tok_hi = 31;
+    int64_t q_lo = 0, q_hi = 0;
+    if (ok_lo) {
+        const int32_t row = it.row0 + row_lo;
+        tok_lo = row / A.g;
+        q_lo = (int64_t)(cs.t0 + tok_lo) * A.hq_total + it.group * A.g + (row - tok_lo * A.g);
+    }
+    if (ok_hi) {
+        const int32_t row = it.row0 + row_hi;
+        tok_hi = row / A.g;
+        q_hi = (int64_t)(cs.t0 + tok_hi) * A.hq_total + it.group * A.g + (row - tok_hi * A.g);
+    }
+    uint32_t qa[8][4];
+    {
+        const uint32_t *qp = (const uint32_t *)A.q;
+#pragma unroll
+        for (int k8 = 0; k8 < 8; ++k8) {
+            const int d = k8 * 16 + 2 * (lane & 3);
+            qa[k8][0] = ok_lo ? qp[(q_lo * 128 + d) >> 1] : 0u;
+            qa[k8][1] = ok_hi ? qp[(q_hi * 128 + d) >> 1] : 0u;
+            qa[k8][2] = ok_lo ? qp[(q_lo * 128 + d + 8) >> 1] : 0u;
+            qa[k8][3] = ok_hi ? qp[(q_hi * 128 + d + 8) >> 1] : 0u;
+        }
+    }
+    float o[16][4];
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+    const float sl2 = A.scale * LOG2E;
+
+    for (int s = 0; s < ATT_STAGES - 1; ++s) {
+        if (s < ntiles)
+            cu_att_issue(L, A, smem, it.group, cu_att_locate(L, cs, cu_att_lookup(cs, s)), s);
+        cu_cp_async_commit();
+    }
+    cu_att_loc next = cu_att_locate(L, cs, cu_att_lookup(cs, ATT_STAGES - 1));
+    cu_att_look ahead = cu_att_lookup(cs, ATT_STAGES);
+    for (int32_t j = 0; j < ntiles; ++j) {
+        cu_cp_async_wait<ATT_STAGES - 2>();
+        __syncthreads();
+        const int32_t jn = j + ATT_STAGES - 1;
+        if (jn < ntiles)
+            cu_att_issue(L, A, smem, it.group, next, jn % ATT_STAGES);
+        cu_cp_async_commit();
+        next = cu_att_locate(L, cs, ahead);
+        ahead = cu_att_lookup(cs, jn + 2);
+
+        const unsigned char *st = smem + (j % ATT_STAGES) * ATT_STAGE_BYTES;
+        const uint32_t *kmask = (const uint32_t *)(st + 2 * ATT_TILE_BYTES);
+        const uint32_t ka = cu_smem_addr(st);
+        const uint32_t va = ka + ATT_TILE_BYTES;
+
+        /* A warp whose tokens use none of its keys in this tile skips it:
+         * with selections that differ per token most of a union is such. */
+        uint32_t used = 0u;
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const uint32_t km = kmask[key_base + n * 8 + 2 * (lane & 3) + e];
+                used |= (km >> tok_lo) | (km >> tok_hi);
+            }
+        if (!__any_sync(0xffffffffu, used & 1u))
+            continue;
+
+        float sc[NS][4];
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+            for (int kp = 0; kp < 4; ++kp) {
+                uint32_t b0, b1, b2, b3;
+                cu_ldsm_x4(ka + cu_swz(key_base + n * 8 + (lane & 7), kp * 4 + (lane >> 3)), b0, b1,
+                           b2, b3);
+                cu_mma16816(sc[n], qa[2 * kp][0], qa[2 * kp][1], qa[2 * kp][2], qa[2 * kp][3], b0,
+                            b1, Tag());
+                cu_mma16816(sc[n], qa[2 * kp + 1][0], qa[2 * kp + 1][1], qa[2 * kp + 1][2],
+                            qa[2 * kp + 1][3], b2, b3, Tag());
+            }
+        }
+        /* Mask, scale to log2 units, online softmax. */
+        float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const uint32_t km = kmask[key_base + n * 8 + 2 * (lane & 3) + e];
+                sc[n][e] = ((km >> tok_lo) & 1u) ? sc[n][e] * sl2 : -INFINITY;
+                sc[n][2 + e] = ((km >> tok_hi) & 1u) ? sc[n][2 + e] * sl2 : -INFINITY;
+                mx_lo = fmaxf(mx_lo, sc[n][e]);
+                mx_hi = fmaxf(mx_hi, sc[n][2 + e]);
+            }
+        }
+        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+        const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+        const float ref_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
+        const float ref_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+        const float corr_lo = exp2f(m_lo - ref_lo), corr_hi = exp2f(m_hi - ref_hi);
+        m_lo = mn_lo;
+        m_hi = mn_hi;
+        float ps_lo = 0.0f, ps_hi = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                sc[n][e] = exp2f(sc[n][e] - ref_lo);
+                sc[n][2 + e] = exp2f(sc[n][2 + e] - ref_hi);
+                ps_lo += sc[n][e];
+                ps_hi += sc[n][2 + e];
+            }
+        }
+        l_lo = l_lo * corr_lo + ps_lo;
+        l_hi = l_hi * corr_hi + ps_hi;
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+            o[n][0] *= corr_lo;
+            o[n][1] *= corr_lo;
+            o[n][2] *= corr_hi;
+            o[n][3] *= corr_hi;
+        }
+        /* O += P V. */
+#pragma unroll
+        for (int kk = 0; kk < KW / 16; ++kk) {
+            const uint32_t p0 = cu_pack2(sc[2 * kk][0], sc[2 * kk][1], Tag());
+            const uint32_t p1 = cu_pack2(sc[2 * kk][2], sc[2 * kk][3], Tag());
+            const uint32_t p2 = cu_pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], Tag());
+            const uint32_t p3 = cu_pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], Tag());
+            const int vrow = key_base + kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+            for (int dp = 0; dp < 8; ++dp) {
+                uint32_t b0, b1, b2, b3;
+                cu_ldsm_x4_trans(va + cu_swz(vrow, dp * 2 + (lane >> 4)), b0, b1, b2, b3);
+                cu_mma16816(o[2 * dp], p0, p1, p2, p3, b0, b1, Tag());
+                cu_mma16816(o[2 * dp + 1], p0, p1, p2, p3, b2, b3, Tag());
+            }
+        }
+    }
+    cu_cp_async_wait<0>();
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+
+    /* Merge the key slices of one row tile (warps ks > 0 into ks = 0). */
+    __syncthreads();
+    if (KS > 1) {
+        float *comb = (float *)smem;
+        const int slot_floats = 16 * 128 + 32;
+        if (ks > 0) {
+            float *sl = comb + ((ks - 1) * RT + rt) * slot_floats;
+#pragma unroll
+            for (int n = 0; n < 16; ++n) {
+                const int d = n * 8 + 2 * (lane & 3);
+                *(float2 *)&sl[(lane >> 2) * 128 + d] = make_float2(o[n][0], o[n][1]);
+                *(float2 *)&sl[((lane >> 2) + 8) * 128 + d] = make_float2(o[n][2], o[n][3]);
+            }
+            if ((lane & 3) == 0) {
+                sl[2048 + (lane >> 2)] = m_lo;
+                sl[2048 + (lane >> 2) + 8] = m_hi;
+                sl[2064 + (lane >> 2)] = l_lo;
+                sl[2064 + (lane >> 2) + 8] = l_hi;
+            }
+        }
+        __syncthreads();
+        if (ks == 0) {
+            for (int k2 = 1; k2 < KS; ++k2) {
+                const float *sl = comb + ((k2 - 1) * RT + rt) * slot_floats;
+                const float m2_lo = sl[2048 + (lane >> 2)], m2_hi = sl[2048 + (lane >> 2) + 8];
+                const float l2_lo = sl[2064 + (lane >> 2)], l2_hi = sl[2064 + (lane >> 2) + 8];
+                const float M_lo = fmaxf(m_lo, m2_lo), M_hi = fmaxf(m_hi, m2_hi);
+                const float R_lo = M_lo == -INFINITY ? 0.0f : M_lo;
+                const float R_hi = M_hi == -INFINITY ? 0.0f : M_hi;
+                const float a_lo = exp2f(m_lo - R_lo), b_lo = exp2f(m2_lo - R_lo);
+                const float a_hi = exp2f(m_hi - R_hi), b_hi = exp2f(m2_hi - R_hi);
+#pragma unroll
+                for (int n = 0; n < 16; ++n) {
+                    const int d = n * 8 + 2 * (lane & 3);
+                    const float2 x = *(const float2 *)&sl[(lane >> 2) * 128 + d];
+                    const float2 y = *(const float2 *)&sl[((lane >> 2) + 8) * 128 + d];
+                    o[n][0] = o[n][0] * a_lo + x.x * b_lo;
+                    o[n][1] = o[n][1] * a_lo + x.y * b_lo;
+                    o[n][2] = o[n][2] * a_hi + y.x * b_hi;
+                    o[n][3] = o[n][3] * a_hi + y.y * b_hi;
+                }
+                l_lo = l_lo * a_lo + l2_lo * b_lo;
+                l_hi = l_hi * a_hi + l2_hi * b_hi;
+                m_lo = M_lo;
+                m_hi = M_hi;
+            }
+        }
+    }
+    if (ks == 0) {
+        const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
+        const float inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+        const float lse_lo = l_lo > 0.0f ? m_lo * LN2 + logf(l_lo) : -INFINITY;
+        const float lse_hi = l_hi > 0.0f ? m_hi * LN2 + logf(l_hi) : -INFINITY;
+        if (it.nsplit == 1) {
+            uint32_t *op = (uint32_t *)A.o;
+#pragma unroll
+            for (int n = 0; n < 16; ++n) {
+                const int d = n * 8 + 2 * (lane & 3);
+                if (ok_lo)
+                    op[(q_lo * 128 + d) >> 1] = cu_pack2(o[n][0] * inv_lo, o[n][1] * inv_lo, Tag());
+                if (ok_hi)
+                    op[(q_hi * 128 + d) >> 1] = cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag());
+            }
+            if (A.lse && (lane & 3) == 0) {
+                if (ok_lo)
+                    A.lse[q_lo] = lse_lo;
+                if (ok_hi)
+                    A.lse[q_hi] = lse_hi;
+            }
+        } else {
+            float *pb = L.part + ((int64_t)it.part_base + (int64_t)it.split * it.nrows) * L.part_stride;
+            float *p_lo = pb + (int64_t)row_lo * L.part_stride;
+            float *p_hi = pb + (int64_t)row_hi * L.part_stride;
+#pragma unroll
+            for (int n = 0; n < 16; ++n) {
+                const int d = n * 8 + 2 * (lane & 3);
+                if (ok_lo)
+                    *(float2 *)&p_lo[d] = make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
+                if (ok_hi)
+                    *(float2 *)&p_hi[d] = make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
+            }
+            if ((lane & 3) == 0) {
+                if (ok_lo)
+                    p_lo[128] = lse_lo;
+                if (ok_hi)
+                    p_hi[128] = lse_hi;
+            }
+        }
+    }
+    __syncthreads(); /* the shared memory is reused by the next item */
+}
+
+template <typename Tag>
+__global__ void __launch_bounds__(ATT_THREADS, 2) cu_attn_mma_kernel(cu_layer L, cu_attn A)
+{
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int32_t n_items = L.m.hdr->n_att[A.kind];
+    const cu_att_item *items = L.m.att[A.kind];
+    for (int32_t ii = blockIdx.x; ii < n_items; ii += gridDim.x) {
+        const cu_att_item it = items[ii];
+        if (it.nrows <= 16)
+            cu_att_item_run<Tag, 1>(L, A, smem, it);
+        else if (it.nrows <= 32)
+            cu_att_item_run<Tag, 2>(L, A, smem, it);
+        else
+            cu_att_item_run<Tag, 4>(L, A, smem, it);
+    }
+}
+
+void cu_launch_attn_decode_mma(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+                               cudaStream_t s)
+{
+    if (A->act == MSA_DTYPE_BF16)
+        cu_launch(cu_attn_mma_kernel<cu_bf16_tag>, st->grid_att_fast, ATT_THREADS, ATT_SMEM_BYTES, s,
+                  st->pdl, *L, *A);
+    else
+        cu_launch(cu_attn_mma_kernel<cu_f16_tag>, st->grid_att_fast, ATT_THREADS, ATT_SMEM_BYTES, s,
+                  st->pdl, *L, *A);
+}
+
+cudaError_t cu_attn_mma_setup(int num_sms, int *grid)
+{
+    cudaError_t e = cudaFuncSetAttribute(cu_attn_mma_kernel<cu_bf16_tag>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_SMEM_BYTES);
+    if (e != cudaSuccess)
+        return e;
+    e = cudaFuncSetAttribute(cu_attn_mma_kernel<cu_f16_tag>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_SMEM_BYTES);
+    if (e != cudaSuccess)
+        return e;
+    int occ = 0;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, cu_attn_mma_kernel<cu_bf16_tag>,
+                                                      ATT_THREADS, ATT_SMEM_BYTES);
+    if (e != cudaSuccess)
+        return e;
+    *grid = num_sms * (occ > 0 ? occ : 1);
+    return cudaSuccess;
+}

@@ -1,0 +1,142 @@
+/*
+ * The CUDA backend's operation table and its context-level operations:
+ * device selection, memory, copies, synchronisation.  Plans live in
+ * plan.cu, the layer forward in forward.cu, benchmarks in bench.cu.
+ */
+#include "cu_backend.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+msa_status cu_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
+                            const msa_layer_io *io_sets, int num_sets, int warmup, int reps,
+                            double *times_us);
+msa_status cu_bench_read_bandwidth(msa_context *ctx, size_t bytes, int reps, double *gbps);
+
+static msa_status cu_init(msa_context *ctx, const msa_context_params *params, char *err,
+                          size_t err_size)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        if (err && err_size)
+            snprintf(err, err_size, "no CUDA device available: %s",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+        cudaGetLastError();
+        return MSA_ERR_NO_DEVICE;
+    }
+    const int dev = params ? params->device : 0;
+    if (dev < 0 || dev >= count) {
+        if (err && err_size)
+            snprintf(err, err_size, "CUDA device %d not present (%d device%s)", dev, count,
+                     count == 1 ? "" : "s");
+        return MSA_ERR_NO_DEVICE;
+    }
+    cu_ctx_state *cs = (cu_ctx_state *)calloc(1, sizeof(*cs));
+    if (!cs) {
+        if (err && err_size)
+            snprintf(err, err_size, "out of host memory");
+        return MSA_ERR_OUT_OF_MEMORY;
+    }
+    cs->device = dev;
+    e = cudaSetDevice(dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&cs->num_sms, cudaDevAttrMultiProcessorCount, dev);
+    int major = 0;
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    const char *pdl_env = getenv("MSA_CUDA_PDL");
+    cs->pdl = major >= 9 && !(pdl_env && pdl_env[0] == '0');
+    if (e == cudaSuccess)
+        e = cu_indexer_mma_setup(cs->num_sms, &cs->grid_idx_fast);
+    if (e == cudaSuccess)
+        e = cu_attn_mma_setup(cs->num_sms, &cs->grid_att_fast);
+    if (e != cudaSuccess) {
+        if (err && err_size)
+            snprintf(err, err_size, "CUDA device %d: %s", dev, cudaGetErrorString(e));
+        free(cs);
+        cudaGetLastError();
+        return MSA_ERR_BACKEND;
+    }
+    ctx->device = dev;
+    ctx->backend_state = cs;
+    return MSA_OK;
+}
+
+static void cu_shutdown(msa_context *ctx)
+{
+    free(ctx->backend_state);
+    ctx->backend_state = NULL;
+}
+
+static int cu_device(const msa_context *ctx)
+{
+    return ((const cu_ctx_state *)ctx->backend_state)->device;
+}
+
+static msa_status cu_alloc(msa_context *ctx, size_t bytes, void **out)
+{
+    *out = NULL;
+    CU_TRY(ctx, cudaSetDevice(cu_device(ctx)));
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return msa_set_error(ctx, e == cudaErrorMemoryAllocation ? MSA_ERR_OUT_OF_MEMORY : MSA_ERR_BACKEND,
+                             "cudaMalloc(%zu): %s", bytes, cudaGetErrorString(e));
+    }
+    e = cudaMemset(p, 0, bytes);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        return msa_set_error(ctx, MSA_ERR_BACKEND, "cudaMemset: %s", cudaGetErrorString(e));
+    }
+    *out = p;
+    return MSA_OK;
+}
+
+static void cu_free(msa_context *ctx, void *ptr)
+{
+    if (!ptr)
+        return;
+    cudaSetDevice(cu_device(ctx));
+    cudaFree(ptr);
+}
+
+static msa_status cu_copy_in(msa_context *ctx, void *dst, const void *host_src, size_t bytes)
+{
+    CU_TRY(ctx, cudaSetDevice(cu_device(ctx)));
+    CU_TRY(ctx, cudaMemcpy(dst, host_src, bytes, cudaMemcpyDefault));
+    return MSA_OK;
+}
+
+static msa_status cu_copy_out(msa_context *ctx, void *host_dst, const void *src, size_t bytes)
+{
+    CU_TRY(ctx, cudaSetDevice(cu_device(ctx)));
+    CU_TRY(ctx, cudaMemcpy(host_dst, src, bytes, cudaMemcpyDefault));
+    return MSA_OK;
+}
+
+static msa_status cu_synchronize(msa_context *ctx)
+{
+    CU_TRY(ctx, cudaSetDevice(cu_device(ctx)));
+    CU_TRY(ctx, cudaDeviceSynchronize());
+    return MSA_OK;
+}
+
+extern "C" const msa_backend_ops msa_cuda_backend_ops = {
+    "cuda",
+    cu_init,
+    cu_shutdown,
+    cu_alloc,
+    cu_free,
+    cu_copy_in,
+    cu_copy_out,
+    cu_synchronize,
+    cu_plan_init,
+    cu_plan_upload,
+    cu_plan_free,
+    cu_describe,
+    cu_forward,
+    cu_bench_forward,
+    cu_bench_read_bandwidth,
+};

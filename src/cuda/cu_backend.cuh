@@ -1,0 +1,35 @@
+/*
+ * Context-level state of the CUDA backend and the entry points shared by
+ * its host files (backend.cu: context, memory, benchmarks; plan.cu: plans;
+ * forward.cu: one layer).
+ */
+#ifndef MSA_CU_BACKEND_CUH
+#define MSA_CU_BACKEND_CUH
+
+#include "cu_plan.cuh"
+
+typedef struct cu_ctx_state {
+    int device;
+    int num_sms;
+    int grid_idx_fast;  /* persistent grid of the tensor-core indexer */
+    int grid_att_fast;  /* persistent grid of the tensor-core attention */
+    int pdl;            /* Hopper+: programmatic dependent launch (MSA_CUDA_PDL=0 disables) */
+} cu_ctx_state;
+
+msa_status cu_plan_init(msa_plan *plan);
+msa_status cu_plan_upload(msa_plan *plan, void *stream);
+void cu_plan_free(msa_plan *plan);
+void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const char **reason);
+msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);
+
+/* Which kernels a layer runs with the given activation type. */
+typedef struct cu_paths {
+    int idx_fast;
+    int attn_fast;
+    int iv_fast;
+} cu_paths;
+
+void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const msa_layer_io *io,
+                     cu_paths *out, char *why, size_t why_size);
+
+#endif /* MSA_CU_BACKEND_CUH */

@@ -1,0 +1,49 @@
+/*
+ * Kernel launches inside a layer use programmatic dependent launch on
+ * Hopper: the next kernel's CTAs may be scheduled while the previous one
+ * drains, and wait in cu_pdl_wait() until it has finished and its writes are
+ * visible.  This hides most of the gap between the small kernels of a decode
+ * step.  The first kernel of a layer is launched plainly (it follows the
+ * caller's own work); on older GPUs every launch is plain.
+ */
+#ifndef MSA_CU_LAUNCH_CUH
+#define MSA_CU_LAUNCH_CUH
+
+#include "cu_common.cuh"
+
+/* Every kernel launched with pdl = 1 calls this before reading anything an
+ * earlier kernel of the layer wrote. */
+__device__ __forceinline__ void cu_pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Lets the next kernel be scheduled now (it still waits for this one to
+ * finish before it reads our results). */
+__device__ __forceinline__ void cu_pdl_trigger()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <typename... KArgs, typename... Args>
+static inline void cu_launch(void (*kernel)(KArgs...), int grid, int block, size_t smem,
+                             cudaStream_t stream, int pdl, Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3((unsigned)block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+#endif /* MSA_CU_LAUNCH_CUH */

@@ -1,0 +1,168 @@
+/*
+ * Exact top-k selection of one (token, index head) row, by one warp (SPEC 4).
+ *
+ * Forced blocks (init, local) are always in; among the other reachable
+ * blocks the (K - forced) best by score, ties toward the lower id, NaN below
+ * every number.  Four 8-bit histogram passes over order-preserving 32-bit
+ * keys find the threshold value; one ballot pass in id order then emits the
+ * chosen ids already ascending, taking the lowest ids among keys equal to
+ * the threshold.  Deterministic, no sort, no data-dependent memory.
+ */
+#ifndef MSA_CU_SELECT_CUH
+#define MSA_CU_SELECT_CUH
+
+#include "cu_plan.cuh"
+
+/* Order-preserving key: larger score -> larger key; NaN lowest (0); -0 == +0. */
+__device__ __forceinline__ uint32_t cu_score_key(float f)
+{
+    if (isnan(f))
+        return 0u;
+    if (f == 0.0f)
+        f = 0.0f;
+    const uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Writes min(K, N) ids ascending then -1 up to K into out[] (shared).
+ * The five passes read the scores from `cache` (this warp's shared memory,
+ * cache_cap floats) when they fit, else from global memory. */
+__device__ __forceinline__ void cu_select_row(const float *scores, int32_t N, int32_t K, int32_t I,
+                                              int32_t Lc, int32_t *out, uint32_t *hist, float *cache,
+                                              int32_t cache_cap)
+{
+    const int lane = threadIdx.x & 31;
+    const uint32_t below = (1u << lane) - 1u;
+    if (N <= K) {
+        for (int32_t j = lane; j < K; j += 32)
+            out[j] = j < N ? j : -1;
+        __syncwarp();
+        return;
+    }
+    if (N <= cache_cap) {
+        for (int32_t n = lane; n < N; n += 32)
+            cache[n] = scores[n];
+        __syncwarp();
+        scores = cache;
+    }
+    const int32_t c_begin = I, c_end = N - Lc; /* non-forced candidates */
+    uint32_t prefix = 0u, mask = 0u;
+    const int32_t need = K - I - Lc; /* blocks chosen by score */
+    int32_t remaining = need;
+    if (need > 0) {
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int b = lane; b < 256; b += 32)
+                hist[b] = 0u;
+            __syncwarp();
+            for (int32_t b0 = c_begin; b0 < c_end; b0 += 32) {
+                const int32_t n = b0 + lane;
+                bool part = false;
+                uint32_t digit = 0u;
+                if (n < c_end) {
+                    const uint32_t key = cu_score_key(scores[n]);
+                    part = (key & mask) == prefix;
+                    digit = (key >> shift) & 255u;
+                }
+                const uint32_t peers = __match_any_sync(0xffffffffu, part ? digit : 256u + lane);
+                if (part && (__ffs(peers) - 1) == lane)
+                    atomicAdd(&hist[digit], (uint32_t)__popc(peers));
+            }
+            __syncwarp();
+            /* Lane owns bins [8*lane, 8*lane+8); find the bin where the count
+             * of keys with a larger digit reaches `remaining`. */
+            uint32_t local = 0u;
+            for (int b = 0; b < 8; ++b)
+                local += hist[lane * 8 + b];
+            uint32_t incl = local; /* sum over lanes >= lane */
+            for (int o = 1; o < 32; o <<= 1) {
+                const uint32_t v = __shfl_down_sync(0xffffffffu, incl, o);
+                if (lane + o < 32)
+                    incl += v;
+            }
+            const uint32_t above = incl - local; /* keys in higher lanes' bins */
+            const bool mine = above < (uint32_t)remaining && (uint32_t)remaining <= incl;
+            const uint32_t who = __ballot_sync(0xffffffffu, mine);
+            const int owner = __ffs(who) - 1;
+            uint32_t sel_digit = 0u, sel_above = 0u;
+            if (lane == owner) {
+                uint32_t acc = above;
+                for (int b = 7; b >= 0; --b) {
+                    const uint32_t h = hist[lane * 8 + b];
+                    if (acc + h >= (uint32_t)remaining) {
+                        sel_digit = (uint32_t)(lane * 8 + b);
+                        break;
+                    }
+                    acc += h;
+                }
+                sel_above = acc;
+            }
+            sel_digit = __shfl_sync(0xffffffffu, sel_digit, owner);
+            sel_above = __shfl_sync(0xffffffffu, sel_above, owner);
+            prefix |= sel_digit << shift;
+            mask |= 255u << shift;
+            remaining -= (int32_t)sel_above;
+            __syncwarp();
+        }
+    }
+    /* Emit in id order: forced, keys above the threshold, and the first
+     * `remaining` keys equal to it. */
+    const uint32_t thr = prefix;
+    int32_t count = 0, eq_seen = 0;
+    for (int32_t b0 = 0; b0 < N; b0 += 32) {
+        const int32_t n = b0 + lane;
+        bool sel = false, eq = false;
+        if (n < N) {
+            const bool forced = n < c_begin || n >= c_end;
+            if (forced) {
+                sel = true;
+            } else if (need > 0) {
+                const uint32_t key = cu_score_key(scores[n]);
+                sel = key > thr;
+                eq = key == thr;
+            }
+        }
+        const uint32_t eq_b = __ballot_sync(0xffffffffu, eq);
+        if (eq) {
+            const int32_t rank = eq_seen + __popc(eq_b & below);
+            sel = rank < remaining;
+        }
+        eq_seen += __popc(eq_b);
+        const uint32_t sel_b = __ballot_sync(0xffffffffu, sel);
+        if (sel)
+            out[count + __popc(sel_b & below)] = n;
+        count += __popc(sel_b);
+    }
+    for (int32_t j = count + lane; j < K; j += 32)
+        out[j] = -1;
+    __syncwarp();
+}
+
+/* Union of `nl` ascending lists (each K wide, -1 padded) into row[W]. */
+__device__ __forceinline__ void cu_union_lists(const int32_t *lists, int nl, int32_t K, int32_t W, int32_t *row)
+{
+    const int lane = threadIdx.x & 31;
+    int32_t ptr = 0;
+    int32_t count = 0;
+    for (;;) {
+        int32_t v = INT32_MAX;
+        if (lane < nl && ptr < K) {
+            const int32_t x = lists[lane * K + ptr];
+            if (x >= 0)
+                v = x;
+        }
+        const int32_t m = cu_warp_min_int(v);
+        if (m == INT32_MAX)
+            break;
+        if (lane == 0)
+            row[count] = m;
+        ++count;
+        if (v == m)
+            ++ptr;
+    }
+    __syncwarp();
+    for (int32_t j = count + lane; j < W; j += 32)
+        row[j] = -1;
+    __syncwarp();
+}
+
+#endif /* MSA_CU_SELECT_CUH */

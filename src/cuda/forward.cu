@@ -1,0 +1,282 @@
+/*
+ * One layer on the CUDA backend: kernel choice, argument packing and the
+ * launch sequence.  Only enqueues work on the caller's stream: no
+ * allocation, no synchronisation, no read of device data, and every grid is
+ * fixed by the device and the plan's capacities, so the sequence can be
+ * captured into a CUDA graph and replayed after any plan update.
+ *
+ *   prologue      cache write of the step's rows; padding outputs
+ *   sparse layer  indexer (decode) -> selection (decode + prefill, with the
+ *                 per-request unions) -> split attention over the unions ->
+ *                 merge + prefill rows [-> index-value attention: dense MQA
+ *                 over the index planes, split, merge + prefill rows]
+ *   dense layer   split attention over all keys -> merge + prefill rows
+ */
+#include "cu_backend.cuh"
+
+#include <stdio.h>
+#include <string.h>
+
+static int cu_aligned(const void *p, size_t a)
+{
+    return ((uintptr_t)p % a) == 0;
+}
+
+static int cu_is16(msa_dtype d)
+{
+    return d == MSA_DTYPE_BF16 || d == MSA_DTYPE_FP16;
+}
+
+/* Appends "; msg" to why. */
+static void cu_why(char *why, size_t n, const char *msg)
+{
+    if (!why || n == 0)
+        return;
+    size_t len = strlen(why);
+    if (len + 1 >= n)
+        return;
+    snprintf(why + len, n - len, "%s%s", len ? "; " : "", msg);
+}
+
+void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const msa_layer_io *io,
+                     cu_paths *out, char *why, size_t why_size)
+{
+    const msa_model *m = plan->model;
+    const msa_model_config *cfg = &m->cfg;
+    const msa_cache_config *cc = &plan->cache->cfg;
+    const int sparse = m->layer_sparse[layer] != 0;
+    const int iv = sparse && m->layer_index_value[layer] != 0;
+    char buf[160];
+    if (why && why_size)
+        why[0] = '\0';
+    out->idx_fast = out->attn_fast = out->iv_fast = 0;
+
+    const int act16 = cu_is16(act);
+    if (!act16)
+        cu_why(why, why_size, "act dtype fp32: SIMT kernels (exact fp32 products, no tensor cores)");
+    const int kv_ok = act16 && cc->kv_dtype == act;
+    const int idx_ok = act16 && cc->index_dtype == act;
+    if (act16 && !kv_ok) {
+        snprintf(buf, sizeof buf, "kv dtype %s != act dtype %s: SIMT attention",
+                 msa_dtype_name(cc->kv_dtype), msa_dtype_name(act));
+        cu_why(why, why_size, buf);
+    }
+    out->attn_fast = kv_ok && cfg->head_dim == 128;
+    if (kv_ok && cfg->head_dim != 128) {
+        snprintf(buf, sizeof buf, "head_dim %d != 128: SIMT attention", cfg->head_dim);
+        cu_why(why, why_size, buf);
+    }
+    if (sparse) {
+        if (act16 && !idx_ok) {
+            snprintf(buf, sizeof buf, "index dtype %s != act dtype %s: SIMT indexer",
+                     msa_dtype_name(cc->index_dtype), msa_dtype_name(act));
+            cu_why(why, why_size, buf);
+        }
+        int ok = idx_ok;
+        if (idx_ok && cfg->index_dim != 128) {
+            snprintf(buf, sizeof buf, "index_dim %d != 128: SIMT indexer", cfg->index_dim);
+            cu_why(why, why_size, buf);
+            ok = 0;
+        }
+        if (idx_ok && cfg->block_size % CU_TILE_KEYS != 0) {
+            snprintf(buf, sizeof buf, "block_size %d not a multiple of 64: SIMT indexer",
+                     cfg->block_size);
+            cu_why(why, why_size, buf);
+            ok = 0;
+        }
+        if (idx_ok && cfg->num_index_heads > 4) {
+            snprintf(buf, sizeof buf, "%d index heads > 4: SIMT indexer", cfg->num_index_heads);
+            cu_why(why, why_size, buf);
+            ok = 0;
+        }
+        out->idx_fast = ok;
+        out->iv_fast = iv && idx_ok && cfg->index_dim == 128;
+    }
+    if (io) {
+        /* The fast kernels use 4-byte (attention) and 16-byte (indexer) accesses. */
+        if (out->attn_fast && !(cu_aligned(io->q, 4) && cu_aligned(io->o, 4)))
+            out->attn_fast = 0;
+        if (out->idx_fast && !cu_aligned(io->idx_q, 16))
+            out->idx_fast = 0;
+        if (out->iv_fast && !(cu_aligned(io->idx_q, 4) && cu_aligned(io->idx_o, 4)))
+            out->iv_fast = 0;
+    }
+    if ((act16 && (out->attn_fast || out->idx_fast)) && cc->page_size != 128) {
+        snprintf(buf, sizeof buf, "page_size %d != 128: rows gathered through the page table",
+                 cc->page_size);
+        cu_why(why, why_size, buf);
+    }
+}
+
+void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const char **reason)
+{
+    cu_plan_state *st = (cu_plan_state *)plan->backend;
+    static const char *names[2][2] = {{"cuda.dense.simt", "cuda.dense.mma"},
+                                      {"cuda.sparse.simt", "cuda.sparse.mma"}};
+    const msa_model *m = plan->model;
+    const int sparse = m->layer_sparse[layer] != 0;
+    const msa_dtype act = plan->cache->cfg.kv_dtype;
+    static char no_state[] = "plan has no device state";
+    cu_paths p;
+    if (!st) {
+        *kernel = names[sparse][0];
+        *reason = no_state;
+        return;
+    }
+    char *why = st->why[sparse];
+    cu_choose_paths(plan, layer, act, NULL, &p, why, sizeof st->why[0]);
+    const int fast = sparse ? (p.idx_fast && p.attn_fast) : p.attn_fast;
+    if (st->n_pf > 0)
+        cu_why(why, sizeof st->why[0],
+               "prefill requests (q_len > 16) in this step: simple prefill kernels");
+    *kernel = names[sparse][fast];
+    *reason = why;
+}
+
+static void cu_attn_main(const cu_layer *L, cu_attn *A, int sparse)
+{
+    memset(A, 0, sizeof(*A));
+    A->kind = sparse ? CU_KIND_SPARSE : CU_KIND_DENSE;
+    A->hq_total = L->Hq;
+    A->hkv = L->Hkv;
+    A->d = L->D;
+    A->g = L->G;
+    A->scale = L->scale;
+    A->act = L->act;
+    A->kv_dt = L->kv_dt;
+    A->q = L->q;
+    A->kp = L->kp;
+    A->vp = L->vp;
+    A->o = L->o;
+    A->lse = L->lse;
+    A->B = L->B;
+    A->sparse = sparse;
+    A->W = L->W;
+}
+
+static void cu_attn_index_value(const cu_layer *L, cu_attn *A)
+{
+    memset(A, 0, sizeof(*A));
+    A->kind = CU_KIND_IV;
+    A->hq_total = L->Hi;
+    A->hkv = 1;
+    A->d = L->Di;
+    A->g = L->Hi;
+    A->scale = L->iscale;
+    A->act = L->act;
+    A->kv_dt = L->idx_dt;
+    A->q = L->iq;
+    A->kp = L->ikp;
+    A->vp = L->ivp;
+    A->o = L->idx_o;
+    A->lse = NULL;
+    A->B = L->B;
+    A->sparse = 0;
+    A->W = L->W;
+}
+
+static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+                             int fast, cudaStream_t s)
+{
+    if (fast)
+        cu_launch_attn_decode_mma(L, st, A, s);
+    else
+        cu_launch_attn_decode_simt(L, st, A, s);
+    cu_launch_merge_prefill(L, st, A, s);
+}
+
+msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io)
+{
+    const cu_ctx_state *cs = (const cu_ctx_state *)ctx->backend_state;
+    cu_plan_state *st = (cu_plan_state *)plan->backend;
+    const msa_model *m = plan->model;
+    const msa_model_config *cfg = &m->cfg;
+    const msa_cache *cache = plan->cache;
+    if (!st)
+        return msa_set_error(ctx, MSA_ERR_BACKEND, "CUDA plan has no device state");
+    CU_TRY(ctx, cudaSetDevice(cs->device));
+    cudaStream_t s = (cudaStream_t)io->stream;
+
+    cu_layer L;
+    memset(&L, 0, sizeof L);
+    L.Hq = cfg->num_q_heads;
+    L.Hkv = cfg->num_kv_heads;
+    L.D = cfg->head_dim;
+    L.G = m->group;
+    L.Hi = cfg->num_index_heads;
+    L.Di = cfg->index_dim;
+    L.B = cfg->block_size;
+    L.K = cfg->topk_blocks;
+    L.I = cfg->init_blocks;
+    L.Lc = cfg->local_blocks;
+    L.W = m->topk_width;
+    L.mi = L.Hi >= L.Hkv ? L.Hi / L.Hkv : 1;
+    L.mk = L.Hkv > L.Hi ? L.Hkv / L.Hi : 1;
+    L.units = L.Hi < L.Hkv ? L.Hi : L.Hkv;
+    L.sparse = m->layer_sparse[layer] != 0;
+    L.iv = L.sparse && m->layer_index_value[layer] != 0;
+    L.score_lse = cfg->score_type == MSA_SCORE_LSE;
+    L.scale = cfg->softmax_scale;
+    L.iscale = cfg->index_softmax_scale;
+    L.P = cache->cfg.page_size;
+    L.logP = 0;
+    while ((1 << L.logP) < L.P)
+        ++L.logP;
+    L.act = io->act_dtype;
+    L.kv_dt = cache->cfg.kv_dtype;
+    L.idx_dt = cache->cfg.index_dtype;
+    void *const *planes = cache->planes + (size_t)layer * 4;
+    L.kp = L.kp_w = planes[MSA_PLANE_K];
+    L.vp = L.vp_w = planes[MSA_PLANE_V];
+    L.ikp = L.ikp_w = planes[MSA_PLANE_INDEX_K];
+    L.ivp = L.ivp_w = planes[MSA_PLANE_INDEX_V];
+    L.q = io->q;
+    L.k = io->k;
+    L.v = io->v;
+    L.iq = io->idx_q;
+    L.ik = io->idx_k;
+    L.iv_in = io->idx_v;
+    L.o = io->o;
+    L.idx_o = io->idx_o;
+    L.lse = io->lse;
+    L.topk = io->topk;
+    L.write_cache = io->write_cache;
+    L.m = st->dev;
+    L.cap_pages = st->cap_pages;
+    L.cap_blocks = st->cap_blocks;
+    L.cap_union = st->cap_union;
+    L.part_stride = st->part_stride;
+    L.scores = st->scores;
+    L.sel = st->sel;
+    L.uids = st->uids;
+    L.umask = st->umask;
+    L.ucnt = st->ucnt;
+    L.sel_done = st->sel_done;
+    L.sel_cache = st->sel_cache;
+    L.pf_scratch = st->pf_scratch;
+    L.part = st->part;
+
+    cu_paths paths;
+    cu_choose_paths(plan, layer, io->act_dtype, io, &paths, NULL, 0);
+
+    cu_launch_prologue(&L, st, s);
+    cu_attn A;
+    if (L.sparse) {
+        if (paths.idx_fast)
+            cu_launch_indexer_mma(&L, st, s);
+        else
+            cu_launch_indexer_simt(&L, st, s);
+        cu_launch_select(&L, st, s);
+        cu_attn_main(&L, &A, 1);
+        cu_run_attention(&L, st, &A, paths.attn_fast, s);
+        if (L.iv) {
+            cu_attn_index_value(&L, &A);
+            cu_run_attention(&L, st, &A, paths.iv_fast, s);
+        }
+    } else {
+        cu_attn_main(&L, &A, 0);
+        cu_run_attention(&L, st, &A, paths.attn_fast, s);
+    }
+    CU_TRY(ctx, cudaGetLastError());
+    return MSA_OK;
+}

@@ -1,0 +1,456 @@
+/*
+ * Plans of the CUDA backend: sizing from the capacities (plan_init), the
+ * per-step schedule built on the host and published with one async copy
+ * (plan_upload), and release (plan_free).  See cu_plan.cuh for the layout.
+ */
+#include "cu_backend.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+static size_t cu_align16(size_t x)
+{
+    return (x + 15) & ~(size_t)15;
+}
+
+static int32_t cu_ceil_div32(int64_t a, int64_t b)
+{
+    return (int32_t)((a + b - 1) / b);
+}
+
+/* Views of a blob at `base` (device or staging) with the state's layout;
+ * returns the blob size.  With base 0 the views hold plain offsets. */
+static size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m)
+{
+    size_t off = 0;
+#define CARVE(field, type, count)              \
+    m->field = (type *)(base + (uintptr_t)off); \
+    off = cu_align16(off + sizeof(type) * (size_t)(count))
+    CARVE(hdr, cu_step_hdr, 1);
+    CARVE(q_len, int32_t, st->cap_req);
+    CARVE(kv_len, int32_t, st->cap_req);
+    CARVE(q_start, int32_t, st->cap_req);
+    CARVE(token_req, int32_t, st->cap_tok);
+    CARVE(token_pos, int32_t, st->cap_tok);
+    CARVE(dec_req, int32_t, st->cap_req);
+    CARVE(dec_row0, int32_t, st->cap_req);
+    CARVE(dec_blk0, int32_t, st->cap_req + 1);
+    CARVE(dec_info, cu_dec_info, st->cap_req);
+    CARVE(dec_tok, int32_t, st->dec_rows_cap);
+    CARVE(dec_slot, int32_t, st->dec_rows_cap);
+    CARVE(pf_tok, int32_t, st->cap_tok);
+    for (int k = 0; k < CU_KINDS; ++k) {
+        CARVE(att[k], cu_att_item, st->att_cap);
+    }
+    for (int k = 0; k < CU_KINDS; ++k) {
+        CARVE(merge[k], cu_merge_item, st->merge_cap);
+    }
+    CARVE(page_table, int32_t, (int64_t)st->cap_req * st->cap_pages);
+#undef CARVE
+    return off;
+}
+
+static void cu_state_release(cu_plan_state *st)
+{
+    if (!st)
+        return;
+    /* Pending uploads read the staging buffers: let them finish first. */
+    for (int i = 0; i < 2; ++i)
+        if (st->staging_used[i])
+            cudaEventSynchronize(st->staged[i]);
+    cudaFree(st->meta_dev);
+    for (int i = 0; i < 2; ++i) {
+        if (st->staging[i])
+            cudaFreeHost(st->staging[i]);
+        if (st->staged[i])
+            cudaEventDestroy(st->staged[i]);
+    }
+    cudaFree(st->scores);
+    cudaFree(st->sel);
+    cudaFree(st->uids);
+    cudaFree(st->umask);
+    cudaFree(st->ucnt);
+    cudaFree(st->sel_done);
+    cudaFree(st->pf_scratch);
+    cudaFree(st->part);
+    free(st);
+}
+
+static int cu_any_layer(const msa_model *m, int want_sparse, int want_iv)
+{
+    for (int32_t l = 0; l < m->cfg.num_layers; ++l) {
+        const int sp = m->layer_sparse[l] != 0;
+        const int iv = sp && m->layer_index_value[l] != 0;
+        if (want_iv ? iv : (want_sparse ? sp : !sp))
+            return 1;
+    }
+    return 0;
+}
+
+/* Allocates n bytes of zeroed device memory (at least 16). */
+static cudaError_t cu_zalloc(void **p, size_t n)
+{
+    if (n < 16)
+        n = 16;
+    cudaError_t e = cudaMalloc(p, n);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return e;
+    }
+    return cudaMemset(*p, 0, n);
+}
+
+static int32_t cu_max32(int32_t a, int32_t b)
+{
+    return a > b ? a : b;
+}
+
+static int32_t cu_min32(int32_t a, int32_t b)
+{
+    return a < b ? a : b;
+}
+
+static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
+{
+    msa_context *ctx = plan->ctx;
+    const cu_ctx_state *cs = (const cu_ctx_state *)ctx->backend_state;
+    const msa_model *m = plan->model;
+    const msa_model_config *cfg = &m->cfg;
+    *out = NULL;
+
+    if (plan->cap_requests > (1 << 24) || plan->cap_tokens > (1 << 28) ||
+        plan->cap_kv_len > ((int64_t)1 << 30))
+        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
+                             "CUDA backend: plan capacities beyond 2^24 requests, 2^28 tokens "
+                             "or 2^30 context tokens");
+    if (cfg->head_dim > CU_SIMT_MAX_DIM || cfg->index_dim > CU_SIMT_MAX_DIM)
+        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
+                             "CUDA backend: head_dim and index_dim up to %d", CU_SIMT_MAX_DIM);
+    if (cfg->num_index_heads > 32 * cfg->num_kv_heads)
+        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
+                             "CUDA backend: at most 32 index heads per KV head");
+
+    cu_plan_state *st = (cu_plan_state *)calloc(1, sizeof(*st));
+    if (!st)
+        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "out of host memory");
+
+    const int any_sparse = cu_any_layer(m, 1, 0);
+    const int any_iv = cu_any_layer(m, 1, 1);
+    const int32_t Hkv = cfg->num_kv_heads, Hi = cfg->num_index_heads;
+    const int32_t G = m->group;
+    const int32_t W = m->topk_width;
+    const int32_t mi = Hi >= Hkv ? Hi / Hkv : 1;
+    const int32_t units = Hi < Hkv ? Hi : Hkv;
+
+    st->cap_req = cu_max32((int32_t)plan->cap_requests, 1);
+    st->cap_tok = cu_max32((int32_t)plan->cap_tokens, 1);
+    st->cap_kv = cu_max32((int32_t)plan->cap_kv_len, 1);
+    st->cap_pages = cu_max32((int32_t)plan->cap_pages_per_request, 1);
+    st->cap_blocks = any_sparse ? cu_ceil_div32(st->cap_kv, cfg->block_size) : 1;
+    st->dec_rows_cap = (int32_t)((int64_t)st->cap_tok < (int64_t)CU_DEC_MAX_Q * st->cap_req
+                                     ? st->cap_tok
+                                     : CU_DEC_MAX_Q * st->cap_req);
+    st->cap_union = any_sparse ? cu_min32(CU_DEC_MAX_Q * W, st->cap_blocks) : 1;
+    st->num_sms = cs->num_sms;
+    st->pdl = cs->pdl;
+
+    const int sms = cs->num_sms;
+    st->grid_tok = cu_max32(cu_min32(st->cap_tok, sms * 8), 1);
+    st->grid_idx = sms * 4;
+    st->grid_idx_fast = cs->grid_idx_fast;
+    st->grid_sel = cu_max32(cu_min32(cu_ceil_div32((int64_t)st->dec_rows_cap * units, 4), sms * 8), 1);
+    /* Scores of a row kept in shared memory by the selecting warp (and the
+     * union's per-block bits): the whole row up to 4096 blocks. */
+    st->sel_cache = any_sparse ? cu_min32(st->cap_blocks, 4096) : 0;
+    st->grid_pf = sms * 2;
+    st->grid_att = sms * 4;
+    st->grid_att_fast = cs->grid_att_fast;
+    st->grid_merge = sms * 4;
+
+    /* Work units of one step: (decode request, KV head, 64-row chunk). */
+    const int32_t chunks_main = cu_ceil_div32((int64_t)CU_DEC_MAX_Q * G, CU_ROWS_PER_ITEM);
+    const int32_t chunks_iv = cu_ceil_div32((int64_t)CU_DEC_MAX_Q * Hi, CU_ROWS_PER_ITEM);
+    const int64_t units_cap = (int64_t)st->cap_req * (Hkv * chunks_main > chunks_iv ? Hkv * chunks_main
+                                                                                   : chunks_iv);
+    const int32_t target = 2 * st->grid_att_fast;
+    st->att_cap = (int32_t)(units_cap + target);
+    st->merge_cap = (int32_t)units_cap;
+    st->part_rows_cap = 2 * target * CU_ROWS_PER_ITEM;
+    {
+        int32_t dmax = cfg->head_dim > cfg->index_dim ? cfg->head_dim : cfg->index_dim;
+        st->part_stride = (dmax + 1 + 3) & ~3;
+    }
+
+    {
+        cu_meta offs;
+        st->meta_bytes = cu_meta_carve(st, 0, &offs);
+        st->pt_offset = (size_t)(uintptr_t)offs.page_table;
+    }
+    st->plan_caps[0] = plan->cap_requests;
+    st->plan_caps[1] = plan->cap_tokens;
+    st->plan_caps[2] = plan->cap_kv_len;
+    st->plan_caps[3] = plan->cap_pages_per_request;
+
+    cudaError_t e = cu_zalloc(&st->meta_dev, st->meta_bytes);
+    for (int i = 0; i < 2 && e == cudaSuccess; ++i) {
+        e = cudaMallocHost(&st->staging[i], st->meta_bytes);
+        if (e == cudaSuccess) {
+            memset(st->staging[i], 0, st->meta_bytes);
+            e = cudaEventCreateWithFlags(&st->staged[i], cudaEventDisableTiming);
+        }
+    }
+    if (e == cudaSuccess && any_sparse)
+        e = cu_zalloc((void **)&st->scores,
+                      sizeof(float) * (size_t)st->dec_rows_cap * Hi * st->cap_blocks);
+    if (e == cudaSuccess && any_sparse)
+        e = cu_zalloc((void **)&st->sel, sizeof(int32_t) * (size_t)st->cap_tok * Hkv * W);
+    if (e == cudaSuccess && any_sparse)
+        e = cu_zalloc((void **)&st->uids, sizeof(int32_t) * (size_t)st->cap_req * Hkv * st->cap_union);
+    if (e == cudaSuccess && any_sparse)
+        e = cu_zalloc((void **)&st->umask, sizeof(uint32_t) * (size_t)st->cap_req * Hkv * st->cap_union);
+    if (e == cudaSuccess && any_sparse)
+        e = cu_zalloc((void **)&st->ucnt, sizeof(int32_t) * (size_t)st->cap_req * Hkv);
+    if (e == cudaSuccess && any_sparse)
+        e = cu_zalloc((void **)&st->sel_done, sizeof(int32_t) * (size_t)st->cap_req * units);
+    if (e == cudaSuccess && any_sparse)
+        e = cu_zalloc((void **)&st->pf_scratch,
+                      sizeof(float) * (size_t)st->grid_pf * mi * st->cap_blocks);
+    if (e == cudaSuccess)
+        e = cu_zalloc((void **)&st->part, sizeof(float) * (size_t)st->part_rows_cap * st->part_stride);
+    if (e != cudaSuccess) {
+        cu_state_release(st);
+        cudaGetLastError();
+        return msa_set_error(ctx, e == cudaErrorMemoryAllocation ? MSA_ERR_OUT_OF_MEMORY : MSA_ERR_BACKEND,
+                             "CUDA plan allocation failed: %s", cudaGetErrorString(e));
+    }
+    cu_meta_carve(st, (uintptr_t)st->meta_dev, &st->dev);
+    if (any_sparse) {
+        cu_layer probe;
+        memset(&probe, 0, sizeof probe);
+        probe.mi = mi;
+        probe.K = cfg->topk_blocks;
+        probe.W = W;
+        probe.sel_cache = st->sel_cache;
+        e = cu_select_setup(cu_select_smem(&probe));
+        if (e != cudaSuccess) {
+            cu_state_release(st);
+            return msa_set_error(ctx, MSA_ERR_BACKEND, "selection kernel setup: %s",
+                                 cudaGetErrorString(e));
+        }
+    }
+    (void)any_iv;
+    *out = st;
+    return MSA_OK;
+}
+
+msa_status cu_plan_init(msa_plan *plan)
+{
+    msa_context *ctx = plan->ctx;
+    const cu_ctx_state *cs = (const cu_ctx_state *)ctx->backend_state;
+    CU_TRY(ctx, cudaSetDevice(cs->device));
+    cu_plan_state *st = NULL;
+    msa_status status = cu_state_create(plan, &st);
+    if (status != MSA_OK)
+        return status;
+    cu_state_release((cu_plan_state *)plan->backend);
+    plan->backend = st;
+    return MSA_OK;
+}
+
+void cu_plan_free(msa_plan *plan)
+{
+    if (!plan || !plan->backend)
+        return;
+    cu_state_release((cu_plan_state *)plan->backend);
+    plan->backend = NULL;
+}
+
+/* ---- per-step schedule --------------------------------------------------- */
+
+typedef struct cu_sched_kind {
+    int kind;
+    int32_t groups;   /* KV heads of the pass */
+    int32_t g;        /* query heads per KV head */
+} cu_sched_kind;
+
+static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_meta *h,
+                           const cu_sched_kind *sk, int32_t *part_used)
+{
+    const msa_model *m = plan->model;
+    const int32_t n_dec = h->hdr->n_dec;
+    const int32_t target = 2 * st->grid_att_fast;
+    int64_t n_units = 0;
+    for (int32_t k = 0; k < n_dec; ++k) {
+        const int32_t rows = plan->q_len[h->dec_req[k]] * sk->g;
+        n_units += (int64_t)sk->groups * cu_ceil_div32(rows, CU_ROWS_PER_ITEM);
+    }
+    const int32_t s_policy = n_units == 0 || n_units >= target ? 1 : cu_ceil_div32(target, n_units);
+    int32_t n_items = 0, n_merge = 0;
+    cu_att_item *items = h->att[sk->kind];
+    cu_merge_item *merges = h->merge[sk->kind];
+    for (int32_t k = 0; k < n_dec; ++k) {
+        const int32_t r = h->dec_req[k];
+        const int32_t ql = plan->q_len[r];
+        const int32_t kl = plan->kv_len[r];
+        const int32_t rows = ql * sk->g;
+        int64_t est_keys;
+        if (sk->kind == CU_KIND_SPARSE) {
+            const int32_t B = m->cfg.block_size;
+            const int64_t reach = (kl + B - 1) / B;
+            const int64_t sel = (int64_t)ql * m->topk_width;
+            est_keys = (reach < sel ? reach : sel) * B;
+        } else {
+            est_keys = kl;
+        }
+        const int32_t est_tiles = cu_max32(cu_ceil_div32(est_keys, CU_TILE_KEYS), 1);
+        for (int32_t grp = 0; grp < sk->groups; ++grp) {
+            for (int32_t row0 = 0; row0 < rows; row0 += CU_ROWS_PER_ITEM) {
+                const int32_t nrows = cu_min32(CU_ROWS_PER_ITEM, rows - row0);
+                /* A split writes nrows partial rows (D+1 floats each) and the
+                 * merge reads them back: keep each split's keys worth that. */
+                const int32_t s_work = cu_max32((int32_t)((int64_t)est_tiles * 8 / nrows), 1);
+                int32_t S = cu_min32(s_policy, s_work);
+                if (S > 1 && (*part_used + (int64_t)S * nrows > st->part_rows_cap ||
+                              n_items + S > st->att_cap || n_merge >= st->merge_cap))
+                    S = 1;
+                int32_t pbase = 0;
+                if (S > 1) {
+                    pbase = *part_used;
+                    *part_used += S * nrows;
+                    cu_merge_item *mi = &merges[n_merge++];
+                    mi->dec = k;
+                    mi->group = grp;
+                    mi->row0 = row0;
+                    mi->nrows = nrows;
+                    mi->nsplit = S;
+                    mi->part_base = pbase;
+                    mi->pad0 = mi->pad1 = 0;
+                }
+                for (int32_t s = 0; s < S; ++s) {
+                    cu_att_item *it = &items[n_items++];
+                    it->dec = k;
+                    it->group = grp;
+                    it->row0 = row0;
+                    it->nrows = nrows;
+                    it->split = s;
+                    it->nsplit = S;
+                    it->part_base = pbase;
+                    it->r = r;
+                    it->ql = ql;
+                    it->kl = kl;
+                    it->t0 = (int32_t)plan->q_start[r];
+                    it->pad = 0;
+                }
+            }
+        }
+    }
+    h->hdr->n_att[sk->kind] = n_items;
+    h->hdr->n_merge[sk->kind] = n_merge;
+}
+
+msa_status cu_plan_upload(msa_plan *plan, void *stream)
+{
+    msa_context *ctx = plan->ctx;
+    const cu_ctx_state *cs = (const cu_ctx_state *)ctx->backend_state;
+    cu_plan_state *st = (cu_plan_state *)plan->backend;
+    CU_TRY(ctx, cudaSetDevice(cs->device));
+    if (!st || st->plan_caps[0] != plan->cap_requests || st->plan_caps[1] != plan->cap_tokens ||
+        st->plan_caps[2] != plan->cap_kv_len || st->plan_caps[3] != plan->cap_pages_per_request) {
+        msa_status status = cu_plan_init(plan);
+        if (status != MSA_OK)
+            return status;
+        st = (cu_plan_state *)plan->backend;
+    }
+    const msa_model *m = plan->model;
+    const int32_t B = m->cfg.block_size;
+    const int any_sparse = cu_any_layer(m, 1, 0);
+
+    /* A staging buffer may still be read by its previous async copy. */
+    const int si = st->next_staging;
+    if (st->staging_used[si])
+        CU_TRY(ctx, cudaEventSynchronize(st->staged[si]));
+    cu_meta h;
+    cu_meta_carve(st, (uintptr_t)st->staging[si], &h);
+    memset(h.hdr, 0, sizeof(*h.hdr));
+
+    const int32_t R = plan->num_requests;
+    h.hdr->num_requests = R;
+    h.hdr->num_tokens = (int32_t)plan->num_tokens;
+    int32_t n_dec = 0, dec_rows = 0, n_pf = 0, blocks = 0;
+    for (int32_t r = 0; r < R; ++r) {
+        const int32_t ql = plan->q_len[r];
+        h.q_len[r] = ql;
+        h.kv_len[r] = plan->kv_len[r];
+        h.q_start[r] = (int32_t)plan->q_start[r];
+        if (ql == 0)
+            continue;
+        if (ql <= CU_DEC_MAX_Q) {
+            h.dec_req[n_dec] = r;
+            h.dec_row0[n_dec] = dec_rows;
+            h.dec_blk0[n_dec] = blocks;
+            for (int32_t i = 0; i < ql; ++i) {
+                h.dec_tok[dec_rows + i] = (int32_t)plan->q_start[r] + i;
+                h.dec_slot[dec_rows + i] = n_dec;
+            }
+            dec_rows += ql;
+            cu_dec_info *di = &h.dec_info[n_dec];
+            di->r = r;
+            di->ql = ql;
+            di->kl = plan->kv_len[r];
+            di->t0 = (int32_t)plan->q_start[r];
+            di->d0 = dec_rows - ql;
+            di->blk0 = blocks;
+            if (any_sparse)
+                blocks += cu_ceil_div32(plan->kv_len[r], B);
+            di->blk1 = blocks;
+            di->pad = 0;
+            ++n_dec;
+        } else {
+            for (int32_t i = 0; i < ql; ++i)
+                h.pf_tok[n_pf++] = (int32_t)plan->q_start[r] + i;
+        }
+    }
+    h.dec_blk0[n_dec] = blocks;
+    h.hdr->n_dec = n_dec;
+    h.hdr->n_dec_rows = dec_rows;
+    h.hdr->n_pf = n_pf;
+    h.hdr->total_dec_blocks = blocks;
+    for (int64_t t = 0; t < plan->num_tokens; ++t) {
+        h.token_req[t] = plan->token_request[t];
+        h.token_pos[t] = (int32_t)plan->token_pos[t];
+    }
+    for (int32_t r = 0; r < R; ++r)
+        memcpy(h.page_table + (int64_t)r * st->cap_pages,
+               plan->page_table + (int64_t)r * plan->cap_pages_per_request,
+               sizeof(int32_t) * (size_t)plan->cap_pages_per_request);
+
+    int32_t part_used = 0;
+    if (any_sparse) {
+        cu_sched_kind sk = {CU_KIND_SPARSE, m->cfg.num_kv_heads, m->group};
+        cu_build_items(plan, st, &h, &sk, &part_used);
+    }
+    if (cu_any_layer(m, 0, 0)) {
+        cu_sched_kind sk = {CU_KIND_DENSE, m->cfg.num_kv_heads, m->group};
+        part_used = 0; /* passes run one after another: partials are reused */
+        cu_build_items(plan, st, &h, &sk, &part_used);
+    }
+    if (cu_any_layer(m, 1, 1)) {
+        cu_sched_kind sk = {CU_KIND_IV, 1, m->cfg.num_index_heads};
+        part_used = 0;
+        cu_build_items(plan, st, &h, &sk, &part_used);
+    }
+
+    int32_t max_q = 0;
+    for (int32_t r = 0; r < R; ++r)
+        max_q = plan->q_len[r] > max_q ? plan->q_len[r] : max_q;
+    st->max_q_len = max_q;
+    st->n_pf = n_pf;
+
+    const size_t bytes = st->pt_offset + sizeof(int32_t) * (size_t)R * st->cap_pages;
+    cudaStream_t s = (cudaStream_t)stream;
+    CU_TRY(ctx, cudaMemcpyAsync(st->meta_dev, st->staging[si], bytes, cudaMemcpyHostToDevice, s));
+    CU_TRY(ctx, cudaEventRecord(st->staged[si], s));
+    st->staging_used[si] = 1;
+    st->next_staging = si ^ 1;
+    return MSA_OK;
+}

@@ -1,0 +1,135 @@
+/*
+ * The CUDA backend against the oracle:
+ *   1. the sweep's decode/verify cases (q_len <= 16 per request), every
+ *      shape, head mapping, dtype and page size of the sweep;
+ *   2. long contexts in the real M3 layer shape (up to 200K tokens), where
+ *      the split indexer, the union attention and the merges do real work:
+ *      batch 1 and small batches, 1 to 16 tokens per request, every page
+ *      size of the fast path and the portable fp32 path, plus a step that
+ *      mixes decode requests with a prefill request.
+ *   test_cuda_sweep [--quick] [--filter TEXT]
+ * Without a GPU it prints "skipped" and exits 77.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testkit.h"
+
+#define EXIT_SKIPPED 77
+
+typedef struct long_case {
+    const char *name;
+    msa_dtype act;
+    int page, lse, index_value, quick;
+    int nreq;
+    int q[4], kv[4];
+} long_case;
+
+static const long_case LONG_CASES[] = {
+    {"m3 bf16 P128 b1 q1 200K", MSA_DTYPE_BF16, 128, 0, 0, 0, 1, {1}, {200000}},
+    {"m3 bf16 P128 b2 q8 60K/17K", MSA_DTYPE_BF16, 128, 0, 0, 0, 2, {8, 8}, {60000, 17003}},
+    {"m3 fp16 P64 b3 q16/3/1 lse", MSA_DTYPE_FP16, 64, 1, 0, 0, 3, {16, 3, 1}, {40000, 9001, 130}},
+    {"m3 bf16 P256 b1 q4 index-value", MSA_DTYPE_BF16, 256, 0, 1, 0, 1, {4}, {65536}},
+    {"m3 bf16 P16 b2 q2/1", MSA_DTYPE_BF16, 16, 0, 0, 1, 2, {2, 1}, {20000, 12345}},
+    {"m3 fp32 P128 b1 q8 (portable path)", MSA_DTYPE_FP32, 128, 0, 1, 0, 1, {8}, {30000}},
+    {"m3 bf16 P128 decode+prefill", MSA_DTYPE_BF16, 128, 0, 1, 1, 3, {8, 40, 1}, {20000, 5000, 3000}},
+};
+
+static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *failed)
+{
+    msa_case c;
+    memset(&c, 0, sizeof c);
+    c.name = lc->name;
+    c.Hq = 64;
+    c.Hkv = 4;
+    c.D = 128;
+    c.Hi = 4;
+    c.Di = 128;
+    c.block = 128;
+    c.topk = 16;
+    c.init_blocks = 0;
+    c.local_blocks = 1;
+    c.score_lse = lc->lse;
+    c.sparse = 1;
+    c.index_value = lc->index_value;
+    c.page_size = lc->page;
+    c.act_dtype = lc->act;
+    c.kv_dtype = lc->act;
+    c.index_dtype = lc->act;
+    c.num_requests = lc->nreq;
+    c.q_len = lc->q;
+    c.kv_len = lc->kv;
+    c.padding_rows = 2;
+    c.shuffle_pages = 1;
+    c.write_cache = 1;
+    c.seed = 0x5eed0000u + (uint64_t)lc->page * 31u + (uint64_t)lc->nreq;
+    msa_case_result res;
+    memset(&res, 0, sizeof res);
+    msa_case_run(ctx, &c, &res);
+    printf("%-40s %s  o %.2e  lse %.2e  idx_o %.2e  ids %ld  unwritten %ld  %.1fs %s\n", lc->name,
+           res.skipped ? "SKIP" : res.passed ? "ok  " : "FAIL", res.o_err, res.lse_err,
+           res.idx_o_err, res.topk_mismatches, res.unwritten, res.seconds, res.message);
+    fflush(stdout);
+    if (res.skipped)
+        return 0;
+    if (res.passed)
+        ++*passed;
+    else
+        ++*failed;
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    int quick = 0;
+    const char *filter = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) {
+            quick = 1;
+        } else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
+            filter = argv[++i];
+        } else {
+            fprintf(stderr, "usage: test_cuda_sweep [--quick] [--filter TEXT]\n");
+            return 2;
+        }
+    }
+    if (!msa_backend_available(MSA_BACKEND_CUDA)) {
+        printf("skipped: no CUDA device (or the CUDA backend is not built)\n");
+        printf("0 passed, 0 failed, 1 skipped\n");
+        return EXIT_SKIPPED;
+    }
+
+    msa_sweep_options opts;
+    memset(&opts, 0, sizeof opts);
+    opts.backend = MSA_BACKEND_CUDA;
+    opts.quick = quick;
+    opts.decode_only = 1;
+    opts.filter = filter;
+    opts.log = stdout;
+    int passed = 0, failed = 0, skipped = 0;
+    msa_sweep_run(&opts, &passed, &failed, &skipped);
+
+    msa_context_params cp;
+    msa_context_params_default(&cp);
+    cp.backend = MSA_BACKEND_CUDA;
+    msa_context *ctx = NULL;
+    char err[256];
+    if (msa_context_create(&cp, &ctx, err, sizeof err) != MSA_OK) {
+        printf("FAIL: CUDA context: %s\n", err);
+        ++failed;
+    } else {
+        for (size_t i = 0; i < sizeof LONG_CASES / sizeof LONG_CASES[0]; ++i) {
+            const long_case *lc = &LONG_CASES[i];
+            if ((quick && !lc->quick) || (filter && !strstr(lc->name, filter)))
+                continue;
+            if (!run_long(ctx, lc, &passed, &failed))
+                ++skipped;
+        }
+        msa_context_free(ctx);
+    }
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    if (failed)
+        return 1;
+    return passed == 0 ? EXIT_SKIPPED : 0;
+}
