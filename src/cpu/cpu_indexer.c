@@ -47,12 +47,12 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                           Di, cache->cfg.page_size};
     const int32_t *pt = p->page_table + (int64_t)ch->request * p->cap_pages_per_request;
 
-    /* scratch: q [rows][Di] | key tile [TW16][Di] | raw scores [TW16] | acc [rows] */
+    /* scratch: q [rows][Di] | key tile [TW16][Di] | raw scores [rows][TW16] | acc [rows] */
     float *q = scratch;
     float *tile = q + (int64_t)rows * Di;
     const int32_t TW16 = (TW + 15) & ~15;
     float *sr = tile + (int64_t)TW16 * Di;
-    score_acc *acc = (score_acc *)(sr + TW16);
+    score_acc *acc = (score_acc *)(sr + (int64_t)rows * TW16);
     const char *q_src = (const char *)job->io->idx_q + ch->row0 * Hi * Di * (int64_t)msa_dtype_size(job->io->act_dtype);
     /* bf16 queries and keys: dot products straight from the stored bf16
      * values (no conversion pass). */
@@ -88,35 +88,47 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                 for (int64_t i = (int64_t)nk * Di; i < (int64_t)nk16 * Di; i++)
                     tile[i] = 0.0f;
             }
+            /* Raw scores of every row, one group of 16 keys at a time so the
+             * group stays in L1 while all rows use it. */
+            for (int32_t jj = 0; jj < nk; jj += 16) {
+                if (jj + 16 < nk) /* the next group, while this one computes */
+                    for (int64_t b = 0; b < (int64_t)16 * Di * (bf16_dot ? 2 : 4); b += 64)
+                        __builtin_prefetch((const char *)(bf16_dot ? (const void *)(keys + (int64_t)(jj + 16) * Di)
+                                                                   : (const void *)(tile + (int64_t)(jj + 16) * Di)) + b);
+                for (int32_t rr = 0; rr < rows; rr++) {
+                    if (ch->pos0 + rr / Hi < j0 + jj)
+                        continue; /* keys after this token */
+                    float *out16 = sr + (int64_t)rr * TW16 + jj;
+                    const float *qr = q + (int64_t)rr * Di;
+#if MSA_CPU_HAVE_BF16_DOT
+                    if (bf16_dot)
+                        msa_dot16_rows_bf16(out16, (const uint16_t *)q_src + (int64_t)rr * Di,
+                                            keys + (int64_t)jj * Di, Di);
+                    else
+#endif
+                    if (Di % 16 == 0)
+                        msa_dot16_rows(out16, qr, tile + (int64_t)jj * Di, Di);
+                    else
+                        for (int32_t l = 0; l < 16; l++)
+                            out16[l] = msa_dot_f32(qr, tile + (int64_t)(jj + l) * Di, Di);
+                }
+            }
             for (int32_t rr = 0; rr < rows; rr++) {
                 int64_t pos = ch->pos0 + rr / Hi;
                 if (pos < j0)
                     continue; /* keys after this token */
                 int32_t vis = pos - j0 + 1 < nk ? (int32_t)(pos - j0 + 1) : nk;
-                const float *qr = q + (int64_t)rr * Di;
-#if MSA_CPU_HAVE_BF16_DOT
-                if (bf16_dot)
-                    for (int32_t jj = 0; jj < vis; jj += 16)
-                        msa_dot16_rows_bf16(sr + jj, (const uint16_t *)q_src + (int64_t)rr * Di,
-                                            keys + (int64_t)jj * Di, Di);
-                else
-#endif
-                if (Di % 16 == 0)
-                    for (int32_t jj = 0; jj < vis; jj += 16)
-                        msa_dot16_rows(sr + jj, qr, tile + (int64_t)jj * Di, Di);
-                else
-                    for (int32_t jj = 0; jj < vis; jj++)
-                        sr[jj] = msa_dot_f32(qr, tile + (int64_t)jj * Di, Di);
+                float *sr_row = sr + (int64_t)rr * TW16;
                 score_acc *a = &acc[rr];
                 if (lse)
                     for (int32_t jj = 0; jj < vis; jj++)
-                        sr[jj] *= c_scale;
+                        sr_row[jj] *= c_scale;
                 float mx = -INFINITY;
                 for (int32_t jj = 0; jj < vis; jj++) {
-                    if (isnan(sr[jj]))
+                    if (isnan(sr_row[jj]))
                         a->nan = 1;
-                    else if (sr[jj] > mx)
-                        mx = sr[jj];
+                    else if (sr_row[jj] > mx)
+                        mx = sr_row[jj];
                 }
                 if (!lse || a->nan) {
                     if (mx > a->mx)
@@ -131,7 +143,7 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                 }
                 float sum = a->sum * expf(a->mx - nm);
                 for (int32_t jj = 0; jj < vis; jj++)
-                    sum += expf(sr[jj] - nm);
+                    sum += expf(sr_row[jj] - nm);
                 a->mx = nm;
                 a->sum = sum;
             }
