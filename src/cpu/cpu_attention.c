@@ -168,7 +168,10 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
         int64_t blk1 = blk0 + B - 1 < last ? blk0 + B - 1 : last;
         for (int64_t j0 = blk0; j0 <= blk1; j0 += TW) {
             int32_t nk = (int32_t)(blk1 - j0 + 1 < TW ? blk1 - j0 + 1 : TW);
-            if (bf16_dot)
+            const void *keys = kt;
+            if (bf16_dot && (j0 % a->k.page_size) + nk <= a->k.page_size)
+                keys = cpu_plane_row(&a->k, pt[j0 / a->k.page_size], g, (int32_t)(j0 % a->k.page_size));
+            else if (bf16_dot)
                 msa_cpu_copy_rows(kt, &a->k, pt, g, j0, nk);
             else
                 msa_cpu_load_rows(kt, &a->k, pt, g, j0, nk);
@@ -182,10 +185,10 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
 #if MSA_CPU_HAVE_BF16_DOT
                 if (bf16_dot)
                     msa_scores_heads_bf16(s, (const uint32_t *)qt + (int64_t)t * (D / 2) * GP, GP,
-                                          (const uint16_t *)kt, D, vis, a->scale);
+                                          (const uint16_t *)keys, D, vis, a->scale);
                 else
 #endif
-                    msa_scores_heads(s, qt + (int64_t)t * D * GP, GP, kt, D, vis);
+                    msa_scores_heads(s, qt + (int64_t)t * D * GP, GP, (const float *)keys, D, vis);
                 for (int32_t h0 = 0; h0 < GP; h0 += 16) {
                     msa_v16 mold = msa_v16_load(mt + h0), mx = mold;
                     for (int32_t jj = 0; jj < vis; jj++)
