@@ -9,7 +9,8 @@
 # in $OUT: the device tool brings back at most 8), JSON results and the
 # summary stay beside it; a short table is printed last.  Steps can be chosen with ROUND_STEPS (comma list of
 # build,ctest,gputest,sanitize,check,bench; default all), the decode suite
-# with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS.
+# with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS,
+# test_cuda_sweep arguments with SWEEP_ARGS (e.g. --quick).
 #
 # Usage (repository root):  bench/gpu_round.sh
 set -u -o pipefail
@@ -96,7 +97,7 @@ if has_step ctest; then
 fi
 if has_step gputest; then
     run_logged test_cuda_graph "$T/cuda/test_cuda_graph"
-    run_logged test_cuda_sweep "$T/cuda/test_cuda_sweep"
+    run_logged test_cuda_sweep "$T/cuda/test_cuda_sweep" ${SWEEP_ARGS:-}
     grep -E "FAIL|passed" "$LOGS/test_cuda_graph.log" | tail -8 >>"$SUMMARY"
     grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep.log" | tail -12 >>"$SUMMARY"
 fi
@@ -122,13 +123,13 @@ fi
 # each, every kernel of the layer with its time and DRAM throughput.
 if has_step profile; then
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    for pc in ${PROFILE_CASES:-8:100000:1 128:10000:8}; do
+    for pc in ${PROFILE_CASES:-8:100000:1 128:10000:8 1:128000:1}; do
         IFS=: read -r pb pl pq <<<"$pc"
         run_logged "profile_b${pb}_l${pl}_q${pq}" "$NCU" --clock-control none \
             --kernel-name regex:'cu_(prologue|indexer|select|attn|merge)' \
-            --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+            --metrics "${PROFILE_METRICS:-gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size}" \
             --csv "$MSA" bench --backend cuda --decode-context "$pl" --batch "$pb" --q-len "$pq" \
-            --reps 1 --warmup 0 --copies 1 --sets 1
+            --reps 1 --warmup 0 --copies 1 --sets 2
     done
 fi
 
@@ -149,7 +150,7 @@ if has_step profile; then
         [ -e "$f" ] || continue
         echo "---- $(basename "$f" .log)" >>"$SUMMARY"
         grep -E '^"[0-9]' "$f" | awk -F'","' '{gsub(/"/,"",$NF); k=$5; sub(/\(.*/,"",k); sub(/^void /,"",k); printf "%-28s %-58s %s\n", substr(k,1,28), $(NF-2), $NF}' \
-            | grep -E "gpu__time_duration|dram__throughput" >>"$SUMMARY" || true
+            | grep -E "${PROFILE_SHOW:-gpu__time_duration|dram__throughput}" | sort -u >>"$SUMMARY" || true
     done
 fi
 

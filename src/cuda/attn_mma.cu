@@ -4,10 +4,12 @@
  * the request's selected blocks), the dense pass and the index-value pass.
  *
  * One CTA (4 warps) per work item: up to 64 query rows (tokens x heads of one
- * KV group) against one split of the key stream.  64-key tiles of K and V go
- * through a 3-stage cp.async ring; each key carries the bits of the tokens
- * that use it (membership and causal window), applied as -inf before the
- * softmax.  Rows map to warps in m16 tiles; with fewer than 64 rows the
+ * KV group) against one split of the key stream.  The item's stream
+ * metadata (union entries, pages) is staged in shared memory once, then
+ * 64-key tiles of K and V go through a 3-stage cp.async ring; warps whose
+ * tokens use none of a tile's keys skip it.  Each key carries the bits of
+ * the tokens that use it (membership and causal window), applied as -inf
+ * before the softmax.  Rows map to warps in m16 tiles; with fewer than 64 rows the
  * warps also split each tile's keys and are merged by LSE at the end, so a
  * single decode token (16 rows) still keeps four warps busy.  Q stays in
  * registers, S = Q K^T and O += P V run on mma.sync m16n8k16 with fp32
@@ -21,16 +23,18 @@
 #define ATT_THREADS 128
 #define ATT_TILE_BYTES (CU_TILE_KEYS * 256)
 #define ATT_STAGE_BYTES (2 * ATT_TILE_BYTES + CU_TILE_KEYS * 4)
-#define ATT_SMEM_BYTES (ATT_STAGES * ATT_STAGE_BYTES)
+/* Stream metadata of one item, read once at its start (see cu_att_meta). */
+#define ATT_META_BLK 512
+#define ATT_META_PAGES 2048
+#define ATT_META_BYTES (ATT_META_BLK * 8 + ATT_META_PAGES * 4)
+#define ATT_SMEM_BYTES (ATT_STAGES * ATT_STAGE_BYTES + ATT_META_BYTES)
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-/* Copies of the key stream run three steps ahead of their use, each step
- * one dependent load, so no step waits on memory in the loop:
- *   look   (tile x+2)  union entry of this thread's key row: block id, bits
- *   locate (tile x+1)  position, use bits, page-table entry
- *   issue  (tile x)    cp.async of the K and V rows, use bits to shared */
+/* Row metadata of a tile read straight from memory (union entry, then page
+ * table): the fallback when the item's metadata does not fit in shared
+ * memory (cu_att_meta). */
 typedef struct cu_att_look {
     int32_t blk, off;
     uint32_t member;
@@ -102,6 +106,85 @@ __device__ __forceinline__ void cu_att_issue(const cu_layer &L, const cu_attn &A
         kmask[row] = b.use;
 }
 
+/* The item's stream metadata in shared memory: its union entries (block id,
+ * token bits) and the page of every P-chunk of them (sparse), or the pages
+ * of its key range (dense).  Loaded once, in two parallel rounds, so the
+ * tile loop issues its copies without waiting on memory.  Returns 0 when it
+ * does not fit (tiny pages over a long range): the tile loop then looks the
+ * rows up itself, a few tiles ahead. */
+typedef struct cu_att_meta {
+    int32_t bi0, ppb, first;
+    int32_t *blk;
+    uint32_t *msk;
+    int32_t *page;
+} cu_att_meta;
+
+__device__ __forceinline__ int cu_att_meta_load(const cu_layer &L, const cu_stream &s,
+                                                unsigned char *smem, cu_att_meta &mt)
+{
+    unsigned char *base = smem + ATT_STAGES * ATT_STAGE_BYTES;
+    mt.blk = (int32_t *)base;
+    mt.msk = (uint32_t *)(base + ATT_META_BLK * 4);
+    mt.page = (int32_t *)(base + ATT_META_BLK * 8);
+    mt.ppb = s.B > L.P ? s.B >> L.logP : 1;
+    mt.bi0 = 0;
+    mt.first = 0;
+    if (s.u1 <= s.u0)
+        return 1;
+    const int32_t *pt = L.m.page_table + (int64_t)s.r * L.cap_pages;
+    if (s.sparse) {
+        mt.bi0 = s.u0 / s.B;
+        const int32_t nblk = (s.u1 + s.B - 1) / s.B - mt.bi0;
+        if (nblk > ATT_META_BLK || nblk * mt.ppb > ATT_META_PAGES)
+            return 0;
+        for (int32_t i = threadIdx.x; i < nblk; i += ATT_THREADS) {
+            mt.blk[i] = s.uid[mt.bi0 + i];
+            mt.msk[i] = s.umk[mt.bi0 + i];
+        }
+        __syncthreads();
+        for (int32_t e = threadIdx.x; e < nblk * mt.ppb; e += ATT_THREADS) {
+            const int32_t b = e / mt.ppb;
+            const int32_t pos0 = mt.blk[b] * s.B + (e - b * mt.ppb) * L.P;
+            mt.page[e] = pt[pos0 >> L.logP];
+        }
+    } else {
+        mt.first = s.u0 >> L.logP;
+        const int32_t np = ((s.u1 - 1) >> L.logP) - mt.first + 1;
+        if (np > ATT_META_PAGES)
+            return 0;
+        for (int32_t e = threadIdx.x; e < np; e += ATT_THREADS)
+            mt.page[e] = pt[mt.first + e];
+    }
+    __syncthreads();
+    return 1;
+}
+
+/* Row metadata of tile j from the shared copy. */
+__device__ __forceinline__ cu_att_loc cu_att_meta_loc(const cu_layer &L, const cu_stream &s,
+                                                      const cu_att_meta &mt, int32_t j)
+{
+    cu_att_loc b;
+    const int32_t u = s.u0 + j * CU_TILE_KEYS + (threadIdx.x >> 1);
+    b.pos = 0;
+    b.page = 0;
+    b.use = 0u;
+    if (u >= s.u1)
+        return b;
+    if (s.sparse) {
+        const int32_t bi = u / s.B;
+        const int32_t off = u - bi * s.B;
+        const int32_t i = bi - mt.bi0;
+        b.pos = mt.blk[i] * s.B + off;
+        b.page = mt.page[i * mt.ppb + (mt.ppb > 1 ? off >> L.logP : 0)];
+        b.use = b.pos < s.kl ? mt.msk[i] & cu_causal_bits(b.pos, s.base, s.ql) : 0u;
+    } else {
+        b.pos = u;
+        b.page = mt.page[(u >> L.logP) - mt.first];
+        b.use = cu_causal_bits(u, s.base, s.ql);
+    }
+    return b;
+}
+
 template <typename Tag, int RT>
 __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned char *smem,
                                 const cu_att_item &it)
@@ -153,22 +236,26 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
     const float sl2 = A.scale * LOG2E;
 
+    cu_att_meta mt;
+    const int meta = cu_att_meta_load(L, cs, smem, mt);
     for (int s = 0; s < ATT_STAGES - 1; ++s) {
         if (s < ntiles)
-            cu_att_issue(L, A, smem, it.group, cu_att_locate(L, cs, cu_att_lookup(cs, s)), s);
+            cu_att_issue(L, A, smem, it.group,
+                         meta ? cu_att_meta_loc(L, cs, mt, s)
+                              : cu_att_locate(L, cs, cu_att_lookup(cs, s)),
+                         s);
         cu_cp_async_commit();
     }
-    cu_att_loc next = cu_att_locate(L, cs, cu_att_lookup(cs, ATT_STAGES - 1));
-    cu_att_look ahead = cu_att_lookup(cs, ATT_STAGES);
     for (int32_t j = 0; j < ntiles; ++j) {
         cu_cp_async_wait<ATT_STAGES - 2>();
         __syncthreads();
         const int32_t jn = j + ATT_STAGES - 1;
         if (jn < ntiles)
-            cu_att_issue(L, A, smem, it.group, next, jn % ATT_STAGES);
+            cu_att_issue(L, A, smem, it.group,
+                         meta ? cu_att_meta_loc(L, cs, mt, jn)
+                              : cu_att_locate(L, cs, cu_att_lookup(cs, jn)),
+                         jn % ATT_STAGES);
         cu_cp_async_commit();
-        next = cu_att_locate(L, cs, ahead);
-        ahead = cu_att_lookup(cs, jn + 2);
 
         const unsigned char *st = smem + (j % ATT_STAGES) * ATT_STAGE_BYTES;
         const uint32_t *kmask = (const uint32_t *)(st + 2 * ATT_TILE_BYTES);
@@ -188,12 +275,16 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
         if (!__any_sync(0xffffffffu, used & 1u))
             continue;
 
+        /* S = Q K^T, the n-tiles interleaved so their accumulation chains
+         * overlap in the tensor pipe. */
         float sc[NS][4];
 #pragma unroll
-        for (int n = 0; n < NS; ++n) {
+        for (int n = 0; n < NS; ++n)
             sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll
-            for (int kp = 0; kp < 4; ++kp) {
+        for (int kp = 0; kp < 4; ++kp) {
+#pragma unroll
+            for (int n = 0; n < NS; ++n) {
                 uint32_t b0, b1, b2, b3;
                 cu_ldsm_x4(ka + cu_swz(key_base + n * 8 + (lane & 7), kp * 4 + (lane >> 3)), b0, b1,
                            b2, b3);

@@ -105,7 +105,7 @@ typedef struct cu_plan_state {
     int32_t part_stride;   /* floats per partial row */
 
     /* Grids (fixed by device and capacities). */
-    int grid_tok, grid_idx, grid_idx_fast, grid_sel, grid_pf, grid_att, grid_att_fast;
+    int grid_tok, grid_idx, grid_idx_fast, grid_pf, grid_att, grid_att_fast;
     int grid_merge;
     int num_sms;
     int pdl;               /* programmatic dependent launch between kernels */
@@ -145,6 +145,7 @@ typedef struct cu_layer {
     int32_t Hq, Hkv, D, G;
     int32_t Hi, Di, B, K, I, Lc, W;
     int32_t mi, mk, units;   /* index heads per unit, KV heads per unit, units per token */
+    int32_t hi_magic;        /* ceil(65536 / Hi): (c * hi_magic) >> 16 == c / Hi for c < 64 */
     int32_t score_lse, sparse, iv;
     float scale, iscale;
     int32_t P, logP;

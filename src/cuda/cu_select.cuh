@@ -24,6 +24,68 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* Selection when at most CU_SEL_SMALL blocks are chosen by score and K <= 32
+ * (M3: 15 and 16).  One pass: each lane keeps the best CU_SEL_SMALL of its
+ * strided candidates in registers, as keys (score key << 32 | ~id) that are
+ * all distinct and order exactly as SPEC 4 ranks (ties to the lower id);
+ * then `need` rounds of a warp maximum pop the winners.  The K ids (chosen
+ * and forced) sit one per lane and are ranked into ascending order.  About
+ * a tenth of the radix passes' time at a few thousand blocks. */
+#define CU_SEL_SMALL 16
+
+__device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t N, int32_t K,
+                                                    int32_t I, int32_t Lc, int32_t *out)
+{
+    const int lane = threadIdx.x & 31;
+    const int32_t need = K - I - Lc;
+    const int32_t c_end = N - Lc;
+    unsigned long long t[CU_SEL_SMALL];
+#pragma unroll
+    for (int i = 0; i < CU_SEL_SMALL; ++i)
+        t[i] = 0ull; /* below every candidate (their low word is never 0) */
+    for (int32_t n = I + lane; n < c_end; n += 32) {
+        const unsigned long long x =
+            ((unsigned long long)cu_score_key(scores[n]) << 32) | (uint32_t)(0xffffffffu - (uint32_t)n);
+        if (x > t[CU_SEL_SMALL - 1]) {
+            /* Insert into the descending list; computed from the old values. */
+#pragma unroll
+            for (int i = CU_SEL_SMALL - 1; i > 0; --i)
+                t[i] = t[i] > x ? t[i] : (t[i - 1] > x ? x : t[i - 1]);
+            t[0] = t[0] > x ? t[0] : x;
+        }
+    }
+    int32_t mine = INT32_MAX;
+    for (int32_t r = 0; r < need; ++r) {
+        unsigned long long m = t[0];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const unsigned long long y = __shfl_xor_sync(0xffffffffu, m, o);
+            m = y > m ? y : m;
+        }
+        if (t[0] == m) { /* keys are distinct: exactly one lane */
+#pragma unroll
+            for (int i = 0; i < CU_SEL_SMALL - 1; ++i)
+                t[i] = t[i + 1];
+            t[CU_SEL_SMALL - 1] = 0ull;
+        }
+        if (lane == r)
+            mine = (int32_t)(0xffffffffu - (uint32_t)(m & 0xffffffffull));
+    }
+    /* Forced blocks on lanes need .. K-1: init blocks, then the local ones. */
+    const int32_t f = lane - need;
+    if (f >= 0 && lane < K)
+        mine = f < I ? f : (N - Lc) + (f - I);
+    /* Rank among the K ids (distinct) = number of smaller ones. */
+    int32_t rank = 0;
+    for (int j = 0; j < 32; ++j) {
+        const int32_t y = __shfl_sync(0xffffffffu, mine, j);
+        rank += y < mine;
+    }
+    if (lane < K)
+        out[rank] = mine;
+    __syncwarp();
+}
+
 /* Writes min(K, N) ids ascending then -1 up to K into out[] (shared).
  * The five passes read the scores from `cache` (this warp's shared memory,
  * cache_cap floats) when they fit, else from global memory. */
@@ -37,6 +99,10 @@ __device__ __forceinline__ void cu_select_row(const float *scores, int32_t N, in
         for (int32_t j = lane; j < K; j += 32)
             out[j] = j < N ? j : -1;
         __syncwarp();
+        return;
+    }
+    if (K - I - Lc <= CU_SEL_SMALL && K <= 32) {
+        cu_select_row_small(scores, N, K, I, Lc, out);
         return;
     }
     if (N <= cache_cap) {

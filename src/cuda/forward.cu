@@ -213,6 +213,7 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     L.mi = L.Hi >= L.Hkv ? L.Hi / L.Hkv : 1;
     L.mk = L.Hkv > L.Hi ? L.Hkv / L.Hi : 1;
     L.units = L.Hi < L.Hkv ? L.Hi : L.Hkv;
+    L.hi_magic = (65536 + L.Hi - 1) / L.Hi;
     L.sparse = m->layer_sparse[layer] != 0;
     L.iv = L.sparse && m->layer_index_value[layer] != 0;
     L.score_lse = cfg->score_type == MSA_SCORE_LSE;

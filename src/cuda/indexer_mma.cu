@@ -4,7 +4,7 @@
  *
  * Work split as in the portable path: the blocks of all decode requests end
  * to end, an equal contiguous share per CTA.  Each 64-key tile of index keys
- * is streamed once through a 4-stage cp.async ring and multiplied with all
+ * is streamed once through a 3-stage cp.async ring and multiplied with all
  * query columns of its request (q_len x Hi <= 64: every token and index head
  * at once) with the keys on the MMA's M side, so even a single query column
  * wastes only half an n-tile.  Products of 16-bit values are exact in fp32
@@ -15,29 +15,36 @@
 #include "cu_mma.cuh"
 #include "cu_launch.cuh"
 
-#define IDX_STAGES 4
+#define IDX_STAGES 3
 #define IDX_THREADS 128
 #define IDX_TILE_BYTES (CU_TILE_KEYS * 256)
-#define IDX_SMEM_BYTES (IDX_STAGES * IDX_TILE_BYTES + IDX_TILE_BYTES + 4 * 64 * 4 * 2 + 64 * 4 * 2)
+/* Page entries of the key rows, looked up IDX_STAGES tiles before their copies. */
+#define IDX_PRING (2 * IDX_STAGES)
+#define IDX_SMEM_BYTES                                                                    \
+    (IDX_STAGES * IDX_TILE_BYTES + IDX_TILE_BYTES + 4 * 64 * 4 * 2 + 64 * 4 * 2 +         \
+     IDX_PRING * 64 * 4)
 
-/* Producer position: the next tile whose copies are to be issued, walked
- * tile by tile (no search per tile), and the page lookup of that tile issued
- * one iteration before its copies, so its latency hides behind a compute. */
-typedef struct cu_idx_prod {
+/* A position in this CTA's tile sequence, walked tile by tile (no search
+ * per tile).  Two walk ahead of the consumer: one issues the copies of
+ * tile f + STAGES - 1, one looks up the pages of tile f + 2*STAGES - 1.
+ * Under full memory load a page-table read takes microseconds: issued that
+ * far ahead, as a 4-byte cp.async into a ring in shared memory, it never
+ * holds up the copies. */
+typedef struct cu_idx_it {
     int32_t k, n, tb, gb, blk_end; /* decode slot, block in request, tile in block */
     int32_t r, kl;
-    int32_t pos, page;             /* this thread's row of the pending tile */
-} cu_idx_prod;
+} cu_idx_it;
 
 typedef struct cu_idx_ctx {
     int32_t gb_begin, tpb, F, n_dec;
     unsigned char *ktile;
     unsigned char *qtile;
     float *red_m, *red_l, *run_m, *run_l;
-    cu_idx_prod p;
+    int32_t *pring;                /* [IDX_PRING][64] */
+    cu_idx_it issue, look;
 } cu_idx_ctx;
 
-__device__ __forceinline__ void cu_idx_prod_slot(const cu_layer &L, cu_idx_prod &p, int32_t k)
+__device__ __forceinline__ void cu_idx_it_slot(const cu_layer &L, cu_idx_it &p, int32_t k)
 {
     const cu_dec_info di = L.m.dec_info[k];
     p.k = k;
@@ -47,34 +54,48 @@ __device__ __forceinline__ void cu_idx_prod_slot(const cu_layer &L, cu_idx_prod 
     p.n = p.gb - di.blk0;
 }
 
-/* Starts the page lookup of the producer's current tile (row of this thread). */
-__device__ __forceinline__ void cu_idx_prod_lookup(const cu_layer &L, cu_idx_prod &p)
-{
-    p.pos = p.n * L.B + p.tb * CU_TILE_KEYS + (threadIdx.x >> 1);
-    p.page = p.pos < p.kl ? cu_page_of(L.m.page_table, L.cap_pages, p.r, p.pos, L.logP) : -1;
-}
-
-__device__ __forceinline__ void cu_idx_prod_advance(const cu_layer &L, cu_idx_prod &p,
-                                                    int32_t n_dec)
+__device__ __forceinline__ void cu_idx_it_advance(const cu_layer &L, cu_idx_it &p, int32_t n_dec)
 {
     if (++p.tb < L.B / CU_TILE_KEYS)
         return;
     p.tb = 0;
     ++p.n;
     if (++p.gb == p.blk_end && p.k + 1 < n_dec)
-        cu_idx_prod_slot(L, p, p.k + 1);
+        cu_idx_it_slot(L, p, p.k + 1);
 }
 
-/* Issues the cp.async copies of the looked-up tile into ring stage `stage`. */
-__device__ __forceinline__ void cu_idx_issue(const cu_layer &L, const cu_idx_ctx &c, int stage)
+__device__ __forceinline__ int32_t cu_idx_it_pos(const cu_layer &L, const cu_idx_it &p)
+{
+    return p.n * L.B + p.tb * CU_TILE_KEYS + (threadIdx.x >> 1);
+}
+
+/* Page-table entry of this thread's row of tile `look`, into ring slot x. */
+__device__ __forceinline__ void cu_idx_look(const cu_layer &L, const cu_idx_ctx &c, int32_t x)
+{
+    if (threadIdx.x & 1)
+        return;
+    const int32_t pos = cu_idx_it_pos(L, c.look);
+    const bool valid = pos < c.look.kl;
+    const int32_t *src = valid ? L.m.page_table + (int64_t)c.look.r * L.cap_pages + (pos >> L.logP)
+                               : L.m.page_table;
+    const uint32_t dst = cu_smem_addr(c.pring + (x % IDX_PRING) * 64 + (threadIdx.x >> 1));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+
+/* Copies of tile x (the `issue` position) into ring stage x % IDX_STAGES. */
+__device__ __forceinline__ void cu_idx_issue(const cu_layer &L, const cu_idx_ctx &c, int32_t x)
 {
     const int row = threadIdx.x >> 1;
     const int half = threadIdx.x & 1;
-    const bool valid = c.p.page >= 0;
+    const int32_t pos = cu_idx_it_pos(L, c.issue);
+    const bool valid = pos < c.issue.kl;
     const unsigned char *src = (const unsigned char *)L.ikp;
-    if (valid)
-        src += (((int64_t)c.p.page * L.P + (c.p.pos & (L.P - 1))) * 128) * 2;
-    const uint32_t dst = cu_smem_addr(c.ktile + stage * IDX_TILE_BYTES);
+    if (valid) {
+        const int32_t page = c.pring[(x % IDX_PRING) * 64 + row];
+        src += (((int64_t)page * L.P + (pos & (L.P - 1))) * 128) * 2;
+    }
+    const uint32_t dst = cu_smem_addr(c.ktile + (x % IDX_STAGES) * IDX_TILE_BYTES);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int chunk = half * 8 + i;
@@ -132,7 +153,7 @@ __device__ __forceinline__ void cu_idx_tile(const cu_layer &L, const cu_idx_ctx 
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int32_t col = (nt0 + nt) * 8 + 2 * (lane & 3) + e;
-            const int32_t tok = col / L.Hi;
+            const int32_t tok = (col * L.hi_magic) >> 16; /* col / Hi, col < 64 */
             const bool in = col < nq;
             const bool vlo = in && pos_lo <= base + tok;
             const bool vhi = in && pos_hi <= base + tok;
@@ -177,12 +198,15 @@ __device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin
         __syncthreads();
         const int32_t fn = f + IDX_STAGES - 1;
         if (fn < c.F)
-            cu_idx_issue(L, c, fn % IDX_STAGES);
-        cu_cp_async_commit();
-        if (fn + 1 < c.F) {
-            cu_idx_prod_advance(L, c.p, c.n_dec);
-            cu_idx_prod_lookup(L, c.p);
+            cu_idx_issue(L, c, fn);
+        if (fn + IDX_STAGES < c.F) {
+            cu_idx_look(L, c, fn + IDX_STAGES);
+            if (fn + IDX_STAGES + 1 < c.F)
+                cu_idx_it_advance(L, c.look, c.n_dec);
         }
+        cu_cp_async_commit();
+        if (fn + 1 < c.F)
+            cu_idx_it_advance(L, c.issue, c.n_dec);
         const int stage = f % IDX_STAGES;
         const int32_t blk = f / c.tpb;                   /* block index in this CTA's range */
         const int32_t tb = f - blk * c.tpb;
@@ -215,7 +239,7 @@ __device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin
             }
             if (tb == c.tpb - 1) {
                 const float score = L.score_lse ? cu_lse_value(m, l) : m;
-                const int32_t tok = col / L.Hi;
+                const int32_t tok = (col * L.hi_magic) >> 16;
                 const int32_t h = col - tok * L.Hi;
                 L.scores[((int64_t)(d0 + tok) * L.Hi + h) * L.cap_blocks + n] = score;
             } else {
@@ -227,7 +251,9 @@ __device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin
 }
 
 template <typename Tag>
-__global__ void __launch_bounds__(IDX_THREADS, 2) cu_indexer_mma_kernel(cu_layer L)
+/* Three CTAs per SM (68 KB of shared memory each): the loop is bound by
+ * instruction latency more than by bytes in flight, so warps beat stages. */
+__global__ void __launch_bounds__(IDX_THREADS, 3) cu_indexer_mma_kernel(cu_layer L)
 {
     cu_pdl_wait();
     cu_pdl_trigger();
@@ -250,20 +276,28 @@ __global__ void __launch_bounds__(IDX_THREADS, 2) cu_indexer_mma_kernel(cu_layer
     c.red_l = c.red_m + 4 * 64;
     c.run_m = c.red_l + 4 * 64;
     c.run_l = c.run_m + 64;
+    c.pring = (int32_t *)(c.run_l + 64);
 
-    /* Ring prologue: tiles 0 .. STAGES-2, then the lookup of the next one. */
-    c.p.gb = c.gb_begin;
-    c.p.tb = 0;
-    cu_idx_prod_slot(L, c.p, cu_dec_of_block(L.m.dec_blk0, c.n_dec, c.gb_begin));
-    cu_idx_prod_lookup(L, c.p);
+    /* Prologue: pages of tiles 0 .. 2*STAGES-2, then the copies of tiles
+     * 0 .. STAGES-2 (the loop issues the rest, one of each per tile). */
+    c.issue.gb = c.gb_begin;
+    c.issue.tb = 0;
+    cu_idx_it_slot(L, c.issue, cu_dec_of_block(L.m.dec_blk0, c.n_dec, c.gb_begin));
+    c.look = c.issue;
+    for (int32_t x = 0; x < 2 * IDX_STAGES - 1 && x < c.F; ++x) {
+        cu_idx_look(L, c, x);
+        if (x + 1 < c.F)
+            cu_idx_it_advance(L, c.look, c.n_dec);
+    }
+    cu_cp_async_commit();
+    cu_cp_async_wait<0>();
+    __syncthreads();
     for (int s = 0; s < IDX_STAGES - 1; ++s) {
         if (s < c.F)
             cu_idx_issue(L, c, s);
         cu_cp_async_commit();
-        if (s + 1 < c.F) {
-            cu_idx_prod_advance(L, c.p, c.n_dec);
-            cu_idx_prod_lookup(L, c.p);
-        }
+        if (s + 1 < c.F)
+            cu_idx_it_advance(L, c.issue, c.n_dec);
     }
     int32_t f = 0;
     while (f < c.F) {

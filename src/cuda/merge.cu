@@ -1,9 +1,9 @@
 /*
- * Last launch of an attention pass, two roles:
- *   merge CTAs    split decode attention: each split left a normalized fp32
+ * Last launch of an attention pass, two jobs for every CTA:
+ *   merge         split decode attention: each split left a normalized fp32
  *                 row and its LSE; the output is the LSE-weighted sum.  One
  *                 warp per output row.
- *   prefill CTAs  the rows of prefill requests (cu_rows.cuh), which depend
+ *   prefill rows  the rows of prefill requests (cu_rows.cuh), which depend
  *                 only on the selection, not on the decode items.
  */
 #include "cu_rows.cuh"
@@ -56,20 +56,17 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
     }
 }
 
-__global__ void __launch_bounds__(MERGE_WARPS * 32, 1) cu_merge_prefill_kernel(cu_layer L, cu_attn A,
-                                                                             int merge_ctas)
+__global__ void __launch_bounds__(MERGE_WARPS * 32, 1) cu_merge_prefill_kernel(cu_layer L, cu_attn A)
 {
     cu_pdl_wait();
     cu_pdl_trigger();
-    if ((int)blockIdx.x < merge_ctas)
-        cu_merge_role(L, A, blockIdx.x, merge_ctas);
-    else
-        cu_attn_prefill_role(L, A, blockIdx.x - merge_ctas, gridDim.x - merge_ctas, MERGE_WARPS);
+    /* Both roles in every CTA: no CTAs that only check for absent work. */
+    cu_merge_role(L, A, blockIdx.x, gridDim.x);
+    cu_attn_prefill_role(L, A, blockIdx.x, gridDim.x, MERGE_WARPS);
 }
 
 void cu_launch_merge_prefill(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
                              cudaStream_t s)
 {
-    cu_launch(cu_merge_prefill_kernel, st->grid_merge + st->grid_pf * 4, MERGE_WARPS * 32, 0, s,
-              st->pdl, *L, *A, st->grid_merge);
+    cu_launch(cu_merge_prefill_kernel, st->grid_merge, MERGE_WARPS * 32, 0, s, st->pdl, *L, *A);
 }

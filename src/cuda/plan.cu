@@ -158,14 +158,13 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     st->grid_tok = cu_max32(cu_min32(st->cap_tok, sms * 8), 1);
     st->grid_idx = sms * 4;
     st->grid_idx_fast = cs->grid_idx_fast;
-    st->grid_sel = cu_max32(cu_min32(cu_ceil_div32((int64_t)st->dec_rows_cap * units, 4), sms * 8), 1);
     /* Scores of a row kept in shared memory by the selecting warp (and the
      * union's per-block bits): the whole row up to 4096 blocks. */
     st->sel_cache = any_sparse ? cu_min32(st->cap_blocks, 4096) : 0;
     st->grid_pf = sms * 2;
     st->grid_att = sms * 4;
     st->grid_att_fast = cs->grid_att_fast;
-    st->grid_merge = sms * 4;
+    st->grid_merge = sms * 2;
 
     /* Work units of one step: (decode request, KV head, 64-row chunk). */
     const int32_t chunks_main = cu_ceil_div32((int64_t)CU_DEC_MAX_Q * G, CU_ROWS_PER_ITEM);

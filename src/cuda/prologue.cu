@@ -9,27 +9,19 @@
 #include "cu_plan.cuh"
 #include "cu_launch.cuh"
 
-/* Copies n elements of one row, converting when the element types differ.
- * Equal types copy the bits, so NaN payloads survive as on the CPU. */
-__device__ static void cu_copy_row(void *dst, int dst_dt, const void *src, int src_dt, int n)
+/* One element, converted when the element types differ.  Equal types copy
+ * the bits, so NaN payloads survive as on the CPU. */
+__device__ __forceinline__ void cu_copy_elem(void *dst, int dst_dt, int64_t di, const void *src,
+                                             int src_dt, int64_t si)
 {
     if (dst_dt == src_dt) {
-        if (dst_dt == MSA_DTYPE_FP32) {
-            for (int i = threadIdx.x; i < n; i += blockDim.x)
-                ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i];
-        } else {
-            for (int i = threadIdx.x; i < n; i += blockDim.x)
-                ((uint16_t *)dst)[i] = ((const uint16_t *)src)[i];
-        }
-        return;
+        if (dst_dt == MSA_DTYPE_FP32)
+            ((uint32_t *)dst)[di] = ((const uint32_t *)src)[si];
+        else
+            ((uint16_t *)dst)[di] = ((const uint16_t *)src)[si];
+    } else {
+        cu_store(dst, dst_dt, di, cu_load(src, src_dt, si));
     }
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        cu_store(dst, dst_dt, i, cu_load(src, src_dt, i));
-}
-
-__device__ static size_t cu_elem_size(int dt)
-{
-    return dt == MSA_DTYPE_FP32 ? 4 : 2;
 }
 
 __global__ void cu_prologue_kernel(cu_layer L)
@@ -44,25 +36,33 @@ __global__ void cu_prologue_kernel(cu_layer L)
             const int32_t pos = L.m.token_pos[t];
             const int32_t page = cu_page_of(L.m.page_table, L.cap_pages, r, pos, L.logP);
             const int32_t slot = pos & (L.P - 1);
-            const size_t es_act = cu_elem_size(L.act);
-            const size_t es_kv = cu_elem_size(L.kv_dt);
-            for (int h = 0; h < L.Hkv; ++h) {
-                const int64_t dst = (((int64_t)page * L.Hkv + h) * L.P + slot) * L.D;
-                const int64_t src = ((int64_t)t * L.Hkv + h) * L.D;
-                cu_copy_row((char *)L.kp_w + dst * es_kv, L.kv_dt,
-                            (const char *)L.k + src * es_act, L.act, L.D);
-                cu_copy_row((char *)L.vp_w + dst * es_kv, L.kv_dt,
-                            (const char *)L.v + src * es_act, L.act, L.D);
-            }
-            if (L.sparse) {
-                const size_t es_idx = cu_elem_size(L.idx_dt);
-                const int64_t dst = ((int64_t)page * L.P + slot) * L.Di;
-                const int64_t src = (int64_t)t * L.Di;
-                cu_copy_row((char *)L.ikp_w + dst * es_idx, L.idx_dt,
-                            (const char *)L.ik + src * es_act, L.act, L.Di);
-                if (L.iv)
-                    cu_copy_row((char *)L.ivp_w + dst * es_idx, L.idx_dt,
-                                (const char *)L.iv_in + src * es_act, L.act, L.Di);
+            /* All elements of the row's planes at once: independent loads. */
+            const int32_t nkv = L.Hkv * L.D;
+            const int32_t nidx = L.sparse ? L.Di : 0;
+            const int32_t niv = L.iv ? L.Di : 0;
+            const int32_t total = 2 * nkv + nidx + niv;
+            for (int32_t e = threadIdx.x; e < total; e += blockDim.x) {
+                if (e < 2 * nkv) {
+                    const int32_t v = e >= nkv;
+                    const int32_t x = e - v * nkv;
+                    const int32_t h = x / L.D, d = x - h * L.D;
+                    const int64_t dst = (((int64_t)page * L.Hkv + h) * L.P + slot) * L.D + d;
+                    const int64_t src = ((int64_t)t * L.Hkv + h) * L.D + d;
+                    if (v)
+                        cu_copy_elem(L.vp_w, L.kv_dt, dst, L.v, L.act, src);
+                    else
+                        cu_copy_elem(L.kp_w, L.kv_dt, dst, L.k, L.act, src);
+                } else {
+                    const int32_t x = e - 2 * nkv;
+                    const int32_t w = x >= nidx; /* index value */
+                    const int32_t d = x - w * nidx;
+                    const int64_t dst = ((int64_t)page * L.P + slot) * L.Di + d;
+                    const int64_t src = (int64_t)t * L.Di + d;
+                    if (w)
+                        cu_copy_elem(L.ivp_w, L.idx_dt, dst, L.iv_in, L.act, src);
+                    else
+                        cu_copy_elem(L.ikp_w, L.idx_dt, dst, L.ik, L.act, src);
+                }
             }
         } else {
             const int64_t no = (int64_t)L.Hq * L.D;

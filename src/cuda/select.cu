@@ -1,13 +1,13 @@
 /*
  * Selection stage of a sparse layer, one launch:
  *
- *   prefill CTAs  (the simple path) one CTA per (prefill token, unit): block
- *                 scores into a per-CTA scratch row, then warp 0 selects;
- *   decode CTAs   one warp per (decode token, unit), reading the scores the
+ *   decode rows   one warp per (decode token, unit), reading the scores the
  *                 indexer left in the workspace; the warp that finishes the
  *                 last token of a (request, unit) also builds the request's
  *                 union for the unit's KV heads (a completion counter, reset
- *                 by that warp, so graph replays start from zero).
+ *                 by that warp, so graph replays start from zero);
+ *   prefill items (the simple path) one CTA per (prefill token, unit): block
+ *                 scores into a per-CTA scratch row, then warp 0 selects.
  *
  * A "unit" is what one warp turns into KV-head rows: with Hi = m*Hkv the m
  * index heads of one KV head (their lists are merged), with Hkv = m*Hi one
@@ -200,18 +200,18 @@ __device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta
     }
 }
 
-__global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L, int pf_ctas)
+__global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L)
 {
     cu_pdl_wait();
     cu_pdl_trigger();
     extern __shared__ uint32_t sel_smem[];
-    if ((int)blockIdx.x < pf_ctas) {
-        cu_select_prefill_role(L, blockIdx.x, pf_ctas, sel_smem);
-        return;
-    }
     const int warp = threadIdx.x >> 5;
     uint32_t *wsm = sel_smem + warp * cu_sel_warp_words(L.mi, L.K, L.W, L.sel_cache);
-    cu_select_decode_role(L, blockIdx.x - pf_ctas, gridDim.x - pf_ctas, wsm);
+    /* Every CTA serves both roles (decode rows first, then prefill items with
+     * its own scratch row): no CTAs that only check for absent work. */
+    cu_select_decode_role(L, blockIdx.x, gridDim.x, wsm);
+    __syncthreads();
+    cu_select_prefill_role(L, blockIdx.x, gridDim.x, sel_smem);
 }
 
 size_t cu_select_smem(const cu_layer *L)
@@ -229,6 +229,6 @@ cudaError_t cu_select_setup(size_t smem)
 
 void cu_launch_select(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
 {
-    cu_launch(cu_select_kernel, st->grid_pf + st->grid_sel, SEL_WARPS * 32, cu_select_smem(L), s,
-              st->pdl, *L, st->grid_pf);
+    /* grid_pf CTAs: the prefill role owns one scratch row per CTA. */
+    cu_launch(cu_select_kernel, st->grid_pf, SEL_WARPS * 32, cu_select_smem(L), s, st->pdl, *L);
 }
