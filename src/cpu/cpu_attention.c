@@ -55,6 +55,31 @@ static int32_t sparse_union(const cpu_attention *a, const cpu_chunk *ch, int32_t
     return cnt;
 }
 
+/* Prefetches the K and V rows of the first tile of a block (the hardware
+ * prefetcher cannot guess the jump between selected blocks). */
+static void prefetch_block(const cpu_attention *a, const int32_t *pt, int32_t g, int64_t j0, int32_t B,
+                           int64_t p_last)
+{
+    const int32_t P = a->k.page_size;
+    int32_t n = B < MSA_CPU_TILE ? B : MSA_CPU_TILE;
+    if (j0 + n > p_last + 1) /* keys past the chunk's last token have no page */
+        n = (int32_t)(p_last + 1 - j0);
+    const int64_t row_bytes = (int64_t)a->k.dim * (int64_t)msa_dtype_size(a->k.dtype);
+    for (int32_t i = 0; i < n;) {
+        int64_t j = j0 + i;
+        int32_t off = (int32_t)(j % P);
+        int32_t run = P - off < n - i ? P - off : n - i;
+        int32_t page = pt[j / P];
+        const char *k = cpu_plane_row(&a->k, page, g, off);
+        const char *v = cpu_plane_row(&a->v, page, g, off);
+        for (int64_t b = 0; b < run * row_bytes; b += 64) {
+            __builtin_prefetch(k + b);
+            __builtin_prefetch(v + b);
+        }
+        i += run;
+    }
+}
+
 static void store_output(const cpu_attention *a, const cpu_chunk *ch, int32_t g, int32_t t,
                          int32_t h, const float *acc, float mx, float l)
 {
@@ -147,6 +172,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     for (int32_t u = u0; u < u1; u++) {
         int32_t n = a->sel ? uni[u] : u;
         int64_t blk0 = (int64_t)n * B;
+        if (u + 1 < u1) /* the next block sits elsewhere: start its loads now */
+            prefetch_block(a, pt, g, (int64_t)(a->sel ? uni[u + 1] : u + 1) * B, B, ch->pos0 + ch->n - 1);
         /* tokens that use this block */
         uint8_t uses[MSA_CPU_ATTN_ROWS];
         int64_t last = -1;
