@@ -128,11 +128,15 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     float *s = vt + (int64_t)MSA_CPU_TILE * D;
     int32_t *uni = (int32_t *)(s + (int64_t)MSA_CPU_TILE * GP);
     int32_t *cursor = uni + (int64_t)MSA_CPU_ATTN_ROWS * a->sel_width;
+    uint32_t *pp = (uint32_t *)(cursor + MSA_CPU_ATTN_ROWS); /* [TILE/2][16] weight pairs */
 
     /* bf16 queries and keys: q.k with bf16 dot products straight from the
      * stored values; the scale is applied to the fp32 sums. */
     const int bf16_dot = MSA_CPU_HAVE_BF16_DOT && a->act == MSA_DTYPE_BF16 &&
                          a->k.dtype == MSA_DTYPE_BF16 && D % 2 == 0;
+    /* bf16 values too: P.V with bf16 products (the weights rounded to bf16,
+     * sums in fp32, as in the GPU kernels). */
+    const int bf16_pv = bf16_dot && D % 16 == 0;
     size_t es = msa_dtype_size(a->act);
     for (int32_t t = 0; t < ch->n; t++) {
         const char *src = (const char *)a->q + ((ch->row0 + t) * a->q_row + (int64_t)g * G * D) * (int64_t)es;
@@ -202,7 +206,33 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                 msa_cpu_copy_rows(kt, &a->k, pt, g, j0, nk);
             else
                 msa_cpu_load_rows(kt, &a->k, pt, g, j0, nk);
-            msa_cpu_load_rows(vt, &a->v, pt, g, j0, nk);
+            const int32_t npairs = (nk + 1) / 2;
+            if (bf16_pv) {
+                /* vt[0 .. npairs * D) as uint32 pairs (v[2jp][d], v[2jp+1][d]);
+                 * rows copied to the second half of vt when not in one page. */
+                const uint16_t *vrows;
+                if ((j0 % a->v.page_size) + nk <= a->v.page_size) {
+                    vrows = cpu_plane_row(&a->v, pt[j0 / a->v.page_size], g, (int32_t)(j0 % a->v.page_size));
+                } else {
+                    uint16_t *copy = (uint16_t *)(vt + (int64_t)MSA_CPU_TILE * D / 2);
+                    msa_cpu_copy_rows(copy, &a->v, pt, g, j0, nk);
+                    vrows = copy;
+                }
+                uint32_t *vp = (uint32_t *)vt;
+                for (int32_t jp = 0; jp < npairs; jp++) {
+                    const uint16_t *r0 = vrows + (int64_t)(2 * jp) * D;
+                    const uint16_t *r1 = 2 * jp + 1 < nk ? r0 + D : NULL;
+                    uint32_t *dst = vp + (int64_t)jp * D;
+                    if (r1)
+                        for (int32_t d = 0; d < D; d++)
+                            dst[d] = (uint32_t)r0[d] | (uint32_t)r1[d] << 16;
+                    else
+                        for (int32_t d = 0; d < D; d++)
+                            dst[d] = (uint32_t)r0[d];
+                }
+            } else {
+                msa_cpu_load_rows(vt, &a->v, pt, g, j0, nk);
+            }
             for (int32_t t = 0; t < ch->n; t++) {
                 int64_t pos = ch->pos0 + t;
                 if (!uses[t] || pos < j0)
@@ -234,6 +264,25 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                         sum += msa_v16_load(sj);
                     }
                     msa_v16_store(lt + h0, sum);
+#if MSA_CPU_HAVE_BF16_DOT
+                    if (bf16_pv) {
+                        /* weights of keys 2jp, 2jp+1 as bf16 pairs; a key
+                         * past `vis` weighs 0 */
+                        int32_t vp_pairs = (vis + 1) / 2;
+                        for (int32_t jp = 0; jp < vp_pairs; jp++) {
+                            const float *s0 = s + (int64_t)(2 * jp) * GP + h0;
+                            const float *s1 = s0 + GP;
+                            int has1 = 2 * jp + 1 < vis;
+                            for (int l = 0; l < 16; l++)
+                                pp[jp * 16 + l] = (uint32_t)msa_f32_to_bf16(s0[l]) |
+                                                  (uint32_t)(has1 ? msa_f32_to_bf16(s1[l]) : 0u) << 16;
+                        }
+                        for (int l = 0; l < 16 && h0 + l < G; l++)
+                            msa_pv_tile_bf16(acc + ((int64_t)t * G + h0 + l) * D, corr[l], pp + l, 16,
+                                             (const uint32_t *)vt, D, vp_pairs);
+                        continue;
+                    }
+#endif
                     for (int l = 0; l < 16 && h0 + l < G; l++)
                         msa_pv_tile(acc + ((int64_t)t * G + h0 + l) * D, corr[l], s + h0 + l, GP, vt, D,
                                     vis);

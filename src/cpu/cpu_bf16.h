@@ -78,6 +78,35 @@ static inline void msa_scores_heads_bf16(float *restrict s, const uint32_t *rest
         }
     }
 }
+/* acc = acc * corr + sum_j p[j] * v[j][:] with bf16 products: pp[jp * stride]
+ * holds the weights of keys 2jp and 2jp+1 as a bf16 pair, vp[jp][d] the
+ * values (v[2jp][d], v[2jp+1][d]).  dim a multiple of 16. */
+static inline void msa_pv_tile_bf16(float *restrict acc, float corr, const uint32_t *restrict pp,
+                                    int stride, const uint32_t *restrict vp, int dim, int npairs)
+{
+    const __m512 c = _mm512_set1_ps(corr);
+    int d0 = 0;
+    for (; d0 + 128 <= dim; d0 += 128) {
+        __m512 a[8];
+        for (int k = 0; k < 8; k++)
+            a[k] = _mm512_mul_ps(_mm512_loadu_ps(acc + d0 + 16 * k), c);
+        for (int jp = 0; jp < npairs; jp++) {
+            const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pp[(int64_t)jp * stride]);
+            const uint32_t *vr = vp + (int64_t)jp * dim + d0;
+            for (int k = 0; k < 8; k++)
+                a[k] = _mm512_dpbf16_ps(a[k], w, (__m512bh)_mm512_loadu_si512((const void *)(vr + 16 * k)));
+        }
+        for (int k = 0; k < 8; k++)
+            _mm512_storeu_ps(acc + d0 + 16 * k, a[k]);
+    }
+    for (; d0 < dim; d0 += 16) {
+        __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(acc + d0), c);
+        for (int jp = 0; jp < npairs; jp++)
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)pp[(int64_t)jp * stride]),
+                                  (__m512bh)_mm512_loadu_si512((const void *)(vp + (int64_t)jp * dim + d0)));
+        _mm512_storeu_ps(acc + d0, a0);
+    }
+}
 #else
 #define MSA_CPU_HAVE_BF16_DOT 0
 #endif
