@@ -1,4 +1,5 @@
 /* The CPU backend: memory, plan state and the order of the stages. */
+#include "cpu/cpu_bf16.h"
 #include "cpu/cpu_kernels.h"
 
 #include <math.h>
@@ -159,10 +160,21 @@ static msa_status cpu_plan_upload(msa_plan *plan, void *stream)
     return MSA_OK;
 }
 
+/* The fast path reads bf16 planes with AVX512-BF16 dot products (bf16
+ * activations needed too, which only msa_forward sees). */
 static void cpu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const char **reason)
 {
-    *kernel = plan->model->layer_sparse[layer] ? "cpu_sparse" : "cpu_dense";
-    *reason = "";
+    const int sparse = plan->model->layer_sparse[layer];
+    const msa_cache_config *c = &plan->cache->cfg;
+    const int bf16 = c->kv_dtype == MSA_DTYPE_BF16 && (!sparse || c->index_dtype == MSA_DTYPE_BF16);
+    if (MSA_CPU_HAVE_BF16_DOT && bf16) {
+        *kernel = sparse ? "cpu_sparse_bf16dot" : "cpu_dense_bf16dot";
+        *reason = "";
+    } else {
+        *kernel = sparse ? "cpu_sparse" : "cpu_dense";
+        *reason = !MSA_CPU_HAVE_BF16_DOT ? "fp32 dot products: this build has no AVX512-BF16"
+                                         : "fp32 dot products: bf16 dot products need bf16 cache planes";
+    }
 }
 
 static void fill_padding(const msa_plan *plan, int32_t layer, const msa_layer_io *io)
