@@ -129,6 +129,7 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     int32_t *uni = (int32_t *)(s + (int64_t)MSA_CPU_TILE * GP);
     int32_t *cursor = uni + (int64_t)MSA_CPU_ATTN_ROWS * a->sel_width;
     uint32_t *pp = (uint32_t *)(cursor + MSA_CPU_ATTN_ROWS); /* [TILE/2][16] weight pairs */
+    (void)pp; /* used by the AVX512-BF16 path only */
 
     /* bf16 queries and keys: q.k with bf16 dot products straight from the
      * stored values; the scale is applied to the fp32 sums. */
