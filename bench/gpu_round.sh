@@ -6,7 +6,7 @@
 # compute-sanitizer memcheck and racecheck on the GPU tests (last: slowest).
 #
 # Every step's log is appended to $OUT/all.log as the step ends (few files
-# in $OUT: the device tool brings back at most 8), JSON results and the
+# in $OUT: it is meant to be copied back whole), JSON results and the
 # summary stay beside it; a short table is printed last.  Steps can be chosen with ROUND_STEPS (comma list of
 # build,ctest,gputest,sanitize,check,bench; default all), the decode suite
 # with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS,
@@ -37,7 +37,7 @@ run_logged() {
     shift
     local t0 rc
     t0=$(stamp)
-    # A hung step must not eat the whole lease: STEP_TIMEOUT seconds each.
+    # A hung step must not eat the whole run: STEP_TIMEOUT seconds each.
     timeout -k 5 "${STEP_TIMEOUT:-300}" "$@" >"$LOGS/$name.log" 2>&1
     rc=$?
     local dt=$(($(stamp) - t0))
