@@ -58,6 +58,7 @@ static const tk_shape BIGK = {"bigk", 4, 1, 32, 4, 32, 16, 40, 2, 4};    /* widt
 static const tk_shape B24 = {"b24", 8, 2, 32, 2, 32, 24, 6, 1, 2};       /* blocks straddle pages */
 static const tk_shape TIGHT = {"tight", 4, 2, 32, 2, 32, 16, 3, 1, 2};   /* I + Lc == K */
 static const tk_shape B1 = {"b1", 4, 2, 16, 2, 16, 1, 8, 1, 2};          /* one key per block */
+static const tk_shape HUGEG = {"hugeg", 320, 1, 16, 1, 16, 16, 4, 0, 1};  /* one group > 256 rows */
 
 /* ---- step kinds (B = 16: 1100 tokens are 69 blocks) -------------------- */
 static const int dec_q[] = {1, 1, 1, 1}, dec_kv[] = {1100, 517, 33, 1};
@@ -354,6 +355,10 @@ static void add_odd_geometry(tk_list *l)
     add(l, 1, &MID, &VERIFY, DTYPES[1], 64, 0, 1);
     add(l, 0, &MID, &EXTEND, DTYPES[0], 16, 1, 0);
     add(l, 1, &WIDE, &VERIFY, DTYPES[2], 32, 1, 1);
+    /* A GQA group wider than one work item's rows: items of one token, split
+     * over the keys when there are few of them. */
+    add(l, 1, &HUGEG, &ONE, DTYPES[0], 16, 0, 0);
+    add(l, 0, &HUGEG, &DECODE, DTYPES[1], 16, 0, 1);
     add(l, 0, &WIDE, &MIXED, DTYPES[3], 128, 0, 0);
     add(l, 1, &BIGK, &LONG16, DTYPES[0], 16, 0, 1);
     add(l, 0, &BIGK, &LONG16, DTYPES[1], 64, 1, 0);

@@ -302,7 +302,7 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
         return;
     }
     /* Partial of this split: [rows][D + 2] = acc, m, l. */
-    float *part = cp->partials + item * (int64_t)MSA_CPU_ATTN_ROWS * (D + 2);
+    float *part = cp->partials + item * cp->partial_rows * (D + 2);
     for (int32_t r = 0; r < rows; r++) {
         float *pr = part + (int64_t)r * (D + 2);
         for (int32_t d = 0; d < D; d++)
@@ -341,7 +341,7 @@ static void merge_work(void *arg, int ith, int nth)
         for (int32_t r = 0; r < ch->n * G; r++) {
             float mx = -INFINITY;
             for (int32_t sp = 0; sp < S; sp++) {
-                const float *pr = cp->partials + ((pair * S + sp) * (int64_t)MSA_CPU_ATTN_ROWS + r) * (D + 2);
+                const float *pr = cp->partials + ((pair * S + sp) * cp->partial_rows + r) * (D + 2);
                 if (pr[D] > mx)
                     mx = pr[D];
             }
@@ -349,7 +349,7 @@ static void merge_work(void *arg, int ith, int nth)
             for (int32_t d = 0; d < D; d++)
                 acc[d] = 0.0f;
             for (int32_t sp = 0; sp < S; sp++) {
-                const float *pr = cp->partials + ((pair * S + sp) * (int64_t)MSA_CPU_ATTN_ROWS + r) * (D + 2);
+                const float *pr = cp->partials + ((pair * S + sp) * cp->partial_rows + r) * (D + 2);
                 if (pr[D + 1] == 0.0f)
                     continue; /* this split saw no key of the row */
                 float w = msa_exp_neg(pr[D] - mx);

@@ -103,7 +103,10 @@ static msa_status cpu_plan_init(msa_plan *plan)
     cp->task_start = malloc((size_t)T * sizeof *cp->task_start);
     cp->sel = malloc((size_t)T * (size_t)m->cfg.num_kv_heads * (size_t)m->topk_width * sizeof *cp->sel);
     int64_t D = max64(m->cfg.head_dim, m->cfg.index_dim);
-    cp->partial_cap = 4 * (int64_t)nth * MSA_CPU_ATTN_ROWS * (D + 2);
+    /* An item holds at most MSA_CPU_ATTN_ROWS rows, or one token's query
+     * heads when a group alone is larger. */
+    cp->partial_rows = max64(MSA_CPU_ATTN_ROWS, max64(m->group, m->cfg.num_index_heads));
+    cp->partial_cap = 4 * (int64_t)nth * cp->partial_rows * (D + 2);
     cp->partials = malloc((size_t)cp->partial_cap * sizeof(float));
     cp->scratch_per_thread = (scratch_floats(m) + 15) & ~(int64_t)15;
     cp->scratch = aligned_alloc(64, (size_t)(cp->scratch_per_thread * nth) * sizeof(float));

@@ -45,6 +45,7 @@ typedef struct cpu_plan {
     /* Attention partials for split work items and per-thread scratch. */
     float *partials;
     int64_t partial_cap; /* floats */
+    int64_t partial_rows; /* rows of one partial slot: >= every item's rows */
     float *scratch;      /* nth * scratch_per_thread floats */
     int64_t scratch_per_thread;
 } cpu_plan;
