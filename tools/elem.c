@@ -1,155 +1,22 @@
 #include "elem.h"
 
+#include "testkit_internal.h"
+
 #include <math.h>
 #include <string.h>
 
-static uint32_t f32_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
+/* The scalar formats are the test kit's (tests/testkit_formats.c), written
+ * from the spec independently of the library: replay converts files with
+ * the same code that the tests trust. */
 
-static float bits_f32(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-/* ---- bf16 / fp16 -------------------------------------------------------- */
-
-uint16_t elem_f32_to_bf16(float x)
-{
-    uint32_t u = f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it a (quiet) NaN */
-        return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-float elem_bf16_to_f32(uint16_t x)
-{
-    return bits_f32((uint32_t)x << 16);
-}
-
-/* Shifts `mant` right by `shift` (1..31), rounding to nearest even. */
-static uint32_t shift_rne(uint32_t mant, int shift)
-{
-    uint32_t q = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u)))
-        q++;
-    return q;
-}
-
-uint16_t elem_f32_to_f16(float x)
-{
-    uint32_t u = f32_bits(x);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u)
-        return (uint16_t)(sign | 0x7e00u);
-    if (a >= 0x477ff000u) /* >= 65520: rounds past the largest half */
-        return (uint16_t)(sign | 0x7c00u);
-    if (a >= 0x38800000u) { /* normal half: exponent >= -14 */
-        uint32_t e = (a >> 23) - 112u;
-        uint32_t h = (e << 10) | ((a & 0x7fffffu) >> 13);
-        uint32_t rem = a & 0x1fffu;
-        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
-            h++; /* a carry into the exponent is the correct result */
-        return (uint16_t)(sign | h);
-    }
-    if (a <= 0x33000000u) /* <= 2^-25: rounds to zero (a tie goes to even 0) */
-        return sign;
-    /* Subnormal half: value = h * 2^-24. */
-    uint32_t mant = (a & 0x7fffffu) | 0x800000u;
-    int shift = 126 - (int)(a >> 23);
-    return (uint16_t)(sign | shift_rne(mant, shift));
-}
-
-float elem_f16_to_f32(uint16_t x)
-{
-    uint32_t sign = (uint32_t)(x & 0x8000u) << 16;
-    uint32_t e = (x >> 10) & 0x1fu;
-    uint32_t m = x & 0x3ffu;
-    if (e == 0) {
-        float v = (float)m * 0x1p-24f; /* exact: m < 2^10 */
-        return bits_f32(f32_bits(v) | sign);
-    }
-    if (e == 31)
-        return bits_f32(sign | 0x7f800000u | (m << 13));
-    return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
-}
-
-/* ---- fp8 e4m3fn ---------------------------------------------------------- */
-
-uint8_t elem_f32_to_e4m3(float x)
-{
-    uint32_t u = f32_bits(x);
-    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u)
-        return 0x7f;
-    if (a >= 0x43e00000u) /* >= 448 (and inf): saturate */
-        return (uint8_t)(sign | 0x7e);
-    int e = (int)(a >> 23) - 127;
-    if (e >= -6) {
-        uint32_t code = ((uint32_t)(e + 7) << 3) | ((a & 0x7fffffu) >> 20);
-        uint32_t rem = a & 0xfffffu;
-        if (rem > 0x80000u || (rem == 0x80000u && (code & 1u)))
-            code++;
-        if (code > 0x7eu)
-            code = 0x7e;
-        return (uint8_t)(sign | code);
-    }
-    /* Subnormal: value = m * 2^-9, m in 0..7 (8 is the smallest normal). */
-    if (a < 0x3a000000u) /* < 2^-11: below a quarter of the smallest step, rounds to 0 */
-        return sign;
-    uint32_t mant = (a & 0x7fffffu) | 0x800000u;
-    int shift = 14 - e; /* value = mant * 2^(e-23); m = mant * 2^(e-23+9) */
-    return (uint8_t)(sign | shift_rne(mant, shift));
-}
-
-float elem_e4m3_to_f32(uint8_t code)
-{
-    int e = (code >> 3) & 0xf;
-    int m = code & 7;
-    float v;
-    if (e == 15 && m == 7)
-        return NAN;
-    if (e == 0)
-        v = ldexpf((float)m, -9);
-    else
-        v = ldexpf((float)(8 + m), e - 10);
-    return (code & 0x80) ? -v : v;
-}
-
-/* ---- e2m1 --------------------------------------------------------------- */
-
-static const float e2m1_values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-uint8_t elem_f32_to_e2m1(float x)
-{
-    /* Midpoints between neighbouring codes; at a midpoint the even code wins. */
-    static const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
-    if (isnan(x))
-        return 0;
-    float a = fabsf(x);
-    uint8_t c = 0;
-    while (c < 7 && a > mid[c])
-        c++;
-    if (c < 7 && a == mid[c] && (c & 1u))
-        c++;
-    return (uint8_t)(c | (signbit(x) ? 8u : 0u));
-}
-
-float elem_e2m1_to_f32(uint8_t code)
-{
-    float v = e2m1_values[code & 7];
-    return (code & 8) ? -v : v;
-}
+uint16_t elem_f32_to_bf16(float x) { return tk_f32_to_bf16(x); }
+float elem_bf16_to_f32(uint16_t x) { return tk_bf16_to_f32(x); }
+uint16_t elem_f32_to_f16(float x) { return tk_f32_to_f16(x); }
+float elem_f16_to_f32(uint16_t x) { return tk_f16_to_f32(x); }
+uint8_t elem_f32_to_e4m3(float x) { return tk_f32_to_e4m3(x); }
+float elem_e4m3_to_f32(uint8_t code) { return tk_e4m3_to_f32(code); }
+uint8_t elem_f32_to_e2m1(float x) { return (uint8_t)tk_f32_to_e2m1(x); }
+float elem_e2m1_to_f32(uint8_t code) { return tk_e2m1_to_f32(code); }
 
 /* ---- activations -------------------------------------------------------- */
 
