@@ -257,8 +257,7 @@ static uint8_t *region(const tk_plane *pl, const uint8_t *img, int64_t page, int
 }
 
 /* One NVFP4 group of 16 values, SPEC 8; float arithmetic as written there. */
-static void nvfp4_encode_group(const float *x, float global, uint8_t *scale_byte,
-                               unsigned codes[16])
+void tk_nvfp4_encode_group(const float *x, float global, uint8_t *scale_byte, unsigned codes[16])
 {
     float amax = 0.0f;
     for (int e = 0; e < 16; e++)
@@ -297,7 +296,7 @@ void tk_plane_put(const tk_plane *pl, uint8_t *img, int64_t page, int head, int 
         uint8_t *scales = base + (size_t)pl->page_size * D / 2 + t * D / 16;
         for (size_t g = 0; g < D / 16; g++) {
             unsigned c[16];
-            nvfp4_encode_group(x + g * 16, pl->scale, &scales[g], c);
+            tk_nvfp4_encode_group(x + g * 16, pl->scale, &scales[g], c);
             for (int e = 0; e < 16; e += 2) /* low nibble = even element */
                 codes[g * 8 + (size_t)e / 2] = (uint8_t)(c[e] | c[e + 1] << 4);
         }

@@ -32,6 +32,8 @@ uint8_t tk_f32_to_e4m3(float x);  /* nearest, ties to even, saturating; NaN -> 0
 float tk_e4m3_to_f32(uint8_t x);
 float tk_e2m1_to_f32(unsigned code);
 unsigned tk_f32_to_e2m1(float x); /* nearest, ties to even code, saturating */
+/* One NVFP4 group of 16 values (SPEC 8): its E4M3 scale byte and E2M1 codes. */
+void tk_nvfp4_encode_group(const float *x, float global, uint8_t *scale_byte, unsigned codes[16]);
 
 /* Activations: fp32 / bf16 / fp16 arrays. */
 float tk_round_act(msa_dtype dtype, float x); /* x as the dtype would hold it */
