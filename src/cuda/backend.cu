@@ -4,6 +4,7 @@
  * plan.cu, the layer forward in forward.cu, benchmarks in bench.cu.
  */
 #include "cu_backend.cuh"
+#include "cu_tma.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,10 +48,16 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
         e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     const char *pdl_env = getenv("MSA_CUDA_PDL");
     cs->pdl = major >= 9 && !(pdl_env && pdl_env[0] == '0');
+    const char *tma_env = getenv("MSA_CUDA_TMA");
+    cs->tma = major >= 9 && !(tma_env && tma_env[0] == '0');
     if (e == cudaSuccess)
         e = cu_indexer_mma_setup(cs->num_sms, &cs->grid_idx_fast);
     if (e == cudaSuccess)
         e = cu_attn_mma_setup(cs->num_sms, &cs->grid_att_fast);
+    if (e == cudaSuccess && cs->tma)
+        e = cu_indexer_tma_setup();
+    if (e == cudaSuccess && cs->tma)
+        e = cu_attn_tma_setup();
     if (e != cudaSuccess) {
         if (err && err_size)
             snprintf(err, err_size, "CUDA device %d: %s", dev, cudaGetErrorString(e));

@@ -14,6 +14,7 @@ typedef struct cu_ctx_state {
     int grid_idx_fast;  /* persistent grid of the tensor-core indexer */
     int grid_att_fast;  /* persistent grid of the tensor-core attention */
     int pdl;            /* Hopper+: programmatic dependent launch (MSA_CUDA_PDL=0 disables) */
+    int tma;            /* Hopper+: tensor-map kernels (MSA_CUDA_TMA=0 disables) */
 } cu_ctx_state;
 
 msa_status cu_plan_init(msa_plan *plan);
@@ -27,6 +28,8 @@ typedef struct cu_paths {
     int idx_fast;
     int attn_fast;
     int iv_fast;
+    int idx_tma;   /* Hopper indexer (tensor maps), when idx_fast */
+    int attn_tma;  /* Hopper sparse attention (tensor maps), when attn_fast */
 } cu_paths;
 
 void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const msa_layer_io *io,

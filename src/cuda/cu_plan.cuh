@@ -109,6 +109,7 @@ typedef struct cu_plan_state {
     int grid_merge;
     int num_sms;
     int pdl;               /* programmatic dependent launch between kernels */
+    int tma;               /* Hopper tensor-map kernels available */
 
     /* Metadata blob: device copy, two pinned staging copies (an upload
      * never overwrites a staging buffer an earlier async copy may still

@@ -13,6 +13,7 @@
  *   dense layer   split attention over all keys -> merge + prefill rows
  */
 #include "cu_backend.cuh"
+#include "cu_tma.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -50,6 +51,7 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
     if (why && why_size)
         why[0] = '\0';
     out->idx_fast = out->attn_fast = out->iv_fast = 0;
+    out->idx_tma = out->attn_tma = 0;
 
     const int act16 = cu_is16(act);
     if (!act16)
@@ -106,13 +108,32 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
                  cc->page_size);
         cu_why(why, why_size, buf);
     }
+
+    /* Hopper kernels: a key block is one page, streamed by tensor maps
+     * whose row coordinates are 32-bit. */
+    const cu_plan_state *st = (const cu_plan_state *)plan->backend;
+    const int hopper = st && st->tma;
+    const int whole_pages = cc->page_size == 128 && cfg->block_size == 128;
+    const int64_t rows = cc->num_pages * (int64_t)cc->page_size;
+    if (sparse && hopper && whole_pages) {
+        out->idx_tma = out->idx_fast && rows < ((int64_t)1 << 31);
+        out->attn_tma = out->attn_fast && m->group == 16 &&
+                        rows * cfg->num_kv_heads < ((int64_t)1 << 31);
+        if (out->attn_fast && m->group != 16) {
+            snprintf(buf, sizeof buf, "%d query heads per KV head (not 16): mma attention",
+                     m->group);
+            cu_why(why, why_size, buf);
+        }
+    } else if (sparse && hopper && act16) {
+        cu_why(why, why_size, "page_size or block_size != 128: no tensor-map kernels");
+    }
 }
 
 void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const char **reason)
 {
     cu_plan_state *st = (cu_plan_state *)plan->backend;
-    static const char *names[2][2] = {{"cuda.dense.simt", "cuda.dense.mma"},
-                                      {"cuda.sparse.simt", "cuda.sparse.mma"}};
+    static const char *names[2][3] = {{"cuda.dense.simt", "cuda.dense.mma", "cuda.dense.mma"},
+                                      {"cuda.sparse.simt", "cuda.sparse.mma", "cuda.sparse.tma"}};
     const msa_model *m = plan->model;
     const int sparse = m->layer_sparse[layer] != 0;
     const msa_dtype act = plan->cache->cfg.kv_dtype;
@@ -125,7 +146,9 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
     }
     char *why = st->why[sparse];
     cu_choose_paths(plan, layer, act, NULL, &p, why, sizeof st->why[0]);
-    const int fast = sparse ? (p.idx_fast && p.attn_fast) : p.attn_fast;
+    int fast = sparse ? (p.idx_fast && p.attn_fast) : p.attn_fast;
+    if (fast && sparse && p.idx_tma && p.attn_tma)
+        fast = 2;
     if (st->n_pf > 0)
         cu_why(why, sizeof st->why[0],
                "prefill requests (q_len > 16) in this step: simple prefill kernels");
@@ -176,9 +199,11 @@ static void cu_attn_index_value(const cu_layer *L, cu_attn *A)
 }
 
 static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
-                             int fast, cudaStream_t s)
+                             int fast, const CUtensorMap *maps, cudaStream_t s)
 {
-    if (fast)
+    if (maps)
+        cu_launch_attn_tma(L, st, A, &maps[0], &maps[1], s);
+    else if (fast)
         cu_launch_attn_decode_mma(L, st, A, s);
     else
         cu_launch_attn_decode_simt(L, st, A, s);
@@ -260,23 +285,35 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     cu_paths paths;
     cu_choose_paths(plan, layer, io->act_dtype, io, &paths, NULL, 0);
 
+    /* Tensor maps of this layer's planes (host-side encoding; a plane
+     * that cannot be described falls back to the mma kernels). */
+    CUtensorMap idx_map, kv_maps[2];
+    const uint64_t prows = (uint64_t)cache->cfg.num_pages * (uint64_t)L.P;
+    if (paths.idx_tma && cu_tma_map_rows(&idx_map, L.ikp, prows, 128) != 0)
+        paths.idx_tma = 0;
+    if (paths.attn_tma && (cu_tma_map_rows(&kv_maps[0], L.kp, prows * L.Hkv, 64) != 0 ||
+                           cu_tma_map_rows(&kv_maps[1], L.vp, prows * L.Hkv, 64) != 0))
+        paths.attn_tma = 0;
+
     cu_launch_prologue(&L, st, s);
     cu_attn A;
     if (L.sparse) {
-        if (paths.idx_fast)
+        if (paths.idx_tma)
+            cu_launch_indexer_tma(&L, st, &idx_map, s);
+        else if (paths.idx_fast)
             cu_launch_indexer_mma(&L, st, s);
         else
             cu_launch_indexer_simt(&L, st, s);
         cu_launch_select(&L, st, s);
         cu_attn_main(&L, &A, 1);
-        cu_run_attention(&L, st, &A, paths.attn_fast, s);
+        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? kv_maps : NULL, s);
         if (L.iv) {
             cu_attn_index_value(&L, &A);
-            cu_run_attention(&L, st, &A, paths.iv_fast, s);
+            cu_run_attention(&L, st, &A, paths.iv_fast, NULL, s);
         }
     } else {
         cu_attn_main(&L, &A, 0);
-        cu_run_attention(&L, st, &A, paths.attn_fast, s);
+        cu_run_attention(&L, st, &A, paths.attn_fast, NULL, s);
     }
     CU_TRY(ctx, cudaGetLastError());
     return MSA_OK;

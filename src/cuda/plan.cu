@@ -153,6 +153,7 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     st->cap_union = any_sparse ? cu_min32(CU_DEC_MAX_Q * W, st->cap_blocks) : 1;
     st->num_sms = cs->num_sms;
     st->pdl = cs->pdl;
+    st->tma = cs->tma;
 
     const int sms = cs->num_sms;
     st->grid_tok = cu_max32(cu_min32(st->cap_tok, sms * 8), 1);

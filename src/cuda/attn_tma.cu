@@ -1,0 +1,459 @@
+/*
+ * Sparse decode attention, Hopper path: bf16/fp16 queries and KV planes of
+ * the same type, D = 128, B = P = 128, G = 16 query heads per KV head (one
+ * token's heads fill one m16 tile: a "unit").
+ *
+ * One CTA per SM walks the work items (up to four tokens of one request and
+ * KV head, one split of the union of the request's selected blocks).  A
+ * producer warp streams the union's 64-key tiles that any of the item's
+ * tokens uses, K and V, through a ring of ATT_STAGES tensor-map copies; tiles
+ * no token of the item uses are never loaded.  Eight consumer warps share
+ * every tile without a CTA-wide barrier (a tile's slot is handed back when
+ * all eight have signalled): each warp serves one token, and when the item
+ * has fewer than eight tokens several warps serve the same token on
+ * different keys (16 or 32 keys of a tile each, or alternate tiles) and are
+ * merged by LSE at the end.  A warp whose token did not select a tile's
+ * block signals at once and moves on, so the work follows the per-token
+ * selections, not the union.
+ *
+ * S = Q K^T and O += P V run on mma.sync m16n8k16 with fp32 accumulators,
+ * Q in registers, P rounded to the 16-bit type for the second product (as
+ * in the other tensor-core path).
+ *
+ * Rows past kv_len in a request's last page are stale cache contents: their
+ * scores are masked, and the producer copies that tile's V rows itself with
+ * those rows zeroed, so a stale NaN cannot reach O through a zero weight.
+ */
+#include "cu_attn.cuh"
+#include "cu_tma.cuh"
+#include "cu_launch.cuh"
+
+#define ATT_STAGES 4
+#define ATT_CONSUMERS 8
+#define ATT_THREADS ((ATT_CONSUMERS + 1) * 32)
+#define ATT_TILE 64
+#define ATT_HALF_BYTES (ATT_TILE * 256)          /* K or V of one tile */
+#define ATT_STAGE_BYTES (2 * ATT_HALF_BYTES)
+/* Partial state of a warp for the in-CTA merge: 16 x 128 O, then m, l. */
+#define ATT_SCR_FLOATS (16 * 128 + 32)
+#define ATT_SMEM_BYTES                                                                      \
+    (1024 + ATT_STAGES * ATT_STAGE_BYTES + ATT_CONSUMERS * ATT_SCR_FLOATS * 4 +            \
+     ATT_STAGES * 16 + 2 * ATT_STAGES * 8)
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+/* What the producer tells the consumers about a ring slot. */
+typedef struct cu_attt_meta {
+    int32_t pos0;   /* position of the tile's first key; -1: end of the item */
+    uint32_t bits;  /* item tokens (request-local bit) that use any key of it */
+    int32_t pad0, pad1;
+} cu_attt_meta;
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+typedef struct cu_attt_smem {
+    unsigned char *ring;
+    float *scr;
+    cu_attt_meta *meta;
+    uint64_t *full, *empty;
+} cu_attt_smem;
+
+/* Tokens of an item: bits [tok0, tok0 + units). */
+__device__ __forceinline__ uint32_t cu_attt_item_bits(int32_t tok0, int32_t units)
+{
+    const uint32_t m = units >= 32 ? 0xffffffffu : ((1u << units) - 1u);
+    return m << tok0;
+}
+
+__device__ void cu_attt_producer(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
+                                 const CUtensorMap *mv, const cu_attt_smem &sm,
+                                 const cu_att_item &it, uint32_t &gs)
+{
+    const int lane = threadIdx.x & 31;
+    const cu_stream cs = cu_stream_of(L, A, it);
+    const uint32_t mine = cu_attt_item_bits(it.row0 / 16, (it.nrows + 15) / 16);
+    const int32_t t_begin = cs.u0 / ATT_TILE;
+    const int32_t t_end = (cs.u1 + ATT_TILE - 1) / ATT_TILE;
+    const int64_t prow_base = (int64_t)it.group * L.P;
+    const int32_t *pt = L.m.page_table + (int64_t)cs.r * L.cap_pages;
+    for (int32_t c0 = t_begin; c0 < t_end; c0 += 32) {
+        const int32_t t = c0 + lane;
+        int32_t pos0 = 0, page = 0;
+        uint32_t bits = 0u;
+        if (t < t_end) {
+            const int32_t bi = t >> 1; /* two tiles per 128-key union entry */
+            pos0 = cs.uid[bi] * 128 + (t & 1) * ATT_TILE;
+            bits = cs.umk[bi] & cu_causal_bits(pos0, cs.base, cs.ql) & mine;
+            if (bits)
+                page = pt[pos0 >> 7];
+        }
+        uint32_t todo = __ballot_sync(0xffffffffu, bits != 0u);
+        while (todo) {
+            const int j = __ffs(todo) - 1;
+            todo &= todo - 1u;
+            const int32_t p0 = __shfl_sync(0xffffffffu, pos0, j);
+            const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
+            const int32_t pg = __shfl_sync(0xffffffffu, page, j);
+            const int s = gs % ATT_STAGES;
+            const uint32_t par = (gs / ATT_STAGES) & 1u;
+            ++gs;
+            if (lane == 0) {
+                if (gs > ATT_STAGES)
+                    cu_mbar_wait(&sm.empty[s], par ^ 1u);
+                sm.meta[s].pos0 = p0;
+                sm.meta[s].bits = b;
+            }
+            __syncwarp();
+            unsigned char *kd = sm.ring + s * ATT_STAGE_BYTES;
+            unsigned char *vd = kd + ATT_HALF_BYTES;
+            const int32_t row = (int32_t)((int64_t)pg * A.hkv * L.P + prow_base + (p0 & 127));
+            const bool tail = p0 + ATT_TILE > cs.kl;
+            if (!tail) {
+                if (lane == 0) {
+                    cu_mbar_arrive_tx(&sm.full[s], ATT_STAGE_BYTES);
+                    cu_tma_load2d(kd, mk, 0, row, &sm.full[s]);
+                    cu_tma_load2d(kd + ATT_HALF_BYTES / 2, mk, 64, row, &sm.full[s]);
+                    cu_tma_load2d(vd, mv, 0, row, &sm.full[s]);
+                    cu_tma_load2d(vd + ATT_HALF_BYTES / 2, mv, 64, row, &sm.full[s]);
+                }
+            } else {
+                /* V rows past kv_len become zeros (see the header); the
+                 * warp's stores are ordered before lane 0's arrival, whose
+                 * release the consumers acquire with their wait. */
+                const uint4 *vs = (const uint4 *)A.vp + (int64_t)row * 16;
+                for (int e = lane; e < ATT_TILE * 16; e += 32) {
+                    const int r = e >> 4, c = e & 15;
+                    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                    if (p0 + r < cs.kl)
+                        v = vs[r * 16 + c];
+                    *(uint4 *)(vd + cu_tswz(ATT_TILE, r, c)) = v;
+                }
+                /* A later tensor copy into this slot must land after these. */
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                __syncwarp();
+                if (lane == 0) {
+                    cu_mbar_arrive_tx(&sm.full[s], ATT_HALF_BYTES);
+                    cu_tma_load2d(kd, mk, 0, row, &sm.full[s]);
+                    cu_tma_load2d(kd + ATT_HALF_BYTES / 2, mk, 64, row, &sm.full[s]);
+                }
+            }
+            __syncwarp();
+        }
+    }
+    /* End of the item. */
+    const int s = gs % ATT_STAGES;
+    const uint32_t par = (gs / ATT_STAGES) & 1u;
+    ++gs;
+    if (lane == 0) {
+        if (gs > ATT_STAGES)
+            cu_mbar_wait(&sm.empty[s], par ^ 1u);
+        sm.meta[s].pos0 = -1;
+        sm.meta[s].bits = 0u;
+        cu_mbar_arrive(&sm.full[s]);
+    }
+    __syncwarp();
+}
+
+/* One warp's share of one tile: keys [k0, k0 + KW) against its 16 rows. */
+template <typename Tag, int KW>
+__device__ __forceinline__ void cu_attt_tile(uint32_t ka, uint32_t va, int k0, int32_t pos0,
+                                             int32_t last, const uint32_t (&qa)[8][4],
+                                             float (&o)[16][4], float &m_lo, float &m_hi,
+                                             float &l_lo, float &l_hi, float sl2)
+{
+    constexpr int NS = KW / 8;
+    const int lane = threadIdx.x & 31;
+    float sc[NS][4];
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+        sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+    for (int kp = 0; kp < 4; ++kp) {
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+            uint32_t b0, b1, b2, b3;
+            cu_ldsm_x4(ka + cu_tswz(ATT_TILE, k0 + n * 8 + (lane & 7), kp * 4 + (lane >> 3)), b0, b1,
+                       b2, b3);
+            cu_mma16816(sc[n], qa[2 * kp][0], qa[2 * kp][1], qa[2 * kp][2], qa[2 * kp][3], b0, b1,
+                        Tag());
+            cu_mma16816(sc[n], qa[2 * kp + 1][0], qa[2 * kp + 1][1], qa[2 * kp + 1][2],
+                        qa[2 * kp + 1][3], b2, b3, Tag());
+        }
+    }
+    /* Keys past the token's position (only in its own last block). */
+    const bool whole = pos0 + k0 + KW - 1 <= last;
+    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const bool vis = whole || pos0 + k0 + n * 8 + 2 * (lane & 3) + e <= last;
+            sc[n][e] = vis ? sc[n][e] * sl2 : -INFINITY;
+            sc[n][2 + e] = vis ? sc[n][2 + e] * sl2 : -INFINITY;
+            mx_lo = fmaxf(mx_lo, sc[n][e]);
+            mx_hi = fmaxf(mx_hi, sc[n][2 + e]);
+        }
+    }
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+    const float ref_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
+    const float ref_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+    const float corr_lo = exp2f(m_lo - ref_lo), corr_hi = exp2f(m_hi - ref_hi);
+    m_lo = mn_lo;
+    m_hi = mn_hi;
+    float ps_lo = 0.0f, ps_hi = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            sc[n][e] = exp2f(sc[n][e] - ref_lo);
+            sc[n][2 + e] = exp2f(sc[n][2 + e] - ref_hi);
+            ps_lo += sc[n][e];
+            ps_hi += sc[n][2 + e];
+        }
+    }
+    l_lo = l_lo * corr_lo + ps_lo;
+    l_hi = l_hi * corr_hi + ps_hi;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+        o[n][0] *= corr_lo;
+        o[n][1] *= corr_lo;
+        o[n][2] *= corr_hi;
+        o[n][3] *= corr_hi;
+    }
+#pragma unroll
+    for (int kk = 0; kk < KW / 16; ++kk) {
+        const uint32_t p0 = cu_pack2(sc[2 * kk][0], sc[2 * kk][1], Tag());
+        const uint32_t p1 = cu_pack2(sc[2 * kk][2], sc[2 * kk][3], Tag());
+        const uint32_t p2 = cu_pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], Tag());
+        const uint32_t p3 = cu_pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], Tag());
+        const int vrow = k0 + kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+        for (int dp = 0; dp < 8; ++dp) {
+            uint32_t b0, b1, b2, b3;
+            cu_ldsm_x4_trans(va + cu_tswz(ATT_TILE, vrow, dp * 2 + (lane >> 4)), b0, b1, b2, b3);
+            cu_mma16816(o[2 * dp], p0, p1, p2, p3, b0, b1, Tag());
+            cu_mma16816(o[2 * dp + 1], p0, p1, p2, p3, b2, b3, Tag());
+        }
+    }
+}
+
+template <typename Tag>
+__device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_attt_smem &sm,
+                                 const cu_att_item &it, uint32_t &gs)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int U = (it.nrows + 15) / 16;             /* tokens of the item */
+    const int nsub = U == 1 ? 8 : U == 2 ? 4 : 2;   /* warps per token */
+    const int u = warp % U;
+    const int j = warp / U;
+    const bool active = j < nsub;
+    const int32_t tok = it.row0 / 16 + u;           /* request-local token */
+    const int32_t last = it.kl - it.ql + tok;       /* its position */
+    const uint32_t tbit = 1u << tok;
+    /* Key slice of this warp in a tile: 16 keys (nsub 4 or 8), 32 (nsub 2);
+     * with nsub 8 the two halves of the warps take alternate tiles. */
+    const int kw = nsub == 2 ? 32 : 16;
+    const int k0 = (j & 3) * kw;
+    const int parity_sel = nsub == 8 ? (j >> 2) : -1;
+
+    const int64_t q_lo = (int64_t)(it.t0 + tok) * A.hq_total + it.group * 16 + (lane >> 2);
+    const int64_t q_hi = q_lo + 8;
+    uint32_t qa[8][4];
+    {
+        const uint32_t *qp = (const uint32_t *)A.q;
+#pragma unroll
+        for (int k8 = 0; k8 < 8; ++k8) {
+            const int d = k8 * 16 + 2 * (lane & 3);
+            qa[k8][0] = active ? qp[(q_lo * 128 + d) >> 1] : 0u;
+            qa[k8][1] = active ? qp[(q_hi * 128 + d) >> 1] : 0u;
+            qa[k8][2] = active ? qp[(q_lo * 128 + d + 8) >> 1] : 0u;
+            qa[k8][3] = active ? qp[(q_hi * 128 + d + 8) >> 1] : 0u;
+        }
+    }
+    float o[16][4];
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+    const float sl2 = A.scale * LOG2E;
+
+    for (int32_t c = 0;; ++c) {
+        const int s = gs % ATT_STAGES;
+        cu_mbar_wait(&sm.full[s], (gs / ATT_STAGES) & 1u);
+        ++gs;
+        const cu_attt_meta mt = sm.meta[s];
+        if (mt.pos0 < 0) {
+            __syncwarp();
+            if (lane == 0)
+                cu_mbar_arrive(&sm.empty[s]);
+            break;
+        }
+        if (active && (mt.bits & tbit) && (parity_sel < 0 || (c & 1) == parity_sel)) {
+            const uint32_t ka = cu_smem_addr(sm.ring + s * ATT_STAGE_BYTES);
+            const uint32_t va = ka + ATT_HALF_BYTES;
+            if (kw == 16)
+                cu_attt_tile<Tag, 16>(ka, va, k0, mt.pos0, last, qa, o, m_lo, m_hi, l_lo, l_hi, sl2);
+            else
+                cu_attt_tile<Tag, 32>(ka, va, k0, mt.pos0, last, qa, o, m_lo, m_hi, l_lo, l_hi, sl2);
+        }
+        __syncwarp();
+        if (lane == 0)
+            cu_mbar_arrive(&sm.empty[s]);
+    }
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+
+    /* Merge the warps of one token into warp j == 0. */
+    float *mine = sm.scr + warp * ATT_SCR_FLOATS;
+    if (active && j > 0) {
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+            const int d = n * 8 + 2 * (lane & 3);
+            *(float2 *)&mine[(lane >> 2) * 128 + d] = make_float2(o[n][0], o[n][1]);
+            *(float2 *)&mine[((lane >> 2) + 8) * 128 + d] = make_float2(o[n][2], o[n][3]);
+        }
+        if ((lane & 3) == 0) {
+            mine[2048 + (lane >> 2)] = m_lo;
+            mine[2048 + (lane >> 2) + 8] = m_hi;
+            mine[2064 + (lane >> 2)] = l_lo;
+            mine[2064 + (lane >> 2) + 8] = l_hi;
+        }
+    }
+    cu_named_sync(1, ATT_CONSUMERS * 32);
+    if (active && j == 0) {
+        for (int j2 = 1; j2 < nsub; ++j2) {
+            const float *sl = sm.scr + (j2 * U + u) * ATT_SCR_FLOATS;
+            const float m2_lo = sl[2048 + (lane >> 2)], m2_hi = sl[2048 + (lane >> 2) + 8];
+            const float l2_lo = sl[2064 + (lane >> 2)], l2_hi = sl[2064 + (lane >> 2) + 8];
+            const float M_lo = fmaxf(m_lo, m2_lo), M_hi = fmaxf(m_hi, m2_hi);
+            const float R_lo = M_lo == -INFINITY ? 0.0f : M_lo;
+            const float R_hi = M_hi == -INFINITY ? 0.0f : M_hi;
+            const float a_lo = exp2f(m_lo - R_lo), b_lo = exp2f(m2_lo - R_lo);
+            const float a_hi = exp2f(m_hi - R_hi), b_hi = exp2f(m2_hi - R_hi);
+#pragma unroll
+            for (int n = 0; n < 16; ++n) {
+                const int d = n * 8 + 2 * (lane & 3);
+                const float2 x = *(const float2 *)&sl[(lane >> 2) * 128 + d];
+                const float2 y = *(const float2 *)&sl[((lane >> 2) + 8) * 128 + d];
+                o[n][0] = o[n][0] * a_lo + x.x * b_lo;
+                o[n][1] = o[n][1] * a_lo + x.y * b_lo;
+                o[n][2] = o[n][2] * a_hi + y.x * b_hi;
+                o[n][3] = o[n][3] * a_hi + y.y * b_hi;
+            }
+            l_lo = l_lo * a_lo + l2_lo * b_lo;
+            l_hi = l_hi * a_hi + l2_hi * b_hi;
+            m_lo = M_lo;
+            m_hi = M_hi;
+        }
+        const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
+        const float inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+        const float lse_lo = l_lo > 0.0f ? m_lo * LN2 + logf(l_lo) : -INFINITY;
+        const float lse_hi = l_hi > 0.0f ? m_hi * LN2 + logf(l_hi) : -INFINITY;
+        if (it.nsplit == 1) {
+            uint32_t *op = (uint32_t *)A.o;
+#pragma unroll
+            for (int n = 0; n < 16; ++n) {
+                const int d = n * 8 + 2 * (lane & 3);
+                op[(q_lo * 128 + d) >> 1] = cu_pack2(o[n][0] * inv_lo, o[n][1] * inv_lo, Tag());
+                op[(q_hi * 128 + d) >> 1] = cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag());
+            }
+            if (A.lse && (lane & 3) == 0) {
+                A.lse[q_lo] = lse_lo;
+                A.lse[q_hi] = lse_hi;
+            }
+        } else {
+            const int row_lo = u * 16 + (lane >> 2);
+            float *pb = L.part + ((int64_t)it.part_base + (int64_t)it.split * it.nrows) * L.part_stride;
+            float *p_lo = pb + (int64_t)row_lo * L.part_stride;
+            float *p_hi = p_lo + 8 * (int64_t)L.part_stride;
+#pragma unroll
+            for (int n = 0; n < 16; ++n) {
+                const int d = n * 8 + 2 * (lane & 3);
+                *(float2 *)&p_lo[d] = make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
+                *(float2 *)&p_hi[d] = make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
+            }
+            if ((lane & 3) == 0) {
+                p_lo[128] = lse_lo;
+                p_hi[128] = lse_hi;
+            }
+        }
+    }
+    cu_named_sync(1, ATT_CONSUMERS * 32); /* the scratch is reused by the next item */
+}
+
+#endif /* sm_90+ */
+
+template <typename Tag>
+__global__ void __launch_bounds__(ATT_THREADS, 1)
+    cu_attn_tma_kernel(cu_layer L, cu_attn A, const __grid_constant__ CUtensorMap map_k,
+                       const __grid_constant__ CUtensorMap map_v)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    cu_attt_smem sm;
+    sm.ring = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    sm.scr = (float *)(sm.ring + ATT_STAGES * ATT_STAGE_BYTES);
+    sm.meta = (cu_attt_meta *)(sm.scr + ATT_CONSUMERS * ATT_SCR_FLOATS);
+    sm.full = (uint64_t *)(sm.meta + ATT_STAGES);
+    sm.empty = sm.full + ATT_STAGES;
+    const int warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ATT_STAGES; ++s) {
+            cu_mbar_init(&sm.full[s], 1);
+            cu_mbar_init(&sm.empty[s], ATT_CONSUMERS);
+        }
+        cu_mbar_fence_init();
+        cu_tma_prefetch_map(&map_k);
+        cu_tma_prefetch_map(&map_v);
+    }
+    __syncthreads();
+    /* The selection wrote the unions; the prologue the cache rows. */
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    const int32_t n_items = L.m.hdr->n_att[A.kind];
+    const cu_att_item *items = L.m.att[A.kind];
+    uint32_t gs = 0;
+    for (int32_t ii = blockIdx.x; ii < n_items; ii += gridDim.x) {
+        const cu_att_item it = items[ii];
+        if (warp == ATT_CONSUMERS) {
+            cu_attt_producer(L, A, &map_k, &map_v, sm, it, gs);
+        } else {
+            cu_attt_consumer<Tag>(L, A, sm, it, gs);
+        }
+    }
+#else
+    (void)L;
+    (void)A;
+    (void)map_k;
+    (void)map_v;
+#endif
+}
+
+void cu_launch_attn_tma(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+                        const CUtensorMap *map_k, const CUtensorMap *map_v, cudaStream_t s)
+{
+    if (A->act == MSA_DTYPE_BF16)
+        cu_launch(cu_attn_tma_kernel<cu_bf16_tag>, st->num_sms, ATT_THREADS, ATT_SMEM_BYTES, s,
+                  st->pdl, *L, *A, *map_k, *map_v);
+    else
+        cu_launch(cu_attn_tma_kernel<cu_f16_tag>, st->num_sms, ATT_THREADS, ATT_SMEM_BYTES, s,
+                  st->pdl, *L, *A, *map_k, *map_v);
+}
+
+cudaError_t cu_attn_tma_setup(void)
+{
+    cudaError_t e = cudaFuncSetAttribute(cu_attn_tma_kernel<cu_bf16_tag>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_SMEM_BYTES);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(cu_attn_tma_kernel<cu_f16_tag>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_SMEM_BYTES);
+    return e;
+}

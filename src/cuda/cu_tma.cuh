@@ -1,0 +1,116 @@
+/*
+ * Hopper bulk-copy primitives: tensor-map (TMA) tile loads completing on
+ * shared-memory barriers, and the barrier operations of a producer /
+ * consumer ring.
+ *
+ * Every plane of 16-bit rows of 128 elements (K, V, index K with page size
+ * 128) is described to the copy engine as a 2-D tensor: 128 columns, one row
+ * per cached token, 256 bytes apart.  A box of 64 columns x R rows lands in
+ * shared memory with the 128-byte swizzle: row r at r * 128, its 16-byte
+ * chunk c at chunk c ^ (r & 7), so ldmatrix reads of eight rows at one
+ * logical chunk hit eight different bank groups.  A 128-column tile is two
+ * such boxes, columns 0-63 first.
+ *
+ * One thread issues a whole tile, so the copies cost the SM no address
+ * arithmetic and no registers; the kernels are free to spend their warps on
+ * the tensor cores.  Device functions exist for sm_90 and later only.
+ */
+#ifndef MSA_CU_TMA_CUH
+#define MSA_CU_TMA_CUH
+
+#include "cu_mma.cuh"
+#include "cu_plan.cuh"
+
+#include <cuda.h>
+
+/* Byte offset of (row, 16-byte chunk 0..15) in a swizzled 128-column tile
+ * of `rows` rows (two boxes of rows * 128 bytes). */
+__device__ __forceinline__ uint32_t cu_tswz(int rows, int row, int chunk)
+{
+    return (uint32_t)((chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+__device__ __forceinline__ void cu_mbar_init(uint64_t *bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(cu_smem_addr(bar)), "r"(count));
+}
+
+/* Makes initialized barriers visible to the copy engine. */
+__device__ __forceinline__ void cu_mbar_fence_init()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void cu_mbar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cu_smem_addr(bar)) : "memory");
+}
+
+/* Arrival that also announces `bytes` of copies completing on the barrier. */
+__device__ __forceinline__ void cu_mbar_arrive_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(cu_smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+/* Waits until the barrier's phase with this parity has completed. */
+__device__ __forceinline__ void cu_mbar_wait(uint64_t *bar, uint32_t parity)
+{
+    const uint32_t a = cu_smem_addr(bar);
+    uint32_t done = 0;
+    while (!done) {
+        asm volatile("{\n .reg .pred p;\n"
+                     " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+    }
+}
+
+/* Box (col, row) of the tensor map into shared memory at dst, completing
+ * on bar. */
+__device__ __forceinline__ void cu_tma_load2d(void *dst, const CUtensorMap *map, int32_t col,
+                                              int32_t row, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(cu_smem_addr(dst)),
+                 "l"((uint64_t)map), "r"(col), "r"(row), "r"(cu_smem_addr(bar))
+                 : "memory");
+}
+
+__device__ __forceinline__ void cu_tma_prefetch_map(const CUtensorMap *map)
+{
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
+}
+
+/* Barrier among the first `threads` threads of the CTA (id 1..15). */
+__device__ __forceinline__ void cu_named_sync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+#endif /* sm_90+ */
+
+/* ---- host side (tma_map.cu) ---------------------------------------------- */
+
+/* Describes `rows` rows of 128 16-bit elements (256 bytes apart) at base,
+ * read in boxes of 64 columns x box_rows rows with the 128-byte swizzle.
+ * Returns 0 on success; nonzero when the driver lacks tensor maps or the
+ * plane does not qualify (alignment, size). */
+int cu_tma_map_rows(CUtensorMap *map, const void *base, uint64_t rows, uint32_t box_rows);
+
+/* ---- Hopper kernels (indexer_tma.cu, attn_tma.cu) -------------------------- */
+/* map: the index-key plane, boxes of 128 rows. */
+void cu_launch_indexer_tma(const cu_layer *L, const cu_plan_state *st, const CUtensorMap *map,
+                           cudaStream_t s);
+/* map_k, map_v: the K and V planes, boxes of 64 rows. */
+void cu_launch_attn_tma(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+                        const CUtensorMap *map_k, const CUtensorMap *map_v, cudaStream_t s);
+cudaError_t cu_indexer_tma_setup(void);
+cudaError_t cu_attn_tma_setup(void);
+
+#endif /* MSA_CU_TMA_CUH */

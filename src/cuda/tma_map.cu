@@ -1,0 +1,43 @@
+/*
+ * Tensor maps for the Hopper kernels, encoded on the host through the
+ * driver's entry point (found at run time, so the library links only the
+ * CUDA runtime).  Encoding is pure host work: a forward pass may encode its
+ * maps on every call, and a captured graph keeps the maps it was given.
+ */
+#include "cu_tma.cuh"
+
+#include <cudaTypedefs.h>
+
+static PFN_cuTensorMapEncodeTiled_v12000 cu_encode_fn(void)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+    static int tried = 0;
+    if (!tried) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+        else
+            cudaGetLastError();
+        tried = 1;
+    }
+    return fn;
+}
+
+int cu_tma_map_rows(CUtensorMap *map, const void *base, uint64_t rows, uint32_t box_rows)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 fn = cu_encode_fn();
+    if (!fn || !base || ((uintptr_t)base & 15u) != 0 || rows == 0 || rows >= (1ull << 31) ||
+        box_rows == 0 || box_rows > 256)
+        return 1;
+    const cuuint64_t dims[2] = {128, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {256};
+    const cuuint32_t box[2] = {64, box_rows};
+    const cuuint32_t estr[2] = {1, 1};
+    CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)base, dims, strides, box, estr,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : 1;
+}
