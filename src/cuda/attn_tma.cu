@@ -21,8 +21,8 @@
  * in the other tensor-core path).
  *
  * Rows past kv_len in a request's last page are stale cache contents: their
- * scores are masked, and the producer copies that tile's V rows itself with
- * those rows zeroed, so a stale NaN cannot reach O through a zero weight.
+ * scores are masked, and the producer zeroes that tile's V rows before the
+ * consumers see it, so a stale NaN cannot reach O through a zero weight.
  */
 #include "cu_attn.cuh"
 #include "cu_tma.cuh"
@@ -38,7 +38,7 @@
 #define ATT_SCR_FLOATS (16 * 128 + 32)
 #define ATT_SMEM_BYTES                                                                      \
     (1024 + ATT_STAGES * ATT_STAGE_BYTES + ATT_CONSUMERS * ATT_SCR_FLOATS * 4 +            \
-     ATT_STAGES * 16 + 2 * ATT_STAGES * 8)
+     ATT_STAGES * 16 + (2 * ATT_STAGES + 1) * 8)
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
@@ -57,6 +57,7 @@ typedef struct cu_attt_smem {
     float *scr;
     cu_attt_meta *meta;
     uint64_t *full, *empty;
+    uint64_t *tail;  /* the producer's own barrier for tiles it finishes itself */
 } cu_attt_smem;
 
 /* Tokens of an item: bits [tok0, tok0 + units). */
@@ -68,7 +69,7 @@ __device__ __forceinline__ uint32_t cu_attt_item_bits(int32_t tok0, int32_t unit
 
 __device__ void cu_attt_producer(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
                                  const CUtensorMap *mv, const cu_attt_smem &sm,
-                                 const cu_att_item &it, uint32_t &gs)
+                                 const cu_att_item &it, uint32_t &gs, uint32_t &tail_par)
 {
     const int lane = threadIdx.x & 31;
     const cu_stream cs = cu_stream_of(L, A, it);
@@ -118,25 +119,29 @@ __device__ void cu_attt_producer(const cu_layer &L, const cu_attn &A, const CUte
                     cu_tma_load2d(vd + ATT_HALF_BYTES / 2, mv, 64, row, &sm.full[s]);
                 }
             } else {
-                /* V rows past kv_len become zeros (see the header); the
-                 * warp's stores are ordered before lane 0's arrival, whose
+                /* V rows past kv_len become zeros (see the header): the
+                 * producer loads the tile on its own barrier, clears those
+                 * rows, then hands the slot over with a plain arrival whose
                  * release the consumers acquire with their wait. */
-                const uint4 *vs = (const uint4 *)A.vp + (int64_t)row * 16;
-                for (int e = lane; e < ATT_TILE * 16; e += 32) {
+                if (lane == 0) {
+                    cu_mbar_arrive_tx(sm.tail, ATT_STAGE_BYTES);
+                    cu_tma_load2d(kd, mk, 0, row, sm.tail);
+                    cu_tma_load2d(kd + ATT_HALF_BYTES / 2, mk, 64, row, sm.tail);
+                    cu_tma_load2d(vd, mv, 0, row, sm.tail);
+                    cu_tma_load2d(vd + ATT_HALF_BYTES / 2, mv, 64, row, sm.tail);
+                }
+                cu_mbar_wait(sm.tail, tail_par);
+                tail_par ^= 1u;
+                const int32_t valid = cs.kl - p0; /* rows of the tile before kv_len */
+                for (int e = valid * 16 + lane; e < ATT_TILE * 16; e += 32) {
                     const int r = e >> 4, c = e & 15;
-                    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                    if (p0 + r < cs.kl)
-                        v = vs[r * 16 + c];
-                    *(uint4 *)(vd + cu_tswz(ATT_TILE, r, c)) = v;
+                    *(uint4 *)(vd + cu_tswz(ATT_TILE, r, c)) = make_uint4(0u, 0u, 0u, 0u);
                 }
                 /* A later tensor copy into this slot must land after these. */
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 __syncwarp();
-                if (lane == 0) {
-                    cu_mbar_arrive_tx(&sm.full[s], ATT_HALF_BYTES);
-                    cu_tma_load2d(kd, mk, 0, row, &sm.full[s]);
-                    cu_tma_load2d(kd + ATT_HALF_BYTES / 2, mk, 64, row, &sm.full[s]);
-                }
+                if (lane == 0)
+                    cu_mbar_arrive(&sm.full[s]);
             }
             __syncwarp();
         }
@@ -404,12 +409,14 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     sm.meta = (cu_attt_meta *)(sm.scr + ATT_CONSUMERS * ATT_SCR_FLOATS);
     sm.full = (uint64_t *)(sm.meta + ATT_STAGES);
     sm.empty = sm.full + ATT_STAGES;
+    sm.tail = sm.empty + ATT_STAGES;
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         for (int s = 0; s < ATT_STAGES; ++s) {
             cu_mbar_init(&sm.full[s], 1);
             cu_mbar_init(&sm.empty[s], ATT_CONSUMERS);
         }
+        cu_mbar_init(sm.tail, 1);
         cu_mbar_fence_init();
         cu_tma_prefetch_map(&map_k);
         cu_tma_prefetch_map(&map_v);
@@ -420,11 +427,11 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     cu_pdl_trigger();
     const int32_t n_items = L.m.hdr->n_att[A.kind];
     const cu_att_item *items = L.m.att[A.kind];
-    uint32_t gs = 0;
+    uint32_t gs = 0, tail_par = 0;
     for (int32_t ii = blockIdx.x; ii < n_items; ii += gridDim.x) {
         const cu_att_item it = items[ii];
         if (warp == ATT_CONSUMERS) {
-            cu_attt_producer(L, A, &map_k, &map_v, sm, it, gs);
+            cu_attt_producer(L, A, &map_k, &map_v, sm, it, gs, tail_par);
         } else {
             cu_attt_consumer<Tag>(L, A, sm, it, gs);
         }

@@ -6,9 +6,9 @@
  * Work split as in the other indexer paths: the blocks of all decode
  * requests end to end, an equal contiguous share per CTA.  One producer
  * warp looks up the pages of 32 blocks at a time and streams whole blocks
- * through a ring of IDXT_STAGES tensor-map copies; four consumer warps take
- * the blocks in turn, one block each, with no CTA-wide barrier: a block's
- * ring slot is handed back as soon as its warp is done with it.
+ * through a ring of tensor-map copies; six consumer warps take the blocks in
+ * turn, one block each, with no CTA-wide barrier: a block's ring slot is
+ * handed back as soon as its warp is done with it.
  *
  * A consumer multiplies its block (128 keys, the MMA's M side, eight m16
  * tiles) with every query column of the block's request (the N side, held
@@ -26,8 +26,12 @@
 #include "cu_tma.cuh"
 #include "cu_launch.cuh"
 
-#define IDXT_STAGES 6
-#define IDXT_CONSUMERS 4
+/* One ring slot per consumer warp: block x goes to slot x % IDXT_CONSUMERS
+ * and is computed by that slot's warp, so every slot is consumed in order by
+ * a single warp and a barrier phase is never waited on a lap early.  While a
+ * warp computes, the other slots load. */
+#define IDXT_CONSUMERS 6
+#define IDXT_STAGES IDXT_CONSUMERS
 #define IDXT_THREADS ((IDXT_CONSUMERS + 1) * 32)
 #define IDXT_BLOCK_BYTES (128 * 256)
 #define IDXT_SMEM_BYTES (IDXT_STAGES * IDXT_BLOCK_BYTES + 1024 + 2 * IDXT_STAGES * 8)
@@ -43,15 +47,23 @@ __device__ __forceinline__ int32_t cu_idxt_slot(const cu_layer &L, int32_t k, in
     return k;
 }
 
-/* Query fragments (B operand) of a request's nq columns: column g of n-tile
+/* n-tiles of query columns a request needs, rounded up to 1, 2, 4 or 8. */
+__device__ __forceinline__ int cu_idxt_nr(int32_t nq)
+{
+    const int nt = (nq + 7) >> 3;
+    return nt <= 1 ? 1 : nt <= 2 ? 2 : nt <= 4 ? 4 : 8;
+}
+
+/* Query fragments (B operand) of a request's columns: column g of n-tile
  * nt, dimensions ks*16 + 2t (+8).  Columns past nq are zero. */
+template <int NR>
 __device__ __forceinline__ void cu_idxt_qfrags(const cu_layer &L, int32_t t0, int32_t nq,
-                                               uint32_t (&bq)[8][8][2])
+                                               uint32_t (&bq)[NR][8][2])
 {
     const int lane = threadIdx.x & 31;
     const uint32_t *q = (const uint32_t *)L.iq + (int64_t)t0 * L.Hi * 64;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < NR; ++nt) {
         const int col = nt * 8 + (lane >> 2);
         const bool ok = col < nq;
 #pragma unroll
@@ -62,53 +74,78 @@ __device__ __forceinline__ void cu_idxt_qfrags(const cu_layer &L, int32_t t0, in
     }
 }
 
+/* acc[i] += keys of m-tile mt x query n-tiles, MT m-tiles at once (their
+ * accumulation chains interleave in the tensor pipe). */
+template <typename Tag, int NR, int MT>
+__device__ __forceinline__ void cu_idxt_mma(uint32_t stage, int mt0, const uint32_t (&bq)[NR][8][2],
+                                            float (&acc)[MT][NR][4])
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int nt = 0; nt < NR; ++nt)
+            acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+            uint32_t a0, a1, a2, a3;
+            const int row = (mt0 + i) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+            cu_ldsm_x4(stage + cu_tswz(128, row, 2 * ks + (lane >> 4)), a0, a1, a2, a3);
+#pragma unroll
+            for (int nt = 0; nt < NR; ++nt)
+                cu_mma16816(acc[i][nt], a0, a1, a2, a3, bq[nt][ks][0], bq[nt][ks][1], Tag());
+        }
+    }
+}
+
 /* Scores of one block against NR n-tiles of query columns. */
 template <typename Tag, int NR>
 __device__ __forceinline__ void cu_idxt_block(const cu_layer &L, uint32_t stage,
-                                              const uint32_t (&bq)[8][8][2], int32_t key0,
+                                              const uint32_t (&bq)[NR][8][2], int32_t key0,
                                               int32_t base, int32_t nq, int64_t score_row0,
                                               int32_t n)
 {
+    constexpr int MT = NR >= 8 ? 1 : 2;
     const int lane = threadIdx.x & 31;
     /* Every key of the block visible to every token: no masks. */
     const bool whole = key0 + 127 <= base;
     float cm[NR][2], cl[NR][2];
+    bool nan[NR][2];
 #pragma unroll
     for (int nt = 0; nt < NR; ++nt)
-        cm[nt][0] = cm[nt][1] = -INFINITY, cl[nt][0] = cl[nt][1] = 0.0f;
-#pragma unroll 2
-    for (int mt = 0; mt < 8; ++mt) {
-        float acc[NR][4];
 #pragma unroll
-        for (int nt = 0; nt < NR; ++nt)
-            acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        for (int e = 0; e < 2; ++e)
+            cm[nt][e] = -INFINITY, cl[nt][e] = 0.0f, nan[nt][e] = false;
+    for (int mt = 0; mt < 8; mt += MT) {
+        float acc[MT][NR][4];
+        cu_idxt_mma<Tag, NR, MT>(stage, mt, bq, acc);
 #pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
-            uint32_t a0, a1, a2, a3;
-            const int row = mt * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-            cu_ldsm_x4(stage + cu_tswz(128, row, 2 * ks + (lane >> 4)), a0, a1, a2, a3);
+        for (int i = 0; i < MT; ++i) {
+            const int32_t pos_lo = key0 + (mt + i) * 16 + (lane >> 2);
+            const int32_t pos_hi = pos_lo + 8;
 #pragma unroll
-            for (int nt = 0; nt < NR; ++nt)
-                cu_mma16816(acc[nt], a0, a1, a2, a3, bq[nt][ks][0], bq[nt][ks][1], Tag());
-        }
-        const int32_t pos_lo = key0 + mt * 16 + (lane >> 2);
-        const int32_t pos_hi = pos_lo + 8;
+            for (int nt = 0; nt < NR; ++nt) {
 #pragma unroll
-        for (int nt = 0; nt < NR; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int32_t col = nt * 8 + 2 * (lane & 3) + e;
-                const int32_t tok = (col * L.hi_magic) >> 16; /* col / Hi, col < 64 */
-                const bool vlo = whole || pos_lo <= base + tok;
-                const bool vhi = whole || pos_hi <= base + tok;
-                if (L.score_lse) {
-                    if (vlo)
-                        cu_lse_merge(cm[nt][e], cl[nt][e], acc[nt][e] * L.iscale, 1.0f);
-                    if (vhi)
-                        cu_lse_merge(cm[nt][e], cl[nt][e], acc[nt][2 + e] * L.iscale, 1.0f);
-                } else {
-                    cm[nt][e] = cu_nanmax(cm[nt][e], cu_nanmax(vlo ? acc[nt][e] : -INFINITY,
-                                                               vhi ? acc[nt][2 + e] : -INFINITY));
+                for (int e = 0; e < 2; ++e) {
+                    float xlo = acc[i][nt][e], xhi = acc[i][nt][2 + e];
+                    if (!whole) {
+                        const int32_t col = nt * 8 + 2 * (lane & 3) + e;
+                        const int32_t tok = (col * L.hi_magic) >> 16; /* col / Hi, col < 64 */
+                        xlo = pos_lo <= base + tok ? xlo : -INFINITY;
+                        xhi = pos_hi <= base + tok ? xhi : -INFINITY;
+                    }
+                    if (L.score_lse) {
+                        if (xlo != -INFINITY)
+                            cu_lse_merge(cm[nt][e], cl[nt][e], xlo * L.iscale, 1.0f);
+                        if (xhi != -INFINITY)
+                            cu_lse_merge(cm[nt][e], cl[nt][e], xhi * L.iscale, 1.0f);
+                    } else {
+                        /* fmaxf drops NaN; a NaN key poisons the block (SPEC 4). */
+                        cm[nt][e] = fmaxf(cm[nt][e], fmaxf(xlo, xhi));
+                        nan[nt][e] = nan[nt][e] || isnan(xlo) || isnan(xhi);
+                    }
                 }
             }
         }
@@ -119,6 +156,8 @@ __device__ __forceinline__ void cu_idxt_block(const cu_layer &L, uint32_t stage,
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             float m = cm[nt][e], l = cl[nt][e];
+            if (!L.score_lse && nan[nt][e])
+                m = __int_as_float(0x7fc00000);
 #pragma unroll
             for (int o = 4; o < 32; o <<= 1) {
                 const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
@@ -139,46 +178,66 @@ __device__ __forceinline__ void cu_idxt_block(const cu_layer &L, uint32_t stage,
     }
 }
 
-template <typename Tag>
-__device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_t *full,
-                                 uint64_t *empty, int32_t gb_begin, int32_t F, int32_t n_dec)
+/* This warp's blocks i, i + IDXT_CONSUMERS, ... while their requests need
+ * NR n-tiles; returns the first block that needs another NR (or F). */
+template <typename Tag, int NR>
+__device__ __noinline__ int32_t cu_idxt_run(const cu_layer &L, unsigned char *ring, uint64_t *full,
+                               uint64_t *empty, int32_t gb_begin, int32_t F, int32_t n_dec,
+                               int32_t i, int32_t &kslot)
 {
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
-    uint32_t bq[8][8][2];
+    uint32_t bq[NR][8][2];
     int32_t k = -1;
-    int32_t kslot = cu_dec_of_block(L.m.dec_blk0, n_dec, gb_begin);
     cu_dec_info di = L.m.dec_info[kslot];
-    int32_t nq = 0;
-    for (int32_t i = warp; i < F; i += IDXT_CONSUMERS) {
+    for (; i < F; i += IDXT_CONSUMERS) {
         const int32_t gb = gb_begin + i;
         if (gb >= di.blk1) {
             kslot = cu_idxt_slot(L, kslot, n_dec, gb);
             di = L.m.dec_info[kslot];
         }
+        const int32_t nq = di.ql * L.Hi;
         if (kslot != k) {
+            if (cu_idxt_nr(nq) != NR)
+                return i;
             k = kslot;
-            nq = di.ql * L.Hi;
-            cu_idxt_qfrags(L, di.t0, nq, bq);
+            cu_idxt_qfrags<NR>(L, di.t0, nq, bq);
         }
-        const int s = i % IDXT_STAGES;
-        cu_mbar_wait(&full[s], (uint32_t)(i / IDXT_STAGES) & 1u);
+        const int32_t use = i / IDXT_CONSUMERS;
+        cu_mbar_wait(&full[warp], (uint32_t)use & 1u);
         const int32_t n = gb - di.blk0;
-        const uint32_t st = cu_smem_addr(ring + s * IDXT_BLOCK_BYTES);
-        const int32_t base = di.kl - di.ql;
-        const int64_t row0 = (int64_t)di.d0 * L.Hi;
-        const int nt = (nq + 7) >> 3;
-        if (nt <= 1)
-            cu_idxt_block<Tag, 1>(L, st, bq, n * 128, base, nq, row0, n);
-        else if (nt <= 2)
-            cu_idxt_block<Tag, 2>(L, st, bq, n * 128, base, nq, row0, n);
-        else if (nt <= 4)
-            cu_idxt_block<Tag, 4>(L, st, bq, n * 128, base, nq, row0, n);
-        else
-            cu_idxt_block<Tag, 8>(L, st, bq, n * 128, base, nq, row0, n);
+        const uint32_t st = cu_smem_addr(ring + warp * IDXT_BLOCK_BYTES);
+        cu_idxt_block<Tag, NR>(L, st, bq, n * 128, di.kl - di.ql, nq, (int64_t)di.d0 * L.Hi, n);
         __syncwarp();
         if (lane == 0)
-            cu_mbar_arrive(&empty[s]);
+            cu_mbar_arrive(&empty[warp]);
+    }
+    return i;
+}
+
+template <typename Tag>
+__device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_t *full,
+                                 uint64_t *empty, int32_t gb_begin, int32_t F, int32_t n_dec)
+{
+    const int warp = threadIdx.x >> 5;
+    int32_t kslot = cu_dec_of_block(L.m.dec_blk0, n_dec, gb_begin);
+    int32_t i = warp;
+    while (i < F) {
+        kslot = cu_idxt_slot(L, kslot, n_dec, gb_begin + i);
+        switch (cu_idxt_nr(L.m.dec_info[kslot].ql * L.Hi)) {
+        case 1:
+            i = cu_idxt_run<Tag, 1>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
+            break;
+        case 2:
+            i = cu_idxt_run<Tag, 2>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
+            break;
+        case 4:
+            i = cu_idxt_run<Tag, 4>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
+            break;
+        default:
+            i = cu_idxt_run<Tag, 8>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
+            break;
+        }
     }
 }
 
@@ -205,8 +264,9 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
             if (lane == 0) {
                 const int32_t x = c0 + j;
                 const int s = x % IDXT_STAGES;
-                if (x >= IDXT_STAGES)
-                    cu_mbar_wait(&empty[s], (uint32_t)(x / IDXT_STAGES - 1) & 1u);
+                const int32_t use = x / IDXT_STAGES;
+                if (use > 0)
+                    cu_mbar_wait(&empty[s], (uint32_t)(use - 1) & 1u);
                 unsigned char *dst = ring + s * IDXT_BLOCK_BYTES;
                 cu_mbar_arrive_tx(&full[s], IDXT_BLOCK_BYTES);
                 cu_tma_load2d(dst, map, 0, pg * 128, &full[s]);
@@ -221,7 +281,7 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
 
 template <typename Tag>
 __global__ void __launch_bounds__(IDXT_THREADS, 1)
-    cu_indexer_tma_kernel(cu_layer L, const __grid_constant__ CUtensorMap map)
+    cu_indexer_tma_kernel(const __grid_constant__ cu_layer L, const __grid_constant__ CUtensorMap map)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(1024) unsigned char smem_raw[];

@@ -33,23 +33,49 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
         const int64_t qrow = (int64_t)(t0 + i) * A.hq_total + hq;
         const float *p0 = L.part + ((int64_t)it.part_base + rl) * L.part_stride;
         const int64_t step = (int64_t)it.nrows * L.part_stride;
-        float M = -INFINITY;
-        for (int32_t s = 0; s < it.nsplit; ++s)
-            M = fmaxf(M, p0[s * step + A.d]);
-        float wsum = 0.0f;
-        for (int32_t s = 0; s < it.nsplit; ++s) {
-            const float ls = p0[s * step + A.d];
-            wsum += ls == -INFINITY ? 0.0f : expf(ls - M);
-        }
-        const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-        for (int32_t d = lane; d < A.d; d += 32) {
-            float acc = 0.0f;
+        float M, wsum;
+        if (it.nsplit <= 32 && A.d <= 128) {
+            /* One lane per split: the split LSEs load at once, and every
+             * output element's loads over the splits are independent. */
+            const float ls = lane < it.nsplit ? p0[lane * step + A.d] : -INFINITY;
+            M = cu_warp_max(ls);
+            const float w = ls == -INFINITY ? 0.0f : expf(ls - M);
+            wsum = cu_warp_sum(w);
+            const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+            for (int32_t s = 0; s < it.nsplit; ++s) {
+                const float ws = __shfl_sync(0xffffffffu, w, s);
+                if (ws != 0.0f) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        if (lane + 32 * j < A.d)
+                            acc[j] = fmaf(ws, p0[s * step + lane + 32 * j], acc[j]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (lane + 32 * j < A.d)
+                    cu_store(A.o, A.act, qrow * A.d + lane + 32 * j, acc[j] * inv);
+        } else {
+            M = -INFINITY;
+            for (int32_t s = 0; s < it.nsplit; ++s)
+                M = fmaxf(M, p0[s * step + A.d]);
+            wsum = 0.0f;
             for (int32_t s = 0; s < it.nsplit; ++s) {
                 const float ls = p0[s * step + A.d];
-                if (ls != -INFINITY)
-                    acc = fmaf(expf(ls - M), p0[s * step + d], acc);
+                wsum += ls == -INFINITY ? 0.0f : expf(ls - M);
             }
-            cu_store(A.o, A.act, qrow * A.d + d, acc * inv);
+            const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+            for (int32_t d = lane; d < A.d; d += 32) {
+                float acc = 0.0f;
+                for (int32_t s = 0; s < it.nsplit; ++s) {
+                    const float ls = p0[s * step + A.d];
+                    if (ls != -INFINITY)
+                        acc = fmaf(expf(ls - M), p0[s * step + d], acc);
+                }
+                cu_store(A.o, A.act, qrow * A.d + d, acc * inv);
+            }
         }
         if (A.lse && lane == 0)
             A.lse[qrow] = wsum > 0.0f ? M + logf(wsum) : -INFINITY;
