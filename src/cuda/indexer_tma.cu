@@ -47,6 +47,15 @@ __device__ __forceinline__ int32_t cu_idxt_slot(const cu_layer &L, int32_t k, in
     return k;
 }
 
+/* Layer values the consumer loops use, in registers (the layer itself is
+ * read through a pointer, which the compiler cannot keep in registers
+ * across the stores). */
+typedef struct cu_idxt_par {
+    float *scores;
+    int32_t hi_magic, Hi, cap_blocks;
+    float iscale;
+} cu_idxt_par;
+
 /* n-tiles of query columns a request needs, rounded up to 1, 2, 4 or 8. */
 __device__ __forceinline__ int cu_idxt_nr(int32_t nq)
 {
@@ -100,79 +109,104 @@ __device__ __forceinline__ void cu_idxt_mma(uint32_t stage, int mt0, const uint3
     }
 }
 
+/* Running block score of the thread's keys for its query columns: max
+ * (with a NaN flag: fmaxf drops NaN, and a NaN key poisons the block, SPEC
+ * 4) or a log-sum-exp state. */
+template <int NR, bool LSE>
+struct cu_idxt_acc {
+    float m[NR][2], l[NR][2];
+    bool nan[NR][2];
+};
+
+/* Folds the m-tiles [mt0, mt0 + MT) of this block into the score state;
+ * MASK: keys past a token's position are dropped. */
+template <typename Tag, int NR, int MT, bool LSE, bool MASK>
+__device__ __forceinline__ void cu_idxt_fold(uint32_t stage, int mt0, const uint32_t (&bq)[NR][8][2],
+                                             cu_idxt_acc<NR, LSE> &st, int32_t key0, int32_t base,
+                                             int32_t hi_magic, float iscale)
+{
+    const int lane = threadIdx.x & 31;
+    float acc[MT][NR][4];
+    cu_idxt_mma<Tag, NR, MT>(stage, mt0, bq, acc);
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        const int32_t pos_lo = key0 + (mt0 + i) * 16 + (lane >> 2);
+        const int32_t pos_hi = pos_lo + 8;
+#pragma unroll
+        for (int nt = 0; nt < NR; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float xlo = acc[i][nt][e], xhi = acc[i][nt][2 + e];
+                bool vlo = true, vhi = true;
+                if (MASK) {
+                    const int32_t col = nt * 8 + 2 * (lane & 3) + e;
+                    const int32_t last = base + ((col * hi_magic) >> 16); /* col / Hi */
+                    vlo = pos_lo <= last;
+                    vhi = pos_hi <= last;
+                }
+                if (LSE) {
+                    if (vlo)
+                        cu_lse_merge(st.m[nt][e], st.l[nt][e], xlo * iscale, 1.0f);
+                    if (vhi)
+                        cu_lse_merge(st.m[nt][e], st.l[nt][e], xhi * iscale, 1.0f);
+                } else {
+                    xlo = vlo ? xlo : -INFINITY;
+                    xhi = vhi ? xhi : -INFINITY;
+                    st.m[nt][e] = fmaxf(st.m[nt][e], fmaxf(xlo, xhi));
+                    st.nan[nt][e] = st.nan[nt][e] || isnan(xlo) || isnan(xhi);
+                }
+            }
+        }
+    }
+}
+
 /* Scores of one block against NR n-tiles of query columns. */
-template <typename Tag, int NR>
-__device__ __forceinline__ void cu_idxt_block(const cu_layer &L, uint32_t stage,
+template <typename Tag, int NR, bool LSE>
+__device__ __forceinline__ void cu_idxt_block(const cu_idxt_par &P, uint32_t stage,
                                               const uint32_t (&bq)[NR][8][2], int32_t key0,
                                               int32_t base, int32_t nq, int64_t score_row0,
                                               int32_t n)
 {
     constexpr int MT = NR >= 8 ? 1 : 2;
     const int lane = threadIdx.x & 31;
-    /* Every key of the block visible to every token: no masks. */
-    const bool whole = key0 + 127 <= base;
-    float cm[NR][2], cl[NR][2];
-    bool nan[NR][2];
+    cu_idxt_acc<NR, LSE> st;
 #pragma unroll
     for (int nt = 0; nt < NR; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-            cm[nt][e] = -INFINITY, cl[nt][e] = 0.0f, nan[nt][e] = false;
-    for (int mt = 0; mt < 8; mt += MT) {
-        float acc[MT][NR][4];
-        cu_idxt_mma<Tag, NR, MT>(stage, mt, bq, acc);
-#pragma unroll
-        for (int i = 0; i < MT; ++i) {
-            const int32_t pos_lo = key0 + (mt + i) * 16 + (lane >> 2);
-            const int32_t pos_hi = pos_lo + 8;
-#pragma unroll
-            for (int nt = 0; nt < NR; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float xlo = acc[i][nt][e], xhi = acc[i][nt][2 + e];
-                    if (!whole) {
-                        const int32_t col = nt * 8 + 2 * (lane & 3) + e;
-                        const int32_t tok = (col * L.hi_magic) >> 16; /* col / Hi, col < 64 */
-                        xlo = pos_lo <= base + tok ? xlo : -INFINITY;
-                        xhi = pos_hi <= base + tok ? xhi : -INFINITY;
-                    }
-                    if (L.score_lse) {
-                        if (xlo != -INFINITY)
-                            cu_lse_merge(cm[nt][e], cl[nt][e], xlo * L.iscale, 1.0f);
-                        if (xhi != -INFINITY)
-                            cu_lse_merge(cm[nt][e], cl[nt][e], xhi * L.iscale, 1.0f);
-                    } else {
-                        /* fmaxf drops NaN; a NaN key poisons the block (SPEC 4). */
-                        cm[nt][e] = fmaxf(cm[nt][e], fmaxf(xlo, xhi));
-                        nan[nt][e] = nan[nt][e] || isnan(xlo) || isnan(xhi);
-                    }
-                }
-            }
-        }
+            st.m[nt][e] = -INFINITY, st.l[nt][e] = 0.0f, st.nan[nt][e] = false;
+    if (key0 + 127 <= base) {
+        /* Every key of the block visible to every token: no masks. */
+#pragma unroll 1
+        for (int mt = 0; mt < 8; mt += MT)
+            cu_idxt_fold<Tag, NR, MT, LSE, false>(stage, mt, bq, st, key0, base, P.hi_magic, P.iscale);
+    } else {
+#pragma unroll 1
+        for (int mt = 0; mt < 8; mt += MT)
+            cu_idxt_fold<Tag, NR, MT, LSE, true>(stage, mt, bq, st, key0, base, P.hi_magic, P.iscale);
     }
     /* Across the eight key rows of the lanes (lane >> 2), then write. */
 #pragma unroll
     for (int nt = 0; nt < NR; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            float m = cm[nt][e], l = cl[nt][e];
-            if (!L.score_lse && nan[nt][e])
+            float m = st.m[nt][e], l = st.l[nt][e];
+            if (!LSE && st.nan[nt][e])
                 m = __int_as_float(0x7fc00000);
 #pragma unroll
             for (int o = 4; o < 32; o <<= 1) {
                 const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-                const float l2 = __shfl_xor_sync(0xffffffffu, l, o);
-                if (L.score_lse)
-                    cu_lse_merge(m, l, m2, l2);
+                if (LSE)
+                    cu_lse_merge(m, l, m2, __shfl_xor_sync(0xffffffffu, l, o));
                 else
                     m = cu_nanmax(m, m2);
             }
             const int32_t col = nt * 8 + 2 * (lane & 3) + e;
             if (lane < 4 && col < nq) {
-                const int32_t tok = (col * L.hi_magic) >> 16;
-                const int32_t h = col - tok * L.Hi;
-                L.scores[(score_row0 + (int64_t)tok * L.Hi + h) * L.cap_blocks + n] =
-                    L.score_lse ? cu_lse_value(m, l) : m;
+                const int32_t tok = (col * P.hi_magic) >> 16;
+                const int32_t h = col - tok * P.Hi;
+                P.scores[(score_row0 + (int64_t)tok * P.Hi + h) * P.cap_blocks + n] =
+                    LSE ? cu_lse_value(m, l) : m;
             }
         }
     }
@@ -180,7 +214,7 @@ __device__ __forceinline__ void cu_idxt_block(const cu_layer &L, uint32_t stage,
 
 /* This warp's blocks i, i + IDXT_CONSUMERS, ... while their requests need
  * NR n-tiles; returns the first block that needs another NR (or F). */
-template <typename Tag, int NR>
+template <typename Tag, int NR, bool LSE>
 __device__ __noinline__ int32_t cu_idxt_run(const cu_layer &L, unsigned char *ring, uint64_t *full,
                                uint64_t *empty, int32_t gb_begin, int32_t F, int32_t n_dec,
                                int32_t i, int32_t &kslot)
@@ -190,6 +224,12 @@ __device__ __noinline__ int32_t cu_idxt_run(const cu_layer &L, unsigned char *ri
     uint32_t bq[NR][8][2];
     int32_t k = -1;
     cu_dec_info di = L.m.dec_info[kslot];
+    cu_idxt_par P;
+    P.scores = L.scores;
+    P.hi_magic = L.hi_magic;
+    P.Hi = L.Hi;
+    P.cap_blocks = L.cap_blocks;
+    P.iscale = L.iscale;
     for (; i < F; i += IDXT_CONSUMERS) {
         const int32_t gb = gb_begin + i;
         if (gb >= di.blk1) {
@@ -207,7 +247,7 @@ __device__ __noinline__ int32_t cu_idxt_run(const cu_layer &L, unsigned char *ri
         cu_mbar_wait(&full[warp], (uint32_t)use & 1u);
         const int32_t n = gb - di.blk0;
         const uint32_t st = cu_smem_addr(ring + warp * IDXT_BLOCK_BYTES);
-        cu_idxt_block<Tag, NR>(L, st, bq, n * 128, di.kl - di.ql, nq, (int64_t)di.d0 * L.Hi, n);
+        cu_idxt_block<Tag, NR, LSE>(P, st, bq, n * 128, di.kl - di.ql, nq, (int64_t)di.d0 * P.Hi, n);
         __syncwarp();
         if (lane == 0)
             cu_mbar_arrive(&empty[warp]);
@@ -215,7 +255,7 @@ __device__ __noinline__ int32_t cu_idxt_run(const cu_layer &L, unsigned char *ri
     return i;
 }
 
-template <typename Tag>
+template <typename Tag, bool LSE>
 __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_t *full,
                                  uint64_t *empty, int32_t gb_begin, int32_t F, int32_t n_dec)
 {
@@ -226,16 +266,16 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
         kslot = cu_idxt_slot(L, kslot, n_dec, gb_begin + i);
         switch (cu_idxt_nr(L.m.dec_info[kslot].ql * L.Hi)) {
         case 1:
-            i = cu_idxt_run<Tag, 1>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
+            i = cu_idxt_run<Tag, 1, LSE>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
             break;
         case 2:
-            i = cu_idxt_run<Tag, 2>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
+            i = cu_idxt_run<Tag, 2, LSE>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
             break;
         case 4:
-            i = cu_idxt_run<Tag, 4>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
+            i = cu_idxt_run<Tag, 4, LSE>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
             break;
         default:
-            i = cu_idxt_run<Tag, 8>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
+            i = cu_idxt_run<Tag, 8, LSE>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
             break;
         }
     }
@@ -313,8 +353,10 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
         return;
     if (warp == IDXT_CONSUMERS)
         cu_idxt_producer(L, &map, ring, full, empty, gb_begin, F, n_dec);
+    else if (L.score_lse)
+        cu_idxt_consumer<Tag, true>(L, ring, full, empty, gb_begin, F, n_dec);
     else
-        cu_idxt_consumer<Tag>(L, ring, full, empty, gb_begin, F, n_dec);
+        cu_idxt_consumer<Tag, false>(L, ring, full, empty, gb_begin, F, n_dec);
 #else
     (void)L;
     (void)map;
