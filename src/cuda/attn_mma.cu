@@ -17,6 +17,7 @@
  */
 #include "cu_attn.cuh"
 #include "cu_mma.cuh"
+#include "cu_rows_state.cuh"
 #include "cu_launch.cuh"
 
 #define ATT_STAGES 3
@@ -30,7 +31,6 @@
 #define ATT_SMEM_BYTES (ATT_STAGES * ATT_STAGE_BYTES + ATT_META_BYTES)
 
 #define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 /* Row metadata of a tile read straight from memory (union entry, then page
  * table): the fallback when the item's metadata does not fit in shared
@@ -295,7 +295,6 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
             }
         }
         /* Mask, scale to log2 units, online softmax. */
-        float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
         for (int n = 0; n < NS; ++n) {
 #pragma unroll
@@ -303,40 +302,9 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
                 const uint32_t km = kmask[key_base + n * 8 + 2 * (lane & 3) + e];
                 sc[n][e] = ((km >> tok_lo) & 1u) ? sc[n][e] * sl2 : -INFINITY;
                 sc[n][2 + e] = ((km >> tok_hi) & 1u) ? sc[n][2 + e] * sl2 : -INFINITY;
-                mx_lo = fmaxf(mx_lo, sc[n][e]);
-                mx_hi = fmaxf(mx_hi, sc[n][2 + e]);
             }
         }
-        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-        const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-        const float ref_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
-        const float ref_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-        const float corr_lo = exp2f(m_lo - ref_lo), corr_hi = exp2f(m_hi - ref_hi);
-        m_lo = mn_lo;
-        m_hi = mn_hi;
-        float ps_lo = 0.0f, ps_hi = 0.0f;
-#pragma unroll
-        for (int n = 0; n < NS; ++n) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                sc[n][e] = exp2f(sc[n][e] - ref_lo);
-                sc[n][2 + e] = exp2f(sc[n][2 + e] - ref_hi);
-                ps_lo += sc[n][e];
-                ps_hi += sc[n][2 + e];
-            }
-        }
-        l_lo = l_lo * corr_lo + ps_lo;
-        l_hi = l_hi * corr_hi + ps_hi;
-#pragma unroll
-        for (int n = 0; n < 16; ++n) {
-            o[n][0] *= corr_lo;
-            o[n][1] *= corr_lo;
-            o[n][2] *= corr_hi;
-            o[n][3] *= corr_hi;
-        }
+        cu_rows_softmax<NS>(sc, o, m_lo, m_hi, l_lo, l_hi);
         /* O += P V. */
 #pragma unroll
         for (int kk = 0; kk < KW / 16; ++kk) {
@@ -355,100 +323,22 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
         }
     }
     cu_cp_async_wait<0>();
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+    cu_rows_sum_quads(l_lo, l_hi);
 
     /* Merge the key slices of one row tile (warps ks > 0 into ks = 0). */
     __syncthreads();
     if (KS > 1) {
         float *comb = (float *)smem;
-        const int slot_floats = 16 * 128 + 32;
-        if (ks > 0) {
-            float *sl = comb + ((ks - 1) * RT + rt) * slot_floats;
-#pragma unroll
-            for (int n = 0; n < 16; ++n) {
-                const int d = n * 8 + 2 * (lane & 3);
-                *(float2 *)&sl[(lane >> 2) * 128 + d] = make_float2(o[n][0], o[n][1]);
-                *(float2 *)&sl[((lane >> 2) + 8) * 128 + d] = make_float2(o[n][2], o[n][3]);
-            }
-            if ((lane & 3) == 0) {
-                sl[2048 + (lane >> 2)] = m_lo;
-                sl[2048 + (lane >> 2) + 8] = m_hi;
-                sl[2064 + (lane >> 2)] = l_lo;
-                sl[2064 + (lane >> 2) + 8] = l_hi;
-            }
-        }
+        if (ks > 0)
+            cu_rows_save(comb + ((ks - 1) * RT + rt) * CU_ROWS_SLOT_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
         __syncthreads();
-        if (ks == 0) {
-            for (int k2 = 1; k2 < KS; ++k2) {
-                const float *sl = comb + ((k2 - 1) * RT + rt) * slot_floats;
-                const float m2_lo = sl[2048 + (lane >> 2)], m2_hi = sl[2048 + (lane >> 2) + 8];
-                const float l2_lo = sl[2064 + (lane >> 2)], l2_hi = sl[2064 + (lane >> 2) + 8];
-                const float M_lo = fmaxf(m_lo, m2_lo), M_hi = fmaxf(m_hi, m2_hi);
-                const float R_lo = M_lo == -INFINITY ? 0.0f : M_lo;
-                const float R_hi = M_hi == -INFINITY ? 0.0f : M_hi;
-                const float a_lo = exp2f(m_lo - R_lo), b_lo = exp2f(m2_lo - R_lo);
-                const float a_hi = exp2f(m_hi - R_hi), b_hi = exp2f(m2_hi - R_hi);
-#pragma unroll
-                for (int n = 0; n < 16; ++n) {
-                    const int d = n * 8 + 2 * (lane & 3);
-                    const float2 x = *(const float2 *)&sl[(lane >> 2) * 128 + d];
-                    const float2 y = *(const float2 *)&sl[((lane >> 2) + 8) * 128 + d];
-                    o[n][0] = o[n][0] * a_lo + x.x * b_lo;
-                    o[n][1] = o[n][1] * a_lo + x.y * b_lo;
-                    o[n][2] = o[n][2] * a_hi + y.x * b_hi;
-                    o[n][3] = o[n][3] * a_hi + y.y * b_hi;
-                }
-                l_lo = l_lo * a_lo + l2_lo * b_lo;
-                l_hi = l_hi * a_hi + l2_hi * b_hi;
-                m_lo = M_lo;
-                m_hi = M_hi;
-            }
-        }
+        if (ks == 0)
+            for (int k2 = 1; k2 < KS; ++k2)
+                cu_rows_absorb(comb + ((k2 - 1) * RT + rt) * CU_ROWS_SLOT_FLOATS, o, m_lo, m_hi,
+                               l_lo, l_hi);
     }
-    if (ks == 0) {
-        const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
-        const float inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
-        const float lse_lo = l_lo > 0.0f ? m_lo * LN2 + logf(l_lo) : -INFINITY;
-        const float lse_hi = l_hi > 0.0f ? m_hi * LN2 + logf(l_hi) : -INFINITY;
-        if (it.nsplit == 1) {
-            uint32_t *op = (uint32_t *)A.o;
-#pragma unroll
-            for (int n = 0; n < 16; ++n) {
-                const int d = n * 8 + 2 * (lane & 3);
-                if (ok_lo)
-                    op[(q_lo * 128 + d) >> 1] = cu_pack2(o[n][0] * inv_lo, o[n][1] * inv_lo, Tag());
-                if (ok_hi)
-                    op[(q_hi * 128 + d) >> 1] = cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag());
-            }
-            if (A.lse && (lane & 3) == 0) {
-                if (ok_lo)
-                    A.lse[q_lo] = lse_lo;
-                if (ok_hi)
-                    A.lse[q_hi] = lse_hi;
-            }
-        } else {
-            float *pb = L.part + ((int64_t)it.part_base + (int64_t)it.split * it.nrows) * L.part_stride;
-            float *p_lo = pb + (int64_t)row_lo * L.part_stride;
-            float *p_hi = pb + (int64_t)row_hi * L.part_stride;
-#pragma unroll
-            for (int n = 0; n < 16; ++n) {
-                const int d = n * 8 + 2 * (lane & 3);
-                if (ok_lo)
-                    *(float2 *)&p_lo[d] = make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
-                if (ok_hi)
-                    *(float2 *)&p_hi[d] = make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
-            }
-            if ((lane & 3) == 0) {
-                if (ok_lo)
-                    p_lo[128] = lse_lo;
-                if (ok_hi)
-                    p_hi[128] = lse_hi;
-            }
-        }
-    }
+    if (ks == 0)
+        cu_rows_write<Tag>(L, A, it, row_lo, q_lo, q_hi, ok_lo, ok_hi, o, m_lo, m_hi, l_lo, l_hi);
     __syncthreads(); /* the shared memory is reused by the next item */
 }
 

@@ -26,6 +26,7 @@
  */
 #include "cu_attn.cuh"
 #include "cu_tma.cuh"
+#include "cu_rows_state.cuh"
 #include "cu_launch.cuh"
 
 #define ATT_STAGES 4
@@ -35,13 +36,12 @@
 #define ATT_HALF_BYTES (ATT_TILE * 256)          /* K or V of one tile */
 #define ATT_STAGE_BYTES (2 * ATT_HALF_BYTES)
 /* Partial state of a warp for the in-CTA merge: 16 x 128 O, then m, l. */
-#define ATT_SCR_FLOATS (16 * 128 + 32)
+#define ATT_SCR_FLOATS CU_ROWS_SLOT_FLOATS
 #define ATT_SMEM_BYTES                                                                      \
     (1024 + ATT_STAGES * ATT_STAGE_BYTES + ATT_CONSUMERS * ATT_SCR_FLOATS * 4 +            \
      ATT_STAGES * 16 + (2 * ATT_STAGES + 1) * 8)
 
 #define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 /* What the producer tells the consumers about a ring slot. */
 typedef struct cu_attt_meta {
@@ -188,7 +188,6 @@ __device__ __forceinline__ void cu_attt_tile(uint32_t ka, uint32_t va, int k0, i
     }
     /* Keys past the token's position (only in its own last block). */
     const bool whole = pos0 + k0 + KW - 1 <= last;
-    float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
 #pragma unroll
@@ -196,40 +195,9 @@ __device__ __forceinline__ void cu_attt_tile(uint32_t ka, uint32_t va, int k0, i
             const bool vis = whole || pos0 + k0 + n * 8 + 2 * (lane & 3) + e <= last;
             sc[n][e] = vis ? sc[n][e] * sl2 : -INFINITY;
             sc[n][2 + e] = vis ? sc[n][2 + e] * sl2 : -INFINITY;
-            mx_lo = fmaxf(mx_lo, sc[n][e]);
-            mx_hi = fmaxf(mx_hi, sc[n][2 + e]);
         }
     }
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-    const float ref_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
-    const float ref_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-    const float corr_lo = exp2f(m_lo - ref_lo), corr_hi = exp2f(m_hi - ref_hi);
-    m_lo = mn_lo;
-    m_hi = mn_hi;
-    float ps_lo = 0.0f, ps_hi = 0.0f;
-#pragma unroll
-    for (int n = 0; n < NS; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            sc[n][e] = exp2f(sc[n][e] - ref_lo);
-            sc[n][2 + e] = exp2f(sc[n][2 + e] - ref_hi);
-            ps_lo += sc[n][e];
-            ps_hi += sc[n][2 + e];
-        }
-    }
-    l_lo = l_lo * corr_lo + ps_lo;
-    l_hi = l_hi * corr_hi + ps_hi;
-#pragma unroll
-    for (int n = 0; n < 16; ++n) {
-        o[n][0] *= corr_lo;
-        o[n][1] *= corr_lo;
-        o[n][2] *= corr_hi;
-        o[n][3] *= corr_hi;
-    }
+    cu_rows_softmax<NS>(sc, o, m_lo, m_hi, l_lo, l_hi);
 #pragma unroll
     for (int kk = 0; kk < KW / 16; ++kk) {
         const uint32_t p0 = cu_pack2(sc[2 * kk][0], sc[2 * kk][1], Tag());
@@ -311,85 +279,17 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         if (lane == 0)
             cu_mbar_arrive(&sm.empty[s]);
     }
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+    cu_rows_sum_quads(l_lo, l_hi);
 
     /* Merge the warps of one token into warp j == 0. */
-    float *mine = sm.scr + warp * ATT_SCR_FLOATS;
-    if (active && j > 0) {
-#pragma unroll
-        for (int n = 0; n < 16; ++n) {
-            const int d = n * 8 + 2 * (lane & 3);
-            *(float2 *)&mine[(lane >> 2) * 128 + d] = make_float2(o[n][0], o[n][1]);
-            *(float2 *)&mine[((lane >> 2) + 8) * 128 + d] = make_float2(o[n][2], o[n][3]);
-        }
-        if ((lane & 3) == 0) {
-            mine[2048 + (lane >> 2)] = m_lo;
-            mine[2048 + (lane >> 2) + 8] = m_hi;
-            mine[2064 + (lane >> 2)] = l_lo;
-            mine[2064 + (lane >> 2) + 8] = l_hi;
-        }
-    }
+    if (active && j > 0)
+        cu_rows_save(sm.scr + warp * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
     cu_named_sync(1, ATT_CONSUMERS * 32);
     if (active && j == 0) {
-        for (int j2 = 1; j2 < nsub; ++j2) {
-            const float *sl = sm.scr + (j2 * U + u) * ATT_SCR_FLOATS;
-            const float m2_lo = sl[2048 + (lane >> 2)], m2_hi = sl[2048 + (lane >> 2) + 8];
-            const float l2_lo = sl[2064 + (lane >> 2)], l2_hi = sl[2064 + (lane >> 2) + 8];
-            const float M_lo = fmaxf(m_lo, m2_lo), M_hi = fmaxf(m_hi, m2_hi);
-            const float R_lo = M_lo == -INFINITY ? 0.0f : M_lo;
-            const float R_hi = M_hi == -INFINITY ? 0.0f : M_hi;
-            const float a_lo = exp2f(m_lo - R_lo), b_lo = exp2f(m2_lo - R_lo);
-            const float a_hi = exp2f(m_hi - R_hi), b_hi = exp2f(m2_hi - R_hi);
-#pragma unroll
-            for (int n = 0; n < 16; ++n) {
-                const int d = n * 8 + 2 * (lane & 3);
-                const float2 x = *(const float2 *)&sl[(lane >> 2) * 128 + d];
-                const float2 y = *(const float2 *)&sl[((lane >> 2) + 8) * 128 + d];
-                o[n][0] = o[n][0] * a_lo + x.x * b_lo;
-                o[n][1] = o[n][1] * a_lo + x.y * b_lo;
-                o[n][2] = o[n][2] * a_hi + y.x * b_hi;
-                o[n][3] = o[n][3] * a_hi + y.y * b_hi;
-            }
-            l_lo = l_lo * a_lo + l2_lo * b_lo;
-            l_hi = l_hi * a_hi + l2_hi * b_hi;
-            m_lo = M_lo;
-            m_hi = M_hi;
-        }
-        const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
-        const float inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
-        const float lse_lo = l_lo > 0.0f ? m_lo * LN2 + logf(l_lo) : -INFINITY;
-        const float lse_hi = l_hi > 0.0f ? m_hi * LN2 + logf(l_hi) : -INFINITY;
-        if (it.nsplit == 1) {
-            uint32_t *op = (uint32_t *)A.o;
-#pragma unroll
-            for (int n = 0; n < 16; ++n) {
-                const int d = n * 8 + 2 * (lane & 3);
-                op[(q_lo * 128 + d) >> 1] = cu_pack2(o[n][0] * inv_lo, o[n][1] * inv_lo, Tag());
-                op[(q_hi * 128 + d) >> 1] = cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag());
-            }
-            if (A.lse && (lane & 3) == 0) {
-                A.lse[q_lo] = lse_lo;
-                A.lse[q_hi] = lse_hi;
-            }
-        } else {
-            const int row_lo = u * 16 + (lane >> 2);
-            float *pb = L.part + ((int64_t)it.part_base + (int64_t)it.split * it.nrows) * L.part_stride;
-            float *p_lo = pb + (int64_t)row_lo * L.part_stride;
-            float *p_hi = p_lo + 8 * (int64_t)L.part_stride;
-#pragma unroll
-            for (int n = 0; n < 16; ++n) {
-                const int d = n * 8 + 2 * (lane & 3);
-                *(float2 *)&p_lo[d] = make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
-                *(float2 *)&p_hi[d] = make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
-            }
-            if ((lane & 3) == 0) {
-                p_lo[128] = lse_lo;
-                p_hi[128] = lse_hi;
-            }
-        }
+        for (int j2 = 1; j2 < nsub; ++j2)
+            cu_rows_absorb(sm.scr + (j2 * U + u) * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
+        cu_rows_write<Tag>(L, A, it, u * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,
+                           l_lo, l_hi);
     }
     cu_named_sync(1, ATT_CONSUMERS * 32); /* the scratch is reused by the next item */
 }

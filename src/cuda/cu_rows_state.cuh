@@ -1,0 +1,172 @@
+/*
+ * Online-softmax state of one warp's m16 tile of query rows in the
+ * tensor-core attention kernels: O (16 rows x 128 dims in mma.sync
+ * accumulator layout: a thread holds rows lane/4 and lane/4 + 8), and per
+ * row the running max m (log2 units) and sum l.  Shared by the sm_80 path
+ * (attn_mma.cu) and the Hopper path (attn_tma.cu).
+ */
+#ifndef MSA_CU_ROWS_STATE_CUH
+#define MSA_CU_ROWS_STATE_CUH
+
+#include "cu_plan.cuh"
+#include "cu_mma.cuh"
+
+#define CU_LN2 0.6931471805599453f
+/* Floats of a saved state: O, then m and l of the 16 rows. */
+#define CU_ROWS_SLOT_FLOATS (16 * 128 + 32)
+
+/* One tile of scores sc (already scaled to log2 units, -inf where masked)
+ * enters the state: new maxima, O and l rescaled, sc turned into weights. */
+template <int NS>
+__device__ __forceinline__ void cu_rows_softmax(float (&sc)[NS][4], float (&o)[16][4], float &m_lo,
+                                                float &m_hi, float &l_lo, float &l_hi)
+{
+    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+        mx_lo = fmaxf(mx_lo, fmaxf(sc[n][0], sc[n][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(sc[n][2], sc[n][3]));
+    }
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+    /* A row with no key yet keeps m = -inf; exp2(-inf - 0) = 0 leaves it empty. */
+    const float ref_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
+    const float ref_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+    const float corr_lo = exp2f(m_lo - ref_lo), corr_hi = exp2f(m_hi - ref_hi);
+    m_lo = mn_lo;
+    m_hi = mn_hi;
+    float ps_lo = 0.0f, ps_hi = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            sc[n][e] = exp2f(sc[n][e] - ref_lo);
+            sc[n][2 + e] = exp2f(sc[n][2 + e] - ref_hi);
+            ps_lo += sc[n][e];
+            ps_hi += sc[n][2 + e];
+        }
+    }
+    l_lo = l_lo * corr_lo + ps_lo;
+    l_hi = l_hi * corr_hi + ps_hi;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+        o[n][0] *= corr_lo;
+        o[n][1] *= corr_lo;
+        o[n][2] *= corr_hi;
+        o[n][3] *= corr_hi;
+    }
+}
+
+/* Row sums over the four lanes that hold a row (after the key loop). */
+__device__ __forceinline__ void cu_rows_sum_quads(float &l_lo, float &l_hi)
+{
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+}
+
+/* Saves the state into a slot of CU_ROWS_SLOT_FLOATS (shared memory). */
+__device__ __forceinline__ void cu_rows_save(float *sl, const float (&o)[16][4], float m_lo,
+                                             float m_hi, float l_lo, float l_hi)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+        const int d = n * 8 + 2 * (lane & 3);
+        *(float2 *)&sl[(lane >> 2) * 128 + d] = make_float2(o[n][0], o[n][1]);
+        *(float2 *)&sl[((lane >> 2) + 8) * 128 + d] = make_float2(o[n][2], o[n][3]);
+    }
+    if ((lane & 3) == 0) {
+        sl[2048 + (lane >> 2)] = m_lo;
+        sl[2048 + (lane >> 2) + 8] = m_hi;
+        sl[2064 + (lane >> 2)] = l_lo;
+        sl[2064 + (lane >> 2) + 8] = l_hi;
+    }
+}
+
+/* Merges a saved state (same rows, other keys) into this one. */
+__device__ __forceinline__ void cu_rows_absorb(const float *sl, float (&o)[16][4], float &m_lo,
+                                               float &m_hi, float &l_lo, float &l_hi)
+{
+    const int lane = threadIdx.x & 31;
+    const float m2_lo = sl[2048 + (lane >> 2)], m2_hi = sl[2048 + (lane >> 2) + 8];
+    const float l2_lo = sl[2064 + (lane >> 2)], l2_hi = sl[2064 + (lane >> 2) + 8];
+    const float M_lo = fmaxf(m_lo, m2_lo), M_hi = fmaxf(m_hi, m2_hi);
+    const float R_lo = M_lo == -INFINITY ? 0.0f : M_lo;
+    const float R_hi = M_hi == -INFINITY ? 0.0f : M_hi;
+    const float a_lo = exp2f(m_lo - R_lo), b_lo = exp2f(m2_lo - R_lo);
+    const float a_hi = exp2f(m_hi - R_hi), b_hi = exp2f(m2_hi - R_hi);
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+        const int d = n * 8 + 2 * (lane & 3);
+        const float2 x = *(const float2 *)&sl[(lane >> 2) * 128 + d];
+        const float2 y = *(const float2 *)&sl[((lane >> 2) + 8) * 128 + d];
+        o[n][0] = o[n][0] * a_lo + x.x * b_lo;
+        o[n][1] = o[n][1] * a_lo + x.y * b_lo;
+        o[n][2] = o[n][2] * a_hi + y.x * b_hi;
+        o[n][3] = o[n][3] * a_hi + y.y * b_hi;
+    }
+    l_lo = l_lo * a_lo + l2_lo * b_lo;
+    l_hi = l_hi * a_hi + l2_hi * b_hi;
+    m_lo = M_lo;
+    m_hi = M_hi;
+}
+
+/* Final rows of an item: the normalized output and its LSE (one split), or
+ * a normalized partial row and its LSE for the merge (several splits).
+ * row_lo: the thread's first row within the item; q_lo / q_hi: its rows of
+ * the output (token row x heads + head); ok_*: the row exists. */
+template <typename Tag>
+__device__ __forceinline__ void cu_rows_write(const cu_layer &L, const cu_attn &A,
+                                              const cu_att_item &it, int row_lo, int64_t q_lo,
+                                              int64_t q_hi, bool ok_lo, bool ok_hi,
+                                              const float (&o)[16][4], float m_lo, float m_hi,
+                                              float l_lo, float l_hi)
+{
+    const int lane = threadIdx.x & 31;
+    const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
+    const float inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+    const float lse_lo = l_lo > 0.0f ? m_lo * CU_LN2 + logf(l_lo) : -INFINITY;
+    const float lse_hi = l_hi > 0.0f ? m_hi * CU_LN2 + logf(l_hi) : -INFINITY;
+    if (it.nsplit == 1) {
+        uint32_t *op = (uint32_t *)A.o;
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+            const int d = n * 8 + 2 * (lane & 3);
+            if (ok_lo)
+                op[(q_lo * 128 + d) >> 1] = cu_pack2(o[n][0] * inv_lo, o[n][1] * inv_lo, Tag());
+            if (ok_hi)
+                op[(q_hi * 128 + d) >> 1] = cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag());
+        }
+        if (A.lse && (lane & 3) == 0) {
+            if (ok_lo)
+                A.lse[q_lo] = lse_lo;
+            if (ok_hi)
+                A.lse[q_hi] = lse_hi;
+        }
+    } else {
+        float *pb = L.part + ((int64_t)it.part_base + (int64_t)it.split * it.nrows) * L.part_stride;
+        float *p_lo = pb + (int64_t)row_lo * L.part_stride;
+        float *p_hi = p_lo + 8 * (int64_t)L.part_stride;
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+            const int d = n * 8 + 2 * (lane & 3);
+            if (ok_lo)
+                *(float2 *)&p_lo[d] = make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
+            if (ok_hi)
+                *(float2 *)&p_hi[d] = make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
+        }
+        if ((lane & 3) == 0) {
+            if (ok_lo)
+                p_lo[128] = lse_lo;
+            if (ok_hi)
+                p_hi[128] = lse_hi;
+        }
+    }
+}
+
+#endif /* MSA_CU_ROWS_STATE_CUH */
