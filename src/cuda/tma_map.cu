@@ -8,21 +8,23 @@
 
 #include <cudaTypedefs.h>
 
+static PFN_cuTensorMapEncodeTiled_v12000 cu_encode_lookup(void)
+{
+    void *p = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        return (PFN_cuTensorMapEncodeTiled_v12000)p;
+    cudaGetLastError();
+    return NULL;
+}
+
+/* Looked up once; the initialization of a function-local static is
+ * thread-safe, so contexts on several threads may encode at once. */
 static PFN_cuTensorMapEncodeTiled_v12000 cu_encode_fn(void)
 {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
-    static int tried = 0;
-    if (!tried) {
-        void *p = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                             &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-        else
-            cudaGetLastError();
-        tried = 1;
-    }
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = cu_encode_lookup();
     return fn;
 }
 
