@@ -30,6 +30,14 @@
 #define ATT_META_BYTES (ATT_META_BLK * 8 + ATT_META_PAGES * 4)
 #define ATT_SMEM_BYTES (ATT_STAGES * ATT_STAGE_BYTES + ATT_META_BYTES)
 
+/* The tiles of this path: rows of 256 bytes, cu_swz. */
+struct cu_swz256 {
+    __device__ __forceinline__ uint32_t operator()(int row, int chunk) const
+    {
+        return cu_swz(row, chunk);
+    }
+};
+
 #define LOG2E 1.4426950408889634f
 
 /* Row metadata of a tile read straight from memory (union entry, then page
@@ -218,17 +226,7 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
         q_hi = (int64_t)(cs.t0 + tok_hi) * A.hq_total + it.group * A.g + (row - tok_hi * A.g);
     }
     uint32_t qa[8][4];
-    {
-        const uint32_t *qp = (const uint32_t *)A.q;
-#pragma unroll
-        for (int k8 = 0; k8 < 8; ++k8) {
-            const int d = k8 * 16 + 2 * (lane & 3);
-            qa[k8][0] = ok_lo ? qp[(q_lo * 128 + d) >> 1] : 0u;
-            qa[k8][1] = ok_hi ? qp[(q_hi * 128 + d) >> 1] : 0u;
-            qa[k8][2] = ok_lo ? qp[(q_lo * 128 + d + 8) >> 1] : 0u;
-            qa[k8][3] = ok_hi ? qp[(q_hi * 128 + d + 8) >> 1] : 0u;
-        }
-    }
+    cu_rows_load_q(A.q, q_lo, q_hi, ok_lo, ok_hi, qa);
     float o[16][4];
 #pragma unroll
     for (int n = 0; n < 16; ++n)
@@ -275,25 +273,8 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
         if (!__any_sync(0xffffffffu, used & 1u))
             continue;
 
-        /* S = Q K^T, the n-tiles interleaved so their accumulation chains
-         * overlap in the tensor pipe. */
         float sc[NS][4];
-#pragma unroll
-        for (int n = 0; n < NS; ++n)
-            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-#pragma unroll
-        for (int kp = 0; kp < 4; ++kp) {
-#pragma unroll
-            for (int n = 0; n < NS; ++n) {
-                uint32_t b0, b1, b2, b3;
-                cu_ldsm_x4(ka + cu_swz(key_base + n * 8 + (lane & 7), kp * 4 + (lane >> 3)), b0, b1,
-                           b2, b3);
-                cu_mma16816(sc[n], qa[2 * kp][0], qa[2 * kp][1], qa[2 * kp][2], qa[2 * kp][3], b0,
-                            b1, Tag());
-                cu_mma16816(sc[n], qa[2 * kp + 1][0], qa[2 * kp + 1][1], qa[2 * kp + 1][2],
-                            qa[2 * kp + 1][3], b2, b3, Tag());
-            }
-        }
+        cu_rows_qk<Tag, NS, cu_swz256>(ka, key_base, qa, sc);
         /* Mask, scale to log2 units, online softmax. */
 #pragma unroll
         for (int n = 0; n < NS; ++n) {
@@ -305,22 +286,7 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
             }
         }
         cu_rows_softmax<NS>(sc, o, m_lo, m_hi, l_lo, l_hi);
-        /* O += P V. */
-#pragma unroll
-        for (int kk = 0; kk < KW / 16; ++kk) {
-            const uint32_t p0 = cu_pack2(sc[2 * kk][0], sc[2 * kk][1], Tag());
-            const uint32_t p1 = cu_pack2(sc[2 * kk][2], sc[2 * kk][3], Tag());
-            const uint32_t p2 = cu_pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], Tag());
-            const uint32_t p3 = cu_pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], Tag());
-            const int vrow = key_base + kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-#pragma unroll
-            for (int dp = 0; dp < 8; ++dp) {
-                uint32_t b0, b1, b2, b3;
-                cu_ldsm_x4_trans(va + cu_swz(vrow, dp * 2 + (lane >> 4)), b0, b1, b2, b3);
-                cu_mma16816(o[2 * dp], p0, p1, p2, p3, b0, b1, Tag());
-                cu_mma16816(o[2 * dp + 1], p0, p1, p2, p3, b2, b3, Tag());
-            }
-        }
+        cu_rows_pv<Tag, KW, cu_swz256>(va, key_base, sc, o);
     }
     cu_cp_async_wait<0>();
     cu_rows_sum_quads(l_lo, l_hi);
@@ -374,12 +340,8 @@ void cu_launch_attn_decode_mma(const cu_layer *L, const cu_plan_state *st, const
 
 cudaError_t cu_attn_mma_setup(int num_sms, int *grid)
 {
-    cudaError_t e = cudaFuncSetAttribute(cu_attn_mma_kernel<cu_bf16_tag>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_SMEM_BYTES);
-    if (e != cudaSuccess)
-        return e;
-    e = cudaFuncSetAttribute(cu_attn_mma_kernel<cu_f16_tag>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_SMEM_BYTES);
+    cudaError_t e = cu_allow_smem(ATT_SMEM_BYTES, cu_attn_mma_kernel<cu_bf16_tag>,
+                                  cu_attn_mma_kernel<cu_f16_tag>);
     if (e != cudaSuccess)
         return e;
     int occ = 0;

@@ -50,6 +50,14 @@ typedef struct cu_attt_meta {
     int32_t pad0, pad1;
 } cu_attt_meta;
 
+/* The tiles of this path: 64 rows in two swizzled 64-column boxes. */
+struct cu_swz_tile {
+    __device__ __forceinline__ uint32_t operator()(int row, int chunk) const
+    {
+        return cu_tswz(ATT_TILE, row, chunk);
+    }
+};
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 typedef struct cu_attt_smem {
@@ -65,6 +73,24 @@ __device__ __forceinline__ uint32_t cu_attt_item_bits(int32_t tok0, int32_t unit
 {
     const uint32_t m = units >= 32 ? 0xffffffffu : ((1u << units) - 1u);
     return m << tok0;
+}
+
+/* Takes the next ring slot for the producer (waiting until the consumers
+ * released its previous use) and publishes what it will hold. */
+__device__ __forceinline__ int cu_attt_claim(const cu_attt_smem &sm, uint32_t &gs, int32_t pos0,
+                                             uint32_t bits)
+{
+    const int s = gs % ATT_STAGES;
+    const uint32_t par = (gs / ATT_STAGES) & 1u;
+    ++gs;
+    if ((threadIdx.x & 31) == 0) {
+        if (gs > ATT_STAGES)
+            cu_mbar_wait(&sm.empty[s], par ^ 1u);
+        sm.meta[s].pos0 = pos0;
+        sm.meta[s].bits = bits;
+    }
+    __syncwarp();
+    return s;
 }
 
 __device__ void cu_attt_producer(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
@@ -96,40 +122,24 @@ __device__ void cu_attt_producer(const cu_layer &L, const cu_attn &A, const CUte
             const int32_t p0 = __shfl_sync(0xffffffffu, pos0, j);
             const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
             const int32_t pg = __shfl_sync(0xffffffffu, page, j);
-            const int s = gs % ATT_STAGES;
-            const uint32_t par = (gs / ATT_STAGES) & 1u;
-            ++gs;
-            if (lane == 0) {
-                if (gs > ATT_STAGES)
-                    cu_mbar_wait(&sm.empty[s], par ^ 1u);
-                sm.meta[s].pos0 = p0;
-                sm.meta[s].bits = b;
-            }
-            __syncwarp();
+            const int s = cu_attt_claim(sm, gs, p0, b);
             unsigned char *kd = sm.ring + s * ATT_STAGE_BYTES;
             unsigned char *vd = kd + ATT_HALF_BYTES;
             const int32_t row = (int32_t)((int64_t)pg * A.hkv * L.P + prow_base + (p0 & 127));
+            /* A tile with rows past kv_len completes on the producer's own
+             * barrier: those V rows become zeros (see the header) before a
+             * plain arrival hands the slot over; its release is what the
+             * consumers acquire with their wait. */
             const bool tail = p0 + ATT_TILE > cs.kl;
-            if (!tail) {
-                if (lane == 0) {
-                    cu_mbar_arrive_tx(&sm.full[s], ATT_STAGE_BYTES);
-                    cu_tma_load2d(kd, mk, 0, row, &sm.full[s]);
-                    cu_tma_load2d(kd + ATT_HALF_BYTES / 2, mk, 64, row, &sm.full[s]);
-                    cu_tma_load2d(vd, mv, 0, row, &sm.full[s]);
-                    cu_tma_load2d(vd + ATT_HALF_BYTES / 2, mv, 64, row, &sm.full[s]);
-                }
-            } else {
-                /* V rows past kv_len become zeros (see the header): the
-                 * producer loads the tile on its own barrier, clears those
-                 * rows, then hands the slot over with a plain arrival whose
-                 * release the consumers acquire with their wait. */
-                if (lane == 0) {
-                    cu_mbar_arrive_tx(sm.tail, ATT_STAGE_BYTES);
-                    cu_tma_load2d(kd, mk, 0, row, sm.tail);
-                    cu_tma_load2d(kd + ATT_HALF_BYTES / 2, mk, 64, row, sm.tail);
-                    cu_tma_load2d(vd, mv, 0, row, sm.tail);
-                    cu_tma_load2d(vd + ATT_HALF_BYTES / 2, mv, 64, row, sm.tail);
-                }
+            uint64_t *bar = tail ? sm.tail : &sm.full[s];
+            if (lane == 0) {
+                cu_mbar_arrive_tx(bar, ATT_STAGE_BYTES);
+                cu_tma_load2d(kd, mk, 0, row, bar);
+                cu_tma_load2d(kd + ATT_HALF_BYTES / 2, mk, 64, row, bar);
+                cu_tma_load2d(vd, mv, 0, row, bar);
+                cu_tma_load2d(vd + ATT_HALF_BYTES / 2, mv, 64, row, bar);
+            }
+            if (tail) {
                 cu_mbar_wait(sm.tail, tail_par);
                 tail_par ^= 1u;
                 const int32_t valid = cs.kl - p0; /* rows of the tile before kv_len */
@@ -147,16 +157,9 @@ __device__ void cu_attt_producer(const cu_layer &L, const cu_attn &A, const CUte
         }
     }
     /* End of the item. */
-    const int s = gs % ATT_STAGES;
-    const uint32_t par = (gs / ATT_STAGES) & 1u;
-    ++gs;
-    if (lane == 0) {
-        if (gs > ATT_STAGES)
-            cu_mbar_wait(&sm.empty[s], par ^ 1u);
-        sm.meta[s].pos0 = -1;
-        sm.meta[s].bits = 0u;
+    const int s = cu_attt_claim(sm, gs, -1, 0u);
+    if (lane == 0)
         cu_mbar_arrive(&sm.full[s]);
-    }
     __syncwarp();
 }
 
@@ -170,22 +173,7 @@ __device__ __forceinline__ void cu_attt_tile(uint32_t ka, uint32_t va, int k0, i
     constexpr int NS = KW / 8;
     const int lane = threadIdx.x & 31;
     float sc[NS][4];
-#pragma unroll
-    for (int n = 0; n < NS; ++n)
-        sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-#pragma unroll
-    for (int kp = 0; kp < 4; ++kp) {
-#pragma unroll
-        for (int n = 0; n < NS; ++n) {
-            uint32_t b0, b1, b2, b3;
-            cu_ldsm_x4(ka + cu_tswz(ATT_TILE, k0 + n * 8 + (lane & 7), kp * 4 + (lane >> 3)), b0, b1,
-                       b2, b3);
-            cu_mma16816(sc[n], qa[2 * kp][0], qa[2 * kp][1], qa[2 * kp][2], qa[2 * kp][3], b0, b1,
-                        Tag());
-            cu_mma16816(sc[n], qa[2 * kp + 1][0], qa[2 * kp + 1][1], qa[2 * kp + 1][2],
-                        qa[2 * kp + 1][3], b2, b3, Tag());
-        }
-    }
+    cu_rows_qk<Tag, NS, cu_swz_tile>(ka, k0, qa, sc);
     /* Keys past the token's position (only in its own last block). */
     const bool whole = pos0 + k0 + KW - 1 <= last;
 #pragma unroll
@@ -198,21 +186,7 @@ __device__ __forceinline__ void cu_attt_tile(uint32_t ka, uint32_t va, int k0, i
         }
     }
     cu_rows_softmax<NS>(sc, o, m_lo, m_hi, l_lo, l_hi);
-#pragma unroll
-    for (int kk = 0; kk < KW / 16; ++kk) {
-        const uint32_t p0 = cu_pack2(sc[2 * kk][0], sc[2 * kk][1], Tag());
-        const uint32_t p1 = cu_pack2(sc[2 * kk][2], sc[2 * kk][3], Tag());
-        const uint32_t p2 = cu_pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], Tag());
-        const uint32_t p3 = cu_pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], Tag());
-        const int vrow = k0 + kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-#pragma unroll
-        for (int dp = 0; dp < 8; ++dp) {
-            uint32_t b0, b1, b2, b3;
-            cu_ldsm_x4_trans(va + cu_tswz(ATT_TILE, vrow, dp * 2 + (lane >> 4)), b0, b1, b2, b3);
-            cu_mma16816(o[2 * dp], p0, p1, p2, p3, b0, b1, Tag());
-            cu_mma16816(o[2 * dp + 1], p0, p1, p2, p3, b2, b3, Tag());
-        }
-    }
+    cu_rows_pv<Tag, KW, cu_swz_tile>(va, k0, sc, o);
 }
 
 template <typename Tag>
@@ -238,17 +212,7 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
     const int64_t q_lo = (int64_t)(it.t0 + tok) * A.hq_total + it.group * 16 + (lane >> 2);
     const int64_t q_hi = q_lo + 8;
     uint32_t qa[8][4];
-    {
-        const uint32_t *qp = (const uint32_t *)A.q;
-#pragma unroll
-        for (int k8 = 0; k8 < 8; ++k8) {
-            const int d = k8 * 16 + 2 * (lane & 3);
-            qa[k8][0] = active ? qp[(q_lo * 128 + d) >> 1] : 0u;
-            qa[k8][1] = active ? qp[(q_hi * 128 + d) >> 1] : 0u;
-            qa[k8][2] = active ? qp[(q_lo * 128 + d + 8) >> 1] : 0u;
-            qa[k8][3] = active ? qp[(q_hi * 128 + d + 8) >> 1] : 0u;
-        }
-    }
+    cu_rows_load_q(A.q, q_lo, q_hi, active, active, qa);
     float o[16][4];
 #pragma unroll
     for (int n = 0; n < 16; ++n)
@@ -357,10 +321,6 @@ void cu_launch_attn_tma(const cu_layer *L, const cu_plan_state *st, const cu_att
 
 cudaError_t cu_attn_tma_setup(void)
 {
-    cudaError_t e = cudaFuncSetAttribute(cu_attn_tma_kernel<cu_bf16_tag>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_SMEM_BYTES);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(cu_attn_tma_kernel<cu_f16_tag>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_SMEM_BYTES);
-    return e;
+    return cu_allow_smem(ATT_SMEM_BYTES, cu_attn_tma_kernel<cu_bf16_tag>,
+                         cu_attn_tma_kernel<cu_f16_tag>);
 }

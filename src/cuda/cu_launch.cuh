@@ -46,4 +46,19 @@ static inline void cu_launch(void (*kernel)(KArgs...), int grid, int block, size
     cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
+/* Allows each kernel `bytes` of dynamic shared memory (beyond the default
+ * 48 KB); stops at the first error. */
+static inline cudaError_t cu_allow_smem(size_t)
+{
+    return cudaSuccess;
+}
+
+template <typename Kernel, typename... More>
+static inline cudaError_t cu_allow_smem(size_t bytes, Kernel kernel, More... more)
+{
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    return e != cudaSuccess ? e : cu_allow_smem(bytes, more...);
+}
+
 #endif /* MSA_CU_LAUNCH_CUH */

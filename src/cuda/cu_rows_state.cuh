@@ -15,6 +15,72 @@
 /* Floats of a saved state: O, then m and l of the 16 rows. */
 #define CU_ROWS_SLOT_FLOATS (16 * 128 + 32)
 
+/* Query fragments (A operand) of the thread's rows q_lo / q_hi (rows of the
+ * query tensor, D = 128); rows that do not exist read as zero. */
+__device__ __forceinline__ void cu_rows_load_q(const void *q, int64_t q_lo, int64_t q_hi, bool ok_lo,
+                                               bool ok_hi, uint32_t (&qa)[8][4])
+{
+    const int lane = threadIdx.x & 31;
+    const uint32_t *qp = (const uint32_t *)q;
+#pragma unroll
+    for (int k8 = 0; k8 < 8; ++k8) {
+        const int d = k8 * 16 + 2 * (lane & 3);
+        qa[k8][0] = ok_lo ? qp[(q_lo * 128 + d) >> 1] : 0u;
+        qa[k8][1] = ok_hi ? qp[(q_hi * 128 + d) >> 1] : 0u;
+        qa[k8][2] = ok_lo ? qp[(q_lo * 128 + d + 8) >> 1] : 0u;
+        qa[k8][3] = ok_hi ? qp[(q_hi * 128 + d + 8) >> 1] : 0u;
+    }
+}
+
+/* S = Q K^T for NS n-tiles of 8 keys starting at tile row k0.  Swz maps
+ * (row, 16-byte chunk) to a byte offset in the tile; the n-tiles are
+ * interleaved so their accumulation chains overlap in the tensor pipe. */
+template <typename Tag, int NS, typename Swz>
+__device__ __forceinline__ void cu_rows_qk(uint32_t ka, int k0, const uint32_t (&qa)[8][4],
+                                           float (&sc)[NS][4])
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+        sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+    for (int kp = 0; kp < 4; ++kp) {
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+            uint32_t b0, b1, b2, b3;
+            cu_ldsm_x4(ka + Swz()(k0 + n * 8 + (lane & 7), kp * 4 + (lane >> 3)), b0, b1, b2, b3);
+            cu_mma16816(sc[n], qa[2 * kp][0], qa[2 * kp][1], qa[2 * kp][2], qa[2 * kp][3], b0, b1,
+                        Tag());
+            cu_mma16816(sc[n], qa[2 * kp + 1][0], qa[2 * kp + 1][1], qa[2 * kp + 1][2],
+                        qa[2 * kp + 1][3], b2, b3, Tag());
+        }
+    }
+}
+
+/* O += P V for the KW keys at tile row k0; P (the weights in sc) is rounded
+ * to the 16-bit type. */
+template <typename Tag, int KW, typename Swz>
+__device__ __forceinline__ void cu_rows_pv(uint32_t va, int k0, const float (&sc)[KW / 8][4],
+                                           float (&o)[16][4])
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < KW / 16; ++kk) {
+        const uint32_t p0 = cu_pack2(sc[2 * kk][0], sc[2 * kk][1], Tag());
+        const uint32_t p1 = cu_pack2(sc[2 * kk][2], sc[2 * kk][3], Tag());
+        const uint32_t p2 = cu_pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], Tag());
+        const uint32_t p3 = cu_pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], Tag());
+        const int vrow = k0 + kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+        for (int dp = 0; dp < 8; ++dp) {
+            uint32_t b0, b1, b2, b3;
+            cu_ldsm_x4_trans(va + Swz()(vrow, dp * 2 + (lane >> 4)), b0, b1, b2, b3);
+            cu_mma16816(o[2 * dp], p0, p1, p2, p3, b0, b1, Tag());
+            cu_mma16816(o[2 * dp + 1], p0, p1, p2, p3, b2, b3, Tag());
+        }
+    }
+}
+
 /* One tile of scores sc (already scaled to log2 units, -inf where masked)
  * enters the state: new maxima, O and l rescaled, sc turned into weights. */
 template <int NS>

@@ -347,12 +347,8 @@ void cu_launch_indexer_mma(const cu_layer *L, const cu_plan_state *st, cudaStrea
 
 cudaError_t cu_indexer_mma_setup(int num_sms, int *grid)
 {
-    cudaError_t e = cudaFuncSetAttribute(cu_indexer_mma_kernel<cu_bf16_tag>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, IDX_SMEM_BYTES);
-    if (e != cudaSuccess)
-        return e;
-    e = cudaFuncSetAttribute(cu_indexer_mma_kernel<cu_f16_tag>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, IDX_SMEM_BYTES);
+    cudaError_t e = cu_allow_smem(IDX_SMEM_BYTES, cu_indexer_mma_kernel<cu_bf16_tag>,
+                                  cu_indexer_mma_kernel<cu_f16_tag>);
     if (e != cudaSuccess)
         return e;
     int occ = 0;

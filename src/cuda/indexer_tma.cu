@@ -376,10 +376,6 @@ void cu_launch_indexer_tma(const cu_layer *L, const cu_plan_state *st, const CUt
 
 cudaError_t cu_indexer_tma_setup(void)
 {
-    cudaError_t e = cudaFuncSetAttribute(cu_indexer_tma_kernel<cu_bf16_tag>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, IDXT_SMEM_BYTES);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(cu_indexer_tma_kernel<cu_f16_tag>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, IDXT_SMEM_BYTES);
-    return e;
+    return cu_allow_smem(IDXT_SMEM_BYTES, cu_indexer_tma_kernel<cu_bf16_tag>,
+                         cu_indexer_tma_kernel<cu_f16_tag>);
 }
