@@ -120,12 +120,14 @@ fi
 
 # ---- per-kernel profile (ncu) -------------------------------------------------
 # PROFILE_CASES: space-separated batch:context:q_len shapes; one graph replay
-# each, every kernel of the layer with its time and DRAM throughput.
+# each, every kernel of the layer with its time and DRAM throughput
+# (PROFILE_METRICS, PROFILE_SHOW: other metrics; PROFILE_EXTRA: more ncu
+# options, e.g. --cache-control none to keep the L2 warm as in graph replay).
 if has_step profile; then
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     for pc in ${PROFILE_CASES:-8:100000:1 128:10000:8 1:128000:1}; do
         IFS=: read -r pb pl pq <<<"$pc"
-        run_logged "profile_b${pb}_l${pl}_q${pq}" "$NCU" --clock-control none \
+        run_logged "profile_b${pb}_l${pl}_q${pq}" "$NCU" --clock-control none ${PROFILE_EXTRA:-} \
             --kernel-name regex:'cu_(prologue|indexer|select|attn|merge)' \
             --metrics "${PROFILE_METRICS:-gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size}" \
             --csv "$MSA" bench --backend cuda --decode-context "$pl" --batch "$pb" --q-len "$pq" \

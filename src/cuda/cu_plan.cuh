@@ -161,6 +161,7 @@ typedef struct cu_layer {
     float *lse;
     int32_t *topk;
     int32_t write_cache;
+    int32_t row_vec;         /* cache write in 16-byte pieces (cu_rows_vec_ok) */
     /* Plan. */
     cu_meta m;
     int32_t cap_pages, cap_blocks, cap_union, part_stride, sel_cache;

@@ -86,6 +86,29 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
     __syncwarp();
 }
 
+/* Copies a score row into this warp's shared memory, eight loads in flight
+ * per lane: the row sits in L2 (the indexer just wrote it), and one load per
+ * loop iteration would pay an L2 round trip per 32 blocks. */
+__device__ __forceinline__ void cu_stage_scores(const float *scores, int32_t N, float *cache)
+{
+    const int lane = threadIdx.x & 31;
+    for (int32_t n0 = 0; n0 < N; n0 += 256) {
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int32_t n = n0 + 32 * j + lane;
+            v[j] = n < N ? scores[n] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int32_t n = n0 + 32 * j + lane;
+            if (n < N)
+                cache[n] = v[j];
+        }
+    }
+    __syncwarp();
+}
+
 /* Writes min(K, N) ids ascending then -1 up to K into out[] (shared).
  * The five passes read the scores from `cache` (this warp's shared memory,
  * cache_cap floats) when they fit, else from global memory. */
@@ -101,15 +124,13 @@ __device__ __forceinline__ void cu_select_row(const float *scores, int32_t N, in
         __syncwarp();
         return;
     }
+    if (N <= cache_cap) {
+        cu_stage_scores(scores, N, cache);
+        scores = cache;
+    }
     if (K - I - Lc <= CU_SEL_SMALL && K <= 32) {
         cu_select_row_small(scores, N, K, I, Lc, out);
         return;
-    }
-    if (N <= cache_cap) {
-        for (int32_t n = lane; n < N; n += 32)
-            cache[n] = scores[n];
-        __syncwarp();
-        scores = cache;
     }
     const int32_t c_begin = I, c_end = N - Lc; /* non-forced candidates */
     uint32_t prefix = 0u, mask = 0u;

@@ -210,6 +210,31 @@ static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const c
     cu_launch_merge_prefill(L, st, A, s);
 }
 
+/* Whether the prologue may copy the step's rows into the cache in 16-byte
+ * pieces: same 16-bit element type on both sides, rows a multiple of 8
+ * elements and every base pointer 16-byte aligned. */
+static int cu_rows_vec_ok(const cu_layer *L)
+{
+    const int half = L->act == MSA_DTYPE_BF16 || L->act == MSA_DTYPE_FP16;
+    if (!half || L->kv_dt != L->act || L->D % 8 != 0)
+        return 0;
+    const void *ptrs[8] = {L->k, L->v, L->kp_w, L->vp_w, NULL, NULL, NULL, NULL};
+    if (L->sparse) {
+        if (L->idx_dt != L->act || L->Di % 8 != 0)
+            return 0;
+        ptrs[4] = L->ik;
+        ptrs[5] = L->ikp_w;
+        if (L->iv) {
+            ptrs[6] = L->iv_in;
+            ptrs[7] = L->ivp_w;
+        }
+    }
+    for (int i = 0; i < 8; ++i)
+        if ((uintptr_t)ptrs[i] % 16 != 0)
+            return 0;
+    return 1;
+}
+
 msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io)
 {
     const cu_ctx_state *cs = (const cu_ctx_state *)ctx->backend_state;
@@ -267,6 +292,7 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     L.lse = io->lse;
     L.topk = io->topk;
     L.write_cache = io->write_cache;
+    L.row_vec = L.write_cache && cu_rows_vec_ok(&L);
     L.m = st->dev;
     L.cap_pages = st->cap_pages;
     L.cap_blocks = st->cap_blocks;

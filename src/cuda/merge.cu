@@ -9,7 +9,7 @@
 #include "cu_rows.cuh"
 #include "cu_launch.cuh"
 
-#define MERGE_WARPS 4
+#define MERGE_WARPS 8
 
 __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &A, int cta, int nctas)
 {
@@ -43,14 +43,25 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
             wsum = cu_warp_sum(w);
             const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-            for (int32_t s = 0; s < it.nsplit; ++s) {
-                const float ws = __shfl_sync(0xffffffffu, w, s);
-                if (ws != 0.0f) {
+            /* Four splits' rows loaded together before any is used (one
+             * round trip per four splits); a split with no keys (weight 0)
+             * is skipped, whatever its row holds. */
+            for (int32_t s0 = 0; s0 < it.nsplit; s0 += 4) {
+                float x[4][4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
 #pragma unroll
                     for (int j = 0; j < 4; ++j)
-                        if (lane + 32 * j < A.d)
-                            acc[j] = fmaf(ws, p0[s * step + lane + 32 * j], acc[j]);
+                        x[u][j] = s0 + u < it.nsplit && lane + 32 * j < A.d
+                                      ? p0[(s0 + u) * step + lane + 32 * j]
+                                      : 0.0f;
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const float ws = __shfl_sync(0xffffffffu, w, (s0 + u) & 31);
+                    if (s0 + u < it.nsplit && ws != 0.0f)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[j] = fmaf(ws, x[u][j], acc[j]);
                 }
             }
 #pragma unroll
@@ -82,7 +93,7 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
     }
 }
 
-__global__ void __launch_bounds__(MERGE_WARPS * 32, 1) cu_merge_prefill_kernel(cu_layer L, cu_attn A)
+__global__ void __launch_bounds__(MERGE_WARPS * 32, 2) cu_merge_prefill_kernel(cu_layer L, cu_attn A)
 {
     cu_pdl_wait();
     cu_pdl_trigger();

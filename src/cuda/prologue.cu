@@ -24,6 +24,42 @@ __device__ __forceinline__ void cu_copy_elem(void *dst, int dst_dt, int64_t di, 
     }
 }
 
+/* Row copy in 16-byte pieces: equal 16-bit element types, every row length
+ * a multiple of 8 and every base 16-byte aligned (checked on the host).
+ * One piece per thread: the loads of a token row are all in flight at once
+ * instead of one dependent round trip per element loop iteration. */
+__device__ __forceinline__ void cu_prologue_row_vec(const cu_layer &L, int32_t t, int32_t page,
+                                                    int32_t slot)
+{
+    const int32_t pk = L.D / 8;                 /* pieces per KV head row */
+    const int32_t nkv = L.Hkv * pk;             /* pieces of k (and of v) */
+    const int32_t pi = L.Di / 8;                /* pieces of an index row */
+    const int32_t nidx = L.sparse ? pi : 0;
+    const int32_t niv = L.iv ? pi : 0;
+    const int32_t total = 2 * nkv + nidx + niv;
+    for (int32_t e = threadIdx.x; e < total; e += blockDim.x) {
+        const uint4 *src;
+        uint4 *dst;
+        if (e < 2 * nkv) {
+            const int32_t v = e >= nkv;
+            const int32_t x = e - v * nkv;
+            const int32_t h = x / pk, c = x - h * pk;
+            const int64_t d = ((((int64_t)page * L.Hkv + h) * L.P + slot) * L.D) / 8 + c;
+            const int64_t sidx = (((int64_t)t * L.Hkv + h) * L.D) / 8 + c;
+            src = (const uint4 *)(v ? L.v : L.k) + sidx;
+            dst = (uint4 *)(v ? L.vp_w : L.kp_w) + d;
+        } else {
+            const int32_t x = e - 2 * nkv;
+            const int32_t w = x >= nidx; /* index value */
+            const int32_t c = x - w * nidx;
+            const int64_t d = (((int64_t)page * L.P + slot) * L.Di) / 8 + c;
+            src = (const uint4 *)(w ? L.iv_in : L.ik) + (int64_t)t * pi + c;
+            dst = (uint4 *)(w ? L.ivp_w : L.ikp_w) + d;
+        }
+        *dst = __ldg(src);
+    }
+}
+
 __global__ void cu_prologue_kernel(cu_layer L)
 {
     cu_pdl_trigger(); /* the indexer may be scheduled; it waits for us */
@@ -36,6 +72,10 @@ __global__ void cu_prologue_kernel(cu_layer L)
             const int32_t pos = L.m.token_pos[t];
             const int32_t page = cu_page_of(L.m.page_table, L.cap_pages, r, pos, L.logP);
             const int32_t slot = pos & (L.P - 1);
+            if (L.row_vec) {
+                cu_prologue_row_vec(L, t, page, slot);
+                continue;
+            }
             /* All elements of the row's planes at once: independent loads. */
             const int32_t nkv = L.Hkv * L.D;
             const int32_t nidx = L.sparse ? L.Di : 0;
@@ -87,5 +127,5 @@ __global__ void cu_prologue_kernel(cu_layer L)
 
 void cu_launch_prologue(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
 {
-    cu_prologue_kernel<<<st->grid_tok, 128, 0, s>>>(*L);
+    cu_prologue_kernel<<<st->grid_tok, 256, 0, s>>>(*L);
 }

@@ -81,13 +81,22 @@ __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, i
         for (int32_t n = lane; n < N; n += 32)
             mask[n] = 0u;
         __syncwarp();
-        for (int32_t i = 0; i < ql; ++i) {
-            const int32_t *row = L.sel + ((int64_t)(t0 + i) * L.Hkv + g) * L.W;
-            for (int32_t j = lane; j < L.W; j += 32) {
-                const int32_t id = __ldcg(row + j);
-                if (id >= 0)
-                    atomicOr(&mask[id], 1u << i);
+        /* The ql rows' entries four per lane, loads issued together. */
+        const int32_t tot = ql * L.W;
+        for (int32_t e0 = 0; e0 < tot; e0 += 128) {
+            int32_t id[4], tok[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int32_t e = e0 + 32 * j + lane;
+                id[j] = -1;
+                tok[j] = e / L.W;
+                if (e < tot)
+                    id[j] = __ldcg(L.sel + ((int64_t)(t0 + tok[j]) * L.Hkv + g) * L.W + (e - tok[j] * L.W));
             }
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (id[j] >= 0)
+                    atomicOr(&mask[id[j]], 1u << tok[j]);
         }
         __syncwarp();
         for (int32_t b0 = 0; b0 < N; b0 += 32) {
