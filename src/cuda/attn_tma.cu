@@ -3,16 +3,17 @@
  * the same type, D = 128, B = P = 128, G = 16 query heads per KV head (one
  * token's heads fill one m16 tile: a "unit").
  *
- * One CTA per SM walks the work items (up to four tokens of one request and
- * KV head, one split of the union of the request's selected blocks).  A
- * producer warp streams the union's 64-key tiles that any of the item's
- * tokens uses, K and V, through a ring of ATT_STAGES tensor-map copies; tiles
- * no token of the item uses are never loaded.  Eight consumer warps share
- * every tile without a CTA-wide barrier (a tile's slot is handed back when
- * all eight have signalled): each warp serves one token, and when the item
- * has fewer than eight tokens several warps serve the same token on
- * different keys (16 or 32 keys of a tile each, or alternate tiles) and are
- * merged by LSE at the end.  A warp whose token did not select a tile's
+ * One CTA per SM walks the work units (up to eight tokens of one request and
+ * KV head, one split of the union of the request's selected blocks: one or
+ * two plan items of four tokens, see att_units).  A producer warp streams
+ * the union's 64-key tiles that any of the unit's tokens uses, K and V,
+ * through a ring of ATT_STAGES tensor-map copies; tiles no token of the unit
+ * uses are never loaded, and the others are read once for all its tokens.
+ * Eight consumer warps share every tile without a CTA-wide barrier (a tile's
+ * slot is handed back when all eight have signalled): each warp serves one
+ * token, and when the unit has fewer than eight tokens several warps serve
+ * the same token on different keys (16 or 32 keys of a tile each, or
+ * alternate tiles) and are merged by LSE at the end.  A warp whose token did not select a tile's
  * block signals at once and moves on, so the work follows the per-token
  * selections, not the union.
  *
@@ -93,13 +94,33 @@ __device__ __forceinline__ int cu_attt_claim(const cu_attt_smem &sm, uint32_t &g
     return s;
 }
 
+/* One unit: item `first` and, for a pair, the next one; their key stream
+ * is the same, their tokens follow each other.  The items themselves are
+ * read where needed (an L1 hit), not kept in registers through the loop. */
+typedef struct cu_attt_unit {
+    int32_t first;
+    int32_t ntok[2]; /* tokens of each item (ntok[1] = 0: single item) */
+} cu_attt_unit;
+
+__device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32_t u)
+{
+    cu_attt_unit un;
+    const cu_att_item *items = L.m.att[CU_KIND_SPARSE];
+    un.first = L.m.att_units[u];
+    const cu_att_item it = items[un.first];
+    un.ntok[0] = (it.nrows + 15) / 16;
+    un.ntok[1] = it.unit_len == 2 ? (items[un.first + 1].nrows + 15) / 16 : 0;
+    return un;
+}
+
 __device__ void cu_attt_producer(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
                                  const CUtensorMap *mv, const cu_attt_smem &sm,
-                                 const cu_att_item &it, uint32_t &gs, uint32_t &tail_par)
+                                 const cu_attt_unit &un, uint32_t &gs, uint32_t &tail_par)
 {
     const int lane = threadIdx.x & 31;
+    const cu_att_item it = L.m.att[CU_KIND_SPARSE][un.first];
     const cu_stream cs = cu_stream_of(L, A, it);
-    const uint32_t mine = cu_attt_item_bits(it.row0 / 16, (it.nrows + 15) / 16);
+    const uint32_t mine = cu_attt_item_bits(it.row0 / 16, un.ntok[0] + un.ntok[1]);
     const int32_t t_begin = cs.u0 / ATT_TILE;
     const int32_t t_end = (cs.u1 + ATT_TILE - 1) / ATT_TILE;
     const int64_t prow_base = (int64_t)it.group * L.P;
@@ -191,21 +212,27 @@ __device__ __forceinline__ void cu_attt_tile(uint32_t ka, uint32_t va, int k0, i
 
 template <typename Tag>
 __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_attt_smem &sm,
-                                 const cu_att_item &it, uint32_t &gs)
+                                 const cu_attt_unit &un, uint32_t &gs)
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int U = (it.nrows + 15) / 16;             /* tokens of the item */
-    const int nsub = U == 1 ? 8 : U == 2 ? 4 : 2;   /* warps per token */
+    const int U = un.ntok[0] + un.ntok[1];          /* tokens of the unit */
+    const int nsub = U == 1 ? 8 : U == 2 ? 4 : U <= 4 ? 2 : 1; /* warps per token */
     const int u = warp % U;
     const int j = warp / U;
     const bool active = j < nsub;
-    const int32_t tok = it.row0 / 16 + u;           /* request-local token */
+    /* The warp's token: item `half` of the unit, token ul of that item. */
+    const int half = u >= un.ntok[0];
+    const cu_att_item *itp = L.m.att[CU_KIND_SPARSE] + un.first + half;
+    const cu_att_item it = *itp;
+    const int ul = u - half * un.ntok[0];
+    const int32_t tok = it.row0 / 16 + ul;          /* request-local token */
     const int32_t last = it.kl - it.ql + tok;       /* its position */
     const uint32_t tbit = 1u << tok;
-    /* Key slice of this warp in a tile: 16 keys (nsub 4 or 8), 32 (nsub 2);
-     * with nsub 8 the two halves of the warps take alternate tiles. */
-    const int kw = nsub == 2 ? 32 : 16;
+    /* Key slice of this warp in a tile: 16 keys (nsub 4 or 8), 32 (nsub 2),
+     * the whole tile (nsub 1); with nsub 8 the two halves of the warps take
+     * alternate tiles. */
+    const int kw = nsub == 1 ? 64 : nsub == 2 ? 32 : 16;
     const int k0 = (j & 3) * kw;
     const int parity_sel = nsub == 8 ? (j >> 2) : -1;
 
@@ -236,8 +263,14 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
             const uint32_t va = ka + ATT_HALF_BYTES;
             if (kw == 16)
                 cu_attt_tile<Tag, 16>(ka, va, k0, mt.pos0, last, qa, o, m_lo, m_hi, l_lo, l_hi, sl2);
-            else
+            else if (kw == 32)
                 cu_attt_tile<Tag, 32>(ka, va, k0, mt.pos0, last, qa, o, m_lo, m_hi, l_lo, l_hi, sl2);
+            else {
+                /* The whole tile as two 32-key halves: a 64-key product would
+                 * not fit the registers of this kernel's 9 warps. */
+                cu_attt_tile<Tag, 32>(ka, va, 0, mt.pos0, last, qa, o, m_lo, m_hi, l_lo, l_hi, sl2);
+                cu_attt_tile<Tag, 32>(ka, va, 32, mt.pos0, last, qa, o, m_lo, m_hi, l_lo, l_hi, sl2);
+            }
         }
         __syncwarp();
         if (lane == 0)
@@ -252,7 +285,7 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
     if (active && j == 0) {
         for (int j2 = 1; j2 < nsub; ++j2)
             cu_rows_absorb(sm.scr + (j2 * U + u) * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
-        cu_rows_write<Tag>(L, A, it, u * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,
+        cu_rows_write<Tag>(L, A, *itp, ul * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,
                            l_lo, l_hi);
     }
     cu_named_sync(1, ATT_CONSUMERS * 32); /* the scratch is reused by the next item */
@@ -289,15 +322,15 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     /* The selection wrote the unions; the prologue the cache rows. */
     cu_pdl_wait();
     cu_pdl_trigger();
-    const int32_t n_items = L.m.hdr->n_att[A.kind];
-    const cu_att_item *items = L.m.att[A.kind];
+    /* The sparse pass only (the units are built for it). */
+    const int32_t n_units = L.m.hdr->n_att_units;
     uint32_t gs = 0, tail_par = 0;
-    for (int32_t ii = blockIdx.x; ii < n_items; ii += gridDim.x) {
-        const cu_att_item it = items[ii];
+    for (int32_t ui = blockIdx.x; ui < n_units; ui += gridDim.x) {
+        const cu_attt_unit un = cu_attt_unit_of(L, ui);
         if (warp == ATT_CONSUMERS) {
-            cu_attt_producer(L, A, &map_k, &map_v, sm, it, gs, tail_par);
+            cu_attt_producer(L, A, &map_k, &map_v, sm, un, gs, tail_par);
         } else {
-            cu_attt_consumer<Tag>(L, A, sm, it, gs);
+            cu_attt_consumer<Tag>(L, A, sm, un, gs);
         }
     }
 #else

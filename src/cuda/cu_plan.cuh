@@ -33,7 +33,7 @@ typedef struct __align__(16) cu_att_item {
     int32_t ql;         /* host-known, so an item starts without a chain of */
     int32_t kl;         /* dependent loads */
     int32_t t0;
-    int32_t pad;
+    int32_t unit_len;   /* first item of a unit (att_units): its items, 1 or 2 */
 } cu_att_item;
 
 /* One decode request as the indexer sees it (one 32-byte load). */
@@ -65,7 +65,8 @@ typedef struct cu_step_hdr {
     int32_t total_dec_blocks;/* sum over decode requests of ceil(kv_len / B) */
     int32_t n_att[CU_KINDS];
     int32_t n_merge[CU_KINDS];
-    int32_t pad[4];
+    int32_t n_att_units;     /* sparse pass: entries of att_units */
+    int32_t pad[3];
 } cu_step_hdr;
 
 /* Typed views into the metadata blob (device or staging copy). */
@@ -85,6 +86,11 @@ typedef struct cu_meta {
     int32_t *pf_tok;     /* [cap_tok] token rows of prefill requests */
     cu_att_item *att[CU_KINDS];     /* [att_cap] each */
     cu_merge_item *merge[CU_KINDS]; /* [merge_cap] each */
+    /* Sparse pass, Hopper kernel: first item of each unit.  A unit is one
+     * item, or two adjacent items of the same (request, KV head, split)
+     * whose rows follow each other (8 tokens of 16 heads): the kernel
+     * streams the union tiles once for both. */
+    int32_t *att_units;  /* [att_cap] */
     int32_t *page_table; /* [cap_req][cap_pages]; last, so uploads copy a prefix */
 } cu_meta;
 
@@ -106,6 +112,7 @@ typedef struct cu_plan_state {
 
     /* Grids (fixed by device and capacities). */
     int grid_tok, grid_idx, grid_idx_fast, grid_pf, grid_att, grid_att_fast;
+    int grid_sel;          /* selection: decode rows on every CTA, prefill on grid_pf */
     int grid_merge;
     int num_sms;
     int pdl;               /* programmatic dependent launch between kernels */
@@ -165,6 +172,7 @@ typedef struct cu_layer {
     /* Plan. */
     cu_meta m;
     int32_t cap_pages, cap_blocks, cap_union, part_stride, sel_cache;
+    int32_t pf_ctas;         /* CTAs of the selection that own a prefill scratch row */
     float *scores;
     int32_t *sel;
     int32_t *uids;

@@ -30,20 +30,98 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
  * all distinct and order exactly as SPEC 4 ranks (ties to the lower id);
  * then `need` rounds of a warp maximum pop the winners.  The K ids (chosen
  * and forced) sit one per lane and are ranked into ascending order.  About
- * a tenth of the radix passes' time at a few thousand blocks. */
+ * a tenth of the radix passes' time at a few thousand blocks.
+ *
+ * The insertion is a serial chain per candidate, so the candidates are first
+ * filtered: with T the need-th largest of the 32 lanes' maximum score keys,
+ * at least `need` candidates have a key >= T, so every winner does too.
+ * Only those (usually a few dozen) enter the lists; when more than
+ * CU_SEL_LIST pass the filter (many equal scores), all candidates do.  When
+ * at most 32 pass, each lane ranks one of them against the others instead
+ * (independent shuffles in place of the `need` dependent maximum rounds). */
 #define CU_SEL_SMALL 16
+#define CU_SEL_LIST 256
+
+/* Candidates [I, c_end) whose score key is >= the need-th largest lane
+ * maximum, ascending, into list[] (CU_SEL_LIST entries); returns how many
+ * passed (more than CU_SEL_LIST: the list is incomplete, do not use it). */
+__device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int32_t I, int32_t c_end,
+                                                       int32_t need, int32_t *list)
+{
+    const int lane = threadIdx.x & 31;
+    const uint32_t below = (1u << lane) - 1u;
+    uint32_t lm = 0u;
+#pragma unroll 4
+    for (int32_t n = I + lane; n < c_end; n += 32)
+        lm = max(lm, cu_score_key(scores[n]));
+    /* T = the need-th largest lm: fewer than `need` lanes above it, at
+     * least `need` at or above it (independent shuffles, no chain). */
+    int32_t gt = 0, ge = 0;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const uint32_t y = __shfl_sync(0xffffffffu, lm, j);
+        gt += y > lm;
+        ge += y >= lm;
+    }
+    const uint32_t hit = __ballot_sync(0xffffffffu, gt < need && need <= ge);
+    const uint32_t T = __shfl_sync(0xffffffffu, lm, __ffs(hit) - 1);
+    int32_t count = 0;
+    for (int32_t b0 = I; b0 < c_end; b0 += 32) {
+        const int32_t n = b0 + lane;
+        const bool pass = n < c_end && cu_score_key(scores[n]) >= T;
+        const uint32_t bal = __ballot_sync(0xffffffffu, pass);
+        const int32_t pos = count + __popc(bal & below);
+        if (pass && pos < CU_SEL_LIST)
+            list[pos] = n;
+        count += __popc(bal);
+    }
+    __syncwarp();
+    return count;
+}
 
 __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t N, int32_t K,
-                                                    int32_t I, int32_t Lc, int32_t *out)
+                                                    int32_t I, int32_t Lc, int32_t *out, int32_t *list)
 {
     const int lane = threadIdx.x & 31;
     const int32_t need = K - I - Lc;
     const int32_t c_end = N - Lc;
+    int32_t i_begin = I + lane, i_end = c_end;
+    const int32_t *ids = NULL; /* candidate i is block ids[i] (or i itself) */
+    int32_t mine = INT32_MAX;
+    bool ranked = false; /* warp-uniform: the winners are already in `mine` */
+    if (need > 0) {
+        const int32_t count = cu_select_prefilter(scores, I, c_end, need, list);
+        if (count <= 32) {
+            /* One candidate per lane: its rank among them picks it. */
+            unsigned long long x = 0ull;
+            if (lane < count) {
+                const int32_t n = list[lane];
+                x = ((unsigned long long)cu_score_key(scores[n]) << 32) |
+                    (uint32_t)(0xffffffffu - (uint32_t)n);
+            }
+            int32_t rk = 0;
+#pragma unroll
+            for (int j = 0; j < 32; ++j)
+                rk += __shfl_sync(0xffffffffu, x, j) > x;
+            if (lane < count && rk < need)
+                out[rk] = (int32_t)(0xffffffffu - (uint32_t)(x & 0xffffffffull));
+            __syncwarp();
+            if (lane < need)
+                mine = out[lane];
+            __syncwarp();
+            ranked = true;
+        } else if (count <= CU_SEL_LIST) {
+            i_begin = lane;
+            i_end = count;
+            ids = list;
+        }
+    }
     unsigned long long t[CU_SEL_SMALL];
 #pragma unroll
     for (int i = 0; i < CU_SEL_SMALL; ++i)
         t[i] = 0ull; /* below every candidate (their low word is never 0) */
-    for (int32_t n = I + lane; n < c_end; n += 32) {
+    for (int32_t i = i_begin; !ranked && i < i_end; i += 32) {
+        const int32_t n = ids ? ids[i] : i;
         const unsigned long long x =
             ((unsigned long long)cu_score_key(scores[n]) << 32) | (uint32_t)(0xffffffffu - (uint32_t)n);
         if (x > t[CU_SEL_SMALL - 1]) {
@@ -54,8 +132,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
             t[0] = t[0] > x ? t[0] : x;
         }
     }
-    int32_t mine = INT32_MAX;
-    for (int32_t r = 0; r < need; ++r) {
+    for (int32_t r = 0; !ranked && r < need; ++r) {
         unsigned long long m = t[0];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
@@ -129,7 +206,7 @@ __device__ __forceinline__ void cu_select_row(const float *scores, int32_t N, in
         scores = cache;
     }
     if (K - I - Lc <= CU_SEL_SMALL && K <= 32) {
-        cu_select_row_small(scores, N, K, I, Lc, out);
+        cu_select_row_small(scores, N, K, I, Lc, out, (int32_t *)hist);
         return;
     }
     const int32_t c_begin = I, c_end = N - Lc; /* non-forced candidates */

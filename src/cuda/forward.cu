@@ -305,6 +305,7 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     L.ucnt = st->ucnt;
     L.sel_done = st->sel_done;
     L.sel_cache = st->sel_cache;
+    L.pf_ctas = st->grid_pf;
     L.pf_scratch = st->pf_scratch;
     L.part = st->part;
 

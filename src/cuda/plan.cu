@@ -45,6 +45,7 @@ static size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m)
     for (int k = 0; k < CU_KINDS; ++k) {
         CARVE(merge[k], cu_merge_item, st->merge_cap);
     }
+    CARVE(att_units, int32_t, st->att_cap);
     CARVE(page_table, int32_t, (int64_t)st->cap_req * st->cap_pages);
 #undef CARVE
     return off;
@@ -163,6 +164,9 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
      * union's per-block bits): the whole row up to 4096 blocks. */
     st->sel_cache = any_sparse ? cu_min32(st->cap_blocks, 4096) : 0;
     st->grid_pf = sms * 2;
+    /* More warps than rows at batch 128 x 8 tokens x 4 units: a warp's row
+     * is a chain of latencies, so rows run side by side, not in turn. */
+    st->grid_sel = sms * 4;
     st->grid_att = sms * 4;
     st->grid_att_fast = cs->grid_att_fast;
     st->grid_merge = sms * 2;
@@ -271,7 +275,19 @@ typedef struct cu_sched_kind {
     int kind;
     int32_t groups;   /* KV heads of the pass */
     int32_t g;        /* query heads per KV head */
+    int32_t one_round; /* the Hopper kernel: one CTA per SM, items in turn */
 } cu_sched_kind;
+
+/* Whether the sparse pass will most likely run on the Hopper attention
+ * kernel (its conditions in cu_choose_paths that the plan can see). */
+static int cu_sparse_on_tma(const msa_plan *plan, const cu_plan_state *st)
+{
+    const msa_model *m = plan->model;
+    const msa_cache_config *cc = &plan->cache->cfg;
+    const int kv16 = cc->kv_dtype == MSA_DTYPE_BF16 || cc->kv_dtype == MSA_DTYPE_FP16;
+    return st->tma && kv16 && cc->page_size == 128 && m->cfg.block_size == 128 &&
+           m->cfg.head_dim == 128 && m->group == 16;
+}
 
 static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_meta *h,
                            const cu_sched_kind *sk, int32_t *part_used)
@@ -279,13 +295,36 @@ static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_met
     const msa_model *m = plan->model;
     const int32_t n_dec = h->hdr->n_dec;
     const int32_t target = 2 * st->grid_att_fast;
+    /* A unit of work is one 64-row chunk, or on the Hopper kernel two
+     * chunks that share the key stream (see att_units): the union is then
+     * read once for 8 tokens, but each consumer warp computes its token
+     * alone, so a pair takes longer than either chunk.  Pairs pay off
+     * where the unions are large (contexts beyond 16 blocks on average)
+     * and the chunks alone would not fill the GPU twice over; all units of
+     * a step are paired or none (mixed sizes leave CTAs idle at the end). */
+    int64_t n_chunks = 0, reach = 0;
+    for (int32_t k = 0; k < n_dec; ++k) {
+        const int32_t r = h->dec_req[k];
+        n_chunks += (int64_t)sk->groups * cu_ceil_div32(plan->q_len[r] * sk->g, CU_ROWS_PER_ITEM);
+        reach += (plan->kv_len[r] + m->cfg.block_size - 1) / m->cfg.block_size;
+    }
+    const int pair = sk->one_round && sk->kind == CU_KIND_SPARSE && n_chunks <= 2 * st->num_sms &&
+                     reach > 16 * (int64_t)n_dec;
     int64_t n_units = 0;
     for (int32_t k = 0; k < n_dec; ++k) {
-        const int32_t rows = plan->q_len[h->dec_req[k]] * sk->g;
-        n_units += (int64_t)sk->groups * cu_ceil_div32(rows, CU_ROWS_PER_ITEM);
+        const int32_t chunks = cu_ceil_div32(plan->q_len[h->dec_req[k]] * sk->g, CU_ROWS_PER_ITEM);
+        n_units += (int64_t)sk->groups * cu_ceil_div32(chunks, pair ? 2 : 1);
     }
-    const int32_t s_policy = n_units == 0 || n_units >= target ? 1 : cu_ceil_div32(target, n_units);
-    int32_t n_items = 0, n_merge = 0;
+    /* Splits per unit so that the items fill the GPU.  The Hopper kernel
+     * runs one CTA per SM and each CTA its units one after another, each
+     * paying the pipeline's fill latency again: there the units should
+     * number at most one per SM (rounded down), larger rather than more. */
+    int32_t s_policy;
+    if (sk->one_round)
+        s_policy = n_units == 0 || n_units >= st->num_sms ? 1 : st->num_sms / (int32_t)n_units;
+    else
+        s_policy = n_units == 0 || n_units >= target ? 1 : cu_ceil_div32(target, n_units);
+    int32_t n_items = 0, n_merge = 0, n_att_units = 0;
     cu_att_item *items = h->att[sk->kind];
     cu_merge_item *merges = h->merge[sk->kind];
     for (int32_t k = 0; k < n_dec; ++k) {
@@ -303,19 +342,25 @@ static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_met
             est_keys = kl;
         }
         const int32_t est_tiles = cu_max32(cu_ceil_div32(est_keys, CU_TILE_KEYS), 1);
+        const int32_t unit_rows = (pair ? 2 : 1) * CU_ROWS_PER_ITEM;
         for (int32_t grp = 0; grp < sk->groups; ++grp) {
-            for (int32_t row0 = 0; row0 < rows; row0 += CU_ROWS_PER_ITEM) {
-                const int32_t nrows = cu_min32(CU_ROWS_PER_ITEM, rows - row0);
+            for (int32_t urow0 = 0; urow0 < rows; urow0 += unit_rows) {
+                const int32_t urows = cu_min32(unit_rows, rows - urow0);
+                const int32_t nch = cu_ceil_div32(urows, CU_ROWS_PER_ITEM);
+                const int32_t nrows0 = cu_min32(CU_ROWS_PER_ITEM, urows);
                 /* A split writes nrows partial rows (D+1 floats each) and the
                  * merge reads them back: keep each split's keys worth that. */
-                const int32_t s_work = cu_max32((int32_t)((int64_t)est_tiles * 8 / nrows), 1);
+                const int32_t s_work = cu_max32((int32_t)((int64_t)est_tiles * 8 / nrows0), 1);
                 int32_t S = cu_min32(s_policy, s_work);
-                if (S > 1 && (*part_used + (int64_t)S * nrows > st->part_rows_cap ||
-                              n_items + S > st->att_cap || n_merge >= st->merge_cap))
+                if (S > 1 && (*part_used + (int64_t)S * urows > st->part_rows_cap ||
+                              n_items + (int64_t)S * nch > st->att_cap ||
+                              n_merge + nch > st->merge_cap))
                     S = 1;
-                int32_t pbase = 0;
-                if (S > 1) {
-                    pbase = *part_used;
+                int32_t pbase[2] = {0, 0};
+                for (int32_t c = 0; c < nch && S > 1; ++c) {
+                    const int32_t row0 = urow0 + c * CU_ROWS_PER_ITEM;
+                    const int32_t nrows = cu_min32(CU_ROWS_PER_ITEM, rows - row0);
+                    pbase[c] = *part_used;
                     *part_used += S * nrows;
                     cu_merge_item *mi = &merges[n_merge++];
                     mi->dec = k;
@@ -323,27 +368,34 @@ static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_met
                     mi->row0 = row0;
                     mi->nrows = nrows;
                     mi->nsplit = S;
-                    mi->part_base = pbase;
+                    mi->part_base = pbase[c];
                     mi->pad0 = mi->pad1 = 0;
                 }
                 for (int32_t s = 0; s < S; ++s) {
-                    cu_att_item *it = &items[n_items++];
-                    it->dec = k;
-                    it->group = grp;
-                    it->row0 = row0;
-                    it->nrows = nrows;
-                    it->split = s;
-                    it->nsplit = S;
-                    it->part_base = pbase;
-                    it->r = r;
-                    it->ql = ql;
-                    it->kl = kl;
-                    it->t0 = (int32_t)plan->q_start[r];
-                    it->pad = 0;
+                    if (sk->kind == CU_KIND_SPARSE)
+                        h->att_units[n_att_units++] = n_items;
+                    for (int32_t c = 0; c < nch; ++c) {
+                        const int32_t row0 = urow0 + c * CU_ROWS_PER_ITEM;
+                        cu_att_item *it = &items[n_items++];
+                        it->dec = k;
+                        it->group = grp;
+                        it->row0 = row0;
+                        it->nrows = cu_min32(CU_ROWS_PER_ITEM, rows - row0);
+                        it->split = s;
+                        it->nsplit = S;
+                        it->part_base = pbase[c];
+                        it->r = r;
+                        it->ql = ql;
+                        it->kl = kl;
+                        it->t0 = (int32_t)plan->q_start[r];
+                        it->unit_len = c == 0 ? nch : 0;
+                    }
                 }
             }
         }
     }
+    if (sk->kind == CU_KIND_SPARSE)
+        h->hdr->n_att_units = n_att_units;
     h->hdr->n_att[sk->kind] = n_items;
     h->hdr->n_merge[sk->kind] = n_merge;
 }
@@ -426,16 +478,16 @@ msa_status cu_plan_upload(msa_plan *plan, void *stream)
 
     int32_t part_used = 0;
     if (any_sparse) {
-        cu_sched_kind sk = {CU_KIND_SPARSE, m->cfg.num_kv_heads, m->group};
+        cu_sched_kind sk = {CU_KIND_SPARSE, m->cfg.num_kv_heads, m->group, cu_sparse_on_tma(plan, st)};
         cu_build_items(plan, st, &h, &sk, &part_used);
     }
     if (cu_any_layer(m, 0, 0)) {
-        cu_sched_kind sk = {CU_KIND_DENSE, m->cfg.num_kv_heads, m->group};
+        cu_sched_kind sk = {CU_KIND_DENSE, m->cfg.num_kv_heads, m->group, 0};
         part_used = 0; /* passes run one after another: partials are reused */
         cu_build_items(plan, st, &h, &sk, &part_used);
     }
     if (cu_any_layer(m, 1, 1)) {
-        cu_sched_kind sk = {CU_KIND_IV, 1, m->cfg.num_index_heads};
+        cu_sched_kind sk = {CU_KIND_IV, 1, m->cfg.num_index_heads, 0};
         part_used = 0;
         cu_build_items(plan, st, &h, &sk, &part_used);
     }

@@ -75,7 +75,19 @@ __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, i
     int32_t *uid = L.uids + w * L.cap_union;
     uint32_t *umk = L.umask + w * L.cap_union;
     int32_t count = 0;
-    if (N <= L.sel_cache) {
+    if (ql == 1) {
+        /* One token: its ascending row (-1 padded) is the union. */
+        const int32_t *row = L.sel + ((int64_t)t0 * L.Hkv + g) * L.W;
+        for (int32_t j0 = 0; j0 < L.W; j0 += 32) {
+            const int32_t j = j0 + lane;
+            const int32_t id = j < L.W ? __ldcg(row + j) : -1;
+            if (id >= 0 && j < L.cap_union) {
+                uid[j] = id;
+                umk[j] = 1u;
+            }
+            count += __popc(__ballot_sync(0xffffffffu, id >= 0));
+        }
+    } else if (N <= L.sel_cache) {
         /* Per-block token bits in shared memory, then an ordered compaction. */
         uint32_t *mask = wsm + 256 + (size_t)L.mi * L.K + L.W;
         for (int32_t n = lane; n < N; n += 32)
@@ -216,11 +228,13 @@ __global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L
     extern __shared__ uint32_t sel_smem[];
     const int warp = threadIdx.x >> 5;
     uint32_t *wsm = sel_smem + warp * cu_sel_warp_words(L.mi, L.K, L.W, L.sel_cache);
-    /* Every CTA serves both roles (decode rows first, then prefill items with
-     * its own scratch row): no CTAs that only check for absent work. */
+    /* Every CTA takes decode rows; the first pf_ctas then take prefill items,
+     * each with its own scratch row. */
     cu_select_decode_role(L, blockIdx.x, gridDim.x, wsm);
+    if (blockIdx.x >= L.pf_ctas)
+        return;
     __syncthreads();
-    cu_select_prefill_role(L, blockIdx.x, gridDim.x, sel_smem);
+    cu_select_prefill_role(L, blockIdx.x, L.pf_ctas, sel_smem);
 }
 
 size_t cu_select_smem(const cu_layer *L)
@@ -238,6 +252,7 @@ cudaError_t cu_select_setup(size_t smem)
 
 void cu_launch_select(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
 {
-    /* grid_pf CTAs: the prefill role owns one scratch row per CTA. */
-    cu_launch(cu_select_kernel, st->grid_pf, SEL_WARPS * 32, cu_select_smem(L), s, st->pdl, *L);
+    /* The first grid_pf CTAs also serve the prefill role, each with its own
+     * scratch row. */
+    cu_launch(cu_select_kernel, st->grid_sel, SEL_WARPS * 32, cu_select_smem(L), s, st->pdl, *L);
 }

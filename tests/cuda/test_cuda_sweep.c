@@ -24,16 +24,24 @@ typedef struct long_case {
     int page, lse, index_value, quick;
     int nreq;
     int q[4], kv[4];
+    int tie_blocks, nan_blocks; /* exact ties and NaN blocks (msa_case) */
 } long_case;
 
 static const long_case LONG_CASES[] = {
-    {"m3 bf16 P128 b1 q1 200K", MSA_DTYPE_BF16, 128, 0, 0, 0, 1, {1}, {200000}},
-    {"m3 bf16 P128 b2 q8 60K/17K", MSA_DTYPE_BF16, 128, 0, 0, 0, 2, {8, 8}, {60000, 17003}},
-    {"m3 fp16 P64 b3 q16/3/1 lse", MSA_DTYPE_FP16, 64, 1, 0, 0, 3, {16, 3, 1}, {40000, 9001, 130}},
-    {"m3 bf16 P256 b1 q4 index-value", MSA_DTYPE_BF16, 256, 0, 1, 0, 1, {4}, {65536}},
-    {"m3 bf16 P16 b2 q2/1", MSA_DTYPE_BF16, 16, 0, 0, 1, 2, {2, 1}, {20000, 12345}},
-    {"m3 fp32 P128 b1 q8 (portable path)", MSA_DTYPE_FP32, 128, 0, 1, 0, 1, {8}, {30000}},
-    {"m3 bf16 P128 decode+prefill", MSA_DTYPE_BF16, 128, 0, 1, 1, 3, {8, 40, 1}, {20000, 5000, 3000}},
+    {"m3 bf16 P128 b1 q1 200K", MSA_DTYPE_BF16, 128, 0, 0, 0, 1, {1}, {200000}, 0, 0},
+    {"m3 bf16 P128 b2 q8 60K/17K", MSA_DTYPE_BF16, 128, 0, 0, 0, 2, {8, 8}, {60000, 17003}, 0, 0},
+    {"m3 fp16 P64 b3 q16/3/1 lse", MSA_DTYPE_FP16, 64, 1, 0, 0, 3, {16, 3, 1}, {40000, 9001, 130}, 0, 0},
+    {"m3 bf16 P256 b1 q4 index-value", MSA_DTYPE_BF16, 256, 0, 1, 0, 1, {4}, {65536}, 0, 0},
+    {"m3 bf16 P16 b2 q2/1", MSA_DTYPE_BF16, 16, 0, 0, 1, 2, {2, 1}, {20000, 12345}, 0, 0},
+    {"m3 fp32 P128 b1 q8 (portable path)", MSA_DTYPE_FP32, 128, 0, 1, 0, 1, {8}, {30000}, 0, 0},
+    {"m3 bf16 P128 decode+prefill", MSA_DTYPE_BF16, 128, 0, 1, 1, 3, {8, 40, 1}, {20000, 5000, 3000}, 0, 0},
+    /* Hopper attention units of two items: 16 tokens (two pairs) and 5
+     * tokens (a pair of 4 + 1). */
+    {"m3 bf16 P128 b2 q16/5 50K/20K lse", MSA_DTYPE_BF16, 128, 1, 0, 0, 2, {16, 5}, {50000, 20000}, 0, 0},
+    /* More tied winners than the selection's candidate list holds (its
+     * fallback), and a few ties plus NaN blocks (its filter). */
+    {"m3 bf16 P128 b1 q4 120K 312 tied", MSA_DTYPE_BF16, 128, 0, 0, 1, 1, {4}, {120000}, 400, 0},
+    {"m3 bf16 P128 b2 q1 30K ties+NaN", MSA_DTYPE_BF16, 128, 1, 0, 1, 2, {1, 2}, {30000, 9000}, 20, 40},
 };
 
 static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *failed)
@@ -64,6 +72,8 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
     c.shuffle_pages = 1;
     c.write_cache = 1;
     c.seed = 0x5eed0000u + (uint64_t)lc->page * 31u + (uint64_t)lc->nreq;
+    c.tie_blocks = lc->tie_blocks;
+    c.nan_blocks = lc->nan_blocks;
     msa_case_result res;
     memset(&res, 0, sizeof res);
     msa_case_run(ctx, &c, &res);
