@@ -113,14 +113,15 @@ __device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32
     return un;
 }
 
-__device__ void cu_attt_producer(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
+__device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
                                  const CUtensorMap *mv, const cu_attt_smem &sm,
                                  const cu_attt_unit &un, uint32_t &gs, uint32_t &tail_par)
 {
     const int lane = threadIdx.x & 31;
     const cu_att_item it = L.m.att[CU_KIND_SPARSE][un.first];
     const cu_stream cs = cu_stream_of(L, A, it);
-    const uint32_t mine = cu_attt_item_bits(it.row0 / 16, un.ntok[0] + un.ntok[1]);
+    const int tok0 = it.row0 / 16, ntok = un.ntok[0] + un.ntok[1];
+    const uint32_t mine = cu_attt_item_bits(tok0, ntok);
     const int32_t t_begin = cs.u0 / ATT_TILE;
     const int32_t t_end = (cs.u1 + ATT_TILE - 1) / ATT_TILE;
     const int64_t prow_base = (int64_t)it.group * L.P;
@@ -136,10 +137,30 @@ __device__ void cu_attt_producer(const cu_layer &L, const cu_attn &A, const CUte
             if (bits)
                 page = pt[pos0 >> 7];
         }
+        /* Issue order: round robin over the unit's tokens, each turn the
+         * next tile its token uses.  Most tiles serve one token, and only
+         * that token's warp computes them; in id order a token's tiles come
+         * in runs, and the other warps, the ring full, wait.  Interleaved,
+         * the ring holds tiles of several tokens and their warps overlap.
+         * (Online softmax may take a token's keys in any order.) */
         uint32_t todo = __ballot_sync(0xffffffffu, bits != 0u);
+        uint32_t tok_tiles = 0u; /* lane q: this window's tiles of token q */
+        for (int q = 0; q < ntok; ++q) {
+            const uint32_t b = __ballot_sync(0xffffffffu, (bits >> (tok0 + q)) & 1u);
+            if (lane == q)
+                tok_tiles = b;
+        }
+        int q = 0;
         while (todo) {
-            const int j = __ffs(todo) - 1;
-            todo &= todo - 1u;
+            uint32_t cand = 0u;
+            for (int k = 0; k < ntok; ++k) {
+                cand = __shfl_sync(0xffffffffu, tok_tiles, q) & todo;
+                q = q + 1 == ntok ? 0 : q + 1;
+                if (cand)
+                    break;
+            }
+            const int j = __ffs(cand) - 1;
+            todo &= ~(1u << j);
             const int32_t p0 = __shfl_sync(0xffffffffu, pos0, j);
             const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
             const int32_t pg = __shfl_sync(0xffffffffu, page, j);
@@ -295,7 +316,8 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
 
 template <typename Tag>
 __global__ void __launch_bounds__(ATT_THREADS, 1)
-    cu_attn_tma_kernel(cu_layer L, cu_attn A, const __grid_constant__ CUtensorMap map_k,
+    cu_attn_tma_kernel(const __grid_constant__ cu_layer L, const __grid_constant__ cu_attn A,
+                       const __grid_constant__ CUtensorMap map_k,
                        const __grid_constant__ CUtensorMap map_v)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
