@@ -30,17 +30,23 @@
 #include "cu_rows_state.cuh"
 #include "cu_launch.cuh"
 
-#define ATT_STAGES 4
+/* Five 32 KB stages: a deeper ring lets the warps of tokens that skip a
+ * tile run further ahead of the one computing it. */
+#define ATT_STAGES 5
 #define ATT_CONSUMERS 8
 #define ATT_THREADS ((ATT_CONSUMERS + 1) * 32)
 #define ATT_TILE 64
 #define ATT_HALF_BYTES (ATT_TILE * 256)          /* K or V of one tile */
 #define ATT_STAGE_BYTES (2 * ATT_HALF_BYTES)
-/* Partial state of a warp for the in-CTA merge: 16 x 128 O, then m, l. */
+/* Partial state of a warp for the in-CTA merge: 16 x 128 O, then m, l.
+ * Only warps beyond the first U (one per token) save theirs: 7 slots. */
 #define ATT_SCR_FLOATS CU_ROWS_SLOT_FLOATS
+#define ATT_SCR_SLOTS (ATT_CONSUMERS - 1)
 #define ATT_SMEM_BYTES                                                                      \
-    (1024 + ATT_STAGES * ATT_STAGE_BYTES + ATT_CONSUMERS * ATT_SCR_FLOATS * 4 +            \
+    (1024 + ATT_STAGES * ATT_STAGE_BYTES + ATT_SCR_SLOTS * ATT_SCR_FLOATS * 4 +            \
      ATT_STAGES * 16 + (2 * ATT_STAGES + 1) * 8)
+
+static_assert(ATT_SMEM_BYTES <= 227 * 1024, "attention ring and scratch exceed shared memory");
 
 #define LOG2E 1.4426950408889634f
 
@@ -301,11 +307,11 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
 
     /* Merge the warps of one token into warp j == 0. */
     if (active && j > 0)
-        cu_rows_save(sm.scr + warp * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
+        cu_rows_save(sm.scr + (warp - U) * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
     cu_named_sync(1, ATT_CONSUMERS * 32);
     if (active && j == 0) {
         for (int j2 = 1; j2 < nsub; ++j2)
-            cu_rows_absorb(sm.scr + (j2 * U + u) * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
+            cu_rows_absorb(sm.scr + ((j2 - 1) * U + u) * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
         cu_rows_write<Tag>(L, A, *itp, ul * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,
                            l_lo, l_hi);
     }
@@ -325,7 +331,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     cu_attt_smem sm;
     sm.ring = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     sm.scr = (float *)(sm.ring + ATT_STAGES * ATT_STAGE_BYTES);
-    sm.meta = (cu_attt_meta *)(sm.scr + ATT_CONSUMERS * ATT_SCR_FLOATS);
+    sm.meta = (cu_attt_meta *)(sm.scr + ATT_SCR_SLOTS * ATT_SCR_FLOATS);
     sm.full = (uint64_t *)(sm.meta + ATT_STAGES);
     sm.empty = sm.full + ATT_STAGES;
     sm.tail = sm.empty + ATT_STAGES;

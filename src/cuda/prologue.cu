@@ -60,7 +60,9 @@ __device__ __forceinline__ void cu_prologue_row_vec(const cu_layer &L, int32_t t
     }
 }
 
-__global__ void cu_prologue_kernel(cu_layer L)
+/* Eight CTAs per SM (32 registers): the grid (up to 8 per SM, one per
+ * token) is then a single wave. */
+__global__ void __launch_bounds__(256, 8) cu_prologue_kernel(cu_layer L)
 {
     cu_pdl_trigger(); /* the indexer may be scheduled; it waits for us */
     const int32_t ntok = L.m.hdr->num_tokens;
