@@ -13,9 +13,9 @@
  * slot is handed back when all eight have signalled): each warp serves one
  * token, and when the unit has fewer than eight tokens several warps serve
  * the same token on different keys (16 or 32 keys of a tile each, or
- * alternate tiles) and are merged by LSE at the end.  A warp whose token did not select a tile's
- * block signals at once and moves on, so the work follows the per-token
- * selections, not the union.
+ * alternate tiles) and are merged by LSE at the end.  A warp whose token did
+ * not select a tile's block signals at once and moves on, so the work
+ * follows the per-token selections, not the union.
  *
  * S = Q K^T and O += P V run on mma.sync m16n8k16 with fp32 accumulators,
  * Q in registers, P rounded to the 16-bit type for the second product (as
@@ -119,9 +119,11 @@ __device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32
     return un;
 }
 
-__device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
-                                 const CUtensorMap *mv, const cu_attt_smem &sm,
-                                 const cu_attt_unit &un, uint32_t &gs, uint32_t &tail_par)
+/* Not inlined: the producer's registers stay apart from the consumers'. */
+__device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &A,
+                                              const CUtensorMap *mk, const CUtensorMap *mv,
+                                              const cu_attt_smem &sm, const cu_attt_unit &un,
+                                              uint32_t &gs, uint32_t &tail_par)
 {
     const int lane = threadIdx.x & 31;
     const cu_att_item it = L.m.att[CU_KIND_SPARSE][un.first];

@@ -478,7 +478,8 @@ msa_status cu_plan_upload(msa_plan *plan, void *stream)
 
     int32_t part_used = 0;
     if (any_sparse) {
-        cu_sched_kind sk = {CU_KIND_SPARSE, m->cfg.num_kv_heads, m->group, cu_sparse_on_tma(plan, st)};
+        cu_sched_kind sk = {CU_KIND_SPARSE, m->cfg.num_kv_heads, m->group,
+                            cu_sparse_on_tma(plan, st)};
         cu_build_items(plan, st, &h, &sk, &part_used);
     }
     if (cu_any_layer(m, 0, 0)) {

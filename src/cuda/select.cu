@@ -102,8 +102,9 @@ __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, i
                 const int32_t e = e0 + 32 * j + lane;
                 id[j] = -1;
                 tok[j] = e / L.W;
+                const int64_t row = ((int64_t)(t0 + tok[j]) * L.Hkv + g) * L.W;
                 if (e < tot)
-                    id[j] = __ldcg(L.sel + ((int64_t)(t0 + tok[j]) * L.Hkv + g) * L.W + (e - tok[j] * L.W));
+                    id[j] = __ldcg(L.sel + row + (e - tok[j] * L.W));
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j)
