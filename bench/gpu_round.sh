@@ -8,7 +8,7 @@
 # Every step's log is appended to $OUT/all.log as the step ends (few files
 # in $OUT: it is meant to be copied back whole), JSON results and the
 # summary stay beside it; a short table is printed last.  Steps can be chosen with ROUND_STEPS (comma list of
-# build,ctest,gputest,sanitize,check,bench; default all), the decode suite
+# build,ctest,gputest,sanitize,check,bench,profile,source; default all but source), the decode suite
 # with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS,
 # test_cuda_sweep arguments with SWEEP_ARGS (e.g. --quick).
 #
@@ -133,6 +133,22 @@ if has_step profile; then
             --csv "$MSA" bench --backend cuda --decode-context "$pl" --batch "$pb" --q-len "$pq" \
             --reps 1 --warmup 0 --copies 1 --sets 2
     done
+fi
+
+# ---- per-instruction stall samples of one kernel (ncu source page) -------------
+# SOURCE_CASE (batch:context:q_len, default 1:128000:1) and SOURCE_KERNEL
+# (regex, default cu_select): one launch, warp-state samples per SASS
+# instruction, as CSV in $OUT/source_sass.csv (step "source", not in the default list).
+if has_step source; then
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    IFS=: read -r sb sl sq <<<"${SOURCE_CASE:-1:128000:1}"
+    run_logged source_profile "$NCU" --clock-control none --cache-control none \
+        --kernel-name regex:"${SOURCE_KERNEL:-cu_select}" --launch-count 1 \
+        --section SourceCounters --section WarpStateStats -f -o /tmp/msa-source \
+        "$MSA" bench --backend cuda --decode-context "$sl" --batch "$sb" --q-len "$sq" \
+        --reps 1 --warmup 0 --copies 1 --sets 2
+    run_logged source_print bash -c "'$NCU' -i /tmp/msa-source.ncu-rep --page source --csv \
+        --print-source sass > '$OUT/source_sass.csv'"
 fi
 
 # ---- sanitizers ----------------------------------------------------------------
