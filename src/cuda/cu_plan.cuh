@@ -147,6 +147,14 @@ typedef struct cu_plan_state {
     char why[2][512];      /* describe() text per layer kind (dense, sparse) */
 } cu_plan_state;
 
+/* Host side of the plan (plan.cu): the state's sizes and metadata layout,
+ * and one step's schedule written into host views of the metadata.  Pure
+ * host arithmetic, so the scheduling test runs them without a GPU. */
+void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int grid_att_fast,
+                   cu_plan_state *st);
+size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m);
+void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h);
+
 /* Everything a kernel needs for one layer, passed by value. */
 typedef struct cu_layer {
     /* Shapes. */

@@ -20,7 +20,7 @@ static int32_t cu_ceil_div32(int64_t a, int64_t b)
 
 /* Views of a blob at `base` (device or staging) with the state's layout;
  * returns the blob size.  With base 0 the views hold plain offsets. */
-static size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m)
+size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m)
 {
     size_t off = 0;
 #define CARVE(field, type, count)              \
@@ -111,6 +111,68 @@ static int32_t cu_min32(int32_t a, int32_t b)
     return a < b ? a : b;
 }
 
+/* Capacities, grids and the metadata layout of a plan's device state, from
+ * the plan's capacities and the device (host arithmetic only). */
+void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int grid_att_fast,
+                   cu_plan_state *st)
+{
+    const msa_model *m = plan->model;
+    const msa_model_config *cfg = &m->cfg;
+    const int any_sparse = cu_any_layer(m, 1, 0);
+    const int32_t Hkv = cfg->num_kv_heads, Hi = cfg->num_index_heads;
+    const int32_t G = m->group;
+    const int32_t W = m->topk_width;
+    st->cap_req = cu_max32((int32_t)plan->cap_requests, 1);
+    st->cap_tok = cu_max32((int32_t)plan->cap_tokens, 1);
+    st->cap_kv = cu_max32((int32_t)plan->cap_kv_len, 1);
+    st->cap_pages = cu_max32((int32_t)plan->cap_pages_per_request, 1);
+    st->cap_blocks = any_sparse ? cu_ceil_div32(st->cap_kv, cfg->block_size) : 1;
+    st->dec_rows_cap = (int32_t)((int64_t)st->cap_tok < (int64_t)CU_DEC_MAX_Q * st->cap_req
+                                     ? st->cap_tok
+                                     : CU_DEC_MAX_Q * st->cap_req);
+    st->cap_union = any_sparse ? cu_min32(CU_DEC_MAX_Q * W, st->cap_blocks) : 1;
+    st->num_sms = num_sms;
+
+    const int sms = num_sms;
+    st->grid_tok = cu_max32(cu_min32(st->cap_tok, sms * 8), 1);
+    st->grid_idx = sms * 4;
+    st->grid_idx_fast = grid_idx_fast;
+    /* Scores of a row kept in shared memory by the selecting warp (and the
+     * union's per-block bits): the whole row up to 4096 blocks. */
+    st->sel_cache = any_sparse ? cu_min32(st->cap_blocks, 4096) : 0;
+    st->grid_pf = sms * 2;
+    /* More warps than rows at batch 128 x 8 tokens x 4 units: a warp's row
+     * is a chain of latencies, so rows run side by side, not in turn. */
+    st->grid_sel = sms * 4;
+    st->grid_att = sms * 4;
+    st->grid_att_fast = grid_att_fast;
+    st->grid_merge = sms * 2;
+
+    /* Work units of one step: (decode request, KV head, 64-row chunk). */
+    const int32_t chunks_main = cu_ceil_div32((int64_t)CU_DEC_MAX_Q * G, CU_ROWS_PER_ITEM);
+    const int32_t chunks_iv = cu_ceil_div32((int64_t)CU_DEC_MAX_Q * Hi, CU_ROWS_PER_ITEM);
+    const int64_t units_cap = (int64_t)st->cap_req * (Hkv * chunks_main > chunks_iv ? Hkv * chunks_main
+                                                                                   : chunks_iv);
+    const int32_t target = 2 * st->grid_att_fast;
+    st->att_cap = (int32_t)(units_cap + target);
+    st->merge_cap = (int32_t)units_cap;
+    st->part_rows_cap = 2 * target * CU_ROWS_PER_ITEM;
+    {
+        int32_t dmax = cfg->head_dim > cfg->index_dim ? cfg->head_dim : cfg->index_dim;
+        st->part_stride = (dmax + 1 + 3) & ~3;
+    }
+
+    {
+        cu_meta offs;
+        st->meta_bytes = cu_meta_carve(st, 0, &offs);
+        st->pt_offset = (size_t)(uintptr_t)offs.page_table;
+    }
+    st->plan_caps[0] = plan->cap_requests;
+    st->plan_caps[1] = plan->cap_tokens;
+    st->plan_caps[2] = plan->cap_kv_len;
+    st->plan_caps[3] = plan->cap_pages_per_request;
+}
+
 static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
 {
     msa_context *ctx = plan->ctx;
@@ -138,62 +200,13 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     const int any_sparse = cu_any_layer(m, 1, 0);
     const int any_iv = cu_any_layer(m, 1, 1);
     const int32_t Hkv = cfg->num_kv_heads, Hi = cfg->num_index_heads;
-    const int32_t G = m->group;
     const int32_t W = m->topk_width;
     const int32_t mi = Hi >= Hkv ? Hi / Hkv : 1;
     const int32_t units = Hi < Hkv ? Hi : Hkv;
 
-    st->cap_req = cu_max32((int32_t)plan->cap_requests, 1);
-    st->cap_tok = cu_max32((int32_t)plan->cap_tokens, 1);
-    st->cap_kv = cu_max32((int32_t)plan->cap_kv_len, 1);
-    st->cap_pages = cu_max32((int32_t)plan->cap_pages_per_request, 1);
-    st->cap_blocks = any_sparse ? cu_ceil_div32(st->cap_kv, cfg->block_size) : 1;
-    st->dec_rows_cap = (int32_t)((int64_t)st->cap_tok < (int64_t)CU_DEC_MAX_Q * st->cap_req
-                                     ? st->cap_tok
-                                     : CU_DEC_MAX_Q * st->cap_req);
-    st->cap_union = any_sparse ? cu_min32(CU_DEC_MAX_Q * W, st->cap_blocks) : 1;
-    st->num_sms = cs->num_sms;
+    cu_state_size(plan, cs->num_sms, cs->grid_idx_fast, cs->grid_att_fast, st);
     st->pdl = cs->pdl;
     st->tma = cs->tma;
-
-    const int sms = cs->num_sms;
-    st->grid_tok = cu_max32(cu_min32(st->cap_tok, sms * 8), 1);
-    st->grid_idx = sms * 4;
-    st->grid_idx_fast = cs->grid_idx_fast;
-    /* Scores of a row kept in shared memory by the selecting warp (and the
-     * union's per-block bits): the whole row up to 4096 blocks. */
-    st->sel_cache = any_sparse ? cu_min32(st->cap_blocks, 4096) : 0;
-    st->grid_pf = sms * 2;
-    /* More warps than rows at batch 128 x 8 tokens x 4 units: a warp's row
-     * is a chain of latencies, so rows run side by side, not in turn. */
-    st->grid_sel = sms * 4;
-    st->grid_att = sms * 4;
-    st->grid_att_fast = cs->grid_att_fast;
-    st->grid_merge = sms * 2;
-
-    /* Work units of one step: (decode request, KV head, 64-row chunk). */
-    const int32_t chunks_main = cu_ceil_div32((int64_t)CU_DEC_MAX_Q * G, CU_ROWS_PER_ITEM);
-    const int32_t chunks_iv = cu_ceil_div32((int64_t)CU_DEC_MAX_Q * Hi, CU_ROWS_PER_ITEM);
-    const int64_t units_cap = (int64_t)st->cap_req * (Hkv * chunks_main > chunks_iv ? Hkv * chunks_main
-                                                                                   : chunks_iv);
-    const int32_t target = 2 * st->grid_att_fast;
-    st->att_cap = (int32_t)(units_cap + target);
-    st->merge_cap = (int32_t)units_cap;
-    st->part_rows_cap = 2 * target * CU_ROWS_PER_ITEM;
-    {
-        int32_t dmax = cfg->head_dim > cfg->index_dim ? cfg->head_dim : cfg->index_dim;
-        st->part_stride = (dmax + 1 + 3) & ~3;
-    }
-
-    {
-        cu_meta offs;
-        st->meta_bytes = cu_meta_carve(st, 0, &offs);
-        st->pt_offset = (size_t)(uintptr_t)offs.page_table;
-    }
-    st->plan_caps[0] = plan->cap_requests;
-    st->plan_caps[1] = plan->cap_tokens;
-    st->plan_caps[2] = plan->cap_kv_len;
-    st->plan_caps[3] = plan->cap_pages_per_request;
 
     cudaError_t e = cu_zalloc(&st->meta_dev, st->meta_bytes);
     for (int i = 0; i < 2 && e == cudaSuccess; ++i) {
@@ -400,52 +413,37 @@ static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_met
     h->hdr->n_merge[sk->kind] = n_merge;
 }
 
-msa_status cu_plan_upload(msa_plan *plan, void *stream)
+/* The schedule of the plan's current step into the metadata views h
+ * (host memory): request arrays, decode and prefill lists, page tables and
+ * the work items of every attention pass (host work only). */
+void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h)
 {
-    msa_context *ctx = plan->ctx;
-    const cu_ctx_state *cs = (const cu_ctx_state *)ctx->backend_state;
-    cu_plan_state *st = (cu_plan_state *)plan->backend;
-    CU_TRY(ctx, cudaSetDevice(cs->device));
-    if (!st || st->plan_caps[0] != plan->cap_requests || st->plan_caps[1] != plan->cap_tokens ||
-        st->plan_caps[2] != plan->cap_kv_len || st->plan_caps[3] != plan->cap_pages_per_request) {
-        msa_status status = cu_plan_init(plan);
-        if (status != MSA_OK)
-            return status;
-        st = (cu_plan_state *)plan->backend;
-    }
     const msa_model *m = plan->model;
     const int32_t B = m->cfg.block_size;
     const int any_sparse = cu_any_layer(m, 1, 0);
-
-    /* A staging buffer may still be read by its previous async copy. */
-    const int si = st->next_staging;
-    if (st->staging_used[si])
-        CU_TRY(ctx, cudaEventSynchronize(st->staged[si]));
-    cu_meta h;
-    cu_meta_carve(st, (uintptr_t)st->staging[si], &h);
-    memset(h.hdr, 0, sizeof(*h.hdr));
+    memset(h->hdr, 0, sizeof(*h->hdr));
 
     const int32_t R = plan->num_requests;
-    h.hdr->num_requests = R;
-    h.hdr->num_tokens = (int32_t)plan->num_tokens;
+    h->hdr->num_requests = R;
+    h->hdr->num_tokens = (int32_t)plan->num_tokens;
     int32_t n_dec = 0, dec_rows = 0, n_pf = 0, blocks = 0;
     for (int32_t r = 0; r < R; ++r) {
         const int32_t ql = plan->q_len[r];
-        h.q_len[r] = ql;
-        h.kv_len[r] = plan->kv_len[r];
-        h.q_start[r] = (int32_t)plan->q_start[r];
+        h->q_len[r] = ql;
+        h->kv_len[r] = plan->kv_len[r];
+        h->q_start[r] = (int32_t)plan->q_start[r];
         if (ql == 0)
             continue;
         if (ql <= CU_DEC_MAX_Q) {
-            h.dec_req[n_dec] = r;
-            h.dec_row0[n_dec] = dec_rows;
-            h.dec_blk0[n_dec] = blocks;
+            h->dec_req[n_dec] = r;
+            h->dec_row0[n_dec] = dec_rows;
+            h->dec_blk0[n_dec] = blocks;
             for (int32_t i = 0; i < ql; ++i) {
-                h.dec_tok[dec_rows + i] = (int32_t)plan->q_start[r] + i;
-                h.dec_slot[dec_rows + i] = n_dec;
+                h->dec_tok[dec_rows + i] = (int32_t)plan->q_start[r] + i;
+                h->dec_slot[dec_rows + i] = n_dec;
             }
             dec_rows += ql;
-            cu_dec_info *di = &h.dec_info[n_dec];
+            cu_dec_info *di = &h->dec_info[n_dec];
             di->r = r;
             di->ql = ql;
             di->kl = plan->kv_len[r];
@@ -459,20 +457,20 @@ msa_status cu_plan_upload(msa_plan *plan, void *stream)
             ++n_dec;
         } else {
             for (int32_t i = 0; i < ql; ++i)
-                h.pf_tok[n_pf++] = (int32_t)plan->q_start[r] + i;
+                h->pf_tok[n_pf++] = (int32_t)plan->q_start[r] + i;
         }
     }
-    h.dec_blk0[n_dec] = blocks;
-    h.hdr->n_dec = n_dec;
-    h.hdr->n_dec_rows = dec_rows;
-    h.hdr->n_pf = n_pf;
-    h.hdr->total_dec_blocks = blocks;
+    h->dec_blk0[n_dec] = blocks;
+    h->hdr->n_dec = n_dec;
+    h->hdr->n_dec_rows = dec_rows;
+    h->hdr->n_pf = n_pf;
+    h->hdr->total_dec_blocks = blocks;
     for (int64_t t = 0; t < plan->num_tokens; ++t) {
-        h.token_req[t] = plan->token_request[t];
-        h.token_pos[t] = (int32_t)plan->token_pos[t];
+        h->token_req[t] = plan->token_request[t];
+        h->token_pos[t] = (int32_t)plan->token_pos[t];
     }
     for (int32_t r = 0; r < R; ++r)
-        memcpy(h.page_table + (int64_t)r * st->cap_pages,
+        memcpy(h->page_table + (int64_t)r * st->cap_pages,
                plan->page_table + (int64_t)r * plan->cap_pages_per_request,
                sizeof(int32_t) * (size_t)plan->cap_pages_per_request);
 
@@ -480,17 +478,17 @@ msa_status cu_plan_upload(msa_plan *plan, void *stream)
     if (any_sparse) {
         cu_sched_kind sk = {CU_KIND_SPARSE, m->cfg.num_kv_heads, m->group,
                             cu_sparse_on_tma(plan, st)};
-        cu_build_items(plan, st, &h, &sk, &part_used);
+        cu_build_items(plan, st, h, &sk, &part_used);
     }
     if (cu_any_layer(m, 0, 0)) {
         cu_sched_kind sk = {CU_KIND_DENSE, m->cfg.num_kv_heads, m->group, 0};
         part_used = 0; /* passes run one after another: partials are reused */
-        cu_build_items(plan, st, &h, &sk, &part_used);
+        cu_build_items(plan, st, h, &sk, &part_used);
     }
     if (cu_any_layer(m, 1, 1)) {
         cu_sched_kind sk = {CU_KIND_IV, 1, m->cfg.num_index_heads, 0};
         part_used = 0;
-        cu_build_items(plan, st, &h, &sk, &part_used);
+        cu_build_items(plan, st, h, &sk, &part_used);
     }
 
     int32_t max_q = 0;
@@ -498,8 +496,30 @@ msa_status cu_plan_upload(msa_plan *plan, void *stream)
         max_q = plan->q_len[r] > max_q ? plan->q_len[r] : max_q;
     st->max_q_len = max_q;
     st->n_pf = n_pf;
+}
 
-    const size_t bytes = st->pt_offset + sizeof(int32_t) * (size_t)R * st->cap_pages;
+msa_status cu_plan_upload(msa_plan *plan, void *stream)
+{
+    msa_context *ctx = plan->ctx;
+    const cu_ctx_state *cs = (const cu_ctx_state *)ctx->backend_state;
+    cu_plan_state *st = (cu_plan_state *)plan->backend;
+    CU_TRY(ctx, cudaSetDevice(cs->device));
+    if (!st || st->plan_caps[0] != plan->cap_requests || st->plan_caps[1] != plan->cap_tokens ||
+        st->plan_caps[2] != plan->cap_kv_len || st->plan_caps[3] != plan->cap_pages_per_request) {
+        msa_status status = cu_plan_init(plan);
+        if (status != MSA_OK)
+            return status;
+        st = (cu_plan_state *)plan->backend;
+    }
+    /* A staging buffer may still be read by its previous async copy. */
+    const int si = st->next_staging;
+    if (st->staging_used[si])
+        CU_TRY(ctx, cudaEventSynchronize(st->staged[si]));
+    cu_meta h;
+    cu_meta_carve(st, (uintptr_t)st->staging[si], &h);
+    cu_step_fill(plan, st, &h);
+
+    const size_t bytes = st->pt_offset + sizeof(int32_t) * (size_t)plan->num_requests * st->cap_pages;
     cudaStream_t s = (cudaStream_t)stream;
     CU_TRY(ctx, cudaMemcpyAsync(st->meta_dev, st->staging[si], bytes, cudaMemcpyHostToDevice, s));
     CU_TRY(ctx, cudaEventRecord(st->staged[si], s));

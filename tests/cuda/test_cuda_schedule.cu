@@ -1,0 +1,336 @@
+/*
+ * The CUDA backend's step schedule, checked on the host (no GPU needed):
+ * cu_state_size and cu_step_fill (plan.cu) run on hand-built plans over a
+ * grid of batches, query lengths, contexts and device sizes, and every
+ * schedule is held to what the kernels rely on:
+ *   - each (decode request, KV head, 64-row chunk) is covered by splits
+ *     0 .. S-1 exactly once, with the request's lengths in every item;
+ *   - a chunk with S > 1 has one merge item with the same rows and splits,
+ *     and the partial-row ranges of all chunks are disjoint and in bounds;
+ *   - the Hopper units (att_units) cover every sparse item once, in order,
+ *     a pair being two chunks of one (request, KV head, split) whose rows
+ *     follow each other; pairs are all or none per step;
+ *   - with split units on the Hopper path, at most one unit per SM;
+ *   - no list exceeds its capacity.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cu_plan.cuh"
+
+static int g_failed = 0, g_checks = 0;
+
+#define EXPECT(cond, ...)                                                                  \
+    do {                                                                                   \
+        ++g_checks;                                                                        \
+        if (!(cond)) {                                                                     \
+            if (g_failed < 20) {                                                           \
+                printf("FAIL %s:%d: ", __FILE__, __LINE__);                                \
+                printf(__VA_ARGS__);                                                       \
+                printf("\n");                                                              \
+            }                                                                              \
+            ++g_failed;                                                                    \
+        }                                                                                  \
+    } while (0)
+
+static int cmp_u64(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct sched_case {
+    int sms, tma, batch, q, ctx, prefill;
+} sched_case;
+
+/* Items of one pass checked against the plan. */
+static void check_kind(const msa_plan *plan, const cu_plan_state *st, const cu_meta *h, int kind,
+                       int32_t groups, int32_t g, const char *what)
+{
+    const int32_t n_items = h->hdr->n_att[kind], n_merge = h->hdr->n_merge[kind];
+    const cu_att_item *items = h->att[kind];
+    const cu_merge_item *merges = h->merge[kind];
+    EXPECT(n_items <= st->att_cap, "%s: %d items > capacity %d", what, n_items, st->att_cap);
+    EXPECT(n_merge <= st->merge_cap, "%s: %d merges > capacity %d", what, n_merge, st->merge_cap);
+
+    /* Coverage: count the items of each (slot, group, chunk, split). */
+    const int32_t n_dec = h->hdr->n_dec;
+    const int32_t chunks_max = (CU_DEC_MAX_Q * g + CU_ROWS_PER_ITEM - 1) / CU_ROWS_PER_ITEM;
+    const size_t ncells = (size_t)n_dec * groups * chunks_max;
+    int32_t *nsplit = (int32_t *)calloc(ncells ? ncells : 1, sizeof(int32_t));
+    /* (cell, split) keys, sorted below: each cell must list 0 .. S-1. */
+    uint64_t *keys = (uint64_t *)calloc(n_items ? (size_t)n_items : 1, sizeof(uint64_t));
+    int32_t n_keys = 0;
+    for (int32_t i = 0; i < n_items; ++i) {
+        const cu_att_item *it = &items[i];
+        EXPECT(it->dec >= 0 && it->dec < n_dec && it->group >= 0 && it->group < groups,
+               "%s: item %d slot %d group %d", what, i, it->dec, it->group);
+        if (!(it->dec >= 0 && it->dec < n_dec && it->group >= 0 && it->group < groups))
+            continue;
+        const int32_t r = h->dec_req[it->dec];
+        const int32_t rows = plan->q_len[r] * g;
+        EXPECT(it->r == r && it->ql == plan->q_len[r] && it->kl == plan->kv_len[r] &&
+                   it->t0 == (int32_t)plan->q_start[r],
+               "%s: item %d lengths", what, i);
+        EXPECT(it->row0 % CU_ROWS_PER_ITEM == 0 && it->row0 < rows, "%s: item %d row0 %d", what,
+               i, it->row0);
+        const int32_t want_rows =
+            rows - it->row0 < CU_ROWS_PER_ITEM ? rows - it->row0 : CU_ROWS_PER_ITEM;
+        EXPECT(it->nrows == want_rows, "%s: item %d rows %d, want %d", what, i, it->nrows,
+               want_rows);
+        EXPECT(it->nsplit >= 1 && it->split >= 0 && it->split < it->nsplit,
+               "%s: item %d split %d of %d", what, i, it->split, it->nsplit);
+        const size_t cell =
+            ((size_t)it->dec * groups + it->group) * chunks_max + it->row0 / CU_ROWS_PER_ITEM;
+        if (nsplit[cell] == 0)
+            nsplit[cell] = it->nsplit;
+        EXPECT(nsplit[cell] == it->nsplit, "%s: chunk with mixed split counts", what);
+        keys[n_keys++] = ((uint64_t)cell << 24) | (uint64_t)(it->split & 0xffffff);
+    }
+    qsort(keys, (size_t)n_keys, sizeof(uint64_t), cmp_u64);
+    int32_t next_split = 0;
+    for (int32_t i = 0; i < n_keys; ++i) {
+        const uint64_t cell = keys[i] >> 24;
+        if (i > 0 && (keys[i - 1] >> 24) != cell)
+            next_split = 0;
+        const int32_t split = (int32_t)(keys[i] & 0xffffff);
+        EXPECT(split == next_split, "%s: chunk %llu: split %d where %d belongs (missing or twice)",
+               what, (unsigned long long)cell, split, next_split);
+        next_split = split + 1;
+        if (i + 1 == n_keys || (keys[i + 1] >> 24) != cell)
+            EXPECT(next_split == nsplit[cell], "%s: chunk %llu has %d of %d splits", what,
+                   (unsigned long long)cell, next_split, nsplit[cell]);
+    }
+    for (int32_t k = 0; k < n_dec; ++k) {
+        const int32_t rows = plan->q_len[h->dec_req[k]] * g;
+        for (int32_t grp = 0; grp < groups; ++grp)
+            for (int32_t c = 0; c < chunks_max; ++c) {
+                const size_t cell = ((size_t)k * groups + grp) * chunks_max + c;
+                const int32_t S = nsplit[cell];
+                if (c * CU_ROWS_PER_ITEM >= rows) {
+                    EXPECT(S == 0, "%s: items past the rows of slot %d", what, k);
+                    continue;
+                }
+                EXPECT(S >= 1, "%s: slot %d group %d chunk %d not covered", what, k, grp, c);
+            }
+    }
+
+    /* Merges: one per split chunk, partial ranges disjoint and in bounds. */
+    int32_t split_chunks = 0;
+    for (size_t cell = 0; cell < ncells; ++cell)
+        split_chunks += nsplit[cell] > 1;
+    EXPECT(n_merge == split_chunks, "%s: %d merges for %d split chunks", what, n_merge,
+           split_chunks);
+    char *used = (char *)calloc((size_t)st->part_rows_cap, 1);
+    for (int32_t i = 0; i < n_merge; ++i) {
+        const cu_merge_item *mi = &merges[i];
+        const int64_t end = (int64_t)mi->part_base + (int64_t)mi->nsplit * mi->nrows;
+        EXPECT(mi->part_base >= 0 && end <= st->part_rows_cap, "%s: merge %d rows out of bounds",
+               what, i);
+        if (mi->part_base >= 0 && end <= st->part_rows_cap)
+            for (int64_t p = mi->part_base; p < end; ++p) {
+                EXPECT(!used[p], "%s: partial row %lld used twice", what, (long long)p);
+                used[p] = 1;
+            }
+        int found = 0;
+        for (int32_t j = 0; j < n_items; ++j) {
+            const cu_att_item *it = &items[j];
+            if (it->dec == mi->dec && it->group == mi->group && it->row0 == mi->row0) {
+                found += it->nsplit == mi->nsplit && it->nrows == mi->nrows &&
+                         it->part_base == mi->part_base;
+            }
+        }
+        EXPECT(found == mi->nsplit, "%s: merge %d matches %d of %d splits", what, i, found,
+               mi->nsplit);
+    }
+    free(used);
+    free(nsplit);
+    free(keys);
+}
+
+/* The Hopper units of the sparse pass. */
+static void check_units(const cu_plan_state *st, const cu_meta *h, int on_tma)
+{
+    const int32_t n_items = h->hdr->n_att[CU_KIND_SPARSE];
+    const int32_t n_units = h->hdr->n_att_units;
+    const cu_att_item *items = h->att[CU_KIND_SPARSE];
+    int32_t next = 0, pairs = 0, pairable = 0, split_units = 0;
+    for (int32_t u = 0; u < n_units; ++u) {
+        const int32_t first = h->att_units[u];
+        EXPECT(first == next, "unit %d starts at item %d, want %d", u, first, next);
+        if (first != next || first >= n_items)
+            break;
+        const cu_att_item *a = &items[first];
+        EXPECT(a->unit_len == 1 || a->unit_len == 2, "unit %d length %d", u, a->unit_len);
+        split_units += a->nsplit > 1;
+        if (a->unit_len == 2) {
+            EXPECT(first + 1 < n_items, "unit %d pair past the items", u);
+            if (first + 1 >= n_items)
+                break;
+            const cu_att_item *b = &items[first + 1];
+            EXPECT(b->unit_len == 0 && b->dec == a->dec && b->group == a->group &&
+                       b->split == a->split && b->nsplit == a->nsplit && a->nrows == 64 &&
+                       b->row0 == a->row0 + 64,
+                   "unit %d: items %d and %d do not form a pair", u, first, first + 1);
+            ++pairs;
+        } else if (a->nrows == 64 && a->row0 + 64 < a->ql * 16 && (a->row0 / 64) % 2 == 0) {
+            ++pairable; /* a chunk left alone though a second one follows it */
+        }
+        next = first + (a->unit_len == 2 ? 2 : 1);
+    }
+    EXPECT(next == n_items, "units cover %d of %d items", next, n_items);
+    EXPECT(pairs == 0 || pairable == 0, "step mixes pairs (%d) and pairable singles (%d)", pairs,
+           pairable);
+    if (on_tma && split_units > 0)
+        EXPECT(n_units <= st->num_sms, "%d split units on %d SMs", n_units, st->num_sms);
+    if (!on_tma)
+        EXPECT(pairs == 0, "pairs without the Hopper kernel");
+}
+
+static void run_case(msa_model *model, const sched_case *sc, unsigned seed)
+{
+    const int32_t R = sc->batch + (sc->prefill ? 1 : 0);
+    int32_t *q_len = (int32_t *)calloc((size_t)R, sizeof(int32_t));
+    int32_t *kv_len = (int32_t *)calloc((size_t)R, sizeof(int32_t));
+    int64_t *q_start = (int64_t *)calloc((size_t)R + 1, sizeof(int64_t));
+    int64_t tokens = 0, max_kv = 1;
+    for (int32_t r = 0; r < R; ++r) {
+        seed = seed * 1103515245u + 12345u;
+        const int prefill = sc->prefill && r == R - 1;
+        q_len[r] = prefill ? 40 : sc->q;
+        /* Contexts spread over +-25% of the case's mean. */
+        const int32_t spread = sc->ctx / 2;
+        kv_len[r] = sc->ctx - spread / 2 + (int32_t)((seed >> 8) % (uint32_t)(spread + 1));
+        if (kv_len[r] < q_len[r])
+            kv_len[r] = q_len[r];
+        q_start[r] = tokens;
+        tokens += q_len[r];
+        max_kv = kv_len[r] > max_kv ? kv_len[r] : max_kv;
+    }
+    q_start[R] = tokens;
+    const int64_t pages = (max_kv + 127) / 128;
+
+    msa_cache cache;
+    memset(&cache, 0, sizeof cache);
+    msa_cache_config_default(&cache.cfg);
+    cache.cfg.page_size = 128;
+    cache.cfg.kv_dtype = MSA_DTYPE_BF16;
+    cache.cfg.index_dtype = MSA_DTYPE_BF16;
+    cache.cfg.num_pages = R * pages;
+    cache.model = model;
+
+    msa_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.model = model;
+    plan.cache = &cache;
+    plan.cap_requests = R;
+    plan.cap_tokens = tokens;
+    plan.cap_kv_len = max_kv;
+    plan.cap_pages_per_request = pages;
+    plan.num_requests = R;
+    plan.num_tokens = tokens;
+    plan.q_len = q_len;
+    plan.kv_len = kv_len;
+    plan.q_start = q_start;
+    plan.page_table = (int32_t *)calloc((size_t)(R * pages), sizeof(int32_t));
+    plan.token_request = (int32_t *)calloc((size_t)tokens, sizeof(int32_t));
+    plan.token_pos = (int64_t *)calloc((size_t)tokens, sizeof(int64_t));
+    for (int32_t r = 0; r < R; ++r) {
+        for (int64_t p = 0; p < pages; ++p)
+            plan.page_table[r * pages + p] = (int32_t)(r * pages + p);
+        for (int32_t i = 0; i < q_len[r]; ++i) {
+            plan.token_request[q_start[r] + i] = r;
+            plan.token_pos[q_start[r] + i] = kv_len[r] - q_len[r] + i;
+        }
+    }
+
+    cu_plan_state st;
+    memset(&st, 0, sizeof st);
+    cu_state_size(&plan, sc->sms, sc->sms * 3, sc->sms * 2, &st);
+    st.tma = sc->tma;
+    void *blob = aligned_alloc(256, (st.meta_bytes + 255) / 256 * 256);
+    memset(blob, 0, st.meta_bytes);
+    cu_meta h;
+    cu_meta_carve(&st, (uintptr_t)blob, &h);
+    cu_step_fill(&plan, &st, &h);
+
+    const msa_model_config *cfg = &model->cfg;
+    EXPECT(h.hdr->n_dec == sc->batch, "%d decode requests, want %d", h.hdr->n_dec, sc->batch);
+    EXPECT(h.hdr->n_pf == (sc->prefill ? 40 : 0), "prefill tokens %d", h.hdr->n_pf);
+    check_kind(&plan, &st, &h, CU_KIND_SPARSE, cfg->num_kv_heads, model->group, "sparse");
+    const int on_tma = sc->tma && model->group == 16;
+    check_units(&st, &h, on_tma);
+    if (model->layer_index_value[0] || (cfg->num_layers > 1 && model->layer_index_value[1]))
+        check_kind(&plan, &st, &h, CU_KIND_IV, 1, cfg->num_index_heads, "index value");
+    if (cfg->num_layers > 1)
+        check_kind(&plan, &st, &h, CU_KIND_DENSE, cfg->num_kv_heads, model->group, "dense");
+
+    free(blob);
+    free(plan.page_table);
+    free(plan.token_request);
+    free(plan.token_pos);
+    free(q_len);
+    free(kv_len);
+    free(q_start);
+}
+
+int main(void)
+{
+    msa_context_params cp;
+    msa_context_params_default(&cp);
+    cp.backend = MSA_BACKEND_CPU;
+    cp.num_threads = 1;
+    msa_context *ctx = NULL;
+    char err[256];
+    if (msa_context_create(&cp, &ctx, err, sizeof err) != MSA_OK) {
+        printf("FAIL: context: %s\n", err);
+        return 1;
+    }
+    /* M3 (one sparse layer, Hopper shape), and a two-layer model (dense +
+     * sparse with index value, 8 query heads per KV head: no Hopper units). */
+    msa_model *models[2] = {NULL, NULL};
+    msa_model_config cfg;
+    msa_model_config_default(&cfg);
+    if (msa_model_create(ctx, &cfg, &models[0]) != MSA_OK) {
+        printf("FAIL: model: %s\n", msa_context_last_error(ctx));
+        return 1;
+    }
+    static const uint8_t sparse[2] = {0, 1}, iv[2] = {0, 1};
+    cfg.num_layers = 2;
+    cfg.num_q_heads = 32;
+    cfg.layer_sparse = sparse;
+    cfg.layer_index_value = iv;
+    if (msa_model_create(ctx, &cfg, &models[1]) != MSA_OK) {
+        printf("FAIL: model: %s\n", msa_context_last_error(ctx));
+        return 1;
+    }
+
+    static const int sms_list[] = {132, 78, 8};
+    static const int batches[] = {1, 2, 8, 32, 64, 128};
+    static const int qs[] = {1, 2, 4, 5, 8, 16};
+    static const int ctxs[] = {1000, 4000, 10000, 100000, 200000};
+    int cases = 0;
+    unsigned seed = 12345u;
+    for (int mi = 0; mi < 2; ++mi)
+        for (int si = 0; si < 3; ++si)
+            for (int tma = 0; tma < 2; ++tma)
+                for (int bi = 0; bi < 6; ++bi)
+                    for (int qi = 0; qi < 6; ++qi)
+                        for (int ci = 0; ci < 5; ++ci) {
+                            const sched_case sc = {sms_list[si], tma, batches[bi], qs[qi],
+                                                   ctxs[ci], (bi + qi + ci) % 4 == 0};
+                            const int before = g_failed;
+                            run_case(models[mi], &sc, seed += 7919u);
+                            ++cases;
+                            if (g_failed != before)
+                                printf("  in: model %d, %d SMs, tma %d, batch %d, q %d, ctx %d, "
+                                       "prefill %d\n",
+                                       mi, sc.sms, sc.tma, sc.batch, sc.q, sc.ctx, sc.prefill);
+                        }
+    msa_model_free(models[0]);
+    msa_model_free(models[1]);
+    msa_context_free(ctx);
+    printf("%d schedules, %d checks, %d failed\n", cases, g_checks, g_failed);
+    return g_failed ? 1 : 0;
+}
