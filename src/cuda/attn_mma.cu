@@ -227,11 +227,8 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
     }
     uint32_t qa[8][4];
     cu_rows_load_q(A.q, q_lo, q_hi, ok_lo, ok_hi, qa);
-    float o[16][4];
-#pragma unroll
-    for (int n = 0; n < 16; ++n)
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+    float o[16][4], m_lo, m_hi, l_lo, l_hi;
+    cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
     const float sl2 = A.scale * LOG2E;
 
     cu_att_meta mt;

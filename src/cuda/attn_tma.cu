@@ -269,11 +269,8 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
     const int64_t q_hi = q_lo + 8;
     uint32_t qa[8][4];
     cu_rows_load_q(A.q, q_lo, q_hi, active, active, qa);
-    float o[16][4];
-#pragma unroll
-    for (int n = 0; n < 16; ++n)
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+    float o[16][4], m_lo, m_hi, l_lo, l_hi;
+    cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
     const float sl2 = A.scale * LOG2E;
 
     for (int32_t c = 0;; ++c) {

@@ -32,6 +32,17 @@ __device__ __forceinline__ void cu_rows_load_q(const void *q, int64_t q_lo, int6
     }
 }
 
+/* The empty state: O = 0, running max -inf, sum 0. */
+__device__ __forceinline__ void cu_rows_clear(float (&o)[16][4], float &m_lo, float &m_hi,
+                                              float &l_lo, float &l_hi)
+{
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    m_lo = m_hi = -INFINITY;
+    l_lo = l_hi = 0.0f;
+}
+
 /* S = Q K^T for NS n-tiles of 8 keys starting at tile row k0.  Swz maps
  * (row, 16-byte chunk) to a byte offset in the tile; the n-tiles are
  * interleaved so their accumulation chains overlap in the tensor pipe. */
