@@ -40,6 +40,20 @@ int cli_int(const char *option, const char *text, int64_t min, int64_t max, int6
     return 0;
 }
 
+int cli_int_options(int argc, char **argv, int *i, const cli_int_opt *opts, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        const char *val;
+        const int r = cli_option(argc, argv, i, opts[k].name, &val);
+        if (r == 0)
+            continue;
+        if (r < 0 || cli_int(opts[k].name, val, opts[k].min, opts[k].max, opts[k].dst) != 0)
+            return -1;
+        return 1;
+    }
+    return 0;
+}
+
 int cli_double(const char *option, const char *text, double min, double max, double *out)
 {
     char *end;

@@ -34,6 +34,16 @@ int cli_option(int argc, char **argv, int *i, const char *name, const char **val
  * the option.  Return 0 on success, -1 (message printed) otherwise. */
 int cli_int(const char *option, const char *text, int64_t min, int64_t max, int64_t *out);
 int cli_double(const char *option, const char *text, double min, double max, double *out);
+
+/* A table of integer options: when argv[*i] is one of them, parses its value
+ * into *dst (range-checked) and returns 1; 0 when it is none of them; -1
+ * (message printed) on a missing or bad value. */
+typedef struct cli_int_opt {
+    const char *name;
+    int64_t min, max;
+    int64_t *dst;
+} cli_int_opt;
+int cli_int_options(int argc, char **argv, int *i, const cli_int_opt *opts, size_t n);
 int cli_backend(const char *text, msa_backend *out);
 int cli_dtype(const char *option, const char *text, msa_dtype *out);
 

@@ -69,11 +69,7 @@ static void bench_usage(FILE *f)
 
 static int parse_opts(int argc, char **argv, bench_opts *o, int *help)
 {
-    struct {
-        const char *name;
-        int64_t min, max;
-        int64_t *dst;
-    } ints[] = {
+    const cli_int_opt ints[] = {
         {"--threads", 0, 1024, &o->threads},
         {"--max-context", 1, INT32_MAX, &o->filter.max_context},
         {"--decode-context", 1, INT32_MAX, &o->decode_context},
@@ -125,13 +121,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o, int *help)
                 return -1;
             continue;
         }
-        for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !matched; k++) {
-            if ((r = cli_option(argc, argv, &i, ints[k].name, &val)) == 0)
-                continue;
-            if (r < 0 || cli_int(ints[k].name, val, ints[k].min, ints[k].max, ints[k].dst) != 0)
-                return -1;
-            matched = 1;
-        }
+        if ((matched = cli_int_options(argc, argv, &i, ints, sizeof ints / sizeof ints[0])) < 0)
+            return -1;
         for (size_t k = 0; k < sizeof strs / sizeof strs[0] && !matched; k++) {
             if ((r = cli_option(argc, argv, &i, strs[k].name, &val)) == 0)
                 continue;

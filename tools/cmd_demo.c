@@ -540,11 +540,7 @@ static void demo_usage(FILE *f)
 
 static int parse_opts(int argc, char **argv, demo_opts *o, int *help)
 {
-    struct {
-        const char *name;
-        int64_t min, max;
-        int64_t *dst;
-    } ints[] = {
+    const cli_int_opt ints[] = {
         {"--prefix", 1, 1 << 20, &o->prefix},    {"--chunk", 1, 1 << 20, &o->chunk},
         {"--requests", 1, DEMO_MAX_REQ, &o->requests}, {"--verify", 1, 127, &o->verify_len},
         {"--samples", 1, 64, &o->samples},      {"--reps", 1, 100000, &o->reps},
@@ -575,13 +571,8 @@ static int parse_opts(int argc, char **argv, demo_opts *o, int *help)
             o->threads = (int)t;
             continue;
         }
-        for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !matched; k++) {
-            if ((r = cli_option(argc, argv, &i, ints[k].name, &val)) == 0)
-                continue;
-            if (r < 0 || cli_int(ints[k].name, val, ints[k].min, ints[k].max, ints[k].dst) != 0)
-                return -1;
-            matched = 1;
-        }
+        if ((matched = cli_int_options(argc, argv, &i, ints, sizeof ints / sizeof ints[0])) < 0)
+            return -1;
         if (!matched) {
             fprintf(stderr, "msa demo: unknown option '%s'\n", argv[i]);
             return -1;
