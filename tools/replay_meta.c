@@ -46,17 +46,30 @@ static void warn_unknown(const cJSON *obj, const char *where, const char *const 
     }
 }
 
+/* The field `key` of obj in *it: 1 when present, 0 when absent or null,
+ * -1 (error set) when absent and required. */
+static int get_field(meta_err *e, const cJSON *obj, const char *where, const char *key,
+                     int required, const cJSON **it)
+{
+    *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (*it && !cJSON_IsNull(*it))
+        return 1;
+    if (required)
+        return fail(e, MSA_ERR_INVALID_ARGUMENT, "meta.json: %s%s%s is missing", where,
+                    where[0] ? "." : "", key);
+    return 0;
+}
+
 /* An integer field: absent -> def (or an error when required). */
 static int get_int(meta_err *e, const cJSON *obj, const char *where, const char *key,
                    int required, int64_t def, int64_t min, int64_t max, int64_t *out)
 {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!it || cJSON_IsNull(it)) {
-        if (required)
-            return fail(e, MSA_ERR_INVALID_ARGUMENT, "meta.json: %s%s%s is missing", where,
-                        where[0] ? "." : "", key);
-        *out = def;
-        return 0;
+    const cJSON *it;
+    const int has = get_field(e, obj, where, key, required, &it);
+    if (has <= 0) {
+        if (has == 0)
+            *out = def;
+        return has;
     }
     double v = it->valuedouble;
     if (!cJSON_IsNumber(it) || !isfinite(v) || v != floor(v) || v < (double)min ||
@@ -81,8 +94,8 @@ static int get_i32(meta_err *e, const cJSON *obj, const char *where, const char 
 static int get_bool(meta_err *e, const cJSON *obj, const char *where, const char *key, int def,
                     int *out)
 {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!it || cJSON_IsNull(it)) {
+    const cJSON *it;
+    if (get_field(e, obj, where, key, 0, &it) == 0) {
         *out = def;
         return 0;
     }
@@ -97,8 +110,8 @@ static int get_bool(meta_err *e, const cJSON *obj, const char *where, const char
 static int get_scale(meta_err *e, const cJSON *obj, const char *where, const char *key,
                      float def, float *out)
 {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!it || cJSON_IsNull(it)) {
+    const cJSON *it;
+    if (get_field(e, obj, where, key, 0, &it) == 0) {
         *out = def;
         return 0;
     }
@@ -113,13 +126,12 @@ static int get_scale(meta_err *e, const cJSON *obj, const char *where, const cha
 static int get_dtype(meta_err *e, const cJSON *obj, const char *where, const char *key,
                      int required, msa_dtype def, msa_dtype *out)
 {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!it || cJSON_IsNull(it)) {
-        if (required)
-            return fail(e, MSA_ERR_INVALID_ARGUMENT, "meta.json: %s%s%s is missing", where,
-                        where[0] ? "." : "", key);
-        *out = def;
-        return 0;
+    const cJSON *it;
+    const int has = get_field(e, obj, where, key, required, &it);
+    if (has <= 0) {
+        if (has == 0)
+            *out = def;
+        return has;
     }
     if (!cJSON_IsString(it) || msa_dtype_from_name(it->valuestring, out) != MSA_OK)
         return fail(e, MSA_ERR_INVALID_ARGUMENT,
