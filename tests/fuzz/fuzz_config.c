@@ -7,25 +7,13 @@
 #include <stdlib.h>
 
 #include "msa/msa.h"
+#include "fuzz_context.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static msa_context *context(void)
-{
-    static msa_context *ctx;
-    if (!ctx) {
-        msa_context_params p;
-        msa_context_params_default(&p);
-        p.num_threads = 1;
-        if (msa_context_create(&p, &ctx, NULL, 0) != MSA_OK)
-            abort();
-    }
-    return ctx;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    msa_context *ctx = context();
+    msa_context *ctx = fuzz_context();
     msa_model *m = NULL;
     msa_status st = msa_model_load_config_json(ctx, (const char *)data, size, &m);
     if (st == MSA_OK) {

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "msa/msa.h"
+#include "fuzz_context.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -28,19 +29,6 @@ static uint8_t byte(reader *r)
         return 0;
     r->left--;
     return *r->p++;
-}
-
-static msa_context *context(void)
-{
-    static msa_context *ctx;
-    if (!ctx) {
-        msa_context_params p;
-        msa_context_params_default(&p);
-        p.num_threads = 1;
-        if (msa_context_create(&p, &ctx, NULL, 0) != MSA_OK)
-            abort();
-    }
-    return ctx;
 }
 
 /* Small finite values from a byte-seeded generator. */
@@ -92,7 +80,7 @@ static int finite_rows(const void *o, msa_dtype dt, size_t n)
 
 static void run(reader *in)
 {
-    msa_context *ctx = context();
+    msa_context *ctx = fuzz_context();
     const uint8_t shape = byte(in), flags = byte(in);
 
     /* Model: a few valid shapes, sometimes an invalid one on purpose. */
