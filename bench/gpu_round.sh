@@ -135,20 +135,26 @@ if has_step profile; then
     done
 fi
 
-# ---- per-instruction stall samples of one kernel (ncu source page) -------------
-# SOURCE_CASE (batch:context:q_len, default 1:128000:1) and SOURCE_KERNEL
-# (regex, default cu_select): one launch, warp-state samples per SASS
-# instruction, as CSV in $OUT/source_sass.csv (step "source", not in the default list).
+# ---- per-instruction stall samples (ncu source page) ------------------------
+# SOURCE_CASES: space-separated kernel@batch:context:q_len entries (kernel: a
+# name regex, e.g. cu_select@1:128000:1); one launch each, warp-state samples
+# per SASS instruction, as CSV in $OUT/source_<n>.csv (step "source", not in
+# the default list).
 if has_step source; then
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    IFS=: read -r sb sl sq <<<"${SOURCE_CASE:-1:128000:1}"
-    run_logged source_profile "$NCU" --clock-control none --cache-control none \
-        --kernel-name regex:"${SOURCE_KERNEL:-cu_select}" --launch-count 1 \
-        --section SourceCounters --section WarpStateStats -f -o /tmp/msa-source \
-        "$MSA" bench --backend cuda --decode-context "$sl" --batch "$sb" --q-len "$sq" \
-        --reps 1 --warmup 0 --copies 1 --sets 2
-    run_logged source_print bash -c "'$NCU' -i /tmp/msa-source.ncu-rep --page source --csv \
-        --print-source sass > '$OUT/source_sass.csv'"
+    n=0
+    for sc in ${SOURCE_CASES:-cu_select@1:128000:1}; do
+        n=$((n + 1))
+        sk=${sc%@*}
+        IFS=: read -r sb sl sq <<<"${sc#*@}"
+        run_logged "source_profile_$n" "$NCU" --clock-control none --cache-control none \
+            --kernel-name regex:"$sk" --launch-count 1 \
+            --section SourceCounters --section WarpStateStats -f -o "/tmp/msa-source-$n" \
+            "$MSA" bench --backend cuda --decode-context "$sl" --batch "$sb" --q-len "$sq" \
+            --reps 1 --warmup 0 --copies 1 --sets 2
+        run_logged "source_print_$n" bash -c "'$NCU' -i /tmp/msa-source-$n.ncu-rep --page source --csv \
+            --print-source sass > '$OUT/source_$n.csv'"
+    done
 fi
 
 # ---- sanitizers ----------------------------------------------------------------

@@ -50,11 +50,14 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
     cs->pdl = major >= 9 && !(pdl_env && pdl_env[0] == '0');
     const char *tma_env = getenv("MSA_CUDA_TMA");
     cs->tma = major >= 9 && !(tma_env && tma_env[0] == '0');
+    /* wgmma exists in the sm_90a code only: later chips run the portable
+     * PTX, where the Hopper indexer has no body. */
+    cs->wgmma = cs->tma && major == 9;
     if (e == cudaSuccess)
         e = cu_indexer_mma_setup(cs->num_sms, &cs->grid_idx_fast);
     if (e == cudaSuccess)
         e = cu_attn_mma_setup(cs->num_sms, &cs->grid_att_fast);
-    if (e == cudaSuccess && cs->tma)
+    if (e == cudaSuccess && cs->wgmma)
         e = cu_indexer_tma_setup();
     if (e == cudaSuccess && cs->tma)
         e = cu_attn_tma_setup();

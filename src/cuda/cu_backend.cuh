@@ -15,6 +15,7 @@ typedef struct cu_ctx_state {
     int grid_att_fast;  /* persistent grid of the tensor-core attention */
     int pdl;            /* Hopper+: programmatic dependent launch (MSA_CUDA_PDL=0 disables) */
     int tma;            /* Hopper+: tensor-map kernels (MSA_CUDA_TMA=0 disables) */
+    int wgmma;          /* compute capability 9.x with tma: warpgroup products (sm_90a code) */
 } cu_ctx_state;
 
 msa_status cu_plan_init(msa_plan *plan);

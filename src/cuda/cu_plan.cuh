@@ -117,6 +117,7 @@ typedef struct cu_plan_state {
     int num_sms;
     int pdl;               /* programmatic dependent launch between kernels */
     int tma;               /* Hopper tensor-map kernels available */
+    int wgmma;             /* and the sm_90a warpgroup products (the Hopper indexer) */
 
     /* Metadata blob: device copy, two pinned staging copies (an upload
      * never overwrites a staging buffer an earlier async copy may still

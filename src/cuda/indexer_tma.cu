@@ -6,33 +6,38 @@
  * Work split as in the other indexer paths: the blocks of all decode
  * requests end to end, an equal contiguous share per CTA.  One producer
  * warp looks up the pages of 32 blocks at a time and streams whole blocks
- * through a ring of tensor-map copies; six consumer warps take the blocks in
- * turn, one block each, with no CTA-wide barrier: a block's ring slot is
- * handed back as soon as its warp is done with it.
+ * through a ring of tensor-map copies; two consumer warpgroups take the
+ * blocks in turn, one block each, with no CTA-wide barrier: a block's ring
+ * slot is handed back as soon as its group's products are done.
  *
- * A consumer multiplies its block (128 keys, the MMA's M side, eight m16
- * tiles) with every query column of the block's request (the N side, held
- * in registers while the warp stays in one request), so each index key is
- * read from memory once for all tokens and index heads.  Products of 16-bit
- * values are exact in fp32 and accumulate in fp32.  The block max (or
- * log-sum-exp) is reduced in registers and across the warp's lanes, and
- * written straight to the score rows.
+ * A consumer group multiplies every query column of the block's request
+ * (the M side: 64 rows, columns past q_len x Hi are zero; held in registers
+ * while the group stays in one request) with the block's 128 keys (the N
+ * side, read by the tensor cores straight from the ring slot): eight
+ * asynchronous 64 x 128 x 16 products (wgmma), so each index key is read
+ * from memory once for all tokens and index heads, and a block costs the
+ * group a few dozen instructions besides its score epilogue.  Products of
+ * 16-bit values are exact in fp32 and accumulate in fp32.  A thread then
+ * holds 32 keys of two query columns: the block max (or log-sum-exp) is
+ * reduced in registers and across the four lanes of a column, and written
+ * straight to the score rows.
  *
- * The summation order over the 128 dimensions does not matter to the MMA
- * (the same permutation applies to keys and queries), so queries load as
- * plain 32-bit words without a staging tile.
+ * The products exist on sm_90a only; other chips take the portable
+ * indexer (forward.cu checks st->wgmma).
  */
 #include "cu_plan.cuh"
 #include "cu_tma.cuh"
+#include "cu_wgmma.cuh"
 #include "cu_launch.cuh"
 
-/* One ring slot per consumer warp: block x goes to slot x % IDXT_CONSUMERS
- * and is computed by that slot's warp, so every slot is consumed in order by
- * a single warp and a barrier phase is never waited on a lap early.  While a
- * warp computes, the other slots load. */
-#define IDXT_CONSUMERS 6
-#define IDXT_STAGES IDXT_CONSUMERS
-#define IDXT_THREADS ((IDXT_CONSUMERS + 1) * 32)
+/* One ring slot per block in flight; block x goes to group x % IDXT_GROUPS
+ * and slot x % IDXT_STAGES.  The stage count is a multiple of the group
+ * count, so every slot is consumed in order by a single group and a barrier
+ * phase is never waited on a lap early.  While a group computes, the other
+ * slots load. */
+#define IDXT_GROUPS 2
+#define IDXT_STAGES 6
+#define IDXT_THREADS ((IDXT_GROUPS * 4 + 1) * 32)
 #define IDXT_BLOCK_BYTES (128 * 256)
 #define IDXT_SMEM_BYTES (IDXT_STAGES * IDXT_BLOCK_BYTES + 1024 + 2 * IDXT_STAGES * 8)
 
@@ -47,236 +52,156 @@ __device__ __forceinline__ int32_t cu_idxt_slot(const cu_layer &L, int32_t k, in
     return k;
 }
 
-/* Layer values the consumer loops use, in registers (the layer itself is
- * read through a pointer, which the compiler cannot keep in registers
- * across the stores). */
-typedef struct cu_idxt_par {
-    float *scores;
-    int32_t hi_magic, Hi, cap_blocks;
-    float iscale;
-} cu_idxt_par;
+#endif /* sm_90+ */
 
-/* n-tiles of query columns a request needs, rounded up to 1, 2, 4 or 8. */
-__device__ __forceinline__ int cu_idxt_nr(int32_t nq)
+#ifdef CU_HAVE_WGMMA
+
+/* max that returns NaN when either operand is NaN (a NaN key poisons its
+ * block, SPEC 4; fmaxf would drop it). */
+__device__ __forceinline__ float cu_fmax_nan(float a, float b)
 {
-    const int nt = (nq + 7) >> 3;
-    return nt <= 1 ? 1 : nt <= 2 ? 2 : nt <= 4 ? 4 : 8;
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
 }
 
-/* Query fragments (B operand) of a request's columns: column g of n-tile
- * nt, dimensions ks*16 + 2t (+8).  Columns past nq are zero. */
-template <int NR>
-__device__ __forceinline__ void cu_idxt_qfrags(const cu_layer &L, int32_t t0, int32_t nq,
-                                               uint32_t (&bq)[NR][8][2])
+/* A fragments of the request's query columns for the eight k-steps: rows
+ * c_lo = 16 w + lane / 4 and c_hi = c_lo + 8 of the group's 64; columns at
+ * or past nq are zero.  Word ks * 8 + lane % 4 holds dimensions
+ * 16 ks + 2 (lane % 4) and the next. */
+__device__ __forceinline__ void cu_idxt_afrags(const cu_layer &L, int32_t t0, int32_t nq, int32_t c_lo,
+                                               uint32_t (&a)[8][4])
 {
     const int lane = threadIdx.x & 31;
     const uint32_t *q = (const uint32_t *)L.iq + (int64_t)t0 * L.Hi * 64;
-#pragma unroll
-    for (int nt = 0; nt < NR; ++nt) {
-        const int col = nt * 8 + (lane >> 2);
-        const bool ok = col < nq;
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
-            bq[nt][ks][0] = ok ? __ldg(q + col * 64 + ks * 8 + (lane & 3)) : 0u;
-            bq[nt][ks][1] = ok ? __ldg(q + col * 64 + ks * 8 + 4 + (lane & 3)) : 0u;
-        }
-    }
-}
-
-/* acc[i] += keys of m-tile mt x query n-tiles, MT m-tiles at once (their
- * accumulation chains interleave in the tensor pipe). */
-template <typename Tag, int NR, int MT>
-__device__ __forceinline__ void cu_idxt_mma(uint32_t stage, int mt0, const uint32_t (&bq)[NR][8][2],
-                                            float (&acc)[MT][NR][4])
-{
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int nt = 0; nt < NR; ++nt)
-            acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.0f;
+    const bool ok_lo = c_lo < nq, ok_hi = c_lo + 8 < nq;
+    const uint32_t *lo = q + (int64_t)c_lo * 64 + (lane & 3);
+    const uint32_t *hi = lo + 8 * 64;
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-#pragma unroll
-        for (int i = 0; i < MT; ++i) {
-            uint32_t a0, a1, a2, a3;
-            const int row = (mt0 + i) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-            cu_ldsm_x4(stage + cu_tswz(128, row, 2 * ks + (lane >> 4)), a0, a1, a2, a3);
-#pragma unroll
-            for (int nt = 0; nt < NR; ++nt)
-                cu_mma16816(acc[i][nt], a0, a1, a2, a3, bq[nt][ks][0], bq[nt][ks][1], Tag());
-        }
+        a[ks][0] = ok_lo ? __ldg(lo + ks * 8) : 0u;
+        a[ks][1] = ok_hi ? __ldg(hi + ks * 8) : 0u;
+        a[ks][2] = ok_lo ? __ldg(lo + ks * 8 + 4) : 0u;
+        a[ks][3] = ok_hi ? __ldg(hi + ks * 8 + 4) : 0u;
     }
 }
 
-/* Running block score of the thread's keys for its query columns: max
- * (with a NaN flag: fmaxf drops NaN, and a NaN key poisons the block, SPEC
- * 4) or a log-sum-exp state. */
-template <int NR, bool LSE>
-struct cu_idxt_acc {
-    float m[NR][2], l[NR][2];
-    bool nan[NR][2];
-};
-
-/* Folds the m-tiles [mt0, mt0 + MT) of this block into the score state;
- * MASK: keys past a token's position are dropped. */
-template <typename Tag, int NR, int MT, bool LSE, bool MASK>
-__device__ __forceinline__ void cu_idxt_fold(uint32_t stage, int mt0, const uint32_t (&bq)[NR][8][2],
-                                             cu_idxt_acc<NR, LSE> &st, int32_t key0, int32_t base,
-                                             int32_t hi_magic, float iscale)
+/* Block score of this thread's two columns over its 32 keys of the block
+ * (key 8j + 2 (lane % 4) + e of d[4j + e] / d[4j + 2 + e]), then across the
+ * four lanes that share the columns.  Keys past a column's last visible
+ * position (MASK) do not count: max of no keys is -inf. */
+template <bool LSE, bool MASK>
+__device__ __forceinline__ void cu_idxt_epilogue(const float (&d)[64], int32_t key0, int32_t last_lo,
+                                                 int32_t last_hi, float iscale, float &s_lo, float &s_hi)
 {
     const int lane = threadIdx.x & 31;
-    float acc[MT][NR][4];
-    cu_idxt_mma<Tag, NR, MT>(stage, mt0, bq, acc);
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 #pragma unroll
-    for (int i = 0; i < MT; ++i) {
-        const int32_t pos_lo = key0 + (mt0 + i) * 16 + (lane >> 2);
-        const int32_t pos_hi = pos_lo + 8;
-#pragma unroll
-        for (int nt = 0; nt < NR; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                float xlo = acc[i][nt][e], xhi = acc[i][nt][2 + e];
-                bool vlo = true, vhi = true;
-                if (MASK) {
-                    const int32_t col = nt * 8 + 2 * (lane & 3) + e;
-                    const int32_t last = base + ((col * hi_magic) >> 16); /* col / Hi */
-                    vlo = pos_lo <= last;
-                    vhi = pos_hi <= last;
-                }
-                if (LSE) {
-                    if (vlo)
-                        cu_lse_merge(st.m[nt][e], st.l[nt][e], xlo * iscale, 1.0f);
-                    if (vhi)
-                        cu_lse_merge(st.m[nt][e], st.l[nt][e], xhi * iscale, 1.0f);
-                } else {
-                    xlo = vlo ? xlo : -INFINITY;
-                    xhi = vhi ? xhi : -INFINITY;
-                    st.m[nt][e] = fmaxf(st.m[nt][e], fmaxf(xlo, xhi));
-                    st.nan[nt][e] = st.nan[nt][e] || isnan(xlo) || isnan(xhi);
-                }
-            }
-        }
-    }
-}
-
-/* Scores of one block against NR n-tiles of query columns. */
-template <typename Tag, int NR, bool LSE>
-__device__ __forceinline__ void cu_idxt_block(const cu_idxt_par &P, uint32_t stage,
-                                              const uint32_t (&bq)[NR][8][2], int32_t key0,
-                                              int32_t base, int32_t nq, int64_t score_row0,
-                                              int32_t n)
-{
-    constexpr int MT = NR >= 8 ? 1 : 2;
-    const int lane = threadIdx.x & 31;
-    cu_idxt_acc<NR, LSE> st;
-#pragma unroll
-    for (int nt = 0; nt < NR; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-            st.m[nt][e] = -INFINITY, st.l[nt][e] = 0.0f, st.nan[nt][e] = false;
-    if (key0 + 127 <= base) {
-        /* Every key of the block visible to every token: no masks. */
-#pragma unroll 1
-        for (int mt = 0; mt < 8; mt += MT)
-            cu_idxt_fold<Tag, NR, MT, LSE, false>(stage, mt, bq, st, key0, base, P.hi_magic, P.iscale);
-    } else {
-#pragma unroll 1
-        for (int mt = 0; mt < 8; mt += MT)
-            cu_idxt_fold<Tag, NR, MT, LSE, true>(stage, mt, bq, st, key0, base, P.hi_magic, P.iscale);
-    }
-    /* Across the eight key rows of the lanes (lane >> 2), then write. */
-#pragma unroll
-    for (int nt = 0; nt < NR; ++nt) {
+    for (int j = 0; j < 16; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            float m = st.m[nt][e], l = st.l[nt][e];
-            if (!LSE && st.nan[nt][e])
-                m = __int_as_float(0x7fc00000);
-#pragma unroll
-            for (int o = 4; o < 32; o <<= 1) {
-                const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-                if (LSE)
-                    cu_lse_merge(m, l, m2, __shfl_xor_sync(0xffffffffu, l, o));
-                else
-                    m = cu_nanmax(m, m2);
-            }
-            const int32_t col = nt * 8 + 2 * (lane & 3) + e;
-            if (lane < 4 && col < nq) {
-                const int32_t tok = (col * P.hi_magic) >> 16;
-                const int32_t h = col - tok * P.Hi;
-                P.scores[(score_row0 + (int64_t)tok * P.Hi + h) * P.cap_blocks + n] =
-                    LSE ? cu_lse_value(m, l) : m;
+            const int32_t pos = key0 + 8 * j + 2 * (lane & 3) + e;
+            const bool v_lo = !MASK || pos <= last_lo;
+            const bool v_hi = !MASK || pos <= last_hi;
+            const float x_lo = d[4 * j + e], x_hi = d[4 * j + 2 + e];
+            if (LSE) {
+                if (v_lo)
+                    cu_lse_merge(m_lo, l_lo, x_lo * iscale, 1.0f);
+                if (v_hi)
+                    cu_lse_merge(m_hi, l_hi, x_hi * iscale, 1.0f);
+            } else {
+                m_lo = cu_fmax_nan(m_lo, v_lo ? x_lo : -INFINITY);
+                m_hi = cu_fmax_nan(m_hi, v_hi ? x_hi : -INFINITY);
             }
         }
     }
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+        const float a = __shfl_xor_sync(0xffffffffu, m_lo, o);
+        const float b = __shfl_xor_sync(0xffffffffu, m_hi, o);
+        if (LSE) {
+            cu_lse_merge(m_lo, l_lo, a, __shfl_xor_sync(0xffffffffu, l_lo, o));
+            cu_lse_merge(m_hi, l_hi, b, __shfl_xor_sync(0xffffffffu, l_hi, o));
+        } else {
+            m_lo = cu_fmax_nan(m_lo, a);
+            m_hi = cu_fmax_nan(m_hi, b);
+        }
+    }
+    if (LSE) {
+        s_lo = cu_lse_value(m_lo, l_lo);
+        s_hi = cu_lse_value(m_hi, l_hi);
+    } else {
+        s_lo = isnan(m_lo) ? __int_as_float(0x7fc00000) : m_lo;
+        s_hi = isnan(m_hi) ? __int_as_float(0x7fc00000) : m_hi;
+    }
 }
 
-/* This warp's blocks i, i + IDXT_CONSUMERS, ... while their requests need
- * NR n-tiles; returns the first block that needs another NR (or F). */
-template <typename Tag, int NR, bool LSE>
-__device__ __noinline__ int32_t cu_idxt_run(const cu_layer &L, unsigned char *ring, uint64_t *full,
-                               uint64_t *empty, int32_t gb_begin, int32_t F, int32_t n_dec,
-                               int32_t i, int32_t &kslot)
+/* Group g's blocks g, g + IDXT_GROUPS, ... of this CTA's share. */
+template <typename Tag, bool LSE>
+__device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_t *full,
+                                 uint64_t *empty, int32_t gb_begin, int32_t F, int32_t n_dec, int g)
 {
-    const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
-    uint32_t bq[NR][8][2];
+    const int32_t c_lo = 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2); /* query columns */
+    const int32_t c_hi = c_lo + 8;
+    const int32_t Hi = L.Hi, hi_magic = L.hi_magic, cap_blocks = L.cap_blocks;
+    const float iscale = L.iscale;
+    float *const scores = L.scores;
+    int32_t kslot = cu_dec_of_block(L.m.dec_blk0, n_dec, gb_begin);
     int32_t k = -1;
     cu_dec_info di = L.m.dec_info[kslot];
-    cu_idxt_par P;
-    P.scores = L.scores;
-    P.hi_magic = L.hi_magic;
-    P.Hi = L.Hi;
-    P.cap_blocks = L.cap_blocks;
-    P.iscale = L.iscale;
-    for (; i < F; i += IDXT_CONSUMERS) {
+    uint32_t a[8][4];
+    int32_t nq = 0, base = 0, last_lo = 0, last_hi = 0;
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i)
+        d[i] = 0.0f;
+    for (int32_t i = g; i < F; i += IDXT_GROUPS) {
         const int32_t gb = gb_begin + i;
         if (gb >= di.blk1) {
             kslot = cu_idxt_slot(L, kslot, n_dec, gb);
             di = L.m.dec_info[kslot];
         }
-        const int32_t nq = di.ql * L.Hi;
         if (kslot != k) {
-            if (cu_idxt_nr(nq) != NR)
-                return i;
             k = kslot;
-            cu_idxt_qfrags<NR>(L, di.t0, nq, bq);
+            nq = di.ql * Hi;
+            base = di.kl - di.ql; /* position of the request's first token */
+            last_lo = base + ((c_lo * hi_magic) >> 16); /* column / Hi = token */
+            last_hi = base + ((c_hi * hi_magic) >> 16);
+            cu_idxt_afrags(L, di.t0, nq, c_lo, a);
         }
-        const int32_t use = i / IDXT_CONSUMERS;
-        cu_mbar_wait(&full[warp], (uint32_t)use & 1u);
-        const int32_t n = gb - di.blk0;
-        const uint32_t st = cu_smem_addr(ring + warp * IDXT_BLOCK_BYTES);
-        cu_idxt_block<Tag, NR, LSE>(P, st, bq, n * 128, di.kl - di.ql, nq, (int64_t)di.d0 * P.Hi, n);
+        const int s = i % IDXT_STAGES;
+        cu_mbar_wait(&full[s], (uint32_t)(i / IDXT_STAGES) & 1u);
+        const uint32_t slot = cu_smem_addr(ring + s * IDXT_BLOCK_BYTES);
+        cu_wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks) {
+            /* Dimensions 0-63 in the first box, 64-127 in the second. */
+            const uint32_t at = slot + (uint32_t)(ks >> 2) * (IDXT_BLOCK_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
+            cu_wgmma_m64n128k16(d, a[ks], cu_wgmma_desc_sw128(at), ks > 0, Tag());
+        }
+        cu_wgmma_commit();
+        cu_wgmma_wait_all();
+        cu_wgmma_hold(d);
+        /* The group's reads of the slot are done: hand it back (one
+         * arrival per warp). */
         __syncwarp();
         if (lane == 0)
-            cu_mbar_arrive(&empty[warp]);
-    }
-    return i;
-}
-
-template <typename Tag, bool LSE>
-__device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_t *full,
-                                 uint64_t *empty, int32_t gb_begin, int32_t F, int32_t n_dec)
-{
-    const int warp = threadIdx.x >> 5;
-    int32_t kslot = cu_dec_of_block(L.m.dec_blk0, n_dec, gb_begin);
-    int32_t i = warp;
-    while (i < F) {
-        kslot = cu_idxt_slot(L, kslot, n_dec, gb_begin + i);
-        switch (cu_idxt_nr(L.m.dec_info[kslot].ql * L.Hi)) {
-        case 1:
-            i = cu_idxt_run<Tag, 1, LSE>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
-            break;
-        case 2:
-            i = cu_idxt_run<Tag, 2, LSE>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
-            break;
-        case 4:
-            i = cu_idxt_run<Tag, 4, LSE>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
-            break;
-        default:
-            i = cu_idxt_run<Tag, 8, LSE>(L, ring, full, empty, gb_begin, F, n_dec, i, kslot);
-            break;
+            cu_mbar_arrive(&empty[s]);
+        const int32_t n = gb - di.blk0;
+        const int32_t key0 = n * 128;
+        float s_lo, s_hi;
+        if (key0 + 127 <= base) /* every key visible to every token */
+            cu_idxt_epilogue<LSE, false>(d, key0, last_lo, last_hi, iscale, s_lo, s_hi);
+        else
+            cu_idxt_epilogue<LSE, true>(d, key0, last_lo, last_hi, iscale, s_lo, s_hi);
+        if ((lane & 3) == 0) {
+            /* Score row of column c: the request's rows start at d0 * Hi. */
+            const int64_t row0 = (int64_t)di.d0 * Hi;
+            if (c_lo < nq)
+                scores[(row0 + c_lo) * cap_blocks + n] = s_lo;
+            if (c_hi < nq)
+                scores[(row0 + c_hi) * cap_blocks + n] = s_hi;
         }
     }
 }
@@ -317,13 +242,13 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
     }
 }
 
-#endif /* sm_90+ */
+#endif /* CU_HAVE_WGMMA */
 
 template <typename Tag>
 __global__ void __launch_bounds__(IDXT_THREADS, 1)
     cu_indexer_tma_kernel(const __grid_constant__ cu_layer L, const __grid_constant__ CUtensorMap map)
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef CU_HAVE_WGMMA
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *ring =
         (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023); /* swizzle atoms */
@@ -333,7 +258,7 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
     if (threadIdx.x == 0) {
         for (int s = 0; s < IDXT_STAGES; ++s) {
             cu_mbar_init(&full[s], 1);
-            cu_mbar_init(&empty[s], 1);
+            cu_mbar_init(&empty[s], 4); /* the four warps of the slot's group */
         }
         cu_mbar_fence_init();
         cu_tma_prefetch_map(&map);
@@ -351,12 +276,12 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
     const int32_t F = gb_end - gb_begin;
     if (F == 0)
         return;
-    if (warp == IDXT_CONSUMERS)
+    if (warp == IDXT_GROUPS * 4)
         cu_idxt_producer(L, &map, ring, full, empty, gb_begin, F, n_dec);
     else if (L.score_lse)
-        cu_idxt_consumer<Tag, true>(L, ring, full, empty, gb_begin, F, n_dec);
+        cu_idxt_consumer<Tag, true>(L, ring, full, empty, gb_begin, F, n_dec, warp >> 2);
     else
-        cu_idxt_consumer<Tag, false>(L, ring, full, empty, gb_begin, F, n_dec);
+        cu_idxt_consumer<Tag, false>(L, ring, full, empty, gb_begin, F, n_dec, warp >> 2);
 #else
     (void)L;
     (void)map;

@@ -207,6 +207,7 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     cu_state_size(plan, cs->num_sms, cs->grid_idx_fast, cs->grid_att_fast, st);
     st->pdl = cs->pdl;
     st->tma = cs->tma;
+    st->wgmma = cs->wgmma;
 
     cudaError_t e = cu_zalloc(&st->meta_dev, st->meta_bytes);
     for (int i = 0; i < 2 && e == cudaSuccess; ++i) {
