@@ -9,17 +9,18 @@
  * the union's 64-key tiles that any of the unit's tokens uses, K and V,
  * through a ring of ATT_STAGES tensor-map copies; tiles no token of the unit
  * uses are never loaded, and the others are read once for all its tokens.
- * Eight consumer warps share every tile without a CTA-wide barrier (a tile's
- * slot is handed back when all eight have signalled): each warp serves one
- * token, and when the unit has fewer than eight tokens several warps serve
- * the same token on different keys (16 or 32 keys of a tile each, or
- * alternate tiles) and are merged by LSE at the end.  A warp whose token did
- * not select a tile's block signals at once and moves on, so the work
- * follows the per-token selections, not the union.
+ * Two consumer warpgroups share every tile without a CTA-wide barrier (a
+ * tile's slot is handed back when all eight warps have signalled).  Of a
+ * pair, each group serves one item (four tokens x 16 heads = the 64 rows of
+ * its products); a single item is served by both groups on alternate
+ * tiles, merged by LSE at the end.  A group whose tokens did not select a
+ * tile's block signals at once and moves on.
  *
- * S = Q K^T and O += P V run on mma.sync m16n8k16 with fp32 accumulators,
- * Q in registers, P rounded to the 16-bit type for the second product (as
- * in the other tensor-core path).
+ * S = Q K^T and O += P V are warpgroup products (wgmma, sm_90a): Q in
+ * registers, K and V read by the tensor cores from the ring slot (V
+ * transposed), fp32 accumulators, P rounded to the 16-bit type for the
+ * second product (as in the other tensor-core path).  The rows of a token
+ * that does not use a tile get weight 0 from it.
  *
  * Rows past kv_len in a request's last page are stale cache contents: their
  * scores are masked, and the producer zeroes that tile's V rows before the
@@ -27,21 +28,22 @@
  */
 #include "cu_attn.cuh"
 #include "cu_tma.cuh"
+#include "cu_wgmma.cuh"
 #include "cu_rows_state.cuh"
 #include "cu_launch.cuh"
 
-/* Five 32 KB stages: a deeper ring lets the warps of tokens that skip a
- * tile run further ahead of the one computing it. */
-#define ATT_STAGES 5
+/* Six 32 KB stages (as many as fit beside the merge scratch): a deeper
+ * ring keeps more of the stream in flight while the groups compute. */
+#define ATT_STAGES 6
 #define ATT_CONSUMERS 8
 #define ATT_THREADS ((ATT_CONSUMERS + 1) * 32)
 #define ATT_TILE 64
 #define ATT_HALF_BYTES (ATT_TILE * 256)          /* K or V of one tile */
 #define ATT_STAGE_BYTES (2 * ATT_HALF_BYTES)
 /* Partial state of a warp for the in-CTA merge: 16 x 128 O, then m, l.
- * Only warps beyond the first U (one per token) save theirs: 7 slots. */
+ * Only the second group's warps save theirs (a single item): 4 slots. */
 #define ATT_SCR_FLOATS CU_ROWS_SLOT_FLOATS
-#define ATT_SCR_SLOTS (ATT_CONSUMERS - 1)
+#define ATT_SCR_SLOTS 4
 #define ATT_SMEM_BYTES                                                                      \
     (1024 + ATT_STAGES * ATT_STAGE_BYTES + ATT_SCR_SLOTS * ATT_SCR_FLOATS * 4 +            \
      ATT_STAGES * 16 + (2 * ATT_STAGES + 1) * 8)
@@ -56,14 +58,6 @@ typedef struct cu_attt_meta {
     uint32_t bits;  /* item tokens (request-local bit) that use any key of it */
     int32_t pad0, pad1;
 } cu_attt_meta;
-
-/* The tiles of this path: 64 rows in two swizzled 64-column boxes. */
-struct cu_swz_tile {
-    __device__ __forceinline__ uint32_t operator()(int row, int chunk) const
-    {
-        return cu_tswz(ATT_TILE, row, chunk);
-    }
-};
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
@@ -213,57 +207,139 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     __syncwarp();
 }
 
-/* One warp's share of one tile: keys [k0, k0 + KW) against its 16 rows. */
-template <typename Tag, int KW>
-__device__ __forceinline__ void cu_attt_tile(uint32_t ka, uint32_t va, int k0, int32_t pos0,
-                                             int32_t last, const uint32_t (&qa)[8][4],
-                                             float (&o)[16][4], float &m_lo, float &m_hi,
-                                             float &l_lo, float &l_hi, float sl2)
+#endif /* sm_90+ */
+
+#ifdef CU_HAVE_WGMMA
+
+/* S = Q K^T: the group's 64 query rows (registers) against the tile's 64
+ * keys (K-major in the slot: dimensions 0-63 in the first box, 64-127 in
+ * the second). */
+template <typename Tag>
+__device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][4], float (&sc)[8][4])
 {
-    constexpr int NS = KW / 8;
-    const int lane = threadIdx.x & 31;
-    float sc[NS][4];
-    cu_rows_qk<Tag, NS, cu_swz_tile>(ka, k0, qa, sc);
-    /* Keys past the token's position (only in its own last block). */
-    const bool whole = pos0 + k0 + KW - 1 <= last;
+    cu_wgmma_fence();
 #pragma unroll
-    for (int n = 0; n < NS; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const bool vis = whole || pos0 + k0 + n * 8 + 2 * (lane & 3) + e <= last;
-            sc[n][e] = vis ? sc[n][e] * sl2 : -INFINITY;
-            sc[n][2 + e] = vis ? sc[n][2 + e] * sl2 : -INFINITY;
-        }
+    for (int ks = 0; ks < 8; ++ks) {
+        const uint32_t at = ka + (uint32_t)(ks >> 2) * (ATT_HALF_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
+        cu_wgmma_m64n64k16(sc, qa[ks], cu_wgmma_desc(at, 16), ks > 0, Tag());
     }
-    cu_rows_softmax<NS>(sc, o, m_lo, m_hi, l_lo, l_hi);
-    cu_rows_pv<Tag, KW, cu_swz_tile>(va, k0, sc, o);
+    cu_wgmma_commit();
+    cu_wgmma_wait_all();
+    cu_wgmma_hold(sc);
 }
 
+/* A member warp's rows take one tile: raw scores sc, keys k <= lim of the
+ * tile visible (lim >= 63: all).  As cu_rows_softmax, with the scale sl2
+ * (log2 units, > 0) applied inside the exponent: the max of the scaled
+ * scores is the scaled max.  O keeps its scale while both rows' maxima
+ * hold in every lane of the warp, as they do on most tiles once the max
+ * has settled. */
+__device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, float sl2, float (&o)[16][4],
+                                                float &m_lo, float &m_hi, float &l_lo, float &l_hi)
+{
+    const int lane = threadIdx.x & 31;
+    if (lim < ATT_TILE - 1) {
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const bool vis = n * 8 + 2 * (lane & 3) + e <= lim;
+                sc[n][e] = vis ? sc[n][e] : -INFINITY;
+                sc[n][2 + e] = vis ? sc[n][2 + e] : -INFINITY;
+            }
+        }
+    }
+    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+        mx_lo = fmaxf(mx_lo, fmaxf(sc[n][0], sc[n][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(sc[n][2], sc[n][3]));
+    }
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+    const float mn_lo = fmaxf(m_lo, mx_lo * sl2), mn_hi = fmaxf(m_hi, mx_hi * sl2);
+    const float ref_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
+    const float ref_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+    const float corr_lo = exp2f(m_lo - ref_lo), corr_hi = exp2f(m_hi - ref_hi);
+    m_lo = mn_lo;
+    m_hi = mn_hi;
+    float ps_lo = 0.0f, ps_hi = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            sc[n][e] = exp2f(fmaf(sc[n][e], sl2, -ref_lo));
+            sc[n][2 + e] = exp2f(fmaf(sc[n][2 + e], sl2, -ref_hi));
+            ps_lo += sc[n][e];
+            ps_hi += sc[n][2 + e];
+        }
+    }
+    l_lo = l_lo * corr_lo + ps_lo;
+    l_hi = l_hi * corr_hi + ps_hi;
+    if (__any_sync(0xffffffffu, corr_lo != 1.0f || corr_hi != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+            o[n][0] *= corr_lo;
+            o[n][1] *= corr_lo;
+            o[n][2] *= corr_hi;
+            o[n][3] *= corr_hi;
+        }
+    }
+}
+
+/* O += P V: the weights (rounded to the 16-bit type, in the A-fragment
+ * layout the S accumulators already have) against the tile's V, read
+ * MN-major: 16 keys per step (2048 bytes), dimensions 64-127 one box
+ * (ATT_HALF_BYTES / 2) after 0-63.  A warp whose token does not use the
+ * tile gives weight 0 to every key (its rows of the product add zero). */
+template <typename Tag>
+__device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], bool member, float (&o)[16][4])
+{
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        pa[kk][0] = member ? cu_pack2(p[2 * kk][0], p[2 * kk][1], Tag()) : 0u;
+        pa[kk][1] = member ? cu_pack2(p[2 * kk][2], p[2 * kk][3], Tag()) : 0u;
+        pa[kk][2] = member ? cu_pack2(p[2 * kk + 1][0], p[2 * kk + 1][1], Tag()) : 0u;
+        pa[kk][3] = member ? cu_pack2(p[2 * kk + 1][2], p[2 * kk + 1][3], Tag()) : 0u;
+    }
+    cu_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+        cu_wgmma_m64n128k16<1>(o, pa[kk], cu_wgmma_desc(va + (uint32_t)kk * 2048u, ATT_HALF_BYTES / 2), 1,
+                               Tag());
+    cu_wgmma_commit();
+    cu_wgmma_wait_all();
+    cu_wgmma_hold(o);
+}
+
+/* One consumer warpgroup (h = 0 or 1) of a unit.  Warp w of the group
+ * holds rows 16w .. 16w + 15 of its item: token w, its 16 heads.  Of a
+ * pair, group h serves item h and takes every tile one of its tokens uses;
+ * a single item is served by both groups, alternate tiles each, and merged
+ * at the end.  A tile's product covers all four tokens of the group; the
+ * rows of tokens that do not use it are masked to -inf (weight 0), so
+ * their state does not change. */
 template <typename Tag>
 __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_attt_smem &sm,
                                  const cu_attt_unit &un, uint32_t &gs)
 {
     const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int U = un.ntok[0] + un.ntok[1];          /* tokens of the unit */
-    const int nsub = U == 1 ? 8 : U == 2 ? 4 : U <= 4 ? 2 : 1; /* warps per token */
-    const int u = warp % U;
-    const int j = warp / U;
-    const bool active = j < nsub;
-    /* The warp's token: item `half` of the unit, token ul of that item. */
-    const int half = u >= un.ntok[0];
+    const int w = (threadIdx.x >> 5) & 3;
+    const int h = threadIdx.x >> 7;
+    const bool pair = un.ntok[1] > 0;
+    const int half = pair ? h : 0;
     const cu_att_item *itp = L.m.att[CU_KIND_SPARSE] + un.first + half;
     const cu_att_item it = *itp;
-    const int ul = u - half * un.ntok[0];
-    const int32_t tok = it.row0 / 16 + ul;          /* request-local token */
-    const int32_t last = it.kl - it.ql + tok;       /* its position */
-    const uint32_t tbit = 1u << tok;
-    /* Key slice of this warp in a tile: 16 keys (nsub 4 or 8), 32 (nsub 2),
-     * the whole tile (nsub 1); with nsub 8 the two halves of the warps take
-     * alternate tiles. */
-    const int kw = nsub == 1 ? 64 : nsub == 2 ? 32 : 16;
-    const int k0 = (j & 3) * kw;
-    const int parity_sel = nsub == 8 ? (j >> 2) : -1;
+    const int ntok = un.ntok[half];
+    const bool active = w < ntok;                    /* the warp's rows exist */
+    const int32_t tok0 = it.row0 / 16;
+    const int32_t tok = tok0 + w;                    /* request-local token */
+    const int32_t last = it.kl - it.ql + tok;        /* its position */
+    const uint32_t tbit = active ? 1u << tok : 0u;
+    const uint32_t gbits = cu_attt_item_bits(tok0, ntok); /* the group's tokens */
 
     const int64_t q_lo = (int64_t)(it.t0 + tok) * A.hq_total + it.group * 16 + (lane >> 2);
     const int64_t q_hi = q_lo + 8;
@@ -284,19 +360,18 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
                 cu_mbar_arrive(&sm.empty[s]);
             break;
         }
-        if (active && (mt.bits & tbit) && (parity_sel < 0 || (c & 1) == parity_sel)) {
+        /* Group-uniform: whether this group computes the tile. */
+        if ((mt.bits & gbits) && (pair || (c & 1) == h)) {
             const uint32_t ka = cu_smem_addr(sm.ring + s * ATT_STAGE_BYTES);
             const uint32_t va = ka + ATT_HALF_BYTES;
-            if (kw == 16)
-                cu_attt_tile<Tag, 16>(ka, va, k0, mt.pos0, last, qa, o, m_lo, m_hi, l_lo, l_hi, sl2);
-            else if (kw == 32)
-                cu_attt_tile<Tag, 32>(ka, va, k0, mt.pos0, last, qa, o, m_lo, m_hi, l_lo, l_hi, sl2);
-            else {
-                /* The whole tile as two 32-key halves: a 64-key product would
-                 * not fit the registers of this kernel's 9 warps. */
-                cu_attt_tile<Tag, 32>(ka, va, 0, mt.pos0, last, qa, o, m_lo, m_hi, l_lo, l_hi, sl2);
-                cu_attt_tile<Tag, 32>(ka, va, 32, mt.pos0, last, qa, o, m_lo, m_hi, l_lo, l_hi, sl2);
-            }
+            float sc[8][4];
+            cu_attt_qk<Tag>(ka, qa, sc);
+            /* The warp's token uses the tile: its keys inside the causal
+             * window count (rows past kv_len are beyond every window). */
+            const bool member = (mt.bits & tbit) != 0u;
+            if (member)
+                cu_attt_softmax(sc, last - mt.pos0, sl2, o, m_lo, m_hi, l_lo, l_hi);
+            cu_attt_pv<Tag>(va, sc, member, o);
         }
         __syncwarp();
         if (lane == 0)
@@ -304,20 +379,21 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
     }
     cu_rows_sum_quads(l_lo, l_hi);
 
-    /* Merge the warps of one token into warp j == 0. */
-    if (active && j > 0)
-        cu_rows_save(sm.scr + (warp - U) * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
+    /* A single item: group 1's state joins group 0's, warp by warp. */
+    if (!pair && h == 1 && active)
+        cu_rows_save(sm.scr + w * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
     cu_named_sync(1, ATT_CONSUMERS * 32);
-    if (active && j == 0) {
-        for (int j2 = 1; j2 < nsub; ++j2)
-            cu_rows_absorb(sm.scr + ((j2 - 1) * U + u) * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
-        cu_rows_write<Tag>(L, A, *itp, ul * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,
+    if (active && (pair || h == 0)) {
+        if (!pair)
+            cu_rows_absorb(sm.scr + w * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
+        cu_rows_write<Tag>(L, A, *itp, w * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,
                            l_lo, l_hi);
     }
-    cu_named_sync(1, ATT_CONSUMERS * 32); /* the scratch is reused by the next item */
+    cu_named_sync(1, ATT_CONSUMERS * 32); /* the scratch is reused by the next unit */
 }
 
-#endif /* sm_90+ */
+#endif /* CU_HAVE_WGMMA */
+
 
 template <typename Tag>
 __global__ void __launch_bounds__(ATT_THREADS, 1)
@@ -325,7 +401,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
                        const __grid_constant__ CUtensorMap map_k,
                        const __grid_constant__ CUtensorMap map_v)
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef CU_HAVE_WGMMA
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     cu_attt_smem sm;
     sm.ring = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);

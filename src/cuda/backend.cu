@@ -59,7 +59,7 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
         e = cu_attn_mma_setup(cs->num_sms, &cs->grid_att_fast);
     if (e == cudaSuccess && cs->wgmma)
         e = cu_indexer_tma_setup();
-    if (e == cudaSuccess && cs->tma)
+    if (e == cudaSuccess && cs->wgmma)
         e = cu_attn_tma_setup();
     if (e != cudaSuccess) {
         if (err && err_size)

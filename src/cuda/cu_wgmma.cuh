@@ -10,12 +10,15 @@
  *   A (registers): warp w of the group holds rows 16w .. 16w + 15 in the
  *     m16n8k16 A-fragment layout (a0: row lane/4, k 2(lane%4) + {0,1};
  *     a1: row + 8; a2: k + 8; a3: both).
- *   B (shared): N rows of 128 bytes (64 16-bit k values) in the 128-byte
+ *   B (shared, K-major): N rows of 128 bytes (64 16-bit k values) in the 128-byte
  *     swizzle a tensor-map copy writes (cu_tma.cuh), 8-row groups 1024
  *     bytes apart, K-major; the k-step ks of a box starts 32 * ks bytes in.
+ *   B (shared, MN-major, for a transposed product): K rows of 128 bytes
+ *     (64 MN values) in the same swizzle, 8-row groups 1024 bytes apart,
+ *     the next 64 MN values `lbo` bytes further.
  *   D (registers, fp32): thread holds, for each 8-column group j,
  *     d[4j + e] = (row 16w + lane/4, column 8j + 2(lane%4) + e) and
- *     d[4j + 2 + e] = the same column, row + 8.
+ *     d[4j + 2 + e] = the same column, row + 8 (as d[j][e], d[j][2 + e]).
  */
 #ifndef MSA_CU_WGMMA_CUH
 #define MSA_CU_WGMMA_CUH
@@ -28,14 +31,15 @@
 
 #ifdef CU_HAVE_WGMMA
 
-/* Descriptor of a K-major, 128-byte-swizzled operand at shared address
- * `addr` (its swizzle atom 1024-byte aligned, or offset by a k-step inside
- * the atom): start address, leading offset (unused with this swizzle: 1),
- * 8-row group stride 1024 bytes, layout type 1 = 128-byte swizzle. */
-__device__ __forceinline__ uint64_t cu_wgmma_desc_sw128(uint32_t addr)
+/* Descriptor of an operand in the 128-byte swizzle at shared address
+ * `addr` (its swizzle atoms 1024-byte aligned, or offset by a k-step inside
+ * the atom): start address, leading offset `lbo` (K-major: unused, 16;
+ * MN-major: bytes between blocks of 64 MN elements), 8-row group stride
+ * 1024 bytes, layout type 1 = 128-byte swizzle. */
+__device__ __forceinline__ uint64_t cu_wgmma_desc(uint32_t addr, uint32_t lbo)
 {
-    return (uint64_t)((addr & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
+    return (uint64_t)((addr & 0x3ffffu) >> 4) | ((uint64_t)((lbo & 0x3ffffu) >> 4) << 16) |
+           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
 __device__ __forceinline__ void cu_wgmma_fence()
@@ -55,47 +59,76 @@ __device__ __forceinline__ void cu_wgmma_wait_all()
 
 /* Keeps the compiler from moving reads or writes of the accumulators across
  * the asynchronous product (the registers are its operands until the wait). */
-__device__ __forceinline__ void cu_wgmma_hold(float (&d)[64])
+template <int NJ>
+__device__ __forceinline__ void cu_wgmma_hold(float (&d)[NJ][4])
 {
 #pragma unroll
-    for (int i = 0; i < 64; ++i)
-        asm volatile("" : "+f"(d[i])::"memory");
+    for (int j = 0; j < NJ; ++j)
+        asm volatile("" : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])::"memory");
 }
 
-#define CU_WG_D8(i)                                                                      \
-    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-        "+f"(d[i + 6]), "+f"(d[i + 7])
-#define CU_WG_D64 \
-    CU_WG_D8(0), CU_WG_D8(8), CU_WG_D8(16), CU_WG_D8(24), CU_WG_D8(32), CU_WG_D8(40), CU_WG_D8(48), CU_WG_D8(56)
+/* Accumulators d[j][e] (the D layout above: d[j][e] is d[4j + e]). */
+#define CU_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define CU_WG_D32 CU_WG_D4(0), CU_WG_D4(1), CU_WG_D4(2), CU_WG_D4(3), CU_WG_D4(4), CU_WG_D4(5), CU_WG_D4(6), CU_WG_D4(7)
+#define CU_WG_D64 CU_WG_D32, CU_WG_D4(8), CU_WG_D4(9), CU_WG_D4(10), CU_WG_D4(11), CU_WG_D4(12), CU_WG_D4(13), CU_WG_D4(14), CU_WG_D4(15)
+#define CU_WG_REGS32 \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+    "%25,%26,%27,%28,%29,%30,%31}"
 #define CU_WG_REGS64                                                                               \
     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,"  \
     "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
     "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 
+/* d (64 x 64, fp32) = (accumulate ? d : 0) + A (64 x 16, registers) x
+ * B (64 x 16 at descriptor b, K-major). */
+__device__ __forceinline__ void cu_wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
+                                                   int accumulate, cu_bf16_tag)
+{
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " CU_WG_REGS32
+                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                 : CU_WG_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+__device__ __forceinline__ void cu_wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
+                                                   int accumulate, cu_f16_tag)
+{
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " CU_WG_REGS32
+                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                 : CU_WG_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
 /* d (64 x 128, fp32) = (accumulate ? d : 0) + A (64 x 16, registers) x
- * B (128 x 16 at descriptor b, K-major). */
-__device__ __forceinline__ void cu_wgmma_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t b,
+ * B (128 x 16 at descriptor b; TB 0: K-major, 1: MN-major). */
+template <int TB>
+__device__ __forceinline__ void cu_wgmma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b,
                                                     int accumulate, cu_bf16_tag)
 {
     asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
                  " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " CU_WG_REGS64
-                 ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+                 ", {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"
                  : CU_WG_D64
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TB));
 }
 
-__device__ __forceinline__ void cu_wgmma_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t b,
+template <int TB>
+__device__ __forceinline__ void cu_wgmma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b,
                                                     int accumulate, cu_f16_tag)
 {
     asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
                  " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " CU_WG_REGS64
-                 ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+                 ", {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"
                  : CU_WG_D64
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TB));
 }
 
-#undef CU_WG_D8
+#undef CU_WG_D4
+#undef CU_WG_D32
 #undef CU_WG_D64
+#undef CU_WG_REGS32
 #undef CU_WG_REGS64
 
 #endif /* CU_HAVE_WGMMA */

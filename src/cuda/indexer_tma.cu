@@ -87,11 +87,11 @@ __device__ __forceinline__ void cu_idxt_afrags(const cu_layer &L, int32_t t0, in
 }
 
 /* Block score of this thread's two columns over its 32 keys of the block
- * (key 8j + 2 (lane % 4) + e of d[4j + e] / d[4j + 2 + e]), then across the
+ * (key 8j + 2 (lane % 4) + e of d[j][e] / d[j][2 + e]), then across the
  * four lanes that share the columns.  Keys past a column's last visible
  * position (MASK) do not count: max of no keys is -inf. */
 template <bool LSE, bool MASK>
-__device__ __forceinline__ void cu_idxt_epilogue(const float (&d)[64], int32_t key0, int32_t last_lo,
+__device__ __forceinline__ void cu_idxt_epilogue(const float (&d)[16][4], int32_t key0, int32_t last_lo,
                                                  int32_t last_hi, float iscale, float &s_lo, float &s_hi)
 {
     const int lane = threadIdx.x & 31;
@@ -103,7 +103,7 @@ __device__ __forceinline__ void cu_idxt_epilogue(const float (&d)[64], int32_t k
             const int32_t pos = key0 + 8 * j + 2 * (lane & 3) + e;
             const bool v_lo = !MASK || pos <= last_lo;
             const bool v_hi = !MASK || pos <= last_hi;
-            const float x_lo = d[4 * j + e], x_hi = d[4 * j + 2 + e];
+            const float x_lo = d[j][e], x_hi = d[j][2 + e];
             if (LSE) {
                 if (v_lo)
                     cu_lse_merge(m_lo, l_lo, x_lo * iscale, 1.0f);
@@ -152,10 +152,10 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
     cu_dec_info di = L.m.dec_info[kslot];
     uint32_t a[8][4];
     int32_t nq = 0, base = 0, last_lo = 0, last_hi = 0;
-    float d[64];
+    float d[16][4];
 #pragma unroll
-    for (int i = 0; i < 64; ++i)
-        d[i] = 0.0f;
+    for (int j = 0; j < 16; ++j)
+        d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
     for (int32_t i = g; i < F; i += IDXT_GROUPS) {
         const int32_t gb = gb_begin + i;
         if (gb >= di.blk1) {
@@ -178,7 +178,7 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
         for (int ks = 0; ks < 8; ++ks) {
             /* Dimensions 0-63 in the first box, 64-127 in the second. */
             const uint32_t at = slot + (uint32_t)(ks >> 2) * (IDXT_BLOCK_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
-            cu_wgmma_m64n128k16(d, a[ks], cu_wgmma_desc_sw128(at), ks > 0, Tag());
+            cu_wgmma_m64n128k16<0>(d, a[ks], cu_wgmma_desc(at, 16), ks > 0, Tag());
         }
         cu_wgmma_commit();
         cu_wgmma_wait_all();

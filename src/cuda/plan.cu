@@ -299,7 +299,7 @@ static int cu_sparse_on_tma(const msa_plan *plan, const cu_plan_state *st)
     const msa_model *m = plan->model;
     const msa_cache_config *cc = &plan->cache->cfg;
     const int kv16 = cc->kv_dtype == MSA_DTYPE_BF16 || cc->kv_dtype == MSA_DTYPE_FP16;
-    return st->tma && kv16 && cc->page_size == 128 && m->cfg.block_size == 128 &&
+    return st->tma && st->wgmma && kv16 && cc->page_size == 128 && m->cfg.block_size == 128 &&
            m->cfg.head_dim == 128 && m->group == 16;
 }
 
@@ -311,19 +311,11 @@ static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_met
     const int32_t target = 2 * st->grid_att_fast;
     /* A unit of work is one 64-row chunk, or on the Hopper kernel two
      * chunks that share the key stream (see att_units): the union is then
-     * read once for 8 tokens, but each consumer warp computes its token
-     * alone, so a pair takes longer than either chunk.  Pairs pay off
-     * where the unions are large (contexts beyond 16 blocks on average)
-     * and the chunks alone would not fill the GPU twice over; all units of
-     * a step are paired or none (mixed sizes leave CTAs idle at the end). */
-    int64_t n_chunks = 0, reach = 0;
-    for (int32_t k = 0; k < n_dec; ++k) {
-        const int32_t r = h->dec_req[k];
-        n_chunks += (int64_t)sk->groups * cu_ceil_div32(plan->q_len[r] * sk->g, CU_ROWS_PER_ITEM);
-        reach += (plan->kv_len[r] + m->cfg.block_size - 1) / m->cfg.block_size;
-    }
-    const int pair = sk->one_round && sk->kind == CU_KIND_SPARSE && n_chunks <= 2 * st->num_sms &&
-                     reach > 16 * (int64_t)n_dec;
+     * read once for 8 tokens, and the kernel's two consumer warpgroups
+     * compute the two chunks side by side, so a pair takes about as long
+     * as one chunk.  Every second chunk of a (request, KV head) joins the
+     * one before it. */
+    const int pair = sk->one_round && sk->kind == CU_KIND_SPARSE;
     int64_t n_units = 0;
     for (int32_t k = 0; k < n_dec; ++k) {
         const int32_t chunks = cu_ceil_div32(plan->q_len[h->dec_req[k]] * sk->g, CU_ROWS_PER_ITEM);

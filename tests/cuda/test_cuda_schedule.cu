@@ -249,6 +249,7 @@ static void run_case(msa_model *model, const sched_case *sc, unsigned seed)
     memset(&st, 0, sizeof st);
     cu_state_size(&plan, sc->sms, sc->sms * 3, sc->sms * 2, &st);
     st.tma = sc->tma;
+    st.wgmma = sc->tma;
     void *blob = aligned_alloc(256, (st.meta_bytes + 255) / 256 * 256);
     memset(blob, 0, st.meta_bytes);
     cu_meta h;
