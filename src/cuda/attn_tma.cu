@@ -221,7 +221,10 @@ __device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
         const uint32_t at = ka + (uint32_t)(ks >> 2) * (ATT_HALF_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
-        cu_wgmma_m64n64k16(sc, qa[ks], cu_wgmma_desc(at, 16), ks > 0, Tag());
+        if (ks == 0)
+            cu_wgmma_m64n64k16_first(sc, qa[ks], cu_wgmma_desc(at, 16), Tag());
+        else
+            cu_wgmma_m64n64k16(sc, qa[ks], cu_wgmma_desc(at, 16), 1, Tag());
     }
     cu_wgmma_commit();
     cu_wgmma_wait_all();

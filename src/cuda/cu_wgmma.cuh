@@ -69,6 +69,8 @@ __device__ __forceinline__ void cu_wgmma_hold(float (&d)[NJ][4])
 
 /* Accumulators d[j][e] (the D layout above: d[j][e] is d[4j + e]). */
 #define CU_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define CU_WG_W4(j) "=f"(d[j][0]), "=f"(d[j][1]), "=f"(d[j][2]), "=f"(d[j][3])
+#define CU_WG_W32 CU_WG_W4(0), CU_WG_W4(1), CU_WG_W4(2), CU_WG_W4(3), CU_WG_W4(4), CU_WG_W4(5), CU_WG_W4(6), CU_WG_W4(7)
 #define CU_WG_D32 CU_WG_D4(0), CU_WG_D4(1), CU_WG_D4(2), CU_WG_D4(3), CU_WG_D4(4), CU_WG_D4(5), CU_WG_D4(6), CU_WG_D4(7)
 #define CU_WG_D64 CU_WG_D32, CU_WG_D4(8), CU_WG_D4(9), CU_WG_D4(10), CU_WG_D4(11), CU_WG_D4(12), CU_WG_D4(13), CU_WG_D4(14), CU_WG_D4(15)
 #define CU_WG_REGS32 \
@@ -101,6 +103,29 @@ __device__ __forceinline__ void cu_wgmma_m64n64k16(float (&d)[8][4], const uint3
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
+/* d (64 x 64, fp32) = A (64 x 16, registers) x B (64 x 16 at descriptor
+ * b, K-major): the first step of a product, d written only (so the
+ * compiler does not clear it first). */
+__device__ __forceinline__ void cu_wgmma_m64n64k16_first(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
+                                                         cu_bf16_tag)
+{
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " CU_WG_REGS32
+                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                 : CU_WG_W32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0));
+}
+
+__device__ __forceinline__ void cu_wgmma_m64n64k16_first(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
+                                                         cu_f16_tag)
+{
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " CU_WG_REGS32
+                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                 : CU_WG_W32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0));
+}
+
 /* d (64 x 128, fp32) = (accumulate ? d : 0) + A (64 x 16, registers) x
  * B (128 x 16 at descriptor b; TB 0: K-major, 1: MN-major). */
 template <int TB>
@@ -126,6 +151,8 @@ __device__ __forceinline__ void cu_wgmma_m64n128k16(float (&d)[16][4], const uin
 }
 
 #undef CU_WG_D4
+#undef CU_WG_W4
+#undef CU_WG_W32
 #undef CU_WG_D32
 #undef CU_WG_D64
 #undef CU_WG_REGS32
