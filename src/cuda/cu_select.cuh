@@ -163,21 +163,22 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
     __syncwarp();
 }
 
-/* Copies a score row into this warp's shared memory, eight loads in flight
+/* Copies a score row into this warp's shared memory, 32 loads in flight
  * per lane: the row sits in L2 (the indexer just wrote it), and one load per
- * loop iteration would pay an L2 round trip per 32 blocks. */
+ * loop iteration would pay an L2 round trip per 32 blocks (a 128K context
+ * is one round). */
 __device__ __forceinline__ void cu_stage_scores(const float *scores, int32_t N, float *cache)
 {
     const int lane = threadIdx.x & 31;
-    for (int32_t n0 = 0; n0 < N; n0 += 256) {
-        float v[8];
+    for (int32_t n0 = 0; n0 < N; n0 += 1024) {
+        float v[32];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < 32; ++j) {
             const int32_t n = n0 + 32 * j + lane;
             v[j] = n < N ? scores[n] : 0.0f;
         }
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < 32; ++j) {
             const int32_t n = n0 + 32 * j + lane;
             if (n < N)
                 cache[n] = v[j];

@@ -5,7 +5,8 @@
  *                 indexer left in the workspace; the warp that finishes the
  *                 last token of a (request, unit) also builds the request's
  *                 union for the unit's KV heads (a completion counter, reset
- *                 by that warp, so graph replays start from zero);
+ *                 by that warp, so graph replays start from zero); a
+ *                 one-token request's union is its row, written at once;
  *   prefill items (the simple path) one CTA per (prefill token, unit): block
  *                 scores into a per-CTA scratch row, then warp 0 selects.
  *
@@ -32,8 +33,9 @@ __host__ __device__ __forceinline__ size_t cu_sel_warp_words(int32_t mi, int32_t
 }
 
 /* Selects the unit's index heads (score rows at scores + hl * row_stride)
- * and writes the KV-head rows of token t. */
-__device__ __forceinline__ void cu_select_unit(const cu_layer &L, const float *scores, int64_t row_stride,
+ * and writes the KV-head rows of token t; returns the row (this warp's
+ * shared memory, W ids ascending, -1 padded). */
+__device__ __forceinline__ const int32_t *cu_select_unit(const cu_layer &L, const float *scores, int64_t row_stride,
                                int32_t N, int32_t t, int32_t u, uint32_t *wsm)
 {
     const int lane = threadIdx.x & 31;
@@ -59,10 +61,35 @@ __device__ __forceinline__ void cu_select_unit(const cu_layer &L, const float *s
         }
     }
     __syncwarp();
+    return src;
 }
 
-/* Union of decode slot k's selections for KV head g into the plan's union
- * arrays.  Rows are read with .cg loads: other SMs wrote them in this launch. */
+/* The union of a one-token request for KV head g: its own row (src, this
+ * warp's shared memory), written by the warp that selected it (no other
+ * token to wait for, no read back of the row). */
+__device__ __forceinline__ void cu_single_union(const cu_layer &L, int32_t k, int32_t g, const int32_t *src)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t w = (int64_t)k * L.Hkv + g;
+    int32_t *uid = L.uids + w * L.cap_union;
+    uint32_t *umk = L.umask + w * L.cap_union;
+    int32_t count = 0;
+    for (int32_t j0 = 0; j0 < L.W; j0 += 32) {
+        const int32_t j = j0 + lane;
+        const int32_t id = j < L.W ? src[j] : -1;
+        if (id >= 0 && j < L.cap_union) {
+            uid[j] = id;
+            umk[j] = 1u;
+        }
+        count += __popc(__ballot_sync(0xffffffffu, id >= 0));
+    }
+    if (lane == 0)
+        L.ucnt[w] = min(count, L.cap_union);
+    __syncwarp();
+}
+
+/* Union of decode slot k's selections (q_len > 1) for KV head g into the
+ * plan's union arrays.  Rows are read with .cg loads: other SMs wrote them in this launch. */
 __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, int32_t g, uint32_t *wsm)
 {
     const int lane = threadIdx.x & 31;
@@ -75,19 +102,7 @@ __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, i
     int32_t *uid = L.uids + w * L.cap_union;
     uint32_t *umk = L.umask + w * L.cap_union;
     int32_t count = 0;
-    if (ql == 1) {
-        /* One token: its ascending row (-1 padded) is the union. */
-        const int32_t *row = L.sel + ((int64_t)t0 * L.Hkv + g) * L.W;
-        for (int32_t j0 = 0; j0 < L.W; j0 += 32) {
-            const int32_t j = j0 + lane;
-            const int32_t id = j < L.W ? __ldcg(row + j) : -1;
-            if (id >= 0 && j < L.cap_union) {
-                uid[j] = id;
-                umk[j] = 1u;
-            }
-            count += __popc(__ballot_sync(0xffffffffu, id >= 0));
-        }
-    } else if (N <= L.sel_cache) {
+    if (N <= L.sel_cache) {
         /* Per-block token bits in shared memory, then an ordered compaction. */
         uint32_t *mask = wsm + 256 + (size_t)L.mi * L.K + L.W;
         for (int32_t n = lane; n < N; n += 32)
@@ -200,12 +215,17 @@ __device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta
         const int32_t t = L.m.dec_tok[d];
         const int32_t N = L.m.token_pos[t] / L.B + 1;
         const float *scores = L.scores + ((int64_t)d * L.Hi + (int64_t)u * L.mi) * L.cap_blocks;
-        cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm);
+        const int32_t *row = cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm);
 
-        /* Completion count of (request, unit); the last token's warp builds
-         * the unions of the unit's KV heads. */
         const int32_t k = L.m.dec_slot[d];
         const int32_t ql = L.m.q_len[L.m.dec_req[k]];
+        if (ql == 1) {
+            for (int gl = 0; gl < L.mk; ++gl)
+                cu_single_union(L, k, u * L.mk + gl, row);
+            continue;
+        }
+        /* Completion count of (request, unit); the last token's warp builds
+         * the unions of the unit's KV heads. */
         int32_t *done = L.sel_done + (int64_t)k * L.units + u;
         __threadfence();
         int32_t prev = 0;
