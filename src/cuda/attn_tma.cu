@@ -252,16 +252,8 @@ __device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, 
             }
         }
     }
-    float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-        mx_lo = fmaxf(mx_lo, fmaxf(sc[n][0], sc[n][1]));
-        mx_hi = fmaxf(mx_hi, fmaxf(sc[n][2], sc[n][3]));
-    }
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+    float mx_lo, mx_hi;
+    cu_rows_tile_max<8>(sc, mx_lo, mx_hi);
     const float mn_lo = fmaxf(m_lo, mx_lo * sl2), mn_hi = fmaxf(m_hi, mx_hi * sl2);
     const float ref_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
     const float ref_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
@@ -281,15 +273,8 @@ __device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, 
     }
     l_lo = l_lo * corr_lo + ps_lo;
     l_hi = l_hi * corr_hi + ps_hi;
-    if (__any_sync(0xffffffffu, corr_lo != 1.0f || corr_hi != 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < 16; ++n) {
-            o[n][0] *= corr_lo;
-            o[n][1] *= corr_lo;
-            o[n][2] *= corr_hi;
-            o[n][3] *= corr_hi;
-        }
-    }
+    if (__any_sync(0xffffffffu, corr_lo != 1.0f || corr_hi != 1.0f))
+        cu_rows_rescale(o, corr_lo, corr_hi);
 }
 
 /* O += P V: the weights (rounded to the 16-bit type, in the A-fragment

@@ -92,13 +92,13 @@ __device__ __forceinline__ void cu_rows_pv(uint32_t va, int k0, const float (&sc
     }
 }
 
-/* One tile of scores sc (already scaled to log2 units, -inf where masked)
- * enters the state: new maxima, O and l rescaled, sc turned into weights. */
+/* Maxima of a tile of scores in the thread's two rows, over the four
+ * lanes that hold each row. */
 template <int NS>
-__device__ __forceinline__ void cu_rows_softmax(float (&sc)[NS][4], float (&o)[16][4], float &m_lo,
-                                                float &m_hi, float &l_lo, float &l_hi)
+__device__ __forceinline__ void cu_rows_tile_max(const float (&sc)[NS][4], float &mx_lo, float &mx_hi)
 {
-    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+    mx_lo = -INFINITY;
+    mx_hi = -INFINITY;
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
         mx_lo = fmaxf(mx_lo, fmaxf(sc[n][0], sc[n][1]));
@@ -108,6 +108,28 @@ __device__ __forceinline__ void cu_rows_softmax(float (&sc)[NS][4], float (&o)[1
     mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
     mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
     mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+}
+
+/* O's rows scaled by their corrections. */
+__device__ __forceinline__ void cu_rows_rescale(float (&o)[16][4], float corr_lo, float corr_hi)
+{
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+        o[n][0] *= corr_lo;
+        o[n][1] *= corr_lo;
+        o[n][2] *= corr_hi;
+        o[n][3] *= corr_hi;
+    }
+}
+
+/* One tile of scores sc (already scaled to log2 units, -inf where masked)
+ * enters the state: new maxima, O and l rescaled, sc turned into weights. */
+template <int NS>
+__device__ __forceinline__ void cu_rows_softmax(float (&sc)[NS][4], float (&o)[16][4], float &m_lo,
+                                                float &m_hi, float &l_lo, float &l_hi)
+{
+    float mx_lo, mx_hi;
+    cu_rows_tile_max<NS>(sc, mx_lo, mx_hi);
     const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
     /* A row with no key yet keeps m = -inf; exp2(-inf - 0) = 0 leaves it empty. */
     const float ref_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
@@ -128,13 +150,7 @@ __device__ __forceinline__ void cu_rows_softmax(float (&sc)[NS][4], float (&o)[1
     }
     l_lo = l_lo * corr_lo + ps_lo;
     l_hi = l_hi * corr_hi + ps_hi;
-#pragma unroll
-    for (int n = 0; n < 16; ++n) {
-        o[n][0] *= corr_lo;
-        o[n][1] *= corr_lo;
-        o[n][2] *= corr_hi;
-        o[n][3] *= corr_hi;
-    }
+    cu_rows_rescale(o, corr_lo, corr_hi);
 }
 
 /* Row sums over the four lanes that hold a row (after the key loop). */
