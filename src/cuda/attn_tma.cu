@@ -308,8 +308,8 @@ __device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], 
  * pair, group h serves item h and takes every tile one of its tokens uses;
  * a single item is served by both groups, alternate tiles each, and merged
  * at the end.  A tile's product covers all four tokens of the group; the
- * rows of tokens that do not use it are masked to -inf (weight 0), so
- * their state does not change. */
+ * warps of tokens that do not use it skip the softmax and give the product
+ * weight 0, so their state does not change. */
 template <typename Tag>
 __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_attt_smem &sm,
                                  const cu_attt_unit &un, uint32_t &gs)
