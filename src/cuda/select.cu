@@ -89,7 +89,8 @@ __device__ __forceinline__ void cu_single_union(const cu_layer &L, int32_t k, in
 }
 
 /* Union of decode slot k's selections (q_len > 1) for KV head g into the
- * plan's union arrays.  Rows are read with .cg loads: other SMs wrote them in this launch. */
+ * plan's union arrays.  Rows are read with .cg loads: other SMs wrote them
+ * in this launch. */
 __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, int32_t g, uint32_t *wsm)
 {
     const int lane = threadIdx.x & 31;
