@@ -10,9 +10,9 @@
  *   A (registers): warp w of the group holds rows 16w .. 16w + 15 in the
  *     m16n8k16 A-fragment layout (a0: row lane/4, k 2(lane%4) + {0,1};
  *     a1: row + 8; a2: k + 8; a3: both).
- *   B (shared, K-major): N rows of 128 bytes (64 16-bit k values) in the 128-byte
- *     swizzle a tensor-map copy writes (cu_tma.cuh), 8-row groups 1024
- *     bytes apart, K-major; the k-step ks of a box starts 32 * ks bytes in.
+ *   B (shared, K-major): N rows of 128 bytes (64 16-bit k values) in the
+ *     128-byte swizzle a tensor-map copy writes (cu_tma.cuh), 8-row groups
+ *     1024 bytes apart; the k-step ks of a box starts 32 * ks bytes in.
  *   B (shared, MN-major, for a transposed product): K rows of 128 bytes
  *     (64 MN values) in the same swizzle, 8-row groups 1024 bytes apart,
  *     the next 64 MN values `lbo` bytes further.
