@@ -59,7 +59,7 @@ typedef struct cu_attt_meta {
     int32_t pad0, pad1;
 } cu_attt_meta;
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef CU_HAVE_WGMMA
 
 typedef struct cu_attt_smem {
     unsigned char *ring;
@@ -207,9 +207,6 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     __syncwarp();
 }
 
-#endif /* sm_90+ */
-
-#ifdef CU_HAVE_WGMMA
 
 /* S = Q K^T: the group's 64 query rows (registers) against the tile's 64
  * keys (K-major in the slot: dimensions 0-63 in the first box, 64-127 in

@@ -41,7 +41,7 @@
 #define IDXT_BLOCK_BYTES (128 * 256)
 #define IDXT_SMEM_BYTES (IDXT_STAGES * IDXT_BLOCK_BYTES + 1024 + 2 * IDXT_STAGES * 8)
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef CU_HAVE_WGMMA
 
 /* The decode slot of block gb, walking forward from slot k. */
 __device__ __forceinline__ int32_t cu_idxt_slot(const cu_layer &L, int32_t k, int32_t n_dec,
@@ -52,9 +52,6 @@ __device__ __forceinline__ int32_t cu_idxt_slot(const cu_layer &L, int32_t k, in
     return k;
 }
 
-#endif /* sm_90+ */
-
-#ifdef CU_HAVE_WGMMA
 
 /* max that returns NaN when either operand is NaN (a NaN key poisons its
  * block, SPEC 4; fmaxf would drop it). */
