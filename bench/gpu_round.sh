@@ -8,7 +8,8 @@
 # Every step's log is appended to $OUT/all.log as the step ends (few files
 # in $OUT: it is meant to be copied back whole), JSON results and the
 # summary stay beside it; a short table is printed last.  Steps can be chosen with ROUND_STEPS (comma list of
-# build,ctest,gputest,sanitize,check,bench,profile,source; default all but source), the decode suite
+# build,ctest,gputest,sanitize,check,bench,profile,source,ladder; default all but source and
+# ladder), the decode suite
 # with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS,
 # test_cuda_sweep arguments with SWEEP_ARGS (e.g. --quick).
 #
@@ -154,6 +155,28 @@ if has_step source; then
             --reps 1 --warmup 0 --copies 1 --sets 2
         run_logged "source_print_$n" bash -c "'$NCU' -i /tmp/msa-source-$n.ncu-rep --page source --csv \
             --print-source sass > '$OUT/source_$n.csv'"
+    done
+fi
+
+# ---- kernel ladder (graph replay) ---------------------------------------------
+# LADDER_CASES: space-separated batch:context:q_len shapes; each is timed with
+# MSA_CUDA_STOP_AFTER=1..4 and then whole (0): the graph replay median of a
+# layer that enqueues only its first n kernels (prologue, indexer, selection,
+# attention, merge), so the steps between rows are what each kernel adds to
+# the step, PDL overlap included (step "ladder", not in the default list).
+if has_step ladder; then
+    echo "---- ladder: median µs of the first n kernels (1 prologue, 2 indexer, 3 select, 4 attention, all)" >>"$SUMMARY"
+    for lc in ${LADDER_CASES:-1:1000:1 1:131072:1 8:1000:1 8:10000:8 128:10000:8}; do
+        IFS=: read -r lb ll lq <<<"$lc"
+        line="b${lb} ctx ${ll} q${lq}:"
+        for n in 1 2 3 4 0; do
+            MSA_CUDA_STOP_AFTER=$n run_logged "ladder_b${lb}_l${ll}_q${lq}_n$n" "$MSA" bench --backend cuda \
+                --decode-context "$ll" --batch "$lb" --q-len "$lq" --reps 40 \
+                --json "/tmp/msa-ladder.json" >/dev/null
+            med=$(python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["results"][0]["time_us"]["median"])' /tmp/msa-ladder.json 2>/dev/null || echo "?")
+            line="$line $med"
+        done
+        echo "$line" >>"$SUMMARY"
     done
 fi
 

@@ -53,6 +53,10 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
     /* wgmma exists in the sm_90a code only: later chips run the portable
      * PTX, where the Hopper indexer has no body. */
     cs->wgmma = cs->tma && major == 9;
+    const char *stop_env = getenv("MSA_CUDA_STOP_AFTER");
+    cs->stop_after = stop_env ? atoi(stop_env) : 0;
+    if (cs->stop_after < 0)
+        cs->stop_after = 0;
     if (e == cudaSuccess)
         e = cu_indexer_mma_setup(cs->num_sms, &cs->grid_idx_fast);
     if (e == cudaSuccess)

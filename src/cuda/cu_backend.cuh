@@ -16,6 +16,9 @@ typedef struct cu_ctx_state {
     int pdl;            /* Hopper+: programmatic dependent launch (MSA_CUDA_PDL=0 disables) */
     int tma;            /* Hopper+: tensor-map kernels (MSA_CUDA_TMA=0 disables) */
     int wgmma;          /* compute capability 9.x with tma: warpgroup products (sm_90a code) */
+    int stop_after;     /* profiling aid (MSA_CUDA_STOP_AFTER=n): a layer enqueues only its
+                         * first n kernels, so timing the ladder n = 1, 2, ... shows what each
+                         * kernel adds to a step; outputs are then incomplete.  0: all. */
 } cu_ctx_state;
 
 msa_status cu_plan_init(msa_plan *plan);

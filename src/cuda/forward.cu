@@ -198,16 +198,31 @@ static void cu_attn_index_value(const cu_layer *L, cu_attn *A)
     A->W = L->W;
 }
 
-static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
-                             int fast, const CUtensorMap *maps, cudaStream_t s)
+/* Launches left before the profiling stop (cu_ctx_state.stop_after); each
+ * launch takes one.  Returns 0 once the layer must stop enqueueing. */
+static int cu_budget_take(int *left)
 {
+    if (*left < 0)
+        return 1; /* no stop */
+    if (*left == 0)
+        return 0;
+    --*left;
+    return 1;
+}
+
+static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+                             int fast, const CUtensorMap *maps, cudaStream_t s, int *left)
+{
+    if (!cu_budget_take(left))
+        return;
     if (maps)
         cu_launch_attn_tma(L, st, A, &maps[0], &maps[1], s);
     else if (fast)
         cu_launch_attn_decode_mma(L, st, A, s);
     else
         cu_launch_attn_decode_simt(L, st, A, s);
-    cu_launch_merge_prefill(L, st, A, s);
+    if (cu_budget_take(left))
+        cu_launch_merge_prefill(L, st, A, s);
 }
 
 /* Whether the prologue may copy the step's rows into the cache in 16-byte
@@ -322,25 +337,30 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
                            cu_tma_map_rows(&kv_maps[1], L.vp, prows * L.Hkv, 64) != 0))
         paths.attn_tma = 0;
 
+    int left = cs->stop_after > 0 ? cs->stop_after : -1;
     cu_launch_prologue(&L, st, s);
+    cu_budget_take(&left);
     cu_attn A;
     if (L.sparse) {
-        if (paths.idx_tma)
-            cu_launch_indexer_tma(&L, st, &idx_map, s);
-        else if (paths.idx_fast)
-            cu_launch_indexer_mma(&L, st, s);
-        else
-            cu_launch_indexer_simt(&L, st, s);
-        cu_launch_select(&L, st, s);
+        if (cu_budget_take(&left)) {
+            if (paths.idx_tma)
+                cu_launch_indexer_tma(&L, st, &idx_map, s);
+            else if (paths.idx_fast)
+                cu_launch_indexer_mma(&L, st, s);
+            else
+                cu_launch_indexer_simt(&L, st, s);
+        }
+        if (cu_budget_take(&left))
+            cu_launch_select(&L, st, s);
         cu_attn_main(&L, &A, 1);
-        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? kv_maps : NULL, s);
+        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? kv_maps : NULL, s, &left);
         if (L.iv) {
             cu_attn_index_value(&L, &A);
-            cu_run_attention(&L, st, &A, paths.iv_fast, NULL, s);
+            cu_run_attention(&L, st, &A, paths.iv_fast, NULL, s, &left);
         }
     } else {
         cu_attn_main(&L, &A, 0);
-        cu_run_attention(&L, st, &A, paths.attn_fast, NULL, s);
+        cu_run_attention(&L, st, &A, paths.attn_fast, NULL, s, &left);
     }
     CU_TRY(ctx, cudaGetLastError());
     return MSA_OK;
