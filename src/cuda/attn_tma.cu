@@ -121,6 +121,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
 {
     const int lane = threadIdx.x & 31;
     const cu_att_item it = L.m.att[CU_KIND_SPARSE][un.first];
+    cu_pdl_wait(); /* the union's count and ids (at once after the first unit) */
     const cu_stream cs = cu_stream_of(L, A, it);
     const int tok0 = it.row0 / 16, ntok = un.ntok[0] + un.ntok[1];
     const uint32_t mine = cu_attt_item_bits(tok0, ntok);
@@ -407,8 +408,9 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
         cu_tma_prefetch_map(&map_v);
     }
     __syncthreads();
-    /* The selection wrote the unions; the prologue the cache rows. */
-    cu_pdl_wait();
+    /* The selection writes the unions, the prologue the cache rows: the
+     * producer waits for them before it reads a union; the consumers read
+     * only the plan, the queries and the ring. */
     cu_pdl_trigger();
     /* The sparse pass only (the units are built for it). */
     const int32_t n_units = L.m.hdr->n_att_units;
@@ -421,6 +423,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
             cu_attt_consumer<Tag>(L, A, sm, un, gs);
         }
     }
+    cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
 #else
     (void)L;
     (void)A;

@@ -12,7 +12,11 @@
 #include "cu_common.cuh"
 
 /* Every kernel launched with pdl = 1 calls this before reading anything an
- * earlier kernel of the layer wrote. */
+ * earlier kernel of the layer wrote (plan data and the caller's inputs may
+ * be read before: they were in place before the layer's first kernel,
+ * which is launched plainly).  Every CTA calls it before it ends, so that
+ * a grid's completion implies its predecessors': a later kernel that waits
+ * only for its own predecessor then sees every earlier kernel's writes. */
 __device__ __forceinline__ void cu_pdl_wait()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

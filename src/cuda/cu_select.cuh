@@ -33,38 +33,52 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
  * a tenth of the radix passes' time at a few thousand blocks.
  *
  * The insertion is a serial chain per candidate, so the candidates are first
- * filtered: with T the need-th largest of the 32 lanes' maximum score keys,
- * at least `need` candidates have a key >= T, so every winner does too.
- * Only those (usually a few dozen) enter the lists; when more than
- * CU_SEL_LIST pass the filter (many equal scores), all candidates do.  When
- * at most 32 pass, each lane ranks one of them against the others instead
- * (independent shuffles in place of the `need` dependent maximum rounds). */
+ * filtered: each lane keeps its two largest score keys, and with T the
+ * need-th largest of those 64 values at least `need` candidates have a key
+ * >= T, so every winner does too.  Only those (usually need plus a few)
+ * enter the list; when more than CU_SEL_LIST pass the filter (many equal
+ * scores), all candidates do.  When at most 32 pass, each lane ranks one of
+ * them against the others instead (independent shuffles in place of the
+ * `need` dependent maximum rounds).  (With a lane's maximum alone, 32
+ * values, more than 32 candidates passed on the benchmark's 1024-block
+ * rows, and the rounds took most of the selection's instructions.) */
 #define CU_SEL_SMALL 16
 #define CU_SEL_LIST 256
 
-/* Candidates [I, c_end) whose score key is >= the need-th largest lane
- * maximum, ascending, into list[] (CU_SEL_LIST entries); returns how many
- * passed (more than CU_SEL_LIST: the list is incomplete, do not use it). */
+/* Candidates [I, c_end) whose score key is >= the need-th largest of the
+ * lanes' two largest keys, ascending, into list[] (CU_SEL_LIST entries);
+ * returns how many passed (more than CU_SEL_LIST: the list is incomplete,
+ * do not use it).  need <= 64. */
 __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int32_t I, int32_t c_end,
                                                        int32_t need, int32_t *list)
 {
     const int lane = threadIdx.x & 31;
     const uint32_t below = (1u << lane) - 1u;
-    uint32_t lm = 0u;
+    /* a >= b: this lane's two largest keys (0, NaN's key, when absent:
+     * below or equal to every candidate, so T stays a bound). */
+    uint32_t a = 0u, b = 0u;
 #pragma unroll 4
-    for (int32_t n = I + lane; n < c_end; n += 32)
-        lm = max(lm, cu_score_key(scores[n]));
-    /* T = the need-th largest lm: fewer than `need` lanes above it, at
-     * least `need` at or above it (independent shuffles, no chain). */
-    int32_t gt = 0, ge = 0;
+    for (int32_t n = I + lane; n < c_end; n += 32) {
+        const uint32_t k = cu_score_key(scores[n]);
+        b = max(b, min(a, k));
+        a = max(a, k);
+    }
+    /* T = the need-th largest of the 64 values: fewer than `need` above it,
+     * at least `need` at or above it (independent shuffles, no chain). */
+    int32_t gta = 0, gea = 0, gtb = 0, geb = 0;
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
-        const uint32_t y = __shfl_sync(0xffffffffu, lm, j);
-        gt += y > lm;
-        ge += y >= lm;
+        const uint32_t ya = __shfl_sync(0xffffffffu, a, j);
+        const uint32_t yb = __shfl_sync(0xffffffffu, b, j);
+        gta += (ya > a) + (yb > a);
+        gea += (ya >= a) + (yb >= a);
+        gtb += (ya > b) + (yb > b);
+        geb += (ya >= b) + (yb >= b);
     }
-    const uint32_t hit = __ballot_sync(0xffffffffu, gt < need && need <= ge);
-    const uint32_t T = __shfl_sync(0xffffffffu, lm, __ffs(hit) - 1);
+    const uint32_t hit_a = __ballot_sync(0xffffffffu, gta < need && need <= gea);
+    const uint32_t hit_b = __ballot_sync(0xffffffffu, gtb < need && need <= geb);
+    const uint32_t T = hit_a ? __shfl_sync(0xffffffffu, a, __ffs(hit_a) - 1)
+                             : __shfl_sync(0xffffffffu, b, __ffs(hit_b) - 1);
     int32_t count = 0;
     for (int32_t b0 = I; b0 < c_end; b0 += 32) {
         const int32_t n = b0 + lane;

@@ -220,6 +220,8 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
             page = L.m.page_table[(int64_t)di.r * L.cap_pages + (gb - di.blk0)];
         }
         k = cu_idxt_slot(L, k, n_dec, gb_begin + min(c0 + 31, F - 1));
+        if (c0 == 0)
+            cu_pdl_wait(); /* the prologue's index keys, before the first copy */
         const int32_t cnt = min(32, F - c0);
         for (int32_t j = 0; j < cnt; ++j) {
             const int32_t pg = __shfl_sync(0xffffffffu, page, j);
@@ -261,24 +263,23 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
         cu_tma_prefetch_map(&map);
     }
     __syncthreads();
-    /* The prologue wrote this step's index keys: wait for it. */
-    cu_pdl_wait();
+    /* The prologue writes this step's index keys: the producer waits for
+     * it before its first copy; the plan and the queries are read at once. */
     cu_pdl_trigger();
     const int32_t n_dec = L.m.hdr->n_dec;
     const int64_t total = L.m.hdr->total_dec_blocks;
-    if (n_dec == 0 || total == 0)
-        return;
     const int32_t gb_begin = (int32_t)(total * blockIdx.x / gridDim.x);
     const int32_t gb_end = (int32_t)(total * (blockIdx.x + 1) / gridDim.x);
     const int32_t F = gb_end - gb_begin;
-    if (F == 0)
-        return;
-    if (warp == IDXT_GROUPS * 4)
-        cu_idxt_producer(L, &map, ring, full, empty, gb_begin, F, n_dec);
-    else if (L.score_lse)
-        cu_idxt_consumer<Tag, true>(L, ring, full, empty, gb_begin, F, n_dec, warp >> 2);
-    else
-        cu_idxt_consumer<Tag, false>(L, ring, full, empty, gb_begin, F, n_dec, warp >> 2);
+    if (n_dec > 0 && F > 0) {
+        if (warp == IDXT_GROUPS * 4)
+            cu_idxt_producer(L, &map, ring, full, empty, gb_begin, F, n_dec);
+        else if (L.score_lse)
+            cu_idxt_consumer<Tag, true>(L, ring, full, empty, gb_begin, F, n_dec, warp >> 2);
+        else
+            cu_idxt_consumer<Tag, false>(L, ring, full, empty, gb_begin, F, n_dec, warp >> 2);
+    }
+    cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
 #else
     (void)L;
     (void)map;

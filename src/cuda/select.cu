@@ -216,6 +216,7 @@ __device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta
         const int32_t t = L.m.dec_tok[d];
         const int32_t N = L.m.token_pos[t] / L.B + 1;
         const float *scores = L.scores + ((int64_t)d * L.Hi + (int64_t)u * L.mi) * L.cap_blocks;
+        cu_pdl_wait(); /* the indexer's scores (at once after the first row) */
         const int32_t *row = cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm);
 
         const int32_t k = L.m.dec_slot[d];
@@ -245,7 +246,8 @@ __device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta
 
 __global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L)
 {
-    cu_pdl_wait();
+    /* Plan data first; each role waits for the indexer before it reads
+     * scores or the cache. */
     cu_pdl_trigger();
     extern __shared__ uint32_t sel_smem[];
     const int warp = threadIdx.x >> 5;
@@ -253,6 +255,7 @@ __global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L
     /* Every CTA takes decode rows; the first pf_ctas then take prefill items,
      * each with its own scratch row. */
     cu_select_decode_role(L, blockIdx.x, gridDim.x, wsm);
+    cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
     if (blockIdx.x >= L.pf_ctas)
         return;
     __syncthreads();
