@@ -11,6 +11,8 @@
 # build,ctest,gputest,sanitize,check,bench,profile,source,ladder; default all but source and
 # ladder), the decode suite
 # with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS,
+# extra CMake arguments with ROUND_CMAKE_ARGS (e.g. a build-time tuning
+# define in -DCMAKE_CUDA_FLAGS=...; use another BUILD directory per variant),
 # test_cuda_sweep arguments with SWEEP_ARGS (e.g. --quick).
 #
 # Usage (repository root):  bench/gpu_round.sh
@@ -72,7 +74,7 @@ fi
 
 if has_step build; then
     run_logged configure cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMSA_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES=90a-real "${CMAKE_EXTRA[@]}" || { cat "$LOGS/configure.log"; exit 1; }
+        -DCMAKE_CUDA_ARCHITECTURES=90a-real "${CMAKE_EXTRA[@]}" ${ROUND_CMAKE_ARGS:-} || { cat "$LOGS/configure.log"; exit 1; }
     run_logged build cmake --build "$BUILD" -j "$JOBS" || { tail -50 "$LOGS/build.log"; exit 1; }
     # The CUDA tests, built by hand when the test tree does not list them yet.
     for t in test_cuda_graph test_cuda_sweep; do

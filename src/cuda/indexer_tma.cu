@@ -36,7 +36,11 @@
  * phase is never waited on a lap early.  While a group computes, the other
  * slots load. */
 #define IDXT_GROUPS 2
-#define IDXT_STAGES 6
+#ifndef MSA_IDX_TMA_STAGES /* build-time override, for measurements */
+#define MSA_IDX_TMA_STAGES 6
+#endif
+#define IDXT_STAGES MSA_IDX_TMA_STAGES
+static_assert(IDXT_STAGES % IDXT_GROUPS == 0, "indexer stages: a multiple of the groups");
 #define IDXT_THREADS ((IDXT_GROUPS * 4 + 1) * 32)
 #define IDXT_BLOCK_BYTES (128 * 256)
 #define IDXT_SMEM_BYTES (IDXT_STAGES * IDXT_BLOCK_BYTES + 1024 + 2 * IDXT_STAGES * 8)
