@@ -81,74 +81,48 @@ __device__ __forceinline__ void cu_wgmma_hold(float (&d)[NJ][4])
     "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
     "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 
-/* d (64 x 64, fp32) = (accumulate ? d : 0) + A (64 x 16, registers) x
- * B (64 x 16 at descriptor b, K-major). */
-__device__ __forceinline__ void cu_wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
-                                                   int accumulate, cu_bf16_tag)
-{
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " CU_WG_REGS32
-                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-                 : CU_WG_D32
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
+/* The products for one 16-bit input type (TAG, its PTX name TY): the
+ * instruction strings differ only in the type. */
+#define CU_WGMMA_PRODUCTS(TAG, TY)                                                                    \
+    /* d (64 x 64, fp32) = (accumulate ? d : 0) + A (64 x 16, registers) x                            \
+     * B (64 x 16 at descriptor b, K-major). */                                                       \
+    __device__ __forceinline__ void cu_wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4],      \
+                                                       uint64_t b, int accumulate, TAG)               \
+    {                                                                                                 \
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                   \
+                     " wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " CU_WG_REGS32        \
+                     ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                     \
+                     : CU_WG_D32                                                                      \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));          \
+    }                                                                                                 \
+    /* The same with d written only (the first step of a product, so the                              \
+     * compiler does not clear d first). */                                                           \
+    __device__ __forceinline__ void cu_wgmma_m64n64k16_first(float (&d)[8][4],                        \
+                                                             const uint32_t (&a)[4], uint64_t b, TAG) \
+    {                                                                                                 \
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                   \
+                     " wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " CU_WG_REGS32        \
+                     ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                     \
+                     : CU_WG_W32                                                                      \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0));                   \
+    }                                                                                                 \
+    /* d (64 x 128, fp32) = (accumulate ? d : 0) + A (64 x 16, registers) x                           \
+     * B (128 x 16 at descriptor b; TB 0: K-major, 1: MN-major). */                                   \
+    template <int TB>                                                                                 \
+    __device__ __forceinline__ void cu_wgmma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4],    \
+                                                        uint64_t b, int accumulate, TAG)              \
+    {                                                                                                 \
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"                                   \
+                     " wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " CU_WG_REGS64       \
+                     ", {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"                                   \
+                     : CU_WG_D64                                                                      \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate),           \
+                       "n"(TB));                                                                      \
+    }
 
-__device__ __forceinline__ void cu_wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
-                                                   int accumulate, cu_f16_tag)
-{
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " CU_WG_REGS32
-                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-                 : CU_WG_D32
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-
-/* d (64 x 64, fp32) = A (64 x 16, registers) x B (64 x 16 at descriptor
- * b, K-major): the first step of a product, d written only (so the
- * compiler does not clear it first). */
-__device__ __forceinline__ void cu_wgmma_m64n64k16_first(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
-                                                         cu_bf16_tag)
-{
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " CU_WG_REGS32
-                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-                 : CU_WG_W32
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0));
-}
-
-__device__ __forceinline__ void cu_wgmma_m64n64k16_first(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
-                                                         cu_f16_tag)
-{
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " CU_WG_REGS32
-                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-                 : CU_WG_W32
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0));
-}
-
-/* d (64 x 128, fp32) = (accumulate ? d : 0) + A (64 x 16, registers) x
- * B (128 x 16 at descriptor b; TB 0: K-major, 1: MN-major). */
-template <int TB>
-__device__ __forceinline__ void cu_wgmma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b,
-                                                    int accumulate, cu_bf16_tag)
-{
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " CU_WG_REGS64
-                 ", {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"
-                 : CU_WG_D64
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TB));
-}
-
-template <int TB>
-__device__ __forceinline__ void cu_wgmma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b,
-                                                    int accumulate, cu_f16_tag)
-{
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " CU_WG_REGS64
-                 ", {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"
-                 : CU_WG_D64
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TB));
-}
+CU_WGMMA_PRODUCTS(cu_bf16_tag, "bf16")
+CU_WGMMA_PRODUCTS(cu_f16_tag, "f16")
+#undef CU_WGMMA_PRODUCTS
 
 #undef CU_WG_D4
 #undef CU_WG_W4
