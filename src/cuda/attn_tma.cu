@@ -256,14 +256,9 @@ __device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, 
             }
         }
     }
-    float mx_lo, mx_hi;
+    float mx_lo, mx_hi, ref_lo, ref_hi, corr_lo, corr_hi;
     cu_rows_tile_max<8>(sc, mx_lo, mx_hi);
-    const float mn_lo = fmaxf(m_lo, mx_lo * sl2), mn_hi = fmaxf(m_hi, mx_hi * sl2);
-    const float ref_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
-    const float ref_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-    const float corr_lo = exp2f(m_lo - ref_lo), corr_hi = exp2f(m_hi - ref_hi);
-    m_lo = mn_lo;
-    m_hi = mn_hi;
+    cu_rows_new_max(mx_lo * sl2, mx_hi * sl2, m_lo, m_hi, ref_lo, ref_hi, corr_lo, corr_hi);
     float ps_lo = 0.0f, ps_hi = 0.0f;
 #pragma unroll
     for (int n = 0; n < 8; ++n) {

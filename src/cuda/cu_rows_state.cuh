@@ -122,21 +122,32 @@ __device__ __forceinline__ void cu_rows_rescale(float (&o)[16][4], float corr_lo
     }
 }
 
+/* The rows' maxima m after a tile whose maxima (in log2 units) are mx:
+ * the reference the tile's weights are taken against and the factors for
+ * the rows' O and l.  A row with no key yet keeps m = -inf; its reference
+ * is 0, so exp2(-inf - 0) = 0 leaves it empty. */
+__device__ __forceinline__ void cu_rows_new_max(float mx_lo, float mx_hi, float &m_lo, float &m_hi,
+                                                float &ref_lo, float &ref_hi, float &corr_lo,
+                                                float &corr_hi)
+{
+    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+    ref_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
+    ref_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+    corr_lo = exp2f(m_lo - ref_lo);
+    corr_hi = exp2f(m_hi - ref_hi);
+    m_lo = mn_lo;
+    m_hi = mn_hi;
+}
+
 /* One tile of scores sc (already scaled to log2 units, -inf where masked)
  * enters the state: new maxima, O and l rescaled, sc turned into weights. */
 template <int NS>
 __device__ __forceinline__ void cu_rows_softmax(float (&sc)[NS][4], float (&o)[16][4], float &m_lo,
                                                 float &m_hi, float &l_lo, float &l_hi)
 {
-    float mx_lo, mx_hi;
+    float mx_lo, mx_hi, ref_lo, ref_hi, corr_lo, corr_hi;
     cu_rows_tile_max<NS>(sc, mx_lo, mx_hi);
-    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-    /* A row with no key yet keeps m = -inf; exp2(-inf - 0) = 0 leaves it empty. */
-    const float ref_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
-    const float ref_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-    const float corr_lo = exp2f(m_lo - ref_lo), corr_hi = exp2f(m_hi - ref_hi);
-    m_lo = mn_lo;
-    m_hi = mn_hi;
+    cu_rows_new_max(mx_lo, mx_hi, m_lo, m_hi, ref_lo, ref_hi, corr_lo, corr_hi);
     float ps_lo = 0.0f, ps_hi = 0.0f;
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
