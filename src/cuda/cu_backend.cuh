@@ -39,4 +39,10 @@ typedef struct cu_paths {
 void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const msa_layer_io *io,
                      cu_paths *out, char *why, size_t why_size);
 
+/* The Hopper attention's conditions that a plan can see (plan.cu): sm_90a
+ * products with tensor maps, key blocks of one 128-row page, head_dim 128
+ * and 16 query heads per KV head.  cu_choose_paths adds the activations'
+ * and the plane size's; the plan's schedule uses it before those are known. */
+int cu_attn_tma_shape(const msa_plan *plan, const cu_plan_state *st);
+
 #endif /* MSA_CU_BACKEND_CUH */

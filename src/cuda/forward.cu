@@ -117,7 +117,7 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
     const int64_t rows = cc->num_pages * (int64_t)cc->page_size;
     if (sparse && hopper && whole_pages) {
         out->idx_tma = out->idx_fast && st->wgmma && rows < ((int64_t)1 << 31);
-        out->attn_tma = out->attn_fast && st->wgmma && m->group == 16 &&
+        out->attn_tma = out->attn_fast && cu_attn_tma_shape(plan, st) &&
                         rows * cfg->num_kv_heads < ((int64_t)1 << 31);
         if (out->attn_fast && m->group != 16) {
             snprintf(buf, sizeof buf, "%d query heads per KV head (not 16): mma attention",

@@ -292,15 +292,22 @@ typedef struct cu_sched_kind {
     int32_t one_round; /* the Hopper kernel: one CTA per SM, items in turn */
 } cu_sched_kind;
 
-/* Whether the sparse pass will most likely run on the Hopper attention
- * kernel (its conditions in cu_choose_paths that the plan can see). */
-static int cu_sparse_on_tma(const msa_plan *plan, const cu_plan_state *st)
+int cu_attn_tma_shape(const msa_plan *plan, const cu_plan_state *st)
 {
     const msa_model *m = plan->model;
     const msa_cache_config *cc = &plan->cache->cfg;
-    const int kv16 = cc->kv_dtype == MSA_DTYPE_BF16 || cc->kv_dtype == MSA_DTYPE_FP16;
-    return st->tma && st->wgmma && kv16 && cc->page_size == 128 && m->cfg.block_size == 128 &&
+    return st->tma && st->wgmma && cc->page_size == 128 && m->cfg.block_size == 128 &&
            m->cfg.head_dim == 128 && m->group == 16;
+}
+
+/* Whether the sparse pass will most likely run on the Hopper attention
+ * kernel: its shape conditions and 16-bit K/V planes (the activations,
+ * which must match them, are known only at the forward). */
+static int cu_sparse_on_tma(const msa_plan *plan, const cu_plan_state *st)
+{
+    const msa_cache_config *cc = &plan->cache->cfg;
+    const int kv16 = cc->kv_dtype == MSA_DTYPE_BF16 || cc->kv_dtype == MSA_DTYPE_FP16;
+    return kv16 && cu_attn_tma_shape(plan, st);
 }
 
 static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_meta *h,
