@@ -216,11 +216,11 @@ __device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta
         const int32_t t = L.m.dec_tok[d];
         const int32_t N = L.m.token_pos[t] / L.B + 1;
         const float *scores = L.scores + ((int64_t)d * L.Hi + (int64_t)u * L.mi) * L.cap_blocks;
+        const int32_t k = L.m.dec_slot[d];
+        const int32_t ql = L.m.q_len[L.m.dec_req[k]];
         cu_pdl_wait(); /* the indexer's scores (at once after the first row) */
         const int32_t *row = cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm);
 
-        const int32_t k = L.m.dec_slot[d];
-        const int32_t ql = L.m.q_len[L.m.dec_req[k]];
         if (ql == 1) {
             for (int gl = 0; gl < L.mk; ++gl)
                 cu_single_union(L, k, u * L.mk + gl, row);
