@@ -127,6 +127,13 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
 {
     const int lane = threadIdx.x & 31;
     const cu_att_item it = L.m.att[CU_KIND_SPARSE][un.first];
+    /* The request's page-table row into L2 while the selection still runs
+     * (plan data): the page lookups after the wait then skip a DRAM round
+     * trip between the union and the first copy. */
+    const int32_t *pt_row = L.m.page_table + (int64_t)it.r * L.cap_pages;
+    const int32_t pages = (it.kl + 127) >> 7;
+    for (int32_t i = lane * 32; i < pages; i += 32 * 32)
+        cu_prefetch_l2(pt_row + i);
     cu_pdl_wait(); /* the union's count and ids (at once after the first unit) */
     const cu_stream cs = cu_stream_of(L, A, it);
     const int tok0 = it.row0 / 16, ntok = un.ntok[0] + un.ntok[1];
@@ -134,7 +141,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     const int32_t t_begin = cs.u0 / ATT_TILE;
     const int32_t t_end = (cs.u1 + ATT_TILE - 1) / ATT_TILE;
     const int64_t prow_base = (int64_t)it.group * L.P;
-    const int32_t *pt = L.m.page_table + (int64_t)cs.r * L.cap_pages;
+    const int32_t *pt = pt_row;
     for (int32_t c0 = t_begin; c0 < t_end; c0 += 32) {
         const int32_t t = c0 + lane;
         int32_t pos0 = 0, page = 0;

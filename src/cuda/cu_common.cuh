@@ -78,6 +78,12 @@ __device__ __forceinline__ void cu_store(void *base, int dtype, int64_t i, float
 
 /* ---- warp helpers ------------------------------------------------------- */
 
+/* Asks L2 for the 128-byte line holding p (no register result, no wait). */
+__device__ __forceinline__ void cu_prefetch_l2(const void *p)
+{
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 __device__ __forceinline__ float cu_warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1)

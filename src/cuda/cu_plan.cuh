@@ -51,9 +51,29 @@ typedef struct cu_merge_item {
     int32_t nrows;
     int32_t nsplit;
     int32_t part_base;
-    int32_t pad0;
+    int32_t t0;         /* first token row of the request (host-known) */
     int32_t pad1;
 } cu_merge_item;
+
+/* Host-known facts a kernel would otherwise reach through a chain of
+ * dependent loads of plan data.  Between layers the key streams evict the
+ * plan from L2, and a kernel that starts only when the one before it ends
+ * (no room on the SM earlier) pays each link as a DRAM round trip on the
+ * step's critical path; one 16-byte load brings them all. */
+
+/* One token row, for the prologue: request (-1: padding), position, and
+ * the physical page holding that position. */
+typedef struct __align__(16) cu_tok_info {
+    int32_t r, pos, page, pad;
+} cu_tok_info;
+
+/* One compact decode row, for the selection. */
+typedef struct __align__(16) cu_dec_row {
+    int32_t t;    /* token row */
+    int32_t nblk; /* blocks its position reaches: pos / B + 1 */
+    int32_t slot; /* decode slot */
+    int32_t ql;   /* the request's q_len */
+} cu_dec_row;
 
 /* Per-step counts, read by the kernels from device memory. */
 typedef struct cu_step_hdr {
@@ -77,12 +97,12 @@ typedef struct cu_meta {
     int32_t *q_start;    /* [cap_req] */
     int32_t *token_req;  /* [cap_tok] request of a row, -1 padding */
     int32_t *token_pos;  /* [cap_tok] */
+    cu_tok_info *tok_info; /* [cap_tok] */
     int32_t *dec_req;    /* [cap_req] request of decode slot k */
     int32_t *dec_row0;   /* [cap_req] first compact row of decode slot k */
     int32_t *dec_blk0;   /* [cap_req + 1] prefix sum of blocks over decode slots */
     cu_dec_info *dec_info; /* [cap_req] */
-    int32_t *dec_tok;    /* [dec_rows_cap] token row of compact decode row */
-    int32_t *dec_slot;   /* [dec_rows_cap] decode slot of compact decode row */
+    cu_dec_row *dec_row; /* [dec_rows_cap] */
     int32_t *pf_tok;     /* [cap_tok] token rows of prefill requests */
     cu_att_item *att[CU_KINDS];     /* [att_cap] each */
     cu_merge_item *merge[CU_KINDS]; /* [merge_cap] each */

@@ -25,8 +25,7 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
         const cu_merge_item it = items[ii];
         if (rl >= it.nrows)
             continue;
-        const int32_t r = L.m.dec_req[it.dec];
-        const int32_t t0 = L.m.q_start[r];
+        const int32_t t0 = it.t0;
         const int32_t row = it.row0 + rl;
         const int32_t i = row / A.g;
         const int32_t hq = it.group * A.g + (row - i * A.g);

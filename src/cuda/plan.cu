@@ -32,12 +32,12 @@ size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m)
     CARVE(q_start, int32_t, st->cap_req);
     CARVE(token_req, int32_t, st->cap_tok);
     CARVE(token_pos, int32_t, st->cap_tok);
+    CARVE(tok_info, cu_tok_info, st->cap_tok);
     CARVE(dec_req, int32_t, st->cap_req);
     CARVE(dec_row0, int32_t, st->cap_req);
     CARVE(dec_blk0, int32_t, st->cap_req + 1);
     CARVE(dec_info, cu_dec_info, st->cap_req);
-    CARVE(dec_tok, int32_t, st->dec_rows_cap);
-    CARVE(dec_slot, int32_t, st->dec_rows_cap);
+    CARVE(dec_row, cu_dec_row, st->dec_rows_cap);
     CARVE(pf_tok, int32_t, st->cap_tok);
     for (int k = 0; k < CU_KINDS; ++k) {
         CARVE(att[k], cu_att_item, st->att_cap);
@@ -382,7 +382,8 @@ static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_met
                     mi->nrows = nrows;
                     mi->nsplit = S;
                     mi->part_base = pbase[c];
-                    mi->pad0 = mi->pad1 = 0;
+                    mi->t0 = (int32_t)plan->q_start[r];
+                    mi->pad1 = 0;
                 }
                 for (int32_t s = 0; s < S; ++s) {
                     if (sk->kind == CU_KIND_SPARSE)
@@ -439,8 +440,12 @@ void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h)
             h->dec_row0[n_dec] = dec_rows;
             h->dec_blk0[n_dec] = blocks;
             for (int32_t i = 0; i < ql; ++i) {
-                h->dec_tok[dec_rows + i] = (int32_t)plan->q_start[r] + i;
-                h->dec_slot[dec_rows + i] = n_dec;
+                const int64_t t = plan->q_start[r] + i;
+                cu_dec_row *dr = &h->dec_row[dec_rows + i];
+                dr->t = (int32_t)t;
+                dr->nblk = (int32_t)(plan->token_pos[t] / B) + 1;
+                dr->slot = n_dec;
+                dr->ql = ql;
             }
             dec_rows += ql;
             cu_dec_info *di = &h->dec_info[n_dec];
@@ -465,9 +470,17 @@ void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h)
     h->hdr->n_dec_rows = dec_rows;
     h->hdr->n_pf = n_pf;
     h->hdr->total_dec_blocks = blocks;
+    const int32_t P = plan->cache->cfg.page_size;
     for (int64_t t = 0; t < plan->num_tokens; ++t) {
-        h->token_req[t] = plan->token_request[t];
-        h->token_pos[t] = (int32_t)plan->token_pos[t];
+        const int32_t r = plan->token_request[t];
+        const int64_t pos = plan->token_pos[t];
+        h->token_req[t] = r;
+        h->token_pos[t] = (int32_t)pos;
+        cu_tok_info *ti = &h->tok_info[t];
+        ti->r = r;
+        ti->pos = (int32_t)pos;
+        ti->page = r >= 0 ? plan->page_table[(int64_t)r * plan->cap_pages_per_request + pos / P] : -1;
+        ti->pad = 0;
     }
     for (int32_t r = 0; r < R; ++r)
         memcpy(h->page_table + (int64_t)r * st->cap_pages,

@@ -65,15 +65,19 @@ __device__ __forceinline__ void cu_prologue_row_vec(const cu_layer &L, int32_t t
 __global__ void __launch_bounds__(256, 8) cu_prologue_kernel(cu_layer L)
 {
     cu_pdl_trigger(); /* the indexer may be scheduled; it waits for us */
+    /* The first row's facts load beside the row count, not after it
+     * (grid_tok <= cap_tok: the entry exists). */
+    cu_tok_info ti = L.m.tok_info[blockIdx.x];
     const int32_t ntok = L.m.hdr->num_tokens;
     for (int32_t t = blockIdx.x; t < ntok; t += gridDim.x) {
-        const int32_t r = L.m.token_req[t];
+        if (t != (int32_t)blockIdx.x)
+            ti = L.m.tok_info[t];
+        const int32_t r = ti.r;
         if (r >= 0) {
             if (!L.write_cache)
                 continue;
-            const int32_t pos = L.m.token_pos[t];
-            const int32_t page = cu_page_of(L.m.page_table, L.cap_pages, r, pos, L.logP);
-            const int32_t slot = pos & (L.P - 1);
+            const int32_t page = ti.page;
+            const int32_t slot = ti.pos & (L.P - 1);
             if (L.row_vec) {
                 cu_prologue_row_vec(L, t, page, slot);
                 continue;

@@ -213,11 +213,9 @@ __device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta
     for (int64_t w = (int64_t)cta * SEL_WARPS + warp; w < total; w += (int64_t)nctas * SEL_WARPS) {
         const int32_t d = (int32_t)(w / L.units);
         const int32_t u = (int32_t)(w - (int64_t)d * L.units);
-        const int32_t t = L.m.dec_tok[d];
-        const int32_t N = L.m.token_pos[t] / L.B + 1;
+        const cu_dec_row dr = L.m.dec_row[d];
+        const int32_t t = dr.t, N = dr.nblk, k = dr.slot, ql = dr.ql;
         const float *scores = L.scores + ((int64_t)d * L.Hi + (int64_t)u * L.mi) * L.cap_blocks;
-        const int32_t k = L.m.dec_slot[d];
-        const int32_t ql = L.m.q_len[L.m.dec_req[k]];
         cu_pdl_wait(); /* the indexer's scores (at once after the first row) */
         const int32_t *row = cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm);
 

@@ -11,7 +11,9 @@
  *     a pair being two chunks of one (request, KV head, split) whose rows
  *     follow each other; pairs are all or none per step;
  *   - with split units on the Hopper path, at most one unit per SM;
- *   - no list exceeds its capacity.
+ *   - no list exceeds its capacity;
+ *   - the per-row facts the kernels load in one piece (tok_info, dec_row,
+ *     a merge item's t0) equal what the plan's arrays say.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,6 +139,8 @@ static void check_kind(const msa_plan *plan, const cu_plan_state *st, const cu_m
         for (int32_t j = 0; j < n_items; ++j) {
             const cu_att_item *it = &items[j];
             if (it->dec == mi->dec && it->group == mi->group && it->row0 == mi->row0) {
+                EXPECT(mi->t0 == it->t0, "%s: merge %d first token row %d, item's %d", what, i,
+                       mi->t0, it->t0);
                 found += it->nsplit == mi->nsplit && it->nrows == mi->nrows &&
                          it->part_base == mi->part_base;
             }
@@ -147,6 +151,34 @@ static void check_kind(const msa_plan *plan, const cu_plan_state *st, const cu_m
     free(used);
     free(nsplit);
     free(keys);
+}
+
+/* Token rows and decode rows against the plan (page table included). */
+static void check_rows(const msa_plan *plan, const cu_meta *h)
+{
+    const int32_t B = plan->model->cfg.block_size, P = plan->cache->cfg.page_size;
+    for (int64_t t = 0; t < plan->num_tokens; ++t) {
+        const cu_tok_info *ti = &h->tok_info[t];
+        const int32_t r = plan->token_request[t];
+        const int64_t pos = plan->token_pos[t];
+        const int32_t page =
+            r >= 0 ? plan->page_table[(int64_t)r * plan->cap_pages_per_request + pos / P] : -1;
+        EXPECT(ti->r == r && ti->pos == (int32_t)pos && ti->page == page,
+               "token %lld: info (%d, %d, %d), want (%d, %lld, %d)", (long long)t, ti->r, ti->pos,
+               ti->page, r, (long long)pos, page);
+    }
+    int32_t d = 0;
+    for (int32_t k = 0; k < h->hdr->n_dec; ++k) {
+        const int32_t r = h->dec_req[k];
+        for (int32_t i = 0; i < plan->q_len[r]; ++i, ++d) {
+            const cu_dec_row *dr = &h->dec_row[d];
+            const int64_t t = plan->q_start[r] + i;
+            EXPECT(dr->t == (int32_t)t && dr->nblk == (int32_t)(plan->token_pos[t] / B) + 1 &&
+                       dr->slot == k && dr->ql == plan->q_len[r],
+                   "decode row %d: (%d, %d, %d, %d)", d, dr->t, dr->nblk, dr->slot, dr->ql);
+        }
+    }
+    EXPECT(d == h->hdr->n_dec_rows, "%d decode rows listed, header says %d", d, h->hdr->n_dec_rows);
 }
 
 /* The Hopper units of the sparse pass. */
@@ -238,7 +270,7 @@ static void run_case(msa_model *model, const sched_case *sc, unsigned seed)
     plan.token_pos = (int64_t *)calloc((size_t)tokens, sizeof(int64_t));
     for (int32_t r = 0; r < R; ++r) {
         for (int64_t p = 0; p < pages; ++p)
-            plan.page_table[r * pages + p] = (int32_t)(r * pages + p);
+            plan.page_table[r * pages + p] = (int32_t)(R * pages - 1 - (r * pages + p));
         for (int32_t i = 0; i < q_len[r]; ++i) {
             plan.token_request[q_start[r] + i] = r;
             plan.token_pos[q_start[r] + i] = kv_len[r] - q_len[r] + i;
@@ -262,6 +294,7 @@ static void run_case(msa_model *model, const sched_case *sc, unsigned seed)
     check_kind(&plan, &st, &h, CU_KIND_SPARSE, cfg->num_kv_heads, model->group, "sparse");
     const int on_tma = sc->tma && model->group == 16;
     check_units(&st, &h, on_tma);
+    check_rows(&plan, &h);
     if (model->layer_index_value[0] || (cfg->num_layers > 1 && model->layer_index_value[1]))
         check_kind(&plan, &st, &h, CU_KIND_IV, 1, cfg->num_index_heads, "index value");
     if (cfg->num_layers > 1)
