@@ -10,6 +10,20 @@
 #include "cu_launch.cuh"
 
 #define MERGE_WARPS 8
+#define MERGE_GROUP 8 /* splits whose rows one lane loads at once */
+
+/* Elements lane + 32 j of the rows of splits s0 .. s0 + MERGE_GROUP - 1
+ * (zeros past nsplit or d). */
+__device__ __forceinline__ void cu_merge_load(const float *p0, int64_t step, int32_t s0,
+                                              int32_t nsplit, int32_t d, float (&x)[MERGE_GROUP][4])
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < MERGE_GROUP; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            x[u][j] = s0 + u < nsplit && lane + 32 * j < d ? p0[(s0 + u) * step + lane + 32 * j] : 0.0f;
+}
 
 __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &A, int cta, int nctas)
 {
@@ -36,27 +50,24 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
         float M, wsum;
         if (it.nsplit <= 32 && A.d <= 128) {
             /* One lane per split: the split LSEs load at once, and every
-             * output element's loads over the splits are independent. */
+             * output element's loads over the splits are independent.
+             * Eight splits' rows are loaded together before any is used,
+             * the first eight beside the LSEs (they do not depend on them):
+             * one round trip per eight splits, the first shared.  A split
+             * with no keys (weight 0) is skipped, whatever its row holds. */
+            float x[MERGE_GROUP][4];
+            cu_merge_load(p0, step, 0, it.nsplit, A.d, x);
             const float ls = lane < it.nsplit ? p0[lane * step + A.d] : -INFINITY;
             M = cu_warp_max(ls);
             const float w = ls == -INFINITY ? 0.0f : expf(ls - M);
             wsum = cu_warp_sum(w);
             const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            /* Four splits' rows loaded together before any is used (one
-             * round trip per four splits); a split with no keys (weight 0)
-             * is skipped, whatever its row holds. */
-            for (int32_t s0 = 0; s0 < it.nsplit; s0 += 4) {
-                float x[4][4];
+            for (int32_t s0 = 0; s0 < it.nsplit; s0 += MERGE_GROUP) {
+                if (s0 > 0)
+                    cu_merge_load(p0, step, s0, it.nsplit, A.d, x);
 #pragma unroll
-                for (int u = 0; u < 4; ++u)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        x[u][j] = s0 + u < it.nsplit && lane + 32 * j < A.d
-                                      ? p0[(s0 + u) * step + lane + 32 * j]
-                                      : 0.0f;
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
+                for (int u = 0; u < MERGE_GROUP; ++u) {
                     const float ws = __shfl_sync(0xffffffffu, w, (s0 + u) & 31);
                     if (s0 + u < it.nsplit && ws != 0.0f)
 #pragma unroll
