@@ -8,8 +8,8 @@
 # Every step's log is appended to $OUT/all.log as the step ends (few files
 # in $OUT: it is meant to be copied back whole), JSON results and the
 # summary stay beside it; a short table is printed last.  Steps can be chosen with ROUND_STEPS (comma list of
-# build,ctest,gputest,sanitize,check,bench,profile,source,ladder; default all but source and
-# ladder), the decode suite
+# build,ctest,gputest,sanitize,check,bench,profile,source,ladder,timeline; default all but
+# source, ladder and timeline), the decode suite
 # with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS,
 # extra CMake arguments with ROUND_CMAKE_ARGS (e.g. a build-time tuning
 # define in -DCMAKE_CUDA_FLAGS=...; use another BUILD directory per variant),
@@ -179,6 +179,28 @@ if has_step ladder; then
             line="$line $med"
         done
         echo "$line" >>"$SUMMARY"
+    done
+fi
+
+# ---- kernel timeline (graph replay) -------------------------------------------
+# TIMELINE_CASES: space-separated batch:context:q_len shapes; a second build
+# with the stamps compiled in (-DMSA_TIMELINE, in $BUILD-timeline) runs each
+# with MSA_CUDA_TIMELINE set, and the last replay's per-CTA stamps (entry,
+# back from the launch wait, first work in hand, exit) are summarized per
+# kernel into the summary (bench/timeline.py; step "timeline", not in the
+# default list).
+if has_step timeline; then
+    TLB="$BUILD-timeline"
+    run_logged configure_timeline cmake -S "$ROOT" -B "$TLB" -DCMAKE_BUILD_TYPE=Release -DMSA_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90a-real "${CMAKE_EXTRA[@]}" -DCMAKE_CUDA_FLAGS=-DMSA_TIMELINE
+    run_logged build_timeline cmake --build "$TLB" -j "$JOBS" --target msa_cli
+    for tc in ${TIMELINE_CASES:-1:131072:1 8:10000:1}; do
+        IFS=: read -r tb tlen tq <<<"$tc"
+        csv="/tmp/msa-timeline-b${tb}-l${tlen}-q${tq}.csv"
+        MSA_CUDA_TIMELINE="$csv" run_logged "timeline_b${tb}_l${tlen}_q${tq}" "$TLB/msa" bench --backend cuda \
+            --decode-context "$tlen" --batch "$tb" --q-len "$tq" --reps 20 >/dev/null
+        { echo "---- timeline b${tb} ctx ${tlen} q${tq} (µs after the first stamp)"
+          python3 "$ROOT/bench/timeline.py" "$csv" 2>&1; } >>"$SUMMARY"
     done
 fi
 

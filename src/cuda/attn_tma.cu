@@ -31,6 +31,7 @@
 #include "cu_wgmma.cuh"
 #include "cu_rows_state.cuh"
 #include "cu_launch.cuh"
+#include "cu_timeline.cuh"
 
 /* Four 32 KB stages.  A deeper ring does not pay: on the H200, six stages
  * (as many as fit beside the merge scratch) were 0.2-5% slower than four
@@ -106,6 +107,9 @@ __device__ __forceinline__ int cu_attt_claim(const cu_attt_smem &sm, uint32_t &g
 typedef struct cu_attt_unit {
     int32_t first;
     int32_t ntok[2]; /* tokens of each item (ntok[1] = 0: single item) */
+#ifdef MSA_TIMELINE
+    bool first_of_cta; /* the CTA's first unit (timeline marks) */
+#endif
 } cu_attt_unit;
 
 __device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32_t u)
@@ -116,6 +120,9 @@ __device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32
     const cu_att_item it = items[un.first];
     un.ntok[0] = (it.nrows + 15) / 16;
     un.ntok[1] = it.unit_len == 2 ? (items[un.first + 1].nrows + 15) / 16 : 0;
+#ifdef MSA_TIMELINE
+    un.first_of_cta = u == (int32_t)blockIdx.x;
+#endif
     return un;
 }
 
@@ -135,6 +142,10 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     for (int32_t i = lane * 32; i < pages; i += 32 * 32)
         cu_prefetch_l2(pt_row + i);
     cu_pdl_wait(); /* the union's count and ids (at once after the first unit) */
+#ifdef MSA_TIMELINE
+    if (lane == 0 && un.first_of_cta)
+        CU_TL_MARK(L, CU_TL_ATTN, CU_TL_WAITED);
+#endif
     const cu_stream cs = cu_stream_of(L, A, it);
     const int tok0 = it.row0 / 16, ntok = un.ntok[0] + un.ntok[1];
     const uint32_t mine = cu_attt_item_bits(tok0, ntok);
@@ -347,6 +358,10 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         const int s = gs % ATT_STAGES;
         cu_mbar_wait(&sm.full[s], (gs / ATT_STAGES) & 1u);
         ++gs;
+#ifdef MSA_TIMELINE
+        if (c == 0 && threadIdx.x == 0 && un.first_of_cta)
+            CU_TL_MARK(L, CU_TL_ATTN, CU_TL_FIRST);
+#endif
         const cu_attt_meta mt = sm.meta[s];
         if (mt.pos0 < 0) {
             __syncwarp();
@@ -406,6 +421,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     sm.tail = sm.empty + ATT_STAGES;
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
+        CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ENTRY);
         for (int s = 0; s < ATT_STAGES; ++s) {
             cu_mbar_init(&sm.full[s], 1);
             cu_mbar_init(&sm.empty[s], ATT_CONSUMERS);
@@ -432,6 +448,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
         }
     }
     cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
+    if (threadIdx.x == 0)
+        CU_TL_MARK(L, CU_TL_ATTN, CU_TL_EXIT);
 #else
     (void)L;
     (void)A;

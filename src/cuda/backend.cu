@@ -5,9 +5,11 @@
  */
 #include "cu_backend.cuh"
 #include "cu_tma.cuh"
+#include "cu_timeline.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 msa_status cu_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
                             const msa_layer_io *io_sets, int num_sets, int warmup, int reps,
@@ -65,9 +67,25 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
         e = cu_indexer_tma_setup();
     if (e == cudaSuccess && cs->wgmma)
         e = cu_attn_tma_setup();
+    const char *tl_env = getenv("MSA_CUDA_TIMELINE");
+#ifndef MSA_TIMELINE
+    if (tl_env && tl_env[0])
+        fprintf(stderr, "libmsa: MSA_CUDA_TIMELINE ignored: built without -DMSA_TIMELINE\n");
+    tl_env = NULL;
+#endif
+    if (e == cudaSuccess && tl_env && tl_env[0]) {
+        cs->tl_path = (char *)malloc(strlen(tl_env) + 1);
+        if (cs->tl_path)
+            strcpy(cs->tl_path, tl_env);
+        e = cudaMalloc((void **)&cs->tl, CU_TL_WORDS * sizeof(unsigned long long));
+        if (e == cudaSuccess)
+            e = cudaMemset(cs->tl, 0, CU_TL_WORDS * sizeof(unsigned long long));
+    }
     if (e != cudaSuccess) {
         if (err && err_size)
             snprintf(err, err_size, "CUDA device %d: %s", dev, cudaGetErrorString(e));
+        cudaFree(cs->tl);
+        free(cs->tl_path);
         free(cs);
         cudaGetLastError();
         return MSA_ERR_BACKEND;
@@ -77,8 +95,59 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
     return MSA_OK;
 }
 
+/* The last forward's timeline stamps as CSV, in ns after the earliest
+ * stamp: kernel, CTA, then entry, waited, first, exit (empty: not
+ * stamped).  Best effort: a profiling aid reports its own failures on
+ * stderr and never fails the context's shutdown. */
+static void cu_timeline_write(const cu_ctx_state *cs)
+{
+    static const char *names[CU_TL_KERNELS] = {"prologue", "indexer", "select", "attention",
+                                               "merge"};
+    unsigned long long *h = (unsigned long long *)malloc(CU_TL_WORDS * sizeof(*h));
+    FILE *f = h ? fopen(cs->tl_path, "w") : NULL;
+    if (!f || cudaDeviceSynchronize() != cudaSuccess ||
+        cudaMemcpy(h, cs->tl, CU_TL_WORDS * sizeof(*h), cudaMemcpyDeviceToHost) != cudaSuccess) {
+        fprintf(stderr, "libmsa: MSA_CUDA_TIMELINE: cannot write %s\n", cs->tl_path);
+        cudaGetLastError();
+        if (f)
+            fclose(f);
+        free(h);
+        return;
+    }
+    unsigned long long t0 = ~0ull;
+    for (size_t i = 0; i < CU_TL_WORDS; ++i)
+        if (h[i] && h[i] < t0)
+            t0 = h[i];
+    fprintf(f, "kernel,cta,entry_ns,waited_ns,first_ns,exit_ns\n");
+    for (int k = 0; k < CU_TL_KERNELS; ++k)
+        for (int c = 0; c < CU_TL_MAX_CTAS; ++c) {
+            const unsigned long long *e = h + ((size_t)k * CU_TL_MAX_CTAS + c) * CU_TL_EVENTS;
+            if (!e[CU_TL_ENTRY])
+                continue;
+            fprintf(f, "%s,%d", names[k], c);
+            for (int j = 0; j < CU_TL_EVENTS; ++j) {
+                if (e[j])
+                    fprintf(f, ",%llu", e[j] - t0);
+                else
+                    fprintf(f, ",");
+            }
+            fprintf(f, "\n");
+        }
+    fclose(f);
+    free(h);
+}
+
 static void cu_shutdown(msa_context *ctx)
 {
+    cu_ctx_state *cs = (cu_ctx_state *)ctx->backend_state;
+    if (cs && cs->tl) {
+        cudaSetDevice(cs->device);
+        if (cs->tl_path)
+            cu_timeline_write(cs);
+        cudaFree(cs->tl);
+    }
+    if (cs)
+        free(cs->tl_path);
     free(ctx->backend_state);
     ctx->backend_state = NULL;
 }

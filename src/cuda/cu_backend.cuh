@@ -19,6 +19,9 @@ typedef struct cu_ctx_state {
     int stop_after;     /* profiling aid (MSA_CUDA_STOP_AFTER=n): a layer enqueues only its
                          * first n kernels, so timing the ladder n = 1, 2, ... shows what each
                          * kernel adds to a step; outputs are then incomplete.  0: all. */
+    unsigned long long *tl; /* profiling aid (MSA_CUDA_TIMELINE=path): kernel timeline stamps
+                             * (cu_timeline.cuh), written to tl_path when the context ends */
+    char *tl_path;
 } cu_ctx_state;
 
 msa_status cu_plan_init(msa_plan *plan);

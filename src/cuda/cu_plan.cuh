@@ -210,6 +210,9 @@ typedef struct cu_layer {
     int32_t *sel_done;
     float *pf_scratch;
     float *part;
+#ifdef MSA_TIMELINE
+    unsigned long long *tl;  /* kernel timeline (cu_timeline.cuh), NULL: off */
+#endif
 } cu_layer;
 
 /* One attention pass (main sparse, main dense or index value) seen as

@@ -14,6 +14,7 @@
  */
 #include "cu_backend.cuh"
 #include "cu_tma.cuh"
+#include "cu_timeline.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -323,6 +324,9 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     L.pf_ctas = st->grid_pf;
     L.pf_scratch = st->pf_scratch;
     L.part = st->part;
+#ifdef MSA_TIMELINE
+    L.tl = cs->tl;
+#endif
 
     cu_paths paths;
     cu_choose_paths(plan, layer, io->act_dtype, io, &paths, NULL, 0);
@@ -338,6 +342,8 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         paths.attn_tma = 0;
 
     int left = cs->stop_after > 0 ? cs->stop_after : -1;
+    if (cs->tl) /* profiling aid: the timeline holds this forward's stamps only */
+        CU_TRY(ctx, cudaMemsetAsync(cs->tl, 0, CU_TL_WORDS * sizeof(unsigned long long), s));
     cu_launch_prologue(&L, st, s);
     cu_budget_take(&left);
     cu_attn A;

@@ -29,6 +29,7 @@
 #include "cu_tma.cuh"
 #include "cu_wgmma.cuh"
 #include "cu_launch.cuh"
+#include "cu_timeline.cuh"
 
 /* One ring slot per block in flight; block x goes to group x % IDXT_GROUPS
  * and slot x % IDXT_STAGES.  The stage count is a multiple of the group
@@ -173,6 +174,8 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
         }
         const int s = i % IDXT_STAGES;
         cu_mbar_wait(&full[s], (uint32_t)(i / IDXT_STAGES) & 1u);
+        if (i == 0 && threadIdx.x == 0)
+            CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_FIRST);
         const uint32_t slot = cu_smem_addr(ring + s * IDXT_BLOCK_BYTES);
         cu_wgmma_fence();
 #pragma unroll
@@ -224,8 +227,11 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
             page = L.m.page_table[(int64_t)di.r * L.cap_pages + (gb - di.blk0)];
         }
         k = cu_idxt_slot(L, k, n_dec, gb_begin + min(c0 + 31, F - 1));
-        if (c0 == 0)
+        if (c0 == 0) {
             cu_pdl_wait(); /* the prologue's index keys, before the first copy */
+            if (lane == 0)
+                CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_WAITED);
+        }
         const int32_t cnt = min(32, F - c0);
         for (int32_t j = 0; j < cnt; ++j) {
             const int32_t pg = __shfl_sync(0xffffffffu, page, j);
@@ -259,6 +265,7 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
     uint64_t *empty = full + IDXT_STAGES;
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
+        CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_ENTRY);
         for (int s = 0; s < IDXT_STAGES; ++s) {
             cu_mbar_init(&full[s], 1);
             cu_mbar_init(&empty[s], 4); /* the four warps of the slot's group */
@@ -284,6 +291,8 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
             cu_idxt_consumer<Tag, false>(L, ring, full, empty, gb_begin, F, n_dec, warp >> 2);
     }
     cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
+    if (threadIdx.x == 0)
+        CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_EXIT);
 #else
     (void)L;
     (void)map;

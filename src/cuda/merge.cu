@@ -8,6 +8,7 @@
  */
 #include "cu_rows.cuh"
 #include "cu_launch.cuh"
+#include "cu_timeline.cuh"
 
 #define MERGE_WARPS 8
 #define MERGE_GROUP 8 /* splits whose rows one lane loads at once */
@@ -45,6 +46,8 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
         const int32_t hq = it.group * A.g + (row - i * A.g);
         const int64_t qrow = (int64_t)(t0 + i) * A.hq_total + hq;
         cu_pdl_wait(); /* the attention's partial rows (at once after the first) */
+        if (threadIdx.x == 0 && w == (int64_t)cta * MERGE_WARPS)
+            CU_TL_MARK(L, CU_TL_MERGE, CU_TL_WAITED);
         const float *p0 = L.part + ((int64_t)it.part_base + rl) * L.part_stride;
         const int64_t step = (int64_t)it.nrows * L.part_stride;
         float M, wsum;
@@ -107,11 +110,15 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
 __global__ void __launch_bounds__(MERGE_WARPS * 32, 2) cu_merge_prefill_kernel(cu_layer L, cu_attn A)
 {
     cu_pdl_trigger();
+    if (threadIdx.x == 0)
+        CU_TL_MARK(L, CU_TL_MERGE, CU_TL_ENTRY);
     /* Both roles in every CTA: no CTAs that only check for absent work.
      * The merge reads its plan items before it waits for the partials. */
     cu_merge_role(L, A, blockIdx.x, gridDim.x);
     cu_pdl_wait(); /* the selection for the prefill rows; every CTA waits */
     cu_attn_prefill_role(L, A, blockIdx.x, gridDim.x, MERGE_WARPS);
+    if (threadIdx.x == 0)
+        CU_TL_MARK(L, CU_TL_MERGE, CU_TL_EXIT);
 }
 
 void cu_launch_merge_prefill(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,

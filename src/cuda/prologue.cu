@@ -8,6 +8,7 @@
  */
 #include "cu_plan.cuh"
 #include "cu_launch.cuh"
+#include "cu_timeline.cuh"
 
 /* One element, converted when the element types differ.  Equal types copy
  * the bits, so NaN payloads survive as on the CPU. */
@@ -65,6 +66,8 @@ __device__ __forceinline__ void cu_prologue_row_vec(const cu_layer &L, int32_t t
 __global__ void __launch_bounds__(256, 8) cu_prologue_kernel(cu_layer L)
 {
     cu_pdl_trigger(); /* the indexer may be scheduled; it waits for us */
+    if (threadIdx.x == 0)
+        CU_TL_MARK(L, CU_TL_PROLOGUE, CU_TL_ENTRY);
     /* The first row's facts load beside the row count, not after it
      * (grid_tok <= cap_tok: the entry exists). */
     cu_tok_info ti = L.m.tok_info[blockIdx.x];
@@ -129,6 +132,8 @@ __global__ void __launch_bounds__(256, 8) cu_prologue_kernel(cu_layer L)
             }
         }
     }
+    if (threadIdx.x == 0)
+        CU_TL_MARK(L, CU_TL_PROLOGUE, CU_TL_EXIT);
 }
 
 void cu_launch_prologue(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)

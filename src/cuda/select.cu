@@ -21,6 +21,7 @@
 #include "cu_score.cuh"
 #include "cu_select.cuh"
 #include "cu_launch.cuh"
+#include "cu_timeline.cuh"
 
 #define SEL_WARPS 4
 
@@ -210,18 +211,24 @@ __device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int64_t total = (int64_t)L.m.hdr->n_dec_rows * L.units;
-    for (int64_t w = (int64_t)cta * SEL_WARPS + warp; w < total; w += (int64_t)nctas * SEL_WARPS) {
+    const int64_t w0 = (int64_t)cta * SEL_WARPS + warp;
+    for (int64_t w = w0; w < total; w += (int64_t)nctas * SEL_WARPS) {
         const int32_t d = (int32_t)(w / L.units);
         const int32_t u = (int32_t)(w - (int64_t)d * L.units);
         const cu_dec_row dr = L.m.dec_row[d];
         const int32_t t = dr.t, N = dr.nblk, k = dr.slot, ql = dr.ql;
         const float *scores = L.scores + ((int64_t)d * L.Hi + (int64_t)u * L.mi) * L.cap_blocks;
         cu_pdl_wait(); /* the indexer's scores (at once after the first row) */
+        const bool mark = threadIdx.x == 0 && w == w0;
+        if (mark)
+            CU_TL_MARK(L, CU_TL_SELECT, CU_TL_WAITED);
         const int32_t *row = cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm);
 
         if (ql == 1) {
             for (int gl = 0; gl < L.mk; ++gl)
                 cu_single_union(L, k, u * L.mk + gl, row);
+            if (mark)
+                CU_TL_MARK(L, CU_TL_SELECT, CU_TL_FIRST);
             continue;
         }
         /* Completion count of (request, unit); the last token's warp builds
@@ -239,6 +246,8 @@ __device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta
             if (lane == 0)
                 *done = 0;
         }
+        if (mark)
+            CU_TL_MARK(L, CU_TL_SELECT, CU_TL_FIRST);
     }
 }
 
@@ -247,6 +256,8 @@ __global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L
     /* Plan data first; each role waits for the indexer before it reads
      * scores or the cache. */
     cu_pdl_trigger();
+    if (threadIdx.x == 0)
+        CU_TL_MARK(L, CU_TL_SELECT, CU_TL_ENTRY);
     extern __shared__ uint32_t sel_smem[];
     const int warp = threadIdx.x >> 5;
     uint32_t *wsm = sel_smem + warp * cu_sel_warp_words(L.mi, L.K, L.W, L.sel_cache);
@@ -254,6 +265,8 @@ __global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L
      * each with its own scratch row. */
     cu_select_decode_role(L, blockIdx.x, gridDim.x, wsm);
     cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
+    if (threadIdx.x == 0)
+        CU_TL_MARK(L, CU_TL_SELECT, CU_TL_EXIT);
     if (blockIdx.x >= L.pf_ctas)
         return;
     __syncthreads();

@@ -1,0 +1,47 @@
+/*
+ * Timeline of a layer's kernels (profiling aid, compiled in with
+ * -DMSA_TIMELINE, e.g. CMAKE_CUDA_FLAGS; otherwise every mark compiles to
+ * nothing).  With MSA_CUDA_TIMELINE=path in the environment the context
+ * owns a device buffer, and one thread per CTA stamps the global timer (ns)
+ * at up to four events of its kernel:
+ *
+ *   entry    the CTA started;
+ *   waited   its working thread came back from the launch wait (the kernel
+ *            before it had finished);
+ *   first    the first piece of work was in hand (indexer and attention:
+ *            the first tile landed in shared memory; selection: the first
+ *            row selected and written);
+ *   exit     the CTA's last wait returned, it is about to end.
+ *
+ * Every forward overwrites the stamps; when the context is destroyed the
+ * last forward's stamps are written to `path` as CSV (bench/timeline.py
+ * summarizes them).  Without the variable the layer's pointer is NULL and
+ * a mark is one untaken branch.  Graph replay keeps the pointer it was
+ * captured with, which lives as long as the context.
+ */
+#ifndef MSA_CU_TIMELINE_CUH
+#define MSA_CU_TIMELINE_CUH
+
+#include <stdint.h>
+
+enum { CU_TL_PROLOGUE, CU_TL_INDEXER, CU_TL_SELECT, CU_TL_ATTN, CU_TL_MERGE, CU_TL_KERNELS };
+enum { CU_TL_ENTRY, CU_TL_WAITED, CU_TL_FIRST, CU_TL_EXIT, CU_TL_EVENTS };
+#define CU_TL_MAX_CTAS 4096
+#define CU_TL_WORDS ((size_t)CU_TL_KERNELS * CU_TL_MAX_CTAS * CU_TL_EVENTS)
+
+#if defined(__CUDACC__) && defined(MSA_TIMELINE)
+/* Stamps event `event` of kernel `kernel` for this CTA (one thread calls). */
+__device__ __forceinline__ void cu_tl_mark(unsigned long long *tl, int kernel, int event)
+{
+    if (tl && blockIdx.x < CU_TL_MAX_CTAS) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        tl[((size_t)kernel * CU_TL_MAX_CTAS + blockIdx.x) * CU_TL_EVENTS + event] = t;
+    }
+}
+#define CU_TL_MARK(L, kernel, event) cu_tl_mark((L).tl, kernel, event)
+#else
+#define CU_TL_MARK(L, kernel, event) ((void)0)
+#endif
+
+#endif /* MSA_CU_TIMELINE_CUH */
