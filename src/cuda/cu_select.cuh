@@ -45,6 +45,16 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
 #define CU_SEL_SMALL 16
 #define CU_SEL_LIST 256
 
+/* Unrolling of a row's fixed 32-step shuffle loops (the threshold, the
+ * candidates' rank, the final order).  Fully unrolled they are about 1200
+ * straight-line instructions that a row's lone warp runs once each (bench/
+ * RESULTS.md, v13: the selection's row work); MSA_SEL_UNROLL=4 at build
+ * time keeps them rolled, for measuring whether that pays. */
+#ifndef MSA_SEL_UNROLL
+#define MSA_SEL_UNROLL 32
+#endif
+static constexpr int cu_sel_unroll = MSA_SEL_UNROLL; /* pragmas see no macros */
+
 /* Candidates [I, c_end) whose score key is >= the need-th largest of the
  * lanes' two largest keys, ascending, into list[] (CU_SEL_LIST entries);
  * returns how many passed (more than CU_SEL_LIST: the list is incomplete,
@@ -66,7 +76,7 @@ __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int3
     /* T = the need-th largest of the 64 values: fewer than `need` above it,
      * at least `need` at or above it (independent shuffles, no chain). */
     int32_t gta = 0, gea = 0, gtb = 0, geb = 0;
-#pragma unroll
+#pragma unroll cu_sel_unroll
     for (int j = 0; j < 32; ++j) {
         const uint32_t ya = __shfl_sync(0xffffffffu, a, j);
         const uint32_t yb = __shfl_sync(0xffffffffu, b, j);
@@ -114,7 +124,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
                     (uint32_t)(0xffffffffu - (uint32_t)n);
             }
             int32_t rk = 0;
-#pragma unroll
+#pragma unroll cu_sel_unroll
             for (int j = 0; j < 32; ++j)
                 rk += __shfl_sync(0xffffffffu, x, j) > x;
             if (lane < count && rk < need)
@@ -168,6 +178,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
         mine = f < I ? f : (N - Lc) + (f - I);
     /* Rank among the K ids (distinct) = number of smaller ones. */
     int32_t rank = 0;
+#pragma unroll cu_sel_unroll
     for (int j = 0; j < 32; ++j) {
         const int32_t y = __shfl_sync(0xffffffffu, mine, j);
         rank += y < mine;
