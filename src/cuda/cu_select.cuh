@@ -188,6 +188,131 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
     __syncwarp();
 }
 
+#ifndef MSA_SEL_FAST
+#define MSA_SEL_FAST 0
+#endif
+#if MSA_SEL_FAST
+/* Build-time alternative of the small path for rows that fit in the
+ * warp's shared memory (MSA_SEL_FAST=1; not yet measured or run on a GPU):
+ * fewer instructions per row for the lone warp that runs it (bench/
+ * RESULTS.md, v13).  The same result as cu_select_row_small:
+ *   - the staging computes each score's key once, keeps the keys (not the
+ *     scores) and each lane's two largest candidate keys on the way;
+ *   - the threshold comes from a bitonic sort of those 64 values (20
+ *     shuffle rounds instead of 32 rounds of all-pairs counting); any
+ *     value at or below the need-th largest candidate key is a valid
+ *     filter, so the lane partition does not change the result;
+ *   - the filter pass and the ranking read the kept keys. */
+
+/* The need-th largest (1 <= need <= 64) of the 64 values x0 (element
+ * lane) and x1 (element lane + 32): bitonic sort, ascending by element. */
+__device__ __forceinline__ uint32_t cu_sel_kth_of_64(uint32_t x0, uint32_t x1, int32_t need)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 2; k <= 64; k <<= 1) {
+#pragma unroll
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            if (j == 32) { /* elements lane and lane + 32, one ascending run */
+                const uint32_t lo = min(x0, x1);
+                x1 = max(x0, x1);
+                x0 = lo;
+                continue;
+            }
+            const uint32_t y0 = __shfl_xor_sync(0xffffffffu, x0, j);
+            const uint32_t y1 = __shfl_xor_sync(0xffffffffu, x1, j);
+            /* The lower element of a pair keeps the min in an ascending
+             * run (bit k of the element clear), the upper one the max. */
+            const bool lower = (lane & j) == 0;
+            const bool up0 = (lane & k) == 0;
+            const bool up1 = ((lane + 32) & k) == 0;
+            x0 = lower == up0 ? min(x0, y0) : max(x0, y0);
+            x1 = lower == up1 ? min(x1, y1) : max(x1, y1);
+        }
+    }
+    const int32_t e = 64 - need;
+    return __shfl_sync(0xffffffffu, e < 32 ? x0 : x1, e & 31);
+}
+
+/* Returns false, with nothing written, when more than 32 candidates pass
+ * the filter (many equal keys): the caller then takes the general path. */
+__device__ __forceinline__ bool cu_select_row_keys(const float *scores, int32_t N, int32_t K,
+                                                   int32_t I, int32_t Lc, int32_t *out,
+                                                   int32_t *list, uint32_t *keys)
+{
+    const int lane = threadIdx.x & 31;
+    const uint32_t below = (1u << lane) - 1u;
+    const int32_t need = K - I - Lc;
+    const int32_t c_end = N - Lc;
+    uint32_t a = 0u, b = 0u; /* this lane's two largest candidate keys (0: absent) */
+    for (int32_t n0 = 0; n0 < N; n0 += 1024) {
+        float v[32];
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            const int32_t n = n0 + 32 * j + lane;
+            v[j] = n < N ? scores[n] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            const int32_t n = n0 + 32 * j + lane;
+            if (n < N) {
+                const uint32_t k = cu_score_key(v[j]);
+                keys[n] = k;
+                if (n >= I && n < c_end) {
+                    b = max(b, min(a, k));
+                    a = max(a, k);
+                }
+            }
+        }
+    }
+    const uint32_t T = cu_sel_kth_of_64(a, b, need);
+    __syncwarp();
+    int32_t count = 0;
+#pragma unroll 4
+    for (int32_t b0 = I; b0 < c_end; b0 += 32) {
+        const int32_t n = b0 + lane;
+        const bool pass = n < c_end && keys[n] >= T;
+        const uint32_t bal = __ballot_sync(0xffffffffu, pass);
+        const int32_t pos = count + __popc(bal & below);
+        if (pass && pos < 32)
+            list[pos] = n;
+        count += __popc(bal);
+    }
+    __syncwarp();
+    if (count > 32)
+        return false;
+    /* One candidate per lane: its rank among them picks it. */
+    unsigned long long x = 0ull;
+    if (lane < count) {
+        const int32_t n = list[lane];
+        x = ((unsigned long long)keys[n] << 32) | (uint32_t)(0xffffffffu - (uint32_t)n);
+    }
+    int32_t rk = 0;
+#pragma unroll cu_sel_unroll
+    for (int j = 0; j < 32; ++j)
+        rk += __shfl_sync(0xffffffffu, x, j) > x;
+    /* Winner r to lane r, through out[] (overwritten below). */
+    if (lane < count && rk < need)
+        out[rk] = (int32_t)(0xffffffffu - (uint32_t)(x & 0xffffffffull));
+    __syncwarp();
+    int32_t mine = lane < need ? out[lane] : INT32_MAX;
+    __syncwarp();
+    /* Forced blocks on lanes need .. K-1: init blocks, then the local ones. */
+    const int32_t f = lane - need;
+    if (f >= 0 && lane < K)
+        mine = f < I ? f : (N - Lc) + (f - I);
+    /* Rank among the K ids (distinct) = number of smaller ones. */
+    int32_t rank = 0;
+#pragma unroll cu_sel_unroll
+    for (int j = 0; j < 32; ++j)
+        rank += __shfl_sync(0xffffffffu, mine, j) < mine;
+    if (lane < K)
+        out[rank] = mine;
+    __syncwarp();
+    return true;
+}
+#endif /* MSA_SEL_FAST */
+
 /* Copies a score row into this warp's shared memory, 32 loads in flight
  * per lane: the row sits in L2 (the indexer just wrote it), and one load per
  * loop iteration would pay an L2 round trip per 32 blocks (a 128K context
@@ -227,6 +352,11 @@ __device__ __forceinline__ void cu_select_row(const float *scores, int32_t N, in
         __syncwarp();
         return;
     }
+#if MSA_SEL_FAST
+    if (N <= cache_cap && K - I - Lc > 0 && K - I - Lc <= CU_SEL_SMALL && K <= 32 &&
+        cu_select_row_keys(scores, N, K, I, Lc, out, (int32_t *)hist, (uint32_t *)cache))
+        return;
+#endif
     if (N <= cache_cap) {
         cu_stage_scores(scores, N, cache);
         scores = cache;
