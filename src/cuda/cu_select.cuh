@@ -188,6 +188,19 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
     __syncwarp();
 }
 
+/* Scores n0 + lane + 32 j of a row (0 past N), j < 32: 32 loads in
+ * flight per lane. */
+__device__ __forceinline__ void cu_load_row_chunk(const float *scores, int32_t N, int32_t n0,
+                                                  float (&v)[32])
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const int32_t n = n0 + 32 * j + lane;
+        v[j] = n < N ? scores[n] : 0.0f;
+    }
+}
+
 #ifndef MSA_SEL_FAST
 #define MSA_SEL_FAST 0
 #endif
@@ -202,7 +215,10 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
  *     shuffle rounds instead of 32 rounds of all-pairs counting); any
  *     value at or below the need-th largest candidate key is a valid
  *     filter, so the lane partition does not change the result;
- *   - the filter pass and the ranking read the kept keys. */
+ *   - the filter pass and the ranking read the kept keys.
+ * Its ranking and placement repeat cu_select_row_small's on purpose: the
+ * default build keeps the measured code byte for byte; if this path pays,
+ * it replaces that one. */
 
 /* The need-th largest (1 <= need <= 64) of the 64 values x0 (element
  * lane) and x1 (element lane + 32): bitonic sort, ascending by element. */
@@ -247,11 +263,7 @@ __device__ __forceinline__ bool cu_select_row_keys(const float *scores, int32_t 
     uint32_t a = 0u, b = 0u; /* this lane's two largest candidate keys (0: absent) */
     for (int32_t n0 = 0; n0 < N; n0 += 1024) {
         float v[32];
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            const int32_t n = n0 + 32 * j + lane;
-            v[j] = n < N ? scores[n] : 0.0f;
-        }
+        cu_load_row_chunk(scores, N, n0, v);
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
             const int32_t n = n0 + 32 * j + lane;
@@ -322,11 +334,7 @@ __device__ __forceinline__ void cu_stage_scores(const float *scores, int32_t N, 
     const int lane = threadIdx.x & 31;
     for (int32_t n0 = 0; n0 < N; n0 += 1024) {
         float v[32];
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            const int32_t n = n0 + 32 * j + lane;
-            v[j] = n < N ? scores[n] : 0.0f;
-        }
+        cu_load_row_chunk(scores, N, n0, v);
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
             const int32_t n = n0 + 32 * j + lane;
