@@ -227,24 +227,22 @@ __device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta
         if (ql == 1) {
             for (int gl = 0; gl < L.mk; ++gl)
                 cu_single_union(L, k, u * L.mk + gl, row);
-            if (mark)
-                CU_TL_MARK(L, CU_TL_SELECT, CU_TL_FIRST);
-            continue;
-        }
-        /* Completion count of (request, unit); the last token's warp builds
-         * the unions of the unit's KV heads. */
-        int32_t *done = L.sel_done + (int64_t)k * L.units + u;
-        __threadfence();
-        int32_t prev = 0;
-        if (lane == 0)
-            prev = atomicAdd(done, 1);
-        prev = __shfl_sync(0xffffffffu, prev, 0);
-        if (prev == ql - 1) {
+        } else {
+            /* Completion count of (request, unit); the last token's warp
+             * builds the unions of the unit's KV heads. */
+            int32_t *done = L.sel_done + (int64_t)k * L.units + u;
             __threadfence();
-            for (int gl = 0; gl < L.mk; ++gl)
-                cu_request_union(L, k, u * L.mk + gl, wsm);
+            int32_t prev = 0;
             if (lane == 0)
-                *done = 0;
+                prev = atomicAdd(done, 1);
+            prev = __shfl_sync(0xffffffffu, prev, 0);
+            if (prev == ql - 1) {
+                __threadfence();
+                for (int gl = 0; gl < L.mk; ++gl)
+                    cu_request_union(L, k, u * L.mk + gl, wsm);
+                if (lane == 0)
+                    *done = 0;
+            }
         }
         if (mark)
             CU_TL_MARK(L, CU_TL_SELECT, CU_TL_FIRST);
