@@ -72,9 +72,17 @@ if [ ! -e /usr/include/cjson/cJSON.h ] && ls "$ROOT"/build-deps/*.deb >/dev/null
     export C_INCLUDE_PATH="$CJ/include:${C_INCLUDE_PATH:-}"
 fi
 
+# Configures a Release build with the CUDA backend for the H200 in directory
+# $2, as step $1; further CMake arguments follow.
+configure_cuda() {
+    local name=$1 dir=$2
+    shift 2
+    run_logged "$name" cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DMSA_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90a-real "${CMAKE_EXTRA[@]}" "$@"
+}
+
 if has_step build; then
-    run_logged configure cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMSA_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES=90a-real "${CMAKE_EXTRA[@]}" ${ROUND_CMAKE_ARGS:-} || { cat "$LOGS/configure.log"; exit 1; }
+    configure_cuda configure "$BUILD" ${ROUND_CMAKE_ARGS:-} || { cat "$LOGS/configure.log"; exit 1; }
     run_logged build cmake --build "$BUILD" -j "$JOBS" || { tail -50 "$LOGS/build.log"; exit 1; }
     # The CUDA tests, built by hand when the test tree does not list them yet.
     for t in test_cuda_graph test_cuda_sweep; do
@@ -191,8 +199,7 @@ fi
 # default list).
 if has_step timeline; then
     TLB="$BUILD-timeline"
-    run_logged configure_timeline cmake -S "$ROOT" -B "$TLB" -DCMAKE_BUILD_TYPE=Release -DMSA_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES=90a-real "${CMAKE_EXTRA[@]}" -DCMAKE_CUDA_FLAGS=-DMSA_TIMELINE
+    configure_cuda configure_timeline "$TLB" -DCMAKE_CUDA_FLAGS=-DMSA_TIMELINE
     run_logged build_timeline cmake --build "$TLB" -j "$JOBS" --target msa_cli
     for tc in ${TIMELINE_CASES:-1:131072:1 8:10000:1}; do
         IFS=: read -r tb tlen tq <<<"$tc"
@@ -200,7 +207,8 @@ if has_step timeline; then
         MSA_CUDA_TIMELINE="$csv" run_logged "timeline_b${tb}_l${tlen}_q${tq}" "$TLB/msa" bench --backend cuda \
             --decode-context "$tlen" --batch "$tb" --q-len "$tq" --reps 20 >/dev/null
         { echo "---- timeline b${tb} ctx ${tlen} q${tq} (µs after the first stamp)"
-          python3 "$ROOT/bench/timeline.py" "$csv" 2>&1; } >>"$SUMMARY"
+          if [ -s "$csv" ]; then python3 "$ROOT/bench/timeline.py" "$csv" 2>&1; else echo "no timeline written"; fi
+        } >>"$SUMMARY"
     done
 fi
 
