@@ -109,8 +109,11 @@ fi
 if has_step gputest; then
     run_logged test_cuda_graph "$T/cuda/test_cuda_graph"
     run_logged test_cuda_sweep "$T/cuda/test_cuda_sweep" ${SWEEP_ARGS:-}
+    # The selection's warp-per-row mode on the sweep's small steps too.
+    MSA_CUDA_SEL_WARP_ROWS=1 run_logged test_cuda_sweep_warp_rows "$T/cuda/test_cuda_sweep" --quick
     grep -E "FAIL|passed" "$LOGS/test_cuda_graph.log" | tail -8 >>"$SUMMARY"
     grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep.log" | tail -12 >>"$SUMMARY"
+    grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_warp_rows.log" | tail -12 >>"$SUMMARY"
 fi
 
 # ---- msa check -----------------------------------------------------------------

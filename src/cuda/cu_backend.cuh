@@ -19,6 +19,9 @@ typedef struct cu_ctx_state {
     int stop_after;     /* profiling aid (MSA_CUDA_STOP_AFTER=n): a layer enqueues only its
                          * first n kernels, so timing the ladder n = 1, 2, ... shows what each
                          * kernel adds to a step; outputs are then incomplete.  0: all. */
+    int sel_warp_rows;  /* test aid (MSA_CUDA_SEL_WARP_ROWS=1): the selection gives every
+                         * decode row one warp, as it does at large batches, however few
+                         * rows a step has */
     unsigned long long *tl; /* profiling aid (MSA_CUDA_TIMELINE=path): kernel timeline stamps
                              * (cu_timeline.cuh), written to tl_path when the context ends */
     char *tl_path;

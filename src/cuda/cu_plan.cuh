@@ -86,7 +86,8 @@ typedef struct cu_step_hdr {
     int32_t n_att[CU_KINDS];
     int32_t n_merge[CU_KINDS];
     int32_t n_att_units;     /* sparse pass: entries of att_units */
-    int32_t pad[3];
+    int32_t max_dec_nblk;    /* largest nblk of the decode rows (0: none) */
+    int32_t pad[2];
 } cu_step_hdr;
 
 /* Typed views into the metadata blob (device or staging copy). */
@@ -202,6 +203,7 @@ typedef struct cu_layer {
     cu_meta m;
     int32_t cap_pages, cap_blocks, cap_union, part_stride, sel_cache;
     int32_t pf_ctas;         /* CTAs of the selection that own a prefill scratch row */
+    int32_t sel_cta_rows;    /* decode rows (x units) up to which each is selected by a whole CTA */
     float *scores;
     int32_t *sel;
     int32_t *uids;

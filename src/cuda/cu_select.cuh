@@ -1,5 +1,6 @@
 /*
- * Exact top-k selection of one (token, index head) row, by one warp (SPEC 4).
+ * Exact top-k selection of one (token, index head) row (SPEC 4), by one
+ * warp, or by a whole CTA when a step has few rows (cu_select_row_list).
  *
  * Forced blocks (init, local) are always in; among the other reachable
  * blocks the (K - forced) best by score, ties toward the lower id, NaN below
@@ -45,16 +46,6 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
 #define CU_SEL_SMALL 16
 #define CU_SEL_LIST 256
 
-/* Unrolling of a row's fixed 32-step shuffle loops (the threshold, the
- * candidates' rank, the final order).  Fully unrolled they are about 1200
- * straight-line instructions that a row's lone warp runs once each (bench/
- * RESULTS.md, v13: the selection's row work); MSA_SEL_UNROLL=4 at build
- * time keeps them rolled, for measuring whether that pays. */
-#ifndef MSA_SEL_UNROLL
-#define MSA_SEL_UNROLL 32
-#endif
-static constexpr int cu_sel_unroll = MSA_SEL_UNROLL; /* pragmas see no macros */
-
 /* Candidates [I, c_end) whose score key is >= the need-th largest of the
  * lanes' two largest keys, ascending, into list[] (CU_SEL_LIST entries);
  * returns how many passed (more than CU_SEL_LIST: the list is incomplete,
@@ -76,7 +67,7 @@ __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int3
     /* T = the need-th largest of the 64 values: fewer than `need` above it,
      * at least `need` at or above it (independent shuffles, no chain). */
     int32_t gta = 0, gea = 0, gtb = 0, geb = 0;
-#pragma unroll cu_sel_unroll
+#pragma unroll
     for (int j = 0; j < 32; ++j) {
         const uint32_t ya = __shfl_sync(0xffffffffu, a, j);
         const uint32_t yb = __shfl_sync(0xffffffffu, b, j);
@@ -124,7 +115,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
                     (uint32_t)(0xffffffffu - (uint32_t)n);
             }
             int32_t rk = 0;
-#pragma unroll cu_sel_unroll
+#pragma unroll
             for (int j = 0; j < 32; ++j)
                 rk += __shfl_sync(0xffffffffu, x, j) > x;
             if (lane < count && rk < need)
@@ -178,7 +169,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
         mine = f < I ? f : (N - Lc) + (f - I);
     /* Rank among the K ids (distinct) = number of smaller ones. */
     int32_t rank = 0;
-#pragma unroll cu_sel_unroll
+#pragma unroll
     for (int j = 0; j < 32; ++j) {
         const int32_t y = __shfl_sync(0xffffffffu, mine, j);
         rank += y < mine;
@@ -201,129 +192,147 @@ __device__ __forceinline__ void cu_load_row_chunk(const float *scores, int32_t N
     }
 }
 
-#ifndef MSA_SEL_FAST
-#define MSA_SEL_FAST 0
+/* ---- Rows shared by the whole CTA (NT = blockDim.x threads) ----
+ *
+ * The lone-warp paths above are a serial instruction stream: about 3200
+ * instructions for a row of 1024 blocks, 8 µs on the H200 (bench/
+ * RESULTS.md, v13), while at batch 1-8 the other warps of the GPU idle.
+ * This path needs few dependent steps and spreads them over NT threads:
+ *   1. every thread stages its strided scores as keys (shared memory),
+ *      keeping its largest candidate key;
+ *   2. each warp takes T_w, the need-th largest of its 32 threads' largest
+ *      keys, and T = max over the warps: in that warp at least `need`
+ *      threads hold a candidate key >= T, so the winners all are >= T;
+ *   3. the candidates >= T go into a list (usually need + a few dozen),
+ *      as distinct 64-bit keys (score key << 32 | ~id: SPEC 4's order,
+ *      ties to the lower id);
+ *   4. each list entry's rank is the number of larger entries; the
+ *      `need` first are the winners;
+ *   5. the K ids go out ascending: the init blocks (below every
+ *      candidate), the winners ordered by id, the local blocks (above).
+ * When more than the list holds pass the filter (many equal scores) it
+ * returns false with nothing written, and the caller takes the old path. */
+
+/* The CTA's shared scratch: the list (capacity `cap` 64-bit entries), one
+ * threshold per warp, the list's fill counter and the winners by rank. */
+typedef struct cu_sel_grp {
+    unsigned long long *xs;
+    uint32_t *tw;
+    uint32_t *cnt;
+    int32_t *win;
+    int32_t cap;
+} cu_sel_grp;
+
+#define CU_SEL_XS 128 /* list entries per warp of the CTA */
+
+/* Measuring aid: MSA_SEL_PROBE=n at build time ends the list path after
+ * step n + 1 (1: keys and thresholds, 2: the list, 3: the ranks) with a
+ * wrong row, so the timings of such builds (ladder, n = 3, one token per
+ * request: a longer request's union would index its bitmap with the wrong
+ * ids) split its cost.  0: off. */
+#ifndef MSA_SEL_PROBE
+#define MSA_SEL_PROBE 0
 #endif
-#if MSA_SEL_FAST
-/* Build-time alternative of the small path for rows that fit in the
- * warp's shared memory (MSA_SEL_FAST=1; not yet measured or run on a GPU):
- * fewer instructions per row for the lone warp that runs it (bench/
- * RESULTS.md, v13).  The same result as cu_select_row_small:
- *   - the staging computes each score's key once, keeps the keys (not the
- *     scores) and each lane's two largest candidate keys on the way;
- *   - the threshold comes from a bitonic sort of those 64 values (20
- *     shuffle rounds instead of 32 rounds of all-pairs counting); any
- *     value at or below the need-th largest candidate key is a valid
- *     filter, so the lane partition does not change the result;
- *   - the filter pass and the ranking read the kept keys.
- * Its ranking and placement repeat cu_select_row_small's on purpose: the
- * default build keeps the measured code byte for byte; if this path pays,
- * it replaces that one. */
-
-/* The need-th largest (1 <= need <= 64) of the 64 values x0 (element
- * lane) and x1 (element lane + 32): bitonic sort, ascending by element. */
-__device__ __forceinline__ uint32_t cu_sel_kth_of_64(uint32_t x0, uint32_t x1, int32_t need)
+/* keys: N words of shared memory; N > K, 1 <= need <= 32; NT = blockDim.x,
+ * every thread calls. */
+template <int NT>
+__device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t N, int32_t K, int32_t I,
+                                                   int32_t Lc, int32_t *out, uint32_t *keys,
+                                                   const cu_sel_grp &g)
 {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int k = 2; k <= 64; k <<= 1) {
-#pragma unroll
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            if (j == 32) { /* elements lane and lane + 32, one ascending run */
-                const uint32_t lo = min(x0, x1);
-                x1 = max(x0, x1);
-                x0 = lo;
-                continue;
-            }
-            const uint32_t y0 = __shfl_xor_sync(0xffffffffu, x0, j);
-            const uint32_t y1 = __shfl_xor_sync(0xffffffffu, x1, j);
-            /* The lower element of a pair keeps the min in an ascending
-             * run (bit k of the element clear), the upper one the max. */
-            const bool lower = (lane & j) == 0;
-            const bool up0 = (lane & k) == 0;
-            const bool up1 = ((lane + 32) & k) == 0;
-            x0 = lower == up0 ? min(x0, y0) : max(x0, y0);
-            x1 = lower == up1 ? min(x1, y1) : max(x1, y1);
-        }
-    }
-    const int32_t e = 64 - need;
-    return __shfl_sync(0xffffffffu, e < 32 ? x0 : x1, e & 31);
-}
-
-/* Returns false, with nothing written, when more than 32 candidates pass
- * the filter (many equal keys): the caller then takes the general path. */
-__device__ __forceinline__ bool cu_select_row_keys(const float *scores, int32_t N, int32_t K,
-                                                   int32_t I, int32_t Lc, int32_t *out,
-                                                   int32_t *list, uint32_t *keys)
-{
-    const int lane = threadIdx.x & 31;
-    const uint32_t below = (1u << lane) - 1u;
-    const int32_t need = K - I - Lc;
-    const int32_t c_end = N - Lc;
-    uint32_t a = 0u, b = 0u; /* this lane's two largest candidate keys (0: absent) */
+    constexpr int PER = 1024 / NT; /* loads in flight per thread: one L2 round trip per 1024 */
+    const int tid = threadIdx.x;
+    const int32_t need = K - I - Lc, c_end = N - Lc;
+    /* 1. keys, and this thread's largest candidate key (0, NaN's key: none). */
+    uint32_t a = 0u;
     for (int32_t n0 = 0; n0 < N; n0 += 1024) {
-        float v[32];
-        cu_load_row_chunk(scores, N, n0, v);
+        float v[PER];
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            const int32_t n = n0 + 32 * j + lane;
+        for (int j = 0; j < PER; ++j) {
+            const int32_t n = n0 + j * NT + tid;
+            v[j] = n < N ? scores[n] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int32_t n = n0 + j * NT + tid;
             if (n < N) {
                 const uint32_t k = cu_score_key(v[j]);
                 keys[n] = k;
-                if (n >= I && n < c_end) {
-                    b = max(b, min(a, k));
+                if (n >= I && n < c_end)
                     a = max(a, k);
-                }
             }
         }
     }
-    const uint32_t T = cu_sel_kth_of_64(a, b, need);
-    __syncwarp();
-    int32_t count = 0;
+    /* 2. T_w: fewer than `need` of the warp's 32 values above it, at least
+     * `need` at or above it (independent shuffles). */
+    const int lane = tid & 31, warp = tid >> 5;
+    int32_t gt = 0, ge = 0;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const uint32_t y = __shfl_sync(0xffffffffu, a, j);
+        gt += y > a;
+        ge += y >= a;
+    }
+    const uint32_t hit = __ballot_sync(0xffffffffu, gt < need && need <= ge);
+    uint32_t T = __shfl_sync(0xffffffffu, a, __ffs(hit) - 1);
+    if (lane == 0)
+        g.tw[warp] = T;
+    if (tid == 0)
+        *g.cnt = 0u;
+    __syncthreads(); /* keys, thresholds and the counter visible */
+    if (MSA_SEL_PROBE == 1 && N > 0) /* N > 0: no unreachable-code warning */
+        return true;
+#pragma unroll
+    for (int w = 0; w < NT / 32; ++w)
+        T = max(T, g.tw[w]);
+    /* 3. The list, in any order. */
 #pragma unroll 4
-    for (int32_t b0 = I; b0 < c_end; b0 += 32) {
-        const int32_t n = b0 + lane;
-        const bool pass = n < c_end && keys[n] >= T;
-        const uint32_t bal = __ballot_sync(0xffffffffu, pass);
-        const int32_t pos = count + __popc(bal & below);
-        if (pass && pos < 32)
-            list[pos] = n;
-        count += __popc(bal);
+    for (int32_t n = I + tid; n < c_end; n += NT) {
+        const uint32_t k = keys[n];
+        if (k >= T) {
+            const uint32_t p = atomicAdd(g.cnt, 1u);
+            if (p < (uint32_t)g.cap)
+                g.xs[p] = ((unsigned long long)k << 32) | (uint32_t)(0xffffffffu - (uint32_t)n);
+        }
     }
-    __syncwarp();
-    if (count > 32)
-        return false;
-    /* One candidate per lane: its rank among them picks it. */
-    unsigned long long x = 0ull;
-    if (lane < count) {
-        const int32_t n = list[lane];
-        x = ((unsigned long long)keys[n] << 32) | (uint32_t)(0xffffffffu - (uint32_t)n);
+    __syncthreads();
+    if (MSA_SEL_PROBE == 2 && N > 0) /* N > 0: no unreachable-code warning */
+        return true;
+    const uint32_t count = *g.cnt;
+    if (count > (uint32_t)g.cap)
+        return false; /* uniform: every thread read the same count */
+    /* 4. Ranks; winners by rank. */
+    for (uint32_t i = tid; i < count; i += NT) {
+        const unsigned long long x = g.xs[i];
+        int32_t rk = 0;
+#pragma unroll 4
+        for (uint32_t j = 0; j < count; ++j)
+            rk += g.xs[j] > x;
+        if (rk < need)
+            g.win[rk] = (int32_t)(0xffffffffu - (uint32_t)(x & 0xffffffffull));
     }
-    int32_t rk = 0;
-#pragma unroll cu_sel_unroll
-    for (int j = 0; j < 32; ++j)
-        rk += __shfl_sync(0xffffffffu, x, j) > x;
-    /* Winner r to lane r, through out[] (overwritten below). */
-    if (lane < count && rk < need)
-        out[rk] = (int32_t)(0xffffffffu - (uint32_t)(x & 0xffffffffull));
-    __syncwarp();
-    int32_t mine = lane < need ? out[lane] : INT32_MAX;
-    __syncwarp();
-    /* Forced blocks on lanes need .. K-1: init blocks, then the local ones. */
-    const int32_t f = lane - need;
-    if (f >= 0 && lane < K)
-        mine = f < I ? f : (N - Lc) + (f - I);
-    /* Rank among the K ids (distinct) = number of smaller ones. */
-    int32_t rank = 0;
-#pragma unroll cu_sel_unroll
-    for (int j = 0; j < 32; ++j)
-        rank += __shfl_sync(0xffffffffu, mine, j) < mine;
-    if (lane < K)
-        out[rank] = mine;
-    __syncwarp();
+    __syncthreads();
+    if (MSA_SEL_PROBE == 3 && N > 0) /* N > 0: no unreachable-code warning */
+        return true;
+    /* 5. Ascending ids. */
+    for (int32_t i = tid; i < K; i += NT) {
+        int32_t id, pos;
+        if (i < need) {
+            id = g.win[i];
+            pos = I;
+            for (int32_t j = 0; j < need; ++j)
+                pos += g.win[j] < id;
+        } else {
+            const int32_t f = i - need;
+            id = f < I ? f : c_end + (f - I);
+            pos = f < I ? f : I + need + (f - I);
+        }
+        out[pos] = id;
+    }
+    __syncthreads();
     return true;
 }
-#endif /* MSA_SEL_FAST */
+
 
 /* Copies a score row into this warp's shared memory, 32 loads in flight
  * per lane: the row sits in L2 (the indexer just wrote it), and one load per
@@ -360,11 +369,6 @@ __device__ __forceinline__ void cu_select_row(const float *scores, int32_t N, in
         __syncwarp();
         return;
     }
-#if MSA_SEL_FAST
-    if (N <= cache_cap && K - I - Lc > 0 && K - I - Lc <= CU_SEL_SMALL && K <= 32 &&
-        cu_select_row_keys(scores, N, K, I, Lc, out, (int32_t *)hist, (uint32_t *)cache))
-        return;
-#endif
     if (N <= cache_cap) {
         cu_stage_scores(scores, N, cache);
         scores = cache;
@@ -463,6 +467,29 @@ __device__ __forceinline__ void cu_select_row(const float *scores, int32_t N, in
     for (int32_t j = count + lane; j < K; j += 32)
         out[j] = -1;
     __syncwarp();
+}
+
+/* One row, by the whole CTA (cta: NT = blockDim.x threads, every one
+ * calls) or by one warp: for a CTA the list path when it applies, else the
+ * lone-warp paths by the CTA's first warp.  hist, cache: that warp's
+ * shared memory.  (A warp alone keeps the lone-warp paths: with a row per
+ * warp, as at batch 32-128 with 8 tokens, the list path run by one warp
+ * made the selection slower on the H200, bench/RESULTS.md, v14.)  The mode
+ * is a run-time flag, not a template: the lone-warp paths are large, and
+ * a second inlined copy made the whole kernel slower. */
+template <int NT>
+__device__ __forceinline__ void cu_select_row_by(bool cta, const float *scores, int32_t N, int32_t K,
+                                                 int32_t I, int32_t Lc, int32_t *out, uint32_t *hist,
+                                                 float *cache, int32_t cache_cap, const cu_sel_grp &g)
+{
+    const int32_t need = K - I - Lc;
+    if (cta && N > K && need >= 1 && need <= 32 && N <= cache_cap &&
+        cu_select_row_list<NT>(scores, N, K, I, Lc, out, (uint32_t *)cache, g))
+        return;
+    if (!cta || threadIdx.x < 32)
+        cu_select_row(scores, N, K, I, Lc, out, hist, cache, cache_cap);
+    if (cta)
+        __syncthreads();
 }
 
 /* Union of `nl` ascending lists (each K wide, -1 padded) into row[W]. */

@@ -322,6 +322,7 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     L.sel_done = st->sel_done;
     L.sel_cache = st->sel_cache;
     L.pf_ctas = st->grid_pf;
+    L.sel_cta_rows = cs->sel_warp_rows ? 0 : st->grid_sel;
     L.pf_scratch = st->pf_scratch;
     L.part = st->part;
 #ifdef MSA_TIMELINE

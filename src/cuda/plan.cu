@@ -427,7 +427,7 @@ void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h)
     const int32_t R = plan->num_requests;
     h->hdr->num_requests = R;
     h->hdr->num_tokens = (int32_t)plan->num_tokens;
-    int32_t n_dec = 0, dec_rows = 0, n_pf = 0, blocks = 0;
+    int32_t n_dec = 0, dec_rows = 0, n_pf = 0, blocks = 0, max_nblk = 0;
     for (int32_t r = 0; r < R; ++r) {
         const int32_t ql = plan->q_len[r];
         h->q_len[r] = ql;
@@ -444,6 +444,7 @@ void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h)
                 cu_dec_row *dr = &h->dec_row[dec_rows + i];
                 dr->t = (int32_t)t;
                 dr->nblk = (int32_t)(plan->token_pos[t] / B) + 1;
+                max_nblk = cu_max32(max_nblk, dr->nblk);
                 dr->slot = n_dec;
                 dr->ql = ql;
             }
@@ -468,6 +469,7 @@ void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h)
     h->dec_blk0[n_dec] = blocks;
     h->hdr->n_dec = n_dec;
     h->hdr->n_dec_rows = dec_rows;
+    h->hdr->max_dec_nblk = max_nblk;
     h->hdr->n_pf = n_pf;
     h->hdr->total_dec_blocks = blocks;
     const int32_t P = plan->cache->cfg.page_size;

@@ -33,11 +33,37 @@ __host__ __device__ __forceinline__ size_t cu_sel_warp_words(int32_t mi, int32_t
     return 256 + (size_t)mi * K + (size_t)W + (size_t)cache;
 }
 
+/* Words of the CTA's list-path scratch after the warps' regions (16-byte
+ * aligned): SEL_WARPS * CU_SEL_XS list entries, a threshold per warp, the
+ * fill counter, a pad word and 32 winners. */
+#define SEL_GRP_WORDS (2 * SEL_WARPS * CU_SEL_XS + SEL_WARPS + 2 + 32)
+
+__host__ __device__ __forceinline__ size_t cu_sel_grp_offset(int32_t mi, int32_t K, int32_t W, int32_t cache)
+{
+    return (SEL_WARPS * cu_sel_warp_words(mi, K, W, cache) + 3) & ~(size_t)3;
+}
+
+/* The CTA's list-path scratch. */
+__device__ __forceinline__ cu_sel_grp cu_sel_grp_of(const cu_layer &L, uint32_t *smem)
+{
+    uint32_t *base = smem + cu_sel_grp_offset(L.mi, L.K, L.W, L.sel_cache);
+    uint32_t *small = base + 2 * SEL_WARPS * CU_SEL_XS;
+    cu_sel_grp g;
+    g.xs = (unsigned long long *)base;
+    g.cap = SEL_WARPS * CU_SEL_XS;
+    g.tw = small;
+    g.cnt = small + SEL_WARPS;
+    g.win = (int32_t *)(small + SEL_WARPS + 2);
+    return g;
+}
+
 /* Selects the unit's index heads (score rows at scores + hl * row_stride)
- * and writes the KV-head rows of token t; returns the row (this warp's
- * shared memory, W ids ascending, -1 padded). */
+ * with the whole CTA (cta) or one warp, then, in the first warp, writes the
+ * KV-head rows of token t and returns the row (that warp's shared memory
+ * wsm, W ids ascending, -1 padded); the CTA's other warps get NULL. */
 __device__ __forceinline__ const int32_t *cu_select_unit(const cu_layer &L, const float *scores, int64_t row_stride,
-                               int32_t N, int32_t t, int32_t u, uint32_t *wsm)
+                               int32_t N, int32_t t, int32_t u, uint32_t *wsm, bool cta,
+                               const cu_sel_grp &g)
 {
     const int lane = threadIdx.x & 31;
     uint32_t *hist = wsm;
@@ -45,8 +71,10 @@ __device__ __forceinline__ const int32_t *cu_select_unit(const cu_layer &L, cons
     int32_t *row = lists + L.mi * L.K;
     float *cache = (float *)(row + L.W);
     for (int hl = 0; hl < L.mi; ++hl)
-        cu_select_row(scores + hl * row_stride, N, L.K, L.I, L.Lc, lists + hl * L.K, hist, cache,
-                      L.sel_cache);
+        cu_select_row_by<SEL_WARPS * 32>(cta, scores + hl * row_stride, N, L.K, L.I, L.Lc,
+                                         lists + hl * L.K, hist, cache, L.sel_cache, g);
+    if (cta && threadIdx.x >= 32)
+        return NULL;
     const int32_t *src = lists;
     if (L.mi > 1) {
         cu_union_lists(lists, L.mi, L.K, L.W, row);
@@ -201,51 +229,72 @@ __device__ __forceinline__ void cu_select_prefill_role(const cu_layer &L, int ct
         }
         __syncthreads();
         if (warp == 0)
-            cu_select_unit(L, scratch, L.cap_blocks, N, t, u, smem);
+            cu_select_unit(L, scratch, L.cap_blocks, N, t, u, smem, false, cu_sel_grp_of(L, smem));
         __syncthreads();
     }
 }
 
-__device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta, int nctas, uint32_t *wsm)
+/* Decode row w (token row d, unit u) by the whole CTA (cta) or one warp:
+ * the row, then, in the first warp, the union(s) it completes. */
+__device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int64_t w, uint32_t *wsm, bool cta,
+                                                     const cu_sel_grp &g, bool mark)
 {
     const int lane = threadIdx.x & 31;
+    const int32_t d = (int32_t)(w / L.units);
+    const int32_t u = (int32_t)(w - (int64_t)d * L.units);
+    const cu_dec_row dr = L.m.dec_row[d];
+    const int32_t t = dr.t, N = dr.nblk, k = dr.slot, ql = dr.ql;
+    const float *scores = L.scores + ((int64_t)d * L.Hi + (int64_t)u * L.mi) * L.cap_blocks;
+    cu_pdl_wait(); /* the indexer's scores (at once after the first row) */
+    if (mark)
+        CU_TL_MARK(L, CU_TL_SELECT, CU_TL_WAITED);
+    const int32_t *row = cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm, cta, g);
+    if (!row)
+        return;
+    if (ql == 1) {
+        for (int gl = 0; gl < L.mk; ++gl)
+            cu_single_union(L, k, u * L.mk + gl, row);
+    } else {
+        /* Completion count of (request, unit); the last token's warp
+         * builds the unions of the unit's KV heads. */
+        int32_t *done = L.sel_done + (int64_t)k * L.units + u;
+        __threadfence();
+        int32_t prev = 0;
+        if (lane == 0)
+            prev = atomicAdd(done, 1);
+        prev = __shfl_sync(0xffffffffu, prev, 0);
+        if (prev == ql - 1) {
+            __threadfence();
+            for (int gl = 0; gl < L.mk; ++gl)
+                cu_request_union(L, k, u * L.mk + gl, wsm);
+            if (lane == 0)
+                *done = 0;
+        }
+    }
+    if (mark)
+        CU_TL_MARK(L, CU_TL_SELECT, CU_TL_FIRST);
+}
+
+/* Few rows (at most L.sel_cta_rows, e.g. batch 1-8 or one token per
+ * request) of more than K blocks: each CTA takes whole rows, its warps
+ * sharing each, so a row costs a few dependent steps instead of a lone
+ * warp's long chain.  Many rows, or only rows that keep every block (short
+ * contexts: nothing to select, a CTA per row only waits on barriers): one
+ * warp per row, rows side by side.  One loop for both, so the row code is
+ * inlined once. */
+__device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta, int nctas, uint32_t *smem)
+{
     const int warp = threadIdx.x >> 5;
     const int64_t total = (int64_t)L.m.hdr->n_dec_rows * L.units;
-    const int64_t w0 = (int64_t)cta * SEL_WARPS + warp;
-    for (int64_t w = w0; w < total; w += (int64_t)nctas * SEL_WARPS) {
-        const int32_t d = (int32_t)(w / L.units);
-        const int32_t u = (int32_t)(w - (int64_t)d * L.units);
-        const cu_dec_row dr = L.m.dec_row[d];
-        const int32_t t = dr.t, N = dr.nblk, k = dr.slot, ql = dr.ql;
-        const float *scores = L.scores + ((int64_t)d * L.Hi + (int64_t)u * L.mi) * L.cap_blocks;
-        cu_pdl_wait(); /* the indexer's scores (at once after the first row) */
-        const bool mark = threadIdx.x == 0 && w == w0;
-        if (mark)
-            CU_TL_MARK(L, CU_TL_SELECT, CU_TL_WAITED);
-        const int32_t *row = cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm);
-
-        if (ql == 1) {
-            for (int gl = 0; gl < L.mk; ++gl)
-                cu_single_union(L, k, u * L.mk + gl, row);
-        } else {
-            /* Completion count of (request, unit); the last token's warp
-             * builds the unions of the unit's KV heads. */
-            int32_t *done = L.sel_done + (int64_t)k * L.units + u;
-            __threadfence();
-            int32_t prev = 0;
-            if (lane == 0)
-                prev = atomicAdd(done, 1);
-            prev = __shfl_sync(0xffffffffu, prev, 0);
-            if (prev == ql - 1) {
-                __threadfence();
-                for (int gl = 0; gl < L.mk; ++gl)
-                    cu_request_union(L, k, u * L.mk + gl, wsm);
-                if (lane == 0)
-                    *done = 0;
-            }
-        }
-        if (mark)
-            CU_TL_MARK(L, CU_TL_SELECT, CU_TL_FIRST);
+    const bool by_cta = total <= L.sel_cta_rows && L.m.hdr->max_dec_nblk > L.K; /* CTA-uniform */
+    uint32_t *wsm = by_cta ? smem : smem + warp * cu_sel_warp_words(L.mi, L.K, L.W, L.sel_cache);
+    const cu_sel_grp g = cu_sel_grp_of(L, smem);
+    const int64_t w0 = by_cta ? cta : (int64_t)cta * SEL_WARPS + warp;
+    const int64_t step = by_cta ? nctas : (int64_t)nctas * SEL_WARPS;
+    for (int64_t w = w0; w < total; w += step) {
+        cu_select_decode_row(L, w, wsm, by_cta, g, threadIdx.x == 0 && w == w0);
+        if (by_cta)
+            __syncthreads(); /* the first warp's union read the shared row */
     }
 }
 
@@ -256,12 +305,10 @@ __global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L
     cu_pdl_trigger();
     if (threadIdx.x == 0)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_ENTRY);
-    extern __shared__ uint32_t sel_smem[];
-    const int warp = threadIdx.x >> 5;
-    uint32_t *wsm = sel_smem + warp * cu_sel_warp_words(L.mi, L.K, L.W, L.sel_cache);
+    extern __shared__ __align__(8) uint32_t sel_smem[];
     /* Every CTA takes decode rows; the first pf_ctas then take prefill items,
      * each with its own scratch row. */
-    cu_select_decode_role(L, blockIdx.x, gridDim.x, wsm);
+    cu_select_decode_role(L, blockIdx.x, gridDim.x, sel_smem);
     cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
     if (threadIdx.x == 0)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_EXIT);
@@ -273,7 +320,7 @@ __global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L
 
 size_t cu_select_smem(const cu_layer *L)
 {
-    return SEL_WARPS * cu_sel_warp_words(L->mi, L->K, L->W, L->sel_cache) * sizeof(uint32_t);
+    return (cu_sel_grp_offset(L->mi, L->K, L->W, L->sel_cache) + SEL_GRP_WORDS) * sizeof(uint32_t);
 }
 
 cudaError_t cu_select_setup(size_t smem)

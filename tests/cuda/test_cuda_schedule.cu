@@ -167,7 +167,7 @@ static void check_rows(const msa_plan *plan, const cu_meta *h)
                "token %lld: info (%d, %d, %d), want (%d, %lld, %d)", (long long)t, ti->r, ti->pos,
                ti->page, r, (long long)pos, page);
     }
-    int32_t d = 0;
+    int32_t d = 0, max_nblk = 0;
     for (int32_t k = 0; k < h->hdr->n_dec; ++k) {
         const int32_t r = h->dec_req[k];
         for (int32_t i = 0; i < plan->q_len[r]; ++i, ++d) {
@@ -176,9 +176,14 @@ static void check_rows(const msa_plan *plan, const cu_meta *h)
             EXPECT(dr->t == (int32_t)t && dr->nblk == (int32_t)(plan->token_pos[t] / B) + 1 &&
                        dr->slot == k && dr->ql == plan->q_len[r],
                    "decode row %d: (%d, %d, %d, %d)", d, dr->t, dr->nblk, dr->slot, dr->ql);
+            if (dr->nblk > max_nblk)
+                max_nblk = dr->nblk;
         }
     }
     EXPECT(d == h->hdr->n_dec_rows, "%d decode rows listed, header says %d", d, h->hdr->n_dec_rows);
+    /* The selection picks its mode (a CTA or a warp per row) from it. */
+    EXPECT(h->hdr->max_dec_nblk == max_nblk, "largest decode row reach %d, want %d",
+           h->hdr->max_dec_nblk, max_nblk);
 }
 
 /* The Hopper units of the sparse pass. */
