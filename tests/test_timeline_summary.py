@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks bench/timeline.py, the summarizer of the CUDA kernel timeline
 (MSA_CUDA_TIMELINE): per kernel the CTA count and min / median / max of
-each event in µs, empty cells skipped, kernels in launch order.  Prints
+each event in µs, empty cells skipped, kernels in launch order, the event
+columns those of the file (four in the first format, six now).  Prints
 "N passed, N failed" and exits non-zero on a failure."""
 import contextlib
 import io
@@ -55,6 +56,32 @@ try:
     check(ix[10:13] == ["9.0", "9.1", "9.3"], "indexer exit %r" % ix[10:13])
     pr = rows.get("prologue", [])
     check(pr[1:5] == ["0.0", "0.0", "0.0", "-"], "prologue entry and empty waited %r" % pr[1:5])
+finally:
+    os.unlink(path)
+
+# The six events the library writes now (cu_timeline.cuh): columns taken
+# from the header, in its order.
+CSV6 = """kernel,cta,entry_ns,waited_ns,issued_ns,first_ns,last_ns,exit_ns
+attention,0,1000,2000,2500,4000,9000,9500
+attention,1,1100,2100,,,,2200
+"""
+with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+    f.write(CSV6)
+    path = f.name
+try:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = timeline.main(path)
+    lines = out.getvalue().splitlines()
+    check(rc == 0, "exit status %r (six events)" % rc)
+    head = lines[0].split()
+    check([h for h in head if h != "min/med/max"][2:] == ["entry", "waited", "issued", "first", "last", "exit"],
+          "event columns %r" % head)
+    at = lines[1].split()
+    check(at[:2] == ["attention", "2"], "attention row %r" % at[:2])
+    check(at[8:11] == ["2.5", "2.5", "2.5"], "issued (one CTA stamped) %r" % at[8:11])
+    check(at[14:17] == ["9.0", "9.0", "9.0"], "last %r" % at[14:17])
+    check(at[17:20] == ["2.2", "5.8", "9.5"], "exit %r" % at[17:20])
 finally:
     os.unlink(path)
 

@@ -207,6 +207,10 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
                 cu_tma_load2d(kd + ATT_HALF_BYTES / 2, mk, 64, row, bar);
                 cu_tma_load2d(vd, mv, 0, row, bar);
                 cu_tma_load2d(vd + ATT_HALF_BYTES / 2, mv, 64, row, bar);
+#ifdef MSA_TIMELINE
+                if (un.first_of_cta && gs == 1)
+                    CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ISSUED);
+#endif
             }
             if (tail) {
                 cu_mbar_wait(sm.tail, tail_par);
@@ -361,6 +365,8 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
 #ifdef MSA_TIMELINE
         if (c == 0 && threadIdx.x == 0 && un.first_of_cta)
             CU_TL_MARK(L, CU_TL_ATTN, CU_TL_FIRST);
+        if (threadIdx.x == 0) /* overwritten by every tile: the last one stays */
+            CU_TL_MARK(L, CU_TL_ATTN, CU_TL_LAST);
 #endif
         const cu_attt_meta mt = sm.meta[s];
         if (mt.pos0 < 0) {

@@ -98,7 +98,7 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
 }
 
 /* The last forward's timeline stamps as CSV, in ns after the earliest
- * stamp: kernel, CTA, then entry, waited, first, exit (empty: not
+ * stamp: kernel, CTA, then the events of cu_timeline.cuh (empty: not
  * stamped).  Best effort: a profiling aid reports its own failures on
  * stderr and never fails the context's shutdown. */
 static void cu_timeline_write(const cu_ctx_state *cs)
@@ -120,7 +120,7 @@ static void cu_timeline_write(const cu_ctx_state *cs)
     for (size_t i = 0; i < CU_TL_WORDS; ++i)
         if (h[i] && h[i] < t0)
             t0 = h[i];
-    fprintf(f, "kernel,cta,entry_ns,waited_ns,first_ns,exit_ns\n");
+    fprintf(f, "kernel,cta," CU_TL_EVENT_COLUMNS "\n");
     for (int k = 0; k < CU_TL_KERNELS; ++k)
         for (int c = 0; c < CU_TL_MAX_CTAS; ++c) {
             const unsigned long long *e = h + ((size_t)k * CU_TL_MAX_CTAS + c) * CU_TL_EVENTS;

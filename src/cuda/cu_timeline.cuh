@@ -3,14 +3,17 @@
  * -DMSA_TIMELINE, e.g. CMAKE_CUDA_FLAGS; otherwise every mark compiles to
  * nothing).  With MSA_CUDA_TIMELINE=path in the environment the context
  * owns a device buffer, and one thread per CTA stamps the global timer (ns)
- * at up to four events of its kernel:
+ * at up to six events of its kernel:
  *
  *   entry    the CTA started;
  *   waited   its working thread came back from the launch wait (the kernel
  *            before it had finished);
+ *   issued   its producer issued its first tensor copy (indexer, attention);
  *   first    the first piece of work was in hand (indexer and attention:
  *            the first tile landed in shared memory; selection: the first
  *            row selected and written);
+ *   last     the last piece of work was in hand (the last tile landed, the
+ *            last row written);
  *   exit     the CTA's last wait returned, it is about to end.
  *
  * Every forward overwrites the stamps; when the context is destroyed the
@@ -25,7 +28,9 @@
 #include <stdint.h>
 
 enum { CU_TL_PROLOGUE, CU_TL_INDEXER, CU_TL_SELECT, CU_TL_ATTN, CU_TL_MERGE, CU_TL_KERNELS };
-enum { CU_TL_ENTRY, CU_TL_WAITED, CU_TL_FIRST, CU_TL_EXIT, CU_TL_EVENTS };
+enum { CU_TL_ENTRY, CU_TL_WAITED, CU_TL_ISSUED, CU_TL_FIRST, CU_TL_LAST, CU_TL_EXIT, CU_TL_EVENTS };
+/* The CSV columns of the events, in enum order. */
+#define CU_TL_EVENT_COLUMNS "entry_ns,waited_ns,issued_ns,first_ns,last_ns,exit_ns"
 #define CU_TL_MAX_CTAS 4096
 #define CU_TL_WORDS ((size_t)CU_TL_KERNELS * CU_TL_MAX_CTAS * CU_TL_EVENTS)
 

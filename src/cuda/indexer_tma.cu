@@ -176,6 +176,8 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
         cu_mbar_wait(&full[s], (uint32_t)(i / IDXT_STAGES) & 1u);
         if (i == 0 && threadIdx.x == 0)
             CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_FIRST);
+        if (threadIdx.x == 0) /* overwritten by every tile: the last one stays */
+            CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_LAST);
         const uint32_t slot = cu_smem_addr(ring + s * IDXT_BLOCK_BYTES);
         cu_wgmma_fence();
 #pragma unroll
@@ -245,6 +247,8 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
                 cu_mbar_arrive_tx(&full[s], IDXT_BLOCK_BYTES);
                 cu_tma_load2d(dst, map, 0, pg * 128, &full[s]);
                 cu_tma_load2d(dst + IDXT_BLOCK_BYTES / 2, map, 64, pg * 128, &full[s]);
+                if (x == 0)
+                    CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_ISSUED);
             }
             __syncwarp();
         }

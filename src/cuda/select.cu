@@ -273,6 +273,8 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int64_t 
     }
     if (mark)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_FIRST);
+    if (threadIdx.x == 0) /* overwritten by every row: the last one stays */
+        CU_TL_MARK(L, CU_TL_SELECT, CU_TL_LAST);
 }
 
 /* Few rows (at most L.sel_cta_rows, e.g. batch 1-8 or one token per
