@@ -197,9 +197,9 @@ fi
 # TIMELINE_CASES: space-separated batch:context:q_len shapes; a second build
 # with the stamps compiled in (-DMSA_TIMELINE, in $BUILD-timeline) runs each
 # with MSA_CUDA_TIMELINE set, and the last replay's per-CTA stamps (entry,
-# back from the launch wait, first work in hand, exit) are summarized per
-# kernel into the summary (bench/timeline.py; step "timeline", not in the
-# default list).
+# back from the launch wait, first copy issued, first and last work in hand,
+# exit) are summarized per kernel into the summary (bench/timeline.py; step
+# "timeline", not in the default list).
 if has_step timeline; then
     TLB="$BUILD-timeline"
     configure_cuda configure_timeline "$TLB" -DCMAKE_CUDA_FLAGS=-DMSA_TIMELINE
