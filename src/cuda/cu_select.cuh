@@ -333,7 +333,6 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
     return true;
 }
 
-
 /* Copies a score row into this warp's shared memory, 32 loads in flight
  * per lane: the row sits in L2 (the indexer just wrote it), and one load per
  * loop iteration would pay an L2 round trip per 32 blocks (a 128K context
