@@ -81,6 +81,15 @@ __device__ __forceinline__ void cu_wgmma_hold(float (&d)[NJ][4])
     "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
     "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 
+/* The 64 x 64 x 16 product's instruction (operands: 32 accumulators, four
+ * A registers, the B descriptor, the accumulate flag), shared by the
+ * accumulating form and the first step, which differ only in how the
+ * accumulators are bound (read and written, or written only). */
+#define CU_WG_M64N64(TY)                                                       \
+    "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                              \
+    " wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " CU_WG_REGS32 \
+    ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+
 /* The products for one 16-bit input type (TAG, its PTX name TY): the
  * instruction strings differ only in the type. */
 #define CU_WGMMA_PRODUCTS(TAG, TY)                                                                    \
@@ -89,9 +98,7 @@ __device__ __forceinline__ void cu_wgmma_hold(float (&d)[NJ][4])
     __device__ __forceinline__ void cu_wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4],      \
                                                        uint64_t b, int accumulate, TAG)               \
     {                                                                                                 \
-        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                   \
-                     " wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " CU_WG_REGS32        \
-                     ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                     \
+        asm volatile(CU_WG_M64N64(TY)                                                                 \
                      : CU_WG_D32                                                                      \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));          \
     }                                                                                                 \
@@ -100,9 +107,7 @@ __device__ __forceinline__ void cu_wgmma_hold(float (&d)[NJ][4])
     __device__ __forceinline__ void cu_wgmma_m64n64k16_first(float (&d)[8][4],                        \
                                                              const uint32_t (&a)[4], uint64_t b, TAG) \
     {                                                                                                 \
-        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                   \
-                     " wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " CU_WG_REGS32        \
-                     ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                     \
+        asm volatile(CU_WG_M64N64(TY)                                                                 \
                      : CU_WG_W32                                                                      \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0));                   \
     }                                                                                                 \
@@ -131,6 +136,7 @@ CU_WGMMA_PRODUCTS(cu_f16_tag, "f16")
 #undef CU_WG_D64
 #undef CU_WG_REGS32
 #undef CU_WG_REGS64
+#undef CU_WG_M64N64
 
 #endif /* CU_HAVE_WGMMA */
 
