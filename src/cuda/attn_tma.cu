@@ -236,7 +236,6 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     __syncwarp();
 }
 
-
 /* S = Q K^T: the group's 64 query rows (registers) against the tile's 64
  * keys (K-major in the slot: dimensions 0-63 in the first box, 64-127 in
  * the second). */
@@ -408,7 +407,6 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
 }
 
 #endif /* CU_HAVE_WGMMA */
-
 
 template <typename Tag>
 __global__ void __launch_bounds__(ATT_THREADS, 1)

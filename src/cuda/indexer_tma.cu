@@ -57,7 +57,6 @@ __device__ __forceinline__ int32_t cu_idxt_slot(const cu_layer &L, int32_t k, in
     return k;
 }
 
-
 /* max that returns NaN when either operand is NaN (a NaN key poisons its
  * block, SPEC 4; fmaxf would drop it). */
 __device__ __forceinline__ float cu_fmax_nan(float a, float b)
