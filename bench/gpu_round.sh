@@ -8,8 +8,8 @@
 # Every step's log is appended to $OUT/all.log as the step ends (few files
 # in $OUT: it is meant to be copied back whole), JSON results and the
 # summary stay beside it; a short table is printed last.  Steps can be chosen with ROUND_STEPS (comma list of
-# build,ctest,gputest,sanitize,check,bench,profile,source,ladder,timeline; default all but
-# source, ladder and timeline), the decode suite
+# build,ctest,gputest,sanitize,check,bench,profile,source,ladder,ab,timeline; default all
+# but source, ladder, ab and timeline), the decode suite
 # with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS,
 # extra CMake arguments with ROUND_CMAKE_ARGS (e.g. a build-time tuning
 # define in -DCMAKE_CUDA_FLAGS=...; use another BUILD directory per variant),
@@ -190,6 +190,30 @@ if has_step ladder; then
             line="$line $med"
         done
         echo "$line" >>"$SUMMARY"
+    done
+fi
+
+# ---- A/B of a runtime switch (graph replay) ----------------------------------
+# AB_ENV: an environment assignment (e.g. MSA_CUDA_IDX_FIXED=1); AB_CASES:
+# batch:context:q_len shapes, each timed without and with it, in turns
+# (AB_ROUNDS times, default 3), so drift of the machine hits both alike
+# (step "ab", not in the default list).
+if has_step ab; then
+    echo "---- A/B: median µs per round, without | with ${AB_ENV:-?}" >>"$SUMMARY"
+    for ac in ${AB_CASES:-8:100000:8}; do
+        IFS=: read -r ab al aq <<<"$ac"
+        line_a="b${ab} ctx ${al} q${aq}:"
+        line_b=""
+        for rnd in $(seq "${AB_ROUNDS:-3}"); do
+            for side in a b; do
+                if [ $side = a ]; then envs=(); else envs=("${AB_ENV:-MSA_AB=1}"); fi
+                env ${envs[@]+"${envs[@]}"} "$MSA" bench --backend cuda --decode-context "$al" --batch "$ab" \
+                    --q-len "$aq" --reps 40 --json /tmp/msa-ab.json >>"$LOGS/ab.log" 2>&1
+                med=$(python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["results"][0]["time_us"]["median"])' /tmp/msa-ab.json 2>/dev/null || echo "?")
+                if [ $side = a ]; then line_a="$line_a $med"; else line_b="$line_b $med"; fi
+            done
+        done
+        echo "$line_a |$line_b" >>"$SUMMARY"
     done
 fi
 

@@ -61,6 +61,8 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
         cs->stop_after = 0;
     const char *warp_rows_env = getenv("MSA_CUDA_SEL_WARP_ROWS");
     cs->sel_warp_rows = warp_rows_env && warp_rows_env[0] == '1';
+    const char *idx_fixed_env = getenv("MSA_CUDA_IDX_FIXED");
+    cs->idx_fixed = idx_fixed_env && idx_fixed_env[0] == '1';
     if (e == cudaSuccess)
         e = cu_indexer_mma_setup(cs->num_sms, &cs->grid_idx_fast);
     if (e == cudaSuccess)

@@ -159,6 +159,7 @@ typedef struct cu_plan_state {
     uint32_t *umask;       /* same shape: bit i = token i selected the block */
     int32_t *ucnt;         /* [cap_req][Hkv] */
     int32_t *sel_done;     /* [cap_req][units] selection completion counters (kept 0) */
+    int32_t *idx_next;     /* the Hopper indexer's next on-demand chunk (back to 0 at each end) */
     int32_t sel_cache;     /* scores cached per selecting warp (shared memory) */
     float *pf_scratch;     /* [grid_pf][mi][cap_blocks] prefill block scores */
     float *part;           /* [part_rows_cap][part_stride] split partials */
@@ -210,6 +211,7 @@ typedef struct cu_layer {
     uint32_t *umask;
     int32_t *ucnt;
     int32_t *sel_done;
+    int32_t *idx_next;       /* NULL: the indexer's shares are all fixed (indexer_tma.cu) */
     float *pf_scratch;
     float *part;
 #ifdef MSA_TIMELINE

@@ -320,6 +320,7 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     L.umask = st->umask;
     L.ucnt = st->ucnt;
     L.sel_done = st->sel_done;
+    L.idx_next = cs->idx_fixed ? NULL : st->idx_next;
     L.sel_cache = st->sel_cache;
     L.pf_ctas = st->grid_pf;
     L.sel_cta_rows = cs->sel_warp_rows ? 0 : st->grid_sel;

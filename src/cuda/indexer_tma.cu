@@ -3,12 +3,21 @@
  * B = P = 128 (a key block is one page: 32 KB of contiguous rows), at most
  * 64 query columns (q_len x Hi) per request.
  *
- * Work split as in the other indexer paths: the blocks of all decode
- * requests end to end, an equal contiguous share per CTA.  One producer
- * warp looks up the pages of 32 blocks at a time and streams whole blocks
- * through a ring of tensor-map copies; two consumer warpgroups take the
- * blocks in turn, one block each, with no CTA-wide barrier: a block's ring
- * slot is handed back as soon as its group's products are done.
+ * Work split: the blocks of all decode requests end to end.  The first
+ * three quarters go in equal contiguous shares, one per CTA; the rest in
+ * chunks of IDXT_CHUNK blocks, taken on demand (a counter in the plan's
+ * workspace) by the CTAs that finish their share first.  Every CTA asks
+ * until it is told there is none left, so the counter's last value is
+ * known: the CTA that draws it puts the counter back to 0 for the next
+ * launch (graph replays included).  Equal shares alone do not end together: with every SM reading,
+ * some get less of the memory's bandwidth than others (the first CTAs
+ * ended 10-20% before the last on the H200), and the last quarter evens
+ * that out.  One producer warp looks up the pages of up to 32 blocks at a
+ * time and streams whole blocks through a ring of tensor-map copies,
+ * telling the consumers each slot's block (an id of -1 ends the CTA's
+ * work); two consumer warpgroups take the blocks in turn, one block each,
+ * with no CTA-wide barrier: a block's ring slot is handed back as soon as
+ * its group's products are done.
  *
  * A consumer group multiplies every query column of the block's request
  * (the M side: 64 rows, columns past q_len x Hi are zero; held in registers
@@ -44,7 +53,10 @@
 static_assert(IDXT_STAGES % IDXT_GROUPS == 0, "indexer stages: a multiple of the groups");
 #define IDXT_THREADS ((IDXT_GROUPS * 4 + 1) * 32)
 #define IDXT_BLOCK_BYTES (128 * 256)
-#define IDXT_SMEM_BYTES (IDXT_STAGES * IDXT_BLOCK_BYTES + 1024 + 2 * IDXT_STAGES * 8)
+#define IDXT_SMEM_BYTES (IDXT_STAGES * IDXT_BLOCK_BYTES + 1024 + 3 * IDXT_STAGES * 8)
+/* Blocks per chunk taken on demand: small, for an even end; the next
+ * chunk's number is asked for while the current one streams. */
+#define IDXT_CHUNK 2
 
 #ifdef CU_HAVE_WGMMA
 
@@ -137,42 +149,69 @@ __device__ __forceinline__ void cu_idxt_epilogue(const float (&d)[16][4], int32_
     }
 }
 
-/* Group g's blocks g, g + IDXT_GROUPS, ... of this CTA's share. */
+/* What a consumer thread keeps of its block's request di: the query
+ * columns (nq), the position of the first token (base), the last
+ * position its two columns c_lo, c_lo + 8 see, and their A fragments. */
+__device__ __forceinline__ void cu_idxt_request(const cu_layer &L, const cu_dec_info &di, int32_t c_lo,
+                                                int32_t &nq, int32_t &base, int32_t &last_lo,
+                                                int32_t &last_hi, uint32_t (&a)[8][4])
+{
+    nq = di.ql * L.Hi;
+    base = di.kl - di.ql;
+    last_lo = base + ((c_lo * L.hi_magic) >> 16); /* column / Hi = token */
+    last_hi = base + (((c_lo + 8) * L.hi_magic) >> 16);
+    cu_idxt_afrags(L, di.t0, nq, c_lo, a);
+}
+
+/* Group g's ring uses g, g + IDXT_GROUPS, ... until the producer's end
+ * mark (block id -1); the CTA's fixed share starts at block gb_begin (F
+ * blocks). */
 template <typename Tag, bool LSE>
 __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_t *full,
-                                 uint64_t *empty, int32_t gb_begin, int32_t F, int32_t n_dec, int g)
+                                 uint64_t *empty, const volatile int32_t *slot_gb, int32_t gb_begin, int32_t F,
+                                 int32_t n_dec, int g)
 {
     const int lane = threadIdx.x & 31;
     const int32_t c_lo = 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2); /* query columns */
     const int32_t c_hi = c_lo + 8;
-    const int32_t Hi = L.Hi, hi_magic = L.hi_magic, cap_blocks = L.cap_blocks;
+    const int32_t Hi = L.Hi, cap_blocks = L.cap_blocks;
     const float iscale = L.iscale;
     float *const scores = L.scores;
-    int32_t kslot = cu_dec_of_block(L.m.dec_blk0, n_dec, gb_begin);
-    int32_t k = -1;
-    cu_dec_info di = L.m.dec_info[kslot];
+    /* The request of the share's first block is looked up, and its queries
+     * loaded, while the block is on its way; without a share the first
+     * block looks its request up (blk1 = 0). */
+    int32_t kslot = -1, k = -1;
+    cu_dec_info di = {};
+    if (F > 0) {
+        kslot = cu_dec_of_block(L.m.dec_blk0, n_dec, gb_begin);
+        di = L.m.dec_info[kslot];
+    }
     uint32_t a[8][4];
     int32_t nq = 0, base = 0, last_lo = 0, last_hi = 0;
     float d[16][4];
 #pragma unroll
     for (int j = 0; j < 16; ++j)
         d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
-    for (int32_t i = g; i < F; i += IDXT_GROUPS) {
-        const int32_t gb = gb_begin + i;
-        if (gb >= di.blk1) {
-            kslot = cu_idxt_slot(L, kslot, n_dec, gb);
-            di = L.m.dec_info[kslot];
-        }
+    for (int32_t i = g;; i += IDXT_GROUPS) {
         if (kslot != k) {
             k = kslot;
-            nq = di.ql * Hi;
-            base = di.kl - di.ql; /* position of the request's first token */
-            last_lo = base + ((c_lo * hi_magic) >> 16); /* column / Hi = token */
-            last_hi = base + ((c_hi * hi_magic) >> 16);
-            cu_idxt_afrags(L, di.t0, nq, c_lo, a);
+            cu_idxt_request(L, di, c_lo, nq, base, last_lo, last_hi, a);
         }
         const int s = i % IDXT_STAGES;
         cu_mbar_wait(&full[s], (uint32_t)(i / IDXT_STAGES) & 1u);
+        const int32_t gb = slot_gb[s];
+        if (gb < 0)
+            break;
+        if (gb >= di.blk1) {
+            /* Blocks come in ascending order: the next request's, or after
+             * a jump to a chunk further on, a search. */
+            const int32_t nk = kslot + 1 < n_dec ? kslot + 1 : kslot;
+            const cu_dec_info nd = L.m.dec_info[nk];
+            kslot = gb < nd.blk1 ? nk : cu_dec_of_block(L.m.dec_blk0, n_dec, gb);
+            di = gb < nd.blk1 ? nd : L.m.dec_info[kslot];
+            k = kslot;
+            cu_idxt_request(L, di, c_lo, nq, base, last_lo, last_hi, a);
+        }
         if (i == 0 && threadIdx.x == 0)
             CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_FIRST);
         if (threadIdx.x == 0) /* overwritten by every tile: the last one stays */
@@ -211,47 +250,106 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
     }
 }
 
-__device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsigned char *ring,
-                                 uint64_t *full, uint64_t *empty, int32_t gb_begin, int32_t F,
-                                 int32_t n_dec)
+/* Ring use x (lane 0): slot x % IDXT_STAGES, once its previous use is
+ * handed back, announced as block gb; a block (gb >= 0, page pg) arrives
+ * by two copies, an end mark by a plain arrival. */
+__device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned char *ring, uint64_t *full,
+                                            uint64_t *empty, volatile int32_t *slot_gb, int32_t x,
+                                            int32_t gb, int32_t pg)
+{
+    const int s = x % IDXT_STAGES;
+    const int32_t use = x / IDXT_STAGES;
+    if (use > 0)
+        cu_mbar_wait(&empty[s], (uint32_t)(use - 1) & 1u);
+    slot_gb[s] = gb;
+    if (gb < 0) {
+        cu_mbar_arrive(&full[s]);
+        return;
+    }
+    unsigned char *dst = ring + s * IDXT_BLOCK_BYTES;
+    cu_mbar_arrive_tx(&full[s], IDXT_BLOCK_BYTES);
+    cu_tma_load2d(dst, map, 0, pg * 128, &full[s]);
+    cu_tma_load2d(dst + IDXT_BLOCK_BYTES / 2, map, 64, pg * 128, &full[s]);
+}
+
+/* Blocks gb0 .. gb0 + cnt - 1 (cnt <= 32) into the ring from use x on:
+ * their pages looked up one per lane (k: the decode slot of gb0 or an
+ * earlier one), then the copies issued in order. */
+__device__ __forceinline__ void cu_idxt_stream(const cu_layer &L, const CUtensorMap *map, unsigned char *ring,
+                                               uint64_t *full, uint64_t *empty, volatile int32_t *slot_gb,
+                                               int32_t &x, int32_t k, int32_t n_dec, int32_t gb0, int32_t cnt,
+                                               bool wait_first)
 {
     const int lane = threadIdx.x & 31;
-    int32_t k = cu_dec_of_block(L.m.dec_blk0, n_dec, gb_begin);
+    int32_t page = 0;
+    if (lane < cnt) {
+        const int32_t gb = gb0 + lane;
+        const int32_t kk = cu_idxt_slot(L, k, n_dec, gb);
+        const cu_dec_info di = L.m.dec_info[kk];
+        page = L.m.page_table[(int64_t)di.r * L.cap_pages + (gb - di.blk0)];
+    }
+    if (wait_first) {
+        cu_pdl_wait(); /* the prologue's index keys, before the first copy */
+        if (lane == 0)
+            CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_WAITED);
+    }
+    for (int32_t j = 0; j < cnt; ++j) {
+        const int32_t pg = __shfl_sync(0xffffffffu, page, j);
+        if (lane == 0) {
+            cu_idxt_put(map, ring, full, empty, slot_gb, x, gb0 + j, pg);
+            if (x == 0)
+                CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_ISSUED);
+        }
+        ++x;
+        __syncwarp();
+    }
+}
+
+/* The CTA's fixed share [gb_begin, gb_begin + F), then chunks on demand
+ * from blocks stat .. total - 1, then an end mark for each group. */
+__device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsigned char *ring,
+                                 uint64_t *full, uint64_t *empty, volatile int32_t *slot_gb,
+                                 int32_t gb_begin, int32_t F, int32_t stat, int32_t total, int32_t n_dec)
+{
+    const int lane = threadIdx.x & 31;
+    int32_t x = 0;
+    int32_t k = F > 0 ? cu_dec_of_block(L.m.dec_blk0, n_dec, gb_begin) : 0;
     for (int32_t c0 = 0; c0 < F; c0 += 32) {
-        /* Pages of the next 32 blocks, one lane each. */
-        int32_t page = 0;
-        const int32_t i = c0 + lane;
-        if (i < F) {
-            const int32_t gb = gb_begin + i;
-            const int32_t kk = cu_idxt_slot(L, k, n_dec, gb);
-            const cu_dec_info di = L.m.dec_info[kk];
-            page = L.m.page_table[(int64_t)di.r * L.cap_pages + (gb - di.blk0)];
-        }
-        k = cu_idxt_slot(L, k, n_dec, gb_begin + min(c0 + 31, F - 1));
-        if (c0 == 0) {
-            cu_pdl_wait(); /* the prologue's index keys, before the first copy */
-            if (lane == 0)
-                CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_WAITED);
-        }
         const int32_t cnt = min(32, F - c0);
-        for (int32_t j = 0; j < cnt; ++j) {
-            const int32_t pg = __shfl_sync(0xffffffffu, page, j);
-            if (lane == 0) {
-                const int32_t x = c0 + j;
-                const int s = x % IDXT_STAGES;
-                const int32_t use = x / IDXT_STAGES;
-                if (use > 0)
-                    cu_mbar_wait(&empty[s], (uint32_t)(use - 1) & 1u);
-                unsigned char *dst = ring + s * IDXT_BLOCK_BYTES;
-                cu_mbar_arrive_tx(&full[s], IDXT_BLOCK_BYTES);
-                cu_tma_load2d(dst, map, 0, pg * 128, &full[s]);
-                cu_tma_load2d(dst + IDXT_BLOCK_BYTES / 2, map, 64, pg * 128, &full[s]);
-                if (x == 0)
-                    CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_ISSUED);
+        cu_idxt_stream(L, map, ring, full, empty, slot_gb, x, k, n_dec, gb_begin + c0, cnt, c0 == 0);
+        k = cu_idxt_slot(L, k, n_dec, gb_begin + c0 + cnt - 1);
+    }
+    if (F == 0) {
+        cu_pdl_wait(); /* the prologue's index keys, before any copy */
+        if (lane == 0)
+            CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_WAITED);
+    }
+    if (stat < total) {
+        /* Chunk numbers: the next one is asked for before the current
+         * chunk's pages, so the counter's round trip overlaps its copies.
+         * Each CTA draws one number past the last chunk, then stops. */
+        const int32_t chunks = (total - stat + IDXT_CHUNK - 1) / IDXT_CHUNK;
+        int32_t next = 0;
+        if (lane == 0)
+            next = atomicAdd(L.idx_next, 1);
+        for (;;) {
+            const int32_t c = __shfl_sync(0xffffffffu, next, 0);
+            if (c >= chunks) {
+                if (lane == 0 && c == chunks + (int32_t)gridDim.x - 1)
+                    *L.idx_next = 0; /* the last draw of this launch */
+                break;
             }
-            __syncwarp();
+            const int32_t gb0 = stat + c * IDXT_CHUNK;
+            if (lane == 0)
+                next = atomicAdd(L.idx_next, 1);
+            cu_idxt_stream(L, map, ring, full, empty, slot_gb, x, cu_dec_of_block(L.m.dec_blk0, n_dec, gb0),
+                           n_dec, gb0, min(IDXT_CHUNK, total - gb0), false);
         }
     }
+    if (lane == 0)
+        for (int e = 0; e < IDXT_GROUPS; ++e)
+            cu_idxt_put(map, ring, full, empty, slot_gb, x + e, -1, 0);
+    __syncwarp();
 }
 
 #endif /* CU_HAVE_WGMMA */
@@ -266,6 +364,7 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
         (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023); /* swizzle atoms */
     uint64_t *full = (uint64_t *)(ring + IDXT_STAGES * IDXT_BLOCK_BYTES);
     uint64_t *empty = full + IDXT_STAGES;
+    volatile int32_t *slot_gb = (volatile int32_t *)(empty + IDXT_STAGES); /* block of each slot */
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_ENTRY);
@@ -281,17 +380,21 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
      * it before its first copy; the plan and the queries are read at once. */
     cu_pdl_trigger();
     const int32_t n_dec = L.m.hdr->n_dec;
-    const int64_t total = L.m.hdr->total_dec_blocks;
-    const int32_t gb_begin = (int32_t)(total * blockIdx.x / gridDim.x);
-    const int32_t gb_end = (int32_t)(total * (blockIdx.x + 1) / gridDim.x);
+    const int32_t total = (int32_t)L.m.hdr->total_dec_blocks;
+    /* Fixed shares of the first three quarters; all of it without the
+     * counter, or below eight blocks per CTA (a short step: nothing to even
+     * out that would pay for the counter's round trips). */
+    const int32_t stat = L.idx_next && total >= 8 * (int32_t)gridDim.x ? total - total / 4 : total;
+    const int32_t gb_begin = (int32_t)((int64_t)stat * blockIdx.x / gridDim.x);
+    const int32_t gb_end = (int32_t)((int64_t)stat * (blockIdx.x + 1) / gridDim.x);
     const int32_t F = gb_end - gb_begin;
-    if (n_dec > 0 && F > 0) {
+    if (n_dec > 0 && total > 0) {
         if (warp == IDXT_GROUPS * 4)
-            cu_idxt_producer(L, &map, ring, full, empty, gb_begin, F, n_dec);
+            cu_idxt_producer(L, &map, ring, full, empty, slot_gb, gb_begin, F, stat, total, n_dec);
         else if (L.score_lse)
-            cu_idxt_consumer<Tag, true>(L, ring, full, empty, gb_begin, F, n_dec, warp >> 2);
+            cu_idxt_consumer<Tag, true>(L, ring, full, empty, slot_gb, gb_begin, F, n_dec, warp >> 2);
         else
-            cu_idxt_consumer<Tag, false>(L, ring, full, empty, gb_begin, F, n_dec, warp >> 2);
+            cu_idxt_consumer<Tag, false>(L, ring, full, empty, slot_gb, gb_begin, F, n_dec, warp >> 2);
     }
     cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
     if (threadIdx.x == 0)

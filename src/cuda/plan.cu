@@ -72,6 +72,7 @@ static void cu_state_release(cu_plan_state *st)
     cudaFree(st->umask);
     cudaFree(st->ucnt);
     cudaFree(st->sel_done);
+    cudaFree(st->idx_next);
     cudaFree(st->pf_scratch);
     cudaFree(st->part);
     free(st);
@@ -230,6 +231,8 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
         e = cu_zalloc((void **)&st->ucnt, sizeof(int32_t) * (size_t)st->cap_req * Hkv);
     if (e == cudaSuccess && any_sparse)
         e = cu_zalloc((void **)&st->sel_done, sizeof(int32_t) * (size_t)st->cap_req * units);
+    if (e == cudaSuccess && any_sparse)
+        e = cu_zalloc((void **)&st->idx_next, sizeof(int32_t));
     if (e == cudaSuccess && any_sparse)
         e = cu_zalloc((void **)&st->pf_scratch,
                       sizeof(float) * (size_t)st->grid_pf * mi * st->cap_blocks);

@@ -25,23 +25,27 @@ typedef struct long_case {
     int nreq;
     int q[4], kv[4];
     int tie_blocks, nan_blocks; /* exact ties and NaN blocks (msa_case) */
+    int steps; /* 2: a second step (new seed) on the same plan, else 1 */
 } long_case;
 
 static const long_case LONG_CASES[] = {
-    {"m3 bf16 P128 b1 q1 200K", MSA_DTYPE_BF16, 128, 0, 0, 0, 1, {1}, {200000}, 0, 0},
-    {"m3 bf16 P128 b2 q8 60K/17K", MSA_DTYPE_BF16, 128, 0, 0, 0, 2, {8, 8}, {60000, 17003}, 0, 0},
-    {"m3 fp16 P64 b3 q16/3/1 lse", MSA_DTYPE_FP16, 64, 1, 0, 0, 3, {16, 3, 1}, {40000, 9001, 130}, 0, 0},
-    {"m3 bf16 P256 b1 q4 index-value", MSA_DTYPE_BF16, 256, 0, 1, 0, 1, {4}, {65536}, 0, 0},
-    {"m3 bf16 P16 b2 q2/1", MSA_DTYPE_BF16, 16, 0, 0, 1, 2, {2, 1}, {20000, 12345}, 0, 0},
-    {"m3 fp32 P128 b1 q8 (portable path)", MSA_DTYPE_FP32, 128, 0, 1, 0, 1, {8}, {30000}, 0, 0},
-    {"m3 bf16 P128 decode+prefill", MSA_DTYPE_BF16, 128, 0, 1, 1, 3, {8, 40, 1}, {20000, 5000, 3000}, 0, 0},
+    {"m3 bf16 P128 b1 q1 200K", MSA_DTYPE_BF16, 128, 0, 0, 0, 1, {1}, {200000}, 0, 0, 1},
+    /* Two steps on one plan: state a step leaves in the workspace (the
+     * Hopper indexer's chunk counter, the selection's completion counts)
+     * must not change the next. */
+    {"m3 bf16 P128 b2 q8 60K/17K x2", MSA_DTYPE_BF16, 128, 0, 0, 0, 2, {8, 8}, {60000, 17003}, 0, 0, 2},
+    {"m3 fp16 P64 b3 q16/3/1 lse", MSA_DTYPE_FP16, 64, 1, 0, 0, 3, {16, 3, 1}, {40000, 9001, 130}, 0, 0, 1},
+    {"m3 bf16 P256 b1 q4 index-value", MSA_DTYPE_BF16, 256, 0, 1, 0, 1, {4}, {65536}, 0, 0, 1},
+    {"m3 bf16 P16 b2 q2/1", MSA_DTYPE_BF16, 16, 0, 0, 1, 2, {2, 1}, {20000, 12345}, 0, 0, 1},
+    {"m3 fp32 P128 b1 q8 (portable path)", MSA_DTYPE_FP32, 128, 0, 1, 0, 1, {8}, {30000}, 0, 0, 1},
+    {"m3 bf16 P128 decode+prefill", MSA_DTYPE_BF16, 128, 0, 1, 1, 3, {8, 40, 1}, {20000, 5000, 3000}, 0, 0, 1},
     /* Hopper attention units of two items: 16 tokens (two pairs) and 5
      * tokens (a pair of 4 + 1). */
-    {"m3 bf16 P128 b2 q16/5 50K/20K lse", MSA_DTYPE_BF16, 128, 1, 0, 0, 2, {16, 5}, {50000, 20000}, 0, 0},
+    {"m3 bf16 P128 b2 q16/5 50K/20K lse", MSA_DTYPE_BF16, 128, 1, 0, 0, 2, {16, 5}, {50000, 20000}, 0, 0, 1},
     /* More tied winners than the selection's candidate list holds (its
      * fallback), and a few ties plus NaN blocks (its filter). */
-    {"m3 bf16 P128 b1 q4 120K 312 tied", MSA_DTYPE_BF16, 128, 0, 0, 1, 1, {4}, {120000}, 400, 0},
-    {"m3 bf16 P128 b2 q1 30K ties+NaN", MSA_DTYPE_BF16, 128, 1, 0, 1, 2, {1, 2}, {30000, 9000}, 20, 40},
+    {"m3 bf16 P128 b1 q4 120K 312 tied x2", MSA_DTYPE_BF16, 128, 0, 0, 1, 1, {4}, {120000}, 400, 0, 2},
+    {"m3 bf16 P128 b2 q1 30K ties+NaN", MSA_DTYPE_BF16, 128, 1, 0, 1, 2, {1, 2}, {30000, 9000}, 20, 40, 1},
 };
 
 static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *failed)
@@ -76,7 +80,13 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
     c.nan_blocks = lc->nan_blocks;
     msa_case_result res;
     memset(&res, 0, sizeof res);
-    msa_case_run(ctx, &c, &res);
+    if (lc->steps == 2) {
+        msa_case seq[2] = {c, c};
+        seq[1].seed = c.seed + 1;
+        msa_case_run_sequence(ctx, seq, 2, &res);
+    } else {
+        msa_case_run(ctx, &c, &res);
+    }
     printf("%-40s %s  o %.2e  lse %.2e  idx_o %.2e  ids %ld  unwritten %ld  %.1fs %s\n", lc->name,
            res.skipped ? "SKIP" : res.passed ? "ok  " : "FAIL", res.o_err, res.lse_err,
            res.idx_o_err, res.topk_mismatches, res.unwritten, res.seconds, res.message);
