@@ -8,8 +8,8 @@
 # Every step's log is appended to $OUT/all.log as the step ends (few files
 # in $OUT: it is meant to be copied back whole), JSON results and the
 # summary stay beside it; a short table is printed last.  Steps can be chosen with ROUND_STEPS (comma list of
-# build,ctest,gputest,sanitize,check,bench,profile,source,ladder,ab,timeline; default all
-# but source, ladder, ab and timeline), the decode suite
+# build,ctest,gputest,sanitize,check,bench,profile,source,ladder,ab,variants,timeline;
+# default all but source, ladder, ab, variants and timeline), the decode suite
 # with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS,
 # extra CMake arguments with ROUND_CMAKE_ARGS (e.g. a build-time tuning
 # define in -DCMAKE_CUDA_FLAGS=...; use another BUILD directory per variant),
@@ -214,6 +214,51 @@ if has_step ab; then
             done
         done
         echo "$line_a |$line_b" >>"$SUMMARY"
+    done
+fi
+
+# ---- build-time variants against the main build (graph replay) ----------------
+# VARIANTS: ';'-separated CUDA flag sets, e.g. "-DMSA_ATT_KNOWN_UCNT;-DMSA_IDX_CHUNK=4";
+# each is built in $BUILD-v1, -v2, ... (side by side), its GPU tests run
+# (graph test and quick sweep: a variant may change results), and
+# VARIANT_CASES shapes are timed on the main build and on every variant in
+# turns, VARIANT_ROUNDS times (default 2) (step "variants", not in the
+# default list; needs the main build).
+if has_step variants; then
+    IFS=';' read -ra VFLAGS <<<"${VARIANTS:-}"
+    pids=()
+    for i in "${!VFLAGS[@]}"; do
+        vb="$BUILD-v$((i + 1))"
+        ( configure_cuda "configure_v$((i + 1))" "$vb" "-DCMAKE_CUDA_FLAGS=${VFLAGS[$i]}" &&
+          run_logged "build_v$((i + 1))" cmake --build "$vb" -j "$JOBS" ) &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+    for i in "${!VFLAGS[@]}"; do
+        vb="$BUILD-v$((i + 1))"
+        echo "---- variant v$((i + 1)): ${VFLAGS[$i]}" >>"$SUMMARY"
+        run_logged "test_cuda_graph_v$((i + 1))" "$vb/tests/cuda/test_cuda_graph"
+        run_logged "test_cuda_sweep_v$((i + 1))" "$vb/tests/cuda/test_cuda_sweep" --quick
+        grep -hE "FAIL|passed, " "$LOGS/test_cuda_graph_v$((i + 1)).log" "$LOGS/test_cuda_sweep_v$((i + 1)).log" |
+            tail -4 >>"$SUMMARY"
+    done
+    echo "---- variants: median µs per round, main | v1 | v2 ..." >>"$SUMMARY"
+    for vc in ${VARIANT_CASES:-8:100000:8 8:10000:1}; do
+        IFS=: read -r vb_ vl vq <<<"$vc"
+        declare -A vline=()
+        for rnd in $(seq "${VARIANT_ROUNDS:-2}"); do
+            for i in $(seq 0 "${#VFLAGS[@]}"); do
+                if [ "$i" = 0 ]; then bin="$MSA"; else bin="$BUILD-v$i/msa"; fi
+                "$bin" bench --backend cuda --decode-context "$vl" --batch "$vb_" --q-len "$vq" --reps 40 \
+                    --json /tmp/msa-variant.json >>"$LOGS/variants.log" 2>&1
+                med=$(python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["results"][0]["time_us"]["median"])' /tmp/msa-variant.json 2>/dev/null || echo "?")
+                vline[$i]="${vline[$i]:-} $med"
+            done
+        done
+        line="b${vb_} ctx ${vl} q${vq}:"
+        for i in $(seq 0 "${#VFLAGS[@]}"); do line="$line${vline[$i]} |"; done
+        echo "${line% |}" >>"$SUMMARY"
+        unset vline
     done
 fi
 

@@ -55,8 +55,18 @@ static_assert(IDXT_STAGES % IDXT_GROUPS == 0, "indexer stages: a multiple of the
 #define IDXT_BLOCK_BYTES (128 * 256)
 #define IDXT_SMEM_BYTES (IDXT_STAGES * IDXT_BLOCK_BYTES + 1024 + 3 * IDXT_STAGES * 8)
 /* Blocks per chunk taken on demand: small, for an even end; the next
- * chunk's number is asked for while the current one streams. */
-#define IDXT_CHUNK 2
+ * chunk's number is asked for while the current one streams.  Steps of
+ * fewer than IDXT_CHUNKED_MIN blocks per CTA keep fixed shares only.
+ * (MSA_IDX_CHUNK and MSA_IDX_CHUNKED_MIN override them at build time, for
+ * measurements.) */
+#ifndef MSA_IDX_CHUNK
+#define MSA_IDX_CHUNK 2
+#endif
+#define IDXT_CHUNK MSA_IDX_CHUNK
+#ifndef MSA_IDX_CHUNKED_MIN
+#define MSA_IDX_CHUNKED_MIN 8
+#endif
+#define IDXT_CHUNKED_MIN MSA_IDX_CHUNKED_MIN
 
 #ifdef CU_HAVE_WGMMA
 
@@ -382,9 +392,10 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
     const int32_t n_dec = L.m.hdr->n_dec;
     const int32_t total = (int32_t)L.m.hdr->total_dec_blocks;
     /* Fixed shares of the first three quarters; all of it without the
-     * counter, or below eight blocks per CTA (a short step: nothing to even
-     * out that would pay for the counter's round trips). */
-    const int32_t stat = L.idx_next && total >= 8 * (int32_t)gridDim.x ? total - total / 4 : total;
+     * counter, or below IDXT_CHUNKED_MIN blocks per CTA (a short step:
+     * nothing to even out that would pay for the counter's round trips). */
+    const int32_t stat =
+        L.idx_next && total >= IDXT_CHUNKED_MIN * (int32_t)gridDim.x ? total - total / 4 : total;
     const int32_t gb_begin = (int32_t)((int64_t)stat * blockIdx.x / gridDim.x);
     const int32_t gb_end = (int32_t)((int64_t)stat * (blockIdx.x + 1) / gridDim.x);
     const int32_t F = gb_end - gb_begin;
