@@ -22,7 +22,7 @@ typedef struct cu_ctx_state {
     int sel_warp_rows;  /* test aid (MSA_CUDA_SEL_WARP_ROWS=1): the selection gives every
                          * decode row one warp, as it does at large batches, however few
                          * rows a step has */
-    int idx_fixed;      /* test aid (MSA_CUDA_IDX_FIXED=1): the Hopper indexer keeps its equal
+    int idx_fixed;      /* measuring aid (MSA_CUDA_IDX_FIXED=1): the Hopper indexer keeps its equal
                          * fixed shares only, with no chunks taken on demand */
     unsigned long long *tl; /* profiling aid (MSA_CUDA_TIMELINE=path): kernel timeline stamps
                              * (cu_timeline.cuh), written to tl_path when the context ends */

@@ -6,18 +6,20 @@
  * Work split: the blocks of all decode requests end to end.  The first
  * three quarters go in equal contiguous shares, one per CTA; the rest in
  * chunks of IDXT_CHUNK blocks, taken on demand (a counter in the plan's
- * workspace) by the CTAs that finish their share first.  Every CTA asks
+ * workspace) by the CTAs that finish their share first.  Equal shares
+ * alone do not end together: with every SM reading, some get less of the
+ * memory's bandwidth than others (the first CTAs ended 10-20% before the
+ * last on the H200), and the last quarter evens that out.  Every CTA asks
  * until it is told there is none left, so the counter's last value is
  * known: the CTA that draws it puts the counter back to 0 for the next
- * launch (graph replays included).  Equal shares alone do not end together: with every SM reading,
- * some get less of the memory's bandwidth than others (the first CTAs
- * ended 10-20% before the last on the H200), and the last quarter evens
- * that out.  One producer warp looks up the pages of up to 32 blocks at a
- * time and streams whole blocks through a ring of tensor-map copies,
- * telling the consumers each slot's block (an id of -1 ends the CTA's
- * work); two consumer warpgroups take the blocks in turn, one block each,
- * with no CTA-wide barrier: a block's ring slot is handed back as soon as
- * its group's products are done.
+ * launch (graph replays included).
+ *
+ * One producer warp looks up the pages of up to 32 blocks at a time and
+ * streams whole blocks through a ring of tensor-map copies, telling the
+ * consumers each slot's block (an id of -1 ends the CTA's work); two
+ * consumer warpgroups take the blocks in turn, one block each, with no
+ * CTA-wide barrier: a block's ring slot is handed back as soon as its
+ * group's products are done.
  *
  * A consumer group multiplies every query column of the block's request
  * (the M side: 64 rows, columns past q_len x Hi are zero; held in registers

@@ -7,8 +7,10 @@
  *      batch 1 and small batches, 1 to 16 tokens per request, every page
  *      size of the fast path and the portable fp32 path, plus a step that
  *      mixes decode requests with a prefill request.
- *   test_cuda_sweep [--quick] [--filter TEXT]
- * Without a GPU it prints "skipped" and exits 77.
+ *   test_cuda_sweep [--quick] [--filter TEXT] [--cpu]
+ * Without a GPU it prints "skipped" and exits 77.  --cpu runs the same
+ * cases on the CPU backend instead: a check of the cases themselves (and
+ * of the CPU backend at these lengths) on a machine without a GPU.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,13 +34,15 @@ static const long_case LONG_CASES[] = {
     {"m3 bf16 P128 b1 q1 200K", MSA_DTYPE_BF16, 128, 0, 0, 0, 1, {1}, {200000}, 0, 0, 1},
     /* Two steps on one plan: state a step leaves in the workspace (the
      * Hopper indexer's chunk counter, the selection's completion counts)
-     * must not change the next. */
-    {"m3 bf16 P128 b2 q8 60K/17K x2", MSA_DTYPE_BF16, 128, 0, 0, 0, 2, {8, 8}, {60000, 17003}, 0, 0, 2},
+     * must not change the next.  Over eight blocks per SM (1149 blocks
+     * here; 1056 on an H200), so the Hopper indexer takes chunks on demand. */
+    {"m3 bf16 P128 b2 q8 130K/17K x2", MSA_DTYPE_BF16, 128, 0, 0, 0, 2, {8, 8}, {130000, 17003}, 0, 0, 2},
     {"m3 fp16 P64 b3 q16/3/1 lse", MSA_DTYPE_FP16, 64, 1, 0, 0, 3, {16, 3, 1}, {40000, 9001, 130}, 0, 0, 1},
     {"m3 bf16 P256 b1 q4 index-value", MSA_DTYPE_BF16, 256, 0, 1, 0, 1, {4}, {65536}, 0, 0, 1},
     {"m3 bf16 P16 b2 q2/1", MSA_DTYPE_BF16, 16, 0, 0, 1, 2, {2, 1}, {20000, 12345}, 0, 0, 1},
     {"m3 fp32 P128 b1 q8 (portable path)", MSA_DTYPE_FP32, 128, 0, 1, 0, 1, {8}, {30000}, 0, 0, 1},
-    {"m3 bf16 P128 decode+prefill", MSA_DTYPE_BF16, 128, 0, 1, 1, 3, {8, 40, 1}, {20000, 5000, 3000}, 0, 0, 1},
+    /* In the quick set: chunks on demand (1158 decode blocks), two steps. */
+    {"m3 bf16 P128 decode+prefill 140K x2", MSA_DTYPE_BF16, 128, 0, 1, 1, 3, {8, 40, 1}, {140000, 5000, 3000}, 0, 0, 2},
     /* Hopper attention units of two items: 16 tokens (two pairs) and 5
      * tokens (a pair of 4 + 1). */
     {"m3 bf16 P128 b2 q16/5 50K/20K lse", MSA_DTYPE_BF16, 128, 1, 0, 0, 2, {16, 5}, {50000, 20000}, 0, 0, 1},
@@ -104,17 +108,20 @@ int main(int argc, char **argv)
 {
     int quick = 0;
     const char *filter = NULL;
+    msa_backend backend = MSA_BACKEND_CUDA;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) {
             quick = 1;
         } else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
             filter = argv[++i];
+        } else if (!strcmp(argv[i], "--cpu")) {
+            backend = MSA_BACKEND_CPU;
         } else {
-            fprintf(stderr, "usage: test_cuda_sweep [--quick] [--filter TEXT]\n");
+            fprintf(stderr, "usage: test_cuda_sweep [--quick] [--filter TEXT] [--cpu]\n");
             return 2;
         }
     }
-    if (!msa_backend_available(MSA_BACKEND_CUDA)) {
+    if (!msa_backend_available(backend)) {
         printf("skipped: no CUDA device (or the CUDA backend is not built)\n");
         printf("0 passed, 0 failed, 1 skipped\n");
         return EXIT_SKIPPED;
@@ -122,7 +129,7 @@ int main(int argc, char **argv)
 
     msa_sweep_options opts;
     memset(&opts, 0, sizeof opts);
-    opts.backend = MSA_BACKEND_CUDA;
+    opts.backend = backend;
     opts.quick = quick;
     opts.decode_only = 1;
     opts.filter = filter;
@@ -132,11 +139,11 @@ int main(int argc, char **argv)
 
     msa_context_params cp;
     msa_context_params_default(&cp);
-    cp.backend = MSA_BACKEND_CUDA;
+    cp.backend = backend;
     msa_context *ctx = NULL;
     char err[256];
     if (msa_context_create(&cp, &ctx, err, sizeof err) != MSA_OK) {
-        printf("FAIL: CUDA context: %s\n", err);
+        printf("FAIL: %s context: %s\n", msa_backend_name(backend), err);
         ++failed;
     } else {
         for (size_t i = 0; i < sizeof LONG_CASES / sizeof LONG_CASES[0]; ++i) {
