@@ -99,9 +99,9 @@ __device__ __forceinline__ const int32_t *cu_select_unit(const cu_layer &L, cons
  * works while the selection ends and the attention waits for its launch,
  * and the attention's first tiles come from L2.  Only when the step's
  * selected K/V surely fit in part of L2 (MSA_SEL_PREFETCH_MB; bound: W
- * blocks per decode token and KV head), else the prefetched lines would
- * push each other out before the attention reads them; and only where a
- * block is one page (B == P). */
+ * blocks, or the longest reach if shorter, per decode token and KV head),
+ * else the prefetched lines would push each other out before the
+ * attention reads them; and only where a block is one page (B == P). */
 #ifndef MSA_SEL_PREFETCH_MB
 #define MSA_SEL_PREFETCH_MB 40
 #endif
@@ -114,8 +114,9 @@ __device__ __forceinline__ int32_t cu_kv_esz(const cu_layer &L)
 __device__ __forceinline__ bool cu_sel_prefetch_on(const cu_layer &L)
 {
     const int64_t blk = (int64_t)L.P * L.D * cu_kv_esz(L) * 2; /* K and V of one head */
+    const int64_t per_row = min(L.W, L.m.hdr->max_dec_nblk);    /* blocks a token can select */
     return L.B == L.P && blk > 0 &&
-           (int64_t)L.m.hdr->n_dec_rows * L.Hkv * L.W * blk <= ((int64_t)MSA_SEL_PREFETCH_MB << 20);
+           (int64_t)L.m.hdr->n_dec_rows * L.Hkv * per_row * blk <= ((int64_t)MSA_SEL_PREFETCH_MB << 20);
 }
 
 /* K and V of block id (one page, page table row pt) for KV head g into L2. */
