@@ -81,6 +81,23 @@ configure_cuda() {
         -DCMAKE_CUDA_ARCHITECTURES=90a-real "${CMAKE_EXTRA[@]}" "$@"
 }
 
+# Median µs of the one shape a bench JSON file holds ("?" if none).
+json_median() {
+    python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["results"][0]["time_us"]["median"])' "$1" 2>/dev/null || echo "?"
+}
+
+# Median µs of 40 graph replays of shape batch $3, context $4, q_len $5 with
+# binary $1 (its output appended to $LOGS/$2.log); further arguments are
+# environment assignments for that run.  "?" when the run failed.
+shape_median() {
+    local bin=$1 log=$2 b=$3 l=$4 q=$5
+    shift 5
+    rm -f /tmp/msa-shape.json
+    env "$@" "$bin" bench --backend cuda --decode-context "$l" --batch "$b" --q-len "$q" --reps 40 \
+        --json /tmp/msa-shape.json >>"$LOGS/$log.log" 2>&1
+    json_median /tmp/msa-shape.json
+}
+
 if has_step build; then
     configure_cuda configure "$BUILD" ${ROUND_CMAKE_ARGS:-} || { cat "$LOGS/configure.log"; exit 1; }
     run_logged build cmake --build "$BUILD" -j "$JOBS" || { tail -50 "$LOGS/build.log"; exit 1; }
@@ -183,11 +200,11 @@ if has_step ladder; then
         IFS=: read -r lb ll lq <<<"$lc"
         line="b${lb} ctx ${ll} q${lq}:"
         for n in 1 2 3 4 0; do
+            rm -f /tmp/msa-ladder.json
             MSA_CUDA_STOP_AFTER=$n run_logged "ladder_b${lb}_l${ll}_q${lq}_n$n" "$MSA" bench --backend cuda \
                 --decode-context "$ll" --batch "$lb" --q-len "$lq" --reps 40 \
                 --json "/tmp/msa-ladder.json" >/dev/null
-            med=$(python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["results"][0]["time_us"]["median"])' /tmp/msa-ladder.json 2>/dev/null || echo "?")
-            line="$line $med"
+            line="$line $(json_median /tmp/msa-ladder.json)"
         done
         echo "$line" >>"$SUMMARY"
     done
@@ -205,13 +222,8 @@ if has_step ab; then
         line_a="b${ab} ctx ${al} q${aq}:"
         line_b=""
         for rnd in $(seq "${AB_ROUNDS:-3}"); do
-            for side in a b; do
-                if [ $side = a ]; then envs=(); else envs=("${AB_ENV:-MSA_AB=1}"); fi
-                env ${envs[@]+"${envs[@]}"} "$MSA" bench --backend cuda --decode-context "$al" --batch "$ab" \
-                    --q-len "$aq" --reps 40 --json /tmp/msa-ab.json >>"$LOGS/ab.log" 2>&1
-                med=$(python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["results"][0]["time_us"]["median"])' /tmp/msa-ab.json 2>/dev/null || echo "?")
-                if [ $side = a ]; then line_a="$line_a $med"; else line_b="$line_b $med"; fi
-            done
+            line_a="$line_a $(shape_median "$MSA" ab "$ab" "$al" "$aq")"
+            line_b="$line_b $(shape_median "$MSA" ab "$ab" "$al" "$aq" "${AB_ENV:-MSA_AB=1}")"
         done
         echo "$line_a |$line_b" >>"$SUMMARY"
     done
@@ -249,10 +261,7 @@ if has_step variants; then
         for rnd in $(seq "${VARIANT_ROUNDS:-2}"); do
             for i in $(seq 0 "${#VFLAGS[@]}"); do
                 if [ "$i" = 0 ]; then bin="$MSA"; else bin="$BUILD-v$i/msa"; fi
-                "$bin" bench --backend cuda --decode-context "$vl" --batch "$vb_" --q-len "$vq" --reps 40 \
-                    --json /tmp/msa-variant.json >>"$LOGS/variants.log" 2>&1
-                med=$(python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["results"][0]["time_us"]["median"])' /tmp/msa-variant.json 2>/dev/null || echo "?")
-                vline[$i]="${vline[$i]:-} $med"
+                vline[$i]="${vline[$i]:-} $(shape_median "$bin" variants "$vb_" "$vl" "$vq")"
             done
         done
         line="b${vb_} ctx ${vl} q${vq}:"
