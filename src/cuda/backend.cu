@@ -16,6 +16,14 @@ msa_status cu_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
                             double *times_us);
 msa_status cu_bench_read_bandwidth(msa_context *ctx, size_t bytes, int reps, double *gbps);
 
+/* Whether environment variable `name` is set and starts with c (the
+ * switches: "0" turns a default off, "1" an aid on). */
+static int cu_env_starts(const char *name, char c)
+{
+    const char *v = getenv(name);
+    return v && v[0] == c;
+}
+
 static msa_status cu_init(msa_context *ctx, const msa_context_params *params, char *err,
                           size_t err_size)
 {
@@ -48,10 +56,8 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
     int major = 0;
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    const char *pdl_env = getenv("MSA_CUDA_PDL");
-    cs->pdl = major >= 9 && !(pdl_env && pdl_env[0] == '0');
-    const char *tma_env = getenv("MSA_CUDA_TMA");
-    cs->tma = major >= 9 && !(tma_env && tma_env[0] == '0');
+    cs->pdl = major >= 9 && !cu_env_starts("MSA_CUDA_PDL", '0');
+    cs->tma = major >= 9 && !cu_env_starts("MSA_CUDA_TMA", '0');
     /* wgmma exists in the sm_90a code only: later chips run the portable
      * PTX, where the Hopper indexer has no body. */
     cs->wgmma = cs->tma && major == 9;
@@ -59,10 +65,8 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
     cs->stop_after = stop_env ? atoi(stop_env) : 0;
     if (cs->stop_after < 0)
         cs->stop_after = 0;
-    const char *warp_rows_env = getenv("MSA_CUDA_SEL_WARP_ROWS");
-    cs->sel_warp_rows = warp_rows_env && warp_rows_env[0] == '1';
-    const char *idx_fixed_env = getenv("MSA_CUDA_IDX_FIXED");
-    cs->idx_fixed = idx_fixed_env && idx_fixed_env[0] == '1';
+    cs->sel_warp_rows = cu_env_starts("MSA_CUDA_SEL_WARP_ROWS", '1');
+    cs->idx_fixed = cu_env_starts("MSA_CUDA_IDX_FIXED", '1');
     if (e == cudaSuccess)
         e = cu_indexer_mma_setup(cs->num_sms, &cs->grid_idx_fast);
     if (e == cudaSuccess)
