@@ -179,19 +179,6 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
     __syncwarp();
 }
 
-/* Scores n0 + lane + 32 j of a row (0 past N), j < 32: 32 loads in
- * flight per lane. */
-__device__ __forceinline__ void cu_load_row_chunk(const float *scores, int32_t N, int32_t n0,
-                                                  float (&v)[32])
-{
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        const int32_t n = n0 + 32 * j + lane;
-        v[j] = n < N ? scores[n] : 0.0f;
-    }
-}
-
 /* ---- Rows shared by the whole CTA (NT = blockDim.x threads) ----
  *
  * The lone-warp paths above are a serial instruction stream: about 3200
@@ -342,7 +329,11 @@ __device__ __forceinline__ void cu_stage_scores(const float *scores, int32_t N, 
     const int lane = threadIdx.x & 31;
     for (int32_t n0 = 0; n0 < N; n0 += 1024) {
         float v[32];
-        cu_load_row_chunk(scores, N, n0, v);
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            const int32_t n = n0 + 32 * j + lane;
+            v[j] = n < N ? scores[n] : 0.0f;
+        }
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
             const int32_t n = n0 + 32 * j + lane;
