@@ -329,10 +329,10 @@ void cu_launch_attn_decode_mma(const cu_layer *L, const cu_plan_state *st, const
 {
     if (A->act == MSA_DTYPE_BF16)
         cu_launch(cu_attn_mma_kernel<cu_bf16_tag>, st->grid_att_fast, ATT_THREADS, ATT_SMEM_BYTES, s,
-                  st->launch, *L, *A);
+                  st->pdl, *L, *A);
     else
         cu_launch(cu_attn_mma_kernel<cu_f16_tag>, st->grid_att_fast, ATT_THREADS, ATT_SMEM_BYTES, s,
-                  st->launch, *L, *A);
+                  st->pdl, *L, *A);
 }
 
 cudaError_t cu_attn_mma_setup(int num_sms, int *grid)

@@ -467,10 +467,10 @@ void cu_launch_attn_tma(const cu_layer *L, const cu_plan_state *st, const cu_att
 {
     if (A->act == MSA_DTYPE_BF16)
         cu_launch(cu_attn_tma_kernel<cu_bf16_tag>, st->num_sms, ATT_THREADS, ATT_SMEM_BYTES, s,
-                  st->launch, *L, *A, *map_k, *map_v);
+                  st->pdl, *L, *A, *map_k, *map_v);
     else
         cu_launch(cu_attn_tma_kernel<cu_f16_tag>, st->num_sms, ATT_THREADS, ATT_SMEM_BYTES, s,
-                  st->launch, *L, *A, *map_k, *map_v);
+                  st->pdl, *L, *A, *map_k, *map_v);
 }
 
 cudaError_t cu_attn_tma_setup(void)

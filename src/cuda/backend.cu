@@ -58,7 +58,6 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
         e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     cs->pdl = major >= 9 && !cu_env_starts("MSA_CUDA_PDL", '0');
     cs->tma = major >= 9 && !cu_env_starts("MSA_CUDA_TMA", '0');
-    cs->max_shared = cu_env_starts("MSA_CUDA_MAX_SHARED", '1');
     /* wgmma exists in the sm_90a code only: later chips run the portable
      * PTX, where the Hopper indexer has no body. */
     cs->wgmma = cs->tma && major == 9;

@@ -14,8 +14,6 @@ typedef struct cu_ctx_state {
     int grid_idx_fast;  /* persistent grid of the tensor-core indexer */
     int grid_att_fast;  /* persistent grid of the tensor-core attention */
     int pdl;            /* Hopper+: programmatic dependent launch (MSA_CUDA_PDL=0 disables) */
-    int max_shared;     /* measuring aid (MSA_CUDA_MAX_SHARED=1): every kernel asks for the
-                         * largest shared-memory carveout (CU_LAUNCH_MAX_SHARED) */
     int tma;            /* Hopper+: tensor-map kernels (MSA_CUDA_TMA=0 disables) */
     int wgmma;          /* compute capability 9.x with tma: warpgroup products (sm_90a code) */
     int stop_after;     /* profiling aid (MSA_CUDA_STOP_AFTER=n): a layer enqueues only its

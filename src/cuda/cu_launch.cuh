@@ -11,7 +11,7 @@
 
 #include "cu_common.cuh"
 
-/* Every kernel launched with CU_LAUNCH_PDL calls this before reading anything an
+/* Every kernel launched with pdl = 1 calls this before reading anything an
  * earlier kernel of the layer wrote (plan data and the caller's inputs may
  * be read before: they were in place before the layer's first kernel,
  * which is launched plainly).  Every CTA calls it before it ends, so that
@@ -33,35 +33,20 @@ __device__ __forceinline__ void cu_pdl_trigger()
 #endif
 }
 
-/* How the kernels of a layer are launched (cu_plan_state.launch). */
-#define CU_LAUNCH_PDL 1        /* programmatic dependent launch (Hopper+) */
-#define CU_LAUNCH_MAX_SHARED 2 /* every kernel asks for the largest shared-memory carveout */
-
-/* Launches `kernel`; `flags` as CU_LAUNCH_*.  With CU_LAUNCH_MAX_SHARED all
- * kernels of a layer ask for one L1 / shared-memory split, so that an SM
- * need not change its split (which waits for its CTAs to drain) between
- * one kernel and the next. */
 template <typename... KArgs, typename... Args>
 static inline void cu_launch(void (*kernel)(KArgs...), int grid, int block, size_t smem,
-                             cudaStream_t stream, int flags, Args... args)
+                             cudaStream_t stream, int pdl, Args... args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)grid);
     cfg.blockDim = dim3((unsigned)block);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    unsigned n = 0;
-    if (flags & CU_LAUNCH_PDL) {
-        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (flags & CU_LAUNCH_MAX_SHARED) {
-        attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-        attr[n++].val.sharedMemCarveout = (unsigned)cudaSharedmemCarveoutMaxShared;
-    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = n;
+    cfg.numAttrs = pdl ? 1 : 0;
     cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 

@@ -136,7 +136,7 @@ typedef struct cu_plan_state {
     int grid_sel;          /* selection: decode rows on every CTA, prefill on grid_pf */
     int grid_merge;
     int num_sms;
-    int launch;            /* CU_LAUNCH_* flags of the layer's kernels (cu_launch.cuh) */
+    int pdl;               /* programmatic dependent launch between kernels */
     int tma;               /* Hopper tensor-map kernels available */
     int wgmma;             /* and the sm_90a warpgroup products (the Hopper indexer) */
 

@@ -339,10 +339,10 @@ void cu_launch_indexer_mma(const cu_layer *L, const cu_plan_state *st, cudaStrea
 {
     if (L->act == MSA_DTYPE_BF16)
         cu_launch(cu_indexer_mma_kernel<cu_bf16_tag>, st->grid_idx_fast, IDX_THREADS, IDX_SMEM_BYTES,
-                  s, st->launch, *L);
+                  s, st->pdl, *L);
     else
         cu_launch(cu_indexer_mma_kernel<cu_f16_tag>, st->grid_idx_fast, IDX_THREADS, IDX_SMEM_BYTES,
-                  s, st->launch, *L);
+                  s, st->pdl, *L);
 }
 
 cudaError_t cu_indexer_mma_setup(int num_sms, int *grid)

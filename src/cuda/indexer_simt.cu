@@ -48,5 +48,5 @@ __global__ void __launch_bounds__(CU_IDX_SIMT_THREADS, 1) cu_indexer_simt_kernel
 
 void cu_launch_indexer_simt(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
 {
-    cu_launch(cu_indexer_simt_kernel, st->grid_idx, CU_IDX_SIMT_THREADS, 0, s, st->launch, *L);
+    cu_launch(cu_indexer_simt_kernel, st->grid_idx, CU_IDX_SIMT_THREADS, 0, s, st->pdl, *L);
 }

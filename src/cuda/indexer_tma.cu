@@ -511,10 +511,10 @@ void cu_launch_indexer_tma(const cu_layer *L, const cu_plan_state *st, const CUt
 {
     if (L->act == MSA_DTYPE_BF16)
         cu_launch(cu_indexer_tma_kernel<cu_bf16_tag>, st->num_sms, IDXT_THREADS, IDXT_SMEM_BYTES, s,
-                  st->launch, *L, *map);
+                  st->pdl, *L, *map);
     else
         cu_launch(cu_indexer_tma_kernel<cu_f16_tag>, st->num_sms, IDXT_THREADS, IDXT_SMEM_BYTES, s,
-                  st->launch, *L, *map);
+                  st->pdl, *L, *map);
 }
 
 cudaError_t cu_indexer_tma_setup(void)

@@ -4,7 +4,6 @@
  * (plan_upload), and release (plan_free).  See cu_plan.cuh for the layout.
  */
 #include "cu_backend.cuh"
-#include "cu_launch.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -207,7 +206,7 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     const int32_t units = Hi < Hkv ? Hi : Hkv;
 
     cu_state_size(plan, cs->num_sms, cs->grid_idx_fast, cs->grid_att_fast, st);
-    st->launch = (cs->pdl ? CU_LAUNCH_PDL : 0) | (cs->max_shared ? CU_LAUNCH_MAX_SHARED : 0);
+    st->pdl = cs->pdl;
     st->tma = cs->tma;
     st->wgmma = cs->wgmma;
 
