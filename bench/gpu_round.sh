@@ -230,7 +230,7 @@ if has_step ab; then
 fi
 
 # ---- build-time variants against the main build (graph replay) ----------------
-# VARIANTS: ';'-separated CUDA flag sets, e.g. "-DMSA_ATT_KNOWN_UCNT;-DMSA_IDX_CHUNK=4";
+# VARIANTS: ';'-separated CUDA flag sets, e.g. "-DMSA_IDX_CHUNK=4;-DMSA_IDX_CHUNKED_MIN=4";
 # each is built in $BUILD-v1, -v2, ... (side by side), its GPU tests run
 # (graph test and quick sweep: a variant may change results), and
 # VARIANT_CASES shapes are timed on the main build and on every variant in

@@ -40,18 +40,7 @@ __device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_at
         const int64_t w = (int64_t)it.dec * L.Hkv + it.group;
         s.uid = L.uids + w * L.cap_union;
         s.umk = L.umask + w * L.cap_union;
-#ifdef MSA_ATT_KNOWN_UCNT
-        /* Prepared, not yet run on a GPU (build-time switch): a one-token
-         * union from a single index head is that token's row, min(K, N)
-         * ids (SPEC 4), so its length needs no load of the selection's
-         * count and the union's ids are the first dependent load. */
-        if (it.ql == 1 && L.mi == 1)
-            len = min(L.K, (s.kl - 1) / A.B + 1) * A.B;
-        else
-            len = L.ucnt[w] * A.B;
-#else
         len = L.ucnt[w] * A.B;
-#endif
     } else {
         s.uid = NULL;
         s.umk = NULL;

@@ -264,11 +264,10 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
 
 /* Ring use x (lane 0): slot x % IDXT_STAGES, once its previous use is
  * handed back, announced as block gb; a block (gb >= 0, page pg) arrives
- * by two copies on barrier bar (the slot's own, or the producer's when it
- * patches the block first), an end mark by a plain arrival. */
+ * by two copies, an end mark by a plain arrival. */
 __device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned char *ring, uint64_t *full,
                                             uint64_t *empty, volatile int32_t *slot_gb, int32_t x,
-                                            int32_t gb, int32_t pg, uint64_t *bar)
+                                            int32_t gb, int32_t pg)
 {
     const int s = x % IDXT_STAGES;
     const int32_t use = x / IDXT_STAGES;
@@ -280,60 +279,10 @@ __device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned cha
         return;
     }
     unsigned char *dst = ring + s * IDXT_BLOCK_BYTES;
-    if (!bar)
-        bar = &full[s];
-    cu_mbar_arrive_tx(bar, IDXT_BLOCK_BYTES);
-    cu_tma_load2d(dst, map, 0, pg * 128, bar);
-    cu_tma_load2d(dst + IDXT_BLOCK_BYTES / 2, map, 64, pg * 128, bar);
+    cu_mbar_arrive_tx(&full[s], IDXT_BLOCK_BYTES);
+    cu_tma_load2d(dst, map, 0, pg * 128, &full[s]);
+    cu_tma_load2d(dst + IDXT_BLOCK_BYTES / 2, map, 64, pg * 128, &full[s]);
 }
-
-#ifdef MSA_IDX_EARLY
-/* Prepared, not yet run on a GPU (build-time switch): the indexer does not
- * wait for the prologue before its first copy.  The prologue writes only
- * the step's new index keys (positions kl - ql .. kl - 1 of each decode
- * request), so a block holding none of them can be read at once; a block
- * holding some is read too, and the producer then writes those rows from
- * the step's input (the bytes the prologue copies) over whatever the copy
- * brought, before the consumers see the block.  That needs the input rows
- * 16-byte aligned (L.row_vec); without a cache write this step nothing is
- * written and nothing needs patching.  The launch wait moves to the CTA's
- * end (cu_pdl_wait there keeps later kernels ordered after the prologue). */
-__device__ __forceinline__ bool cu_idxt_early(const cu_layer &L)
-{
-    return !L.write_cache || L.row_vec;
-}
-
-/* Rows of block n (of request di) that this step writes: [lo, hi) as
- * positions, lo >= hi when none. */
-__device__ __forceinline__ void cu_idxt_new_rows(const cu_layer &L, const cu_dec_info &di, int32_t n, int32_t &lo,
-                                                 int32_t &hi)
-{
-    lo = max(di.kl - di.ql, n * 128);
-    hi = L.write_cache ? min(di.kl, n * 128 + 128) : lo;
-}
-
-/* The producer warp writes rows [lo, hi) of block n (request di, ring
- * slot dst) from the step's index-key input, once the slot's copies have
- * landed on bar (parity par), then hands the slot over on full. */
-__device__ __forceinline__ void cu_idxt_patch(const cu_layer &L, const cu_dec_info &di, int32_t n, int32_t lo,
-                                              int32_t hi, unsigned char *dst, uint64_t *bar, uint32_t par,
-                                              uint64_t *full)
-{
-    const int lane = threadIdx.x & 31;
-    cu_mbar_wait(bar, par);
-    const int32_t first = di.kl - di.ql; /* position of token di.t0 */
-    for (int32_t e = lane; e < (hi - lo) * 16; e += 32) {
-        const int32_t pos = lo + (e >> 4), c = e & 15;
-        const uint4 v = *((const uint4 *)((const char *)L.ik + (int64_t)(di.t0 + pos - first) * 256) + c);
-        *(uint4 *)(dst + cu_tswz(128, pos - n * 128, c)) = v;
-    }
-    /* The consumers' products read the slot through the async proxy. */
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncwarp();
-    if (lane == 0)
-        cu_mbar_arrive(full);
-}
-#endif
 
 /* Blocks gb0 .. gb0 + cnt - 1 (cnt <= 32) into the ring from use x on:
  * their pages looked up one per lane (k: the decode slot of gb0 or an
@@ -341,13 +290,13 @@ __device__ __forceinline__ void cu_idxt_patch(const cu_layer &L, const cu_dec_in
 __device__ __forceinline__ void cu_idxt_stream(const cu_layer &L, const CUtensorMap *map, unsigned char *ring,
                                                uint64_t *full, uint64_t *empty, volatile int32_t *slot_gb,
                                                int32_t &x, int32_t k, int32_t n_dec, int32_t gb0, int32_t cnt,
-                                               bool wait_first, uint64_t *tail, uint32_t &tail_par)
+                                               bool wait_first)
 {
     const int lane = threadIdx.x & 31;
-    int32_t page = 0, kk = 0;
+    int32_t page = 0;
     if (lane < cnt) {
         const int32_t gb = gb0 + lane;
-        kk = cu_idxt_slot(L, k, n_dec, gb);
+        const int32_t kk = cu_idxt_slot(L, k, n_dec, gb);
         const cu_dec_info di = L.m.dec_info[kk];
         page = L.m.page_table[(int64_t)di.r * L.cap_pages + (gb - di.blk0)];
     }
@@ -358,34 +307,11 @@ __device__ __forceinline__ void cu_idxt_stream(const cu_layer &L, const CUtensor
     }
     for (int32_t j = 0; j < cnt; ++j) {
         const int32_t pg = __shfl_sync(0xffffffffu, page, j);
-#ifdef MSA_IDX_EARLY
-        /* A block the prologue writes into, when the launch wait was
-         * skipped: copied onto the producer's barrier, then patched. */
-        int32_t lo = 0, hi = 0, n = 0;
-        cu_dec_info di = {};
-        if (!wait_first && tail) {
-            di = L.m.dec_info[__shfl_sync(0xffffffffu, kk, j)];
-            n = gb0 + j - di.blk0;
-            cu_idxt_new_rows(L, di, n, lo, hi);
-        }
-        const bool patch = lo < hi;
-#else
-        (void)tail;
-        (void)tail_par;
-        const bool patch = false;
-#endif
         if (lane == 0) {
-            cu_idxt_put(map, ring, full, empty, slot_gb, x, gb0 + j, pg, patch ? tail : NULL);
+            cu_idxt_put(map, ring, full, empty, slot_gb, x, gb0 + j, pg);
             if (x == 0)
                 CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_ISSUED);
         }
-#ifdef MSA_IDX_EARLY
-        if (patch) {
-            const int s = x % IDXT_STAGES;
-            cu_idxt_patch(L, di, n, lo, hi, ring + s * IDXT_BLOCK_BYTES, tail, tail_par, &full[s]);
-            tail_par ^= 1u;
-        }
-#endif
         ++x;
         __syncwarp();
     }
@@ -394,23 +320,18 @@ __device__ __forceinline__ void cu_idxt_stream(const cu_layer &L, const CUtensor
 /* The CTA's fixed share [gb_begin, gb_begin + F), then chunks on demand
  * from blocks stat .. total - 1, then an end mark for each group. */
 __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsigned char *ring,
-                                 uint64_t *full, uint64_t *empty, volatile int32_t *slot_gb, uint64_t *tail,
+                                 uint64_t *full, uint64_t *empty, volatile int32_t *slot_gb,
                                  int32_t gb_begin, int32_t F, int32_t stat, int32_t total, int32_t n_dec)
 {
     const int lane = threadIdx.x & 31;
     int32_t x = 0;
-    uint32_t tail_par = 0;
-    /* tail == NULL: the launch wait comes before the first copy. */
-    if (tail && lane == 0)
-        CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_WAITED); /* no wait */
     int32_t k = F > 0 ? cu_dec_of_block(L.m.dec_blk0, n_dec, gb_begin) : 0;
     for (int32_t c0 = 0; c0 < F; c0 += 32) {
         const int32_t cnt = min(32, F - c0);
-        cu_idxt_stream(L, map, ring, full, empty, slot_gb, x, k, n_dec, gb_begin + c0, cnt, c0 == 0 && !tail, tail,
-                       tail_par);
+        cu_idxt_stream(L, map, ring, full, empty, slot_gb, x, k, n_dec, gb_begin + c0, cnt, c0 == 0);
         k = cu_idxt_slot(L, k, n_dec, gb_begin + c0 + cnt - 1);
     }
-    if (F == 0 && !tail) {
+    if (F == 0) {
         cu_pdl_wait(); /* the prologue's index keys, before any copy */
         if (lane == 0)
             CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_WAITED);
@@ -434,12 +355,12 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
             if (lane == 0)
                 next = atomicAdd(L.idx_next, 1);
             cu_idxt_stream(L, map, ring, full, empty, slot_gb, x, cu_dec_of_block(L.m.dec_blk0, n_dec, gb0),
-                           n_dec, gb0, min(IDXT_CHUNK, total - gb0), false, tail, tail_par);
+                           n_dec, gb0, min(IDXT_CHUNK, total - gb0), false);
         }
     }
     if (lane == 0)
         for (int e = 0; e < IDXT_GROUPS; ++e)
-            cu_idxt_put(map, ring, full, empty, slot_gb, x + e, -1, 0, NULL);
+            cu_idxt_put(map, ring, full, empty, slot_gb, x + e, -1, 0);
     __syncwarp();
 }
 
@@ -456,13 +377,6 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
     uint64_t *full = (uint64_t *)(ring + IDXT_STAGES * IDXT_BLOCK_BYTES);
     uint64_t *empty = full + IDXT_STAGES;
     volatile int32_t *slot_gb = (volatile int32_t *)(empty + IDXT_STAGES); /* block of each slot */
-#ifdef MSA_IDX_EARLY
-    /* The producer's own barrier for blocks it patches (8-byte aligned:
-     * IDXT_STAGES is even). */
-    uint64_t *tail = cu_idxt_early(L) ? (uint64_t *)(slot_gb + IDXT_STAGES) : NULL;
-#else
-    uint64_t *tail = NULL;
-#endif
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_ENTRY);
@@ -470,8 +384,6 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
             cu_mbar_init(&full[s], 1);
             cu_mbar_init(&empty[s], 4); /* the four warps of the slot's group */
         }
-        if (tail)
-            cu_mbar_init(tail, 1);
         cu_mbar_fence_init();
         cu_tma_prefetch_map(&map);
     }
@@ -491,7 +403,7 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
     const int32_t F = gb_end - gb_begin;
     if (n_dec > 0 && total > 0) {
         if (warp == IDXT_GROUPS * 4)
-            cu_idxt_producer(L, &map, ring, full, empty, slot_gb, tail, gb_begin, F, stat, total, n_dec);
+            cu_idxt_producer(L, &map, ring, full, empty, slot_gb, gb_begin, F, stat, total, n_dec);
         else if (L.score_lse)
             cu_idxt_consumer<Tag, true>(L, ring, full, empty, slot_gb, gb_begin, F, n_dec, warp >> 2);
         else

@@ -93,51 +93,6 @@ __device__ __forceinline__ const int32_t *cu_select_unit(const cu_layer &L, cons
     return src;
 }
 
-#ifdef MSA_SEL_PREFETCH_KV
-/* Prepared, not yet run on a GPU (build-time switch): the selection asks
- * L2 for the K and V of every block it puts in a union, so the memory
- * works while the selection ends and the attention waits for its launch,
- * and the attention's first tiles come from L2.  Only when the step's
- * selected K/V surely fit in part of L2 (MSA_SEL_PREFETCH_MB; bound: W
- * blocks, or the longest reach if shorter, per decode token and KV head),
- * else the prefetched lines would push each other out before the
- * attention reads them; and only where a block is one page (B == P). */
-#ifndef MSA_SEL_PREFETCH_MB
-#define MSA_SEL_PREFETCH_MB 40
-#endif
-
-__device__ __forceinline__ int32_t cu_kv_esz(const cu_layer &L)
-{
-    return L.kv_dt == MSA_DTYPE_FP32 ? 4 : (L.kv_dt == MSA_DTYPE_BF16 || L.kv_dt == MSA_DTYPE_FP16) ? 2 : 0;
-}
-
-__device__ __forceinline__ bool cu_sel_prefetch_on(const cu_layer &L)
-{
-    const int64_t blk = (int64_t)L.P * L.D * cu_kv_esz(L) * 2; /* K and V of one head */
-    const int64_t per_row = min(L.W, L.m.hdr->max_dec_nblk);    /* blocks a token can select */
-    return L.B == L.P && blk > 0 &&
-           (int64_t)L.m.hdr->n_dec_rows * L.Hkv * per_row * blk <= ((int64_t)MSA_SEL_PREFETCH_MB << 20);
-}
-
-/* K and V of block id (one page, page table row pt) for KV head g into L2. */
-__device__ __forceinline__ void cu_sel_prefetch_block(const cu_layer &L, const int32_t *pt, int32_t g, int32_t id)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uint32_t bytes = (uint32_t)(L.P * L.D * cu_kv_esz(L));
-    const int64_t off = ((int64_t)pt[id] * L.Hkv + g) * bytes;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)L.kp + off), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)L.vp + off), "r"(bytes)
-                 : "memory");
-#else
-    (void)L;
-    (void)pt;
-    (void)g;
-    (void)id;
-#endif
-}
-#endif /* MSA_SEL_PREFETCH_KV */
-
 /* The union of a one-token request for KV head g: its own row (src, this
  * warp's shared memory), written by the warp that selected it (no other
  * token to wait for, no read back of the row). */
@@ -159,14 +114,6 @@ __device__ __forceinline__ void cu_single_union(const cu_layer &L, int32_t k, in
     }
     if (lane == 0)
         L.ucnt[w] = min(count, L.cap_union);
-#ifdef MSA_SEL_PREFETCH_KV
-    if (cu_sel_prefetch_on(L)) {
-        const int32_t *pt = L.m.page_table + (int64_t)L.m.dec_req[k] * L.cap_pages;
-        for (int32_t j = lane; j < min(L.W, L.cap_union); j += 32)
-            if (src[j] >= 0)
-                cu_sel_prefetch_block(L, pt, g, src[j]);
-    }
-#endif
     __syncwarp();
 }
 
@@ -186,9 +133,6 @@ __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, i
     uint32_t *umk = L.umask + w * L.cap_union;
     int32_t count = 0;
     if (N <= L.sel_cache) {
-#ifdef MSA_SEL_PREFETCH_KV
-        const bool prefetch = cu_sel_prefetch_on(L);
-#endif
         /* Per-block token bits in shared memory, then an ordered compaction. */
         uint32_t *mask = wsm + 256 + (size_t)L.mi * L.K + L.W;
         for (int32_t n = lane; n < N; n += 32)
@@ -222,10 +166,6 @@ __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, i
                 if (pos < L.cap_union) {
                     uid[pos] = n;
                     umk[pos] = m;
-#ifdef MSA_SEL_PREFETCH_KV
-                    if (prefetch)
-                        cu_sel_prefetch_block(L, L.m.page_table + (int64_t)r * L.cap_pages, g, n);
-#endif
                 }
             }
             count += __popc(bal);
