@@ -232,7 +232,8 @@ fi
 # ---- build-time variants against the main build (graph replay) ----------------
 # VARIANTS: ';'-separated CUDA flag sets, e.g. "-DMSA_IDX_CHUNK=4;-DMSA_IDX_CHUNKED_MIN=4";
 # each is built in $BUILD-v1, -v2, ... (side by side), its GPU tests run
-# (graph test and quick sweep: a variant may change results), and
+# (graph test and quick sweep: a variant may change results; VARIANT_TESTS=0
+# skips them, e.g. for a variant that restores measured code), and
 # VARIANT_CASES shapes are timed on the main build and on every variant in
 # turns, VARIANT_ROUNDS times (default 2) (step "variants", not in the
 # default list; needs the main build).
@@ -249,6 +250,7 @@ if has_step variants; then
     for i in "${!VFLAGS[@]}"; do
         vb="$BUILD-v$((i + 1))"
         echo "---- variant v$((i + 1)): ${VFLAGS[$i]}" >>"$SUMMARY"
+        [ "${VARIANT_TESTS:-1}" = 0 ] && continue
         run_logged "test_cuda_graph_v$((i + 1))" "$vb/tests/cuda/test_cuda_graph"
         run_logged "test_cuda_sweep_v$((i + 1))" "$vb/tests/cuda/test_cuda_sweep" --quick
         grep -hE "FAIL|passed, " "$LOGS/test_cuda_graph_v$((i + 1)).log" "$LOGS/test_cuda_sweep_v$((i + 1)).log" |

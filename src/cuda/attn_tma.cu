@@ -126,43 +126,37 @@ __device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32
     return un;
 }
 
-/* Not inlined: the producer's registers stay apart from the consumers'. */
-__device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &A,
-                                              const CUtensorMap *mk, const CUtensorMap *mv,
-                                              const cu_attt_smem &sm, const cu_attt_unit &un,
-                                              uint32_t &gs, uint32_t &tail_par)
+/* What the producer needs to issue an item's tiles. */
+typedef struct cu_attt_feed {
+    cu_stream cs;       /* the item's split of its key stream; cs.uid NULL: blocks 0, 1, ... */
+    const int32_t *pt;  /* the request's page-table row */
+    int64_t prow_base;  /* the KV head's first row in a page */
+    uint32_t mine;      /* the unit's tokens (request-local bits) */
+    int tok0, ntok;
+#ifdef MSA_TIMELINE
+    bool first_of_cta;  /* the CTA's first unit (timeline marks) */
+#endif
+} cu_attt_feed;
+
+/* Issues the unit's tiles t_lo .. t_hi - 1 of its stream (those a token of
+ * the unit uses) into the ring. */
+__device__ __noinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
+                                         const CUtensorMap *mv, const cu_attt_smem &sm, const cu_attt_feed &f,
+                                         int32_t t_lo, int32_t t_hi, uint32_t &gs, uint32_t &tail_par)
 {
     const int lane = threadIdx.x & 31;
-    const cu_att_item it = L.m.att[CU_KIND_SPARSE][un.first];
-    /* The request's page-table row into L2 while the selection still runs
-     * (plan data): the page lookups after the wait then skip a DRAM round
-     * trip between the union and the first copy. */
-    const int32_t *pt_row = L.m.page_table + (int64_t)it.r * L.cap_pages;
-    const int32_t pages = (it.kl + 127) >> 7;
-    for (int32_t i = lane * 32; i < pages; i += 32 * 32)
-        cu_prefetch_l2(pt_row + i);
-    cu_pdl_wait(); /* the union's count and ids (at once after the first unit) */
-#ifdef MSA_TIMELINE
-    if (lane == 0 && un.first_of_cta)
-        CU_TL_MARK(L, CU_TL_ATTN, CU_TL_WAITED);
-#endif
-    const cu_stream cs = cu_stream_of(L, A, it);
-    const int tok0 = it.row0 / 16, ntok = un.ntok[0] + un.ntok[1];
-    const uint32_t mine = cu_attt_item_bits(tok0, ntok);
-    const int32_t t_begin = cs.u0 / ATT_TILE;
-    const int32_t t_end = (cs.u1 + ATT_TILE - 1) / ATT_TILE;
-    const int64_t prow_base = (int64_t)it.group * L.P;
-    const int32_t *pt = pt_row;
-    for (int32_t c0 = t_begin; c0 < t_end; c0 += 32) {
+    const cu_stream &cs = f.cs;
+    const int tok0 = f.tok0, ntok = f.ntok;
+    for (int32_t c0 = t_lo; c0 < t_hi; c0 += 32) {
         const int32_t t = c0 + lane;
         int32_t pos0 = 0, page = 0;
         uint32_t bits = 0u;
-        if (t < t_end) {
+        if (t < t_hi) {
             const int32_t bi = t >> 1; /* two tiles per 128-key union entry */
-            pos0 = cs.uid[bi] * 128 + (t & 1) * ATT_TILE;
-            bits = cs.umk[bi] & cu_causal_bits(pos0, cs.base, cs.ql) & mine;
+            pos0 = (cs.uid ? cs.uid[bi] : bi) * 128 + (t & 1) * ATT_TILE;
+            bits = (cs.uid ? cs.umk[bi] : 0xffffffffu) & cu_causal_bits(pos0, cs.base, cs.ql) & f.mine;
             if (bits)
-                page = pt[pos0 >> 7];
+                page = f.pt[pos0 >> 7];
         }
         /* Issue order: round robin over the unit's tokens, each turn the
          * next tile its token uses.  Most tiles serve one token, and only
@@ -194,7 +188,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
             const int s = cu_attt_claim(sm, gs, p0, b);
             unsigned char *kd = sm.ring + s * ATT_STAGE_BYTES;
             unsigned char *vd = kd + ATT_HALF_BYTES;
-            const int32_t row = (int32_t)((int64_t)pg * A.hkv * L.P + prow_base + (p0 & 127));
+            const int32_t row = (int32_t)((int64_t)pg * A.hkv * L.P + f.prow_base + (p0 & 127));
             /* A tile with rows past kv_len completes on the producer's own
              * barrier: those V rows become zeros (see the header) before a
              * plain arrival hands the slot over; its release is what the
@@ -208,7 +202,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
                 cu_tma_load2d(vd, mv, 0, row, bar);
                 cu_tma_load2d(vd + ATT_HALF_BYTES / 2, mv, 64, row, bar);
 #ifdef MSA_TIMELINE
-                if (un.first_of_cta && gs == 1)
+                if (f.first_of_cta && gs == 1)
                     CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ISSUED);
 #endif
             }
@@ -229,6 +223,71 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
             __syncwarp();
         }
     }
+}
+
+/* Not inlined: the producer's registers stay apart from the consumers'. */
+__device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &A,
+                                              const CUtensorMap *mk, const CUtensorMap *mv,
+                                              const cu_attt_smem &sm, const cu_attt_unit &un,
+                                              uint32_t &gs, uint32_t &tail_par)
+{
+    const int lane = threadIdx.x & 31;
+    const cu_att_item it = L.m.att[CU_KIND_SPARSE][un.first];
+    cu_attt_feed f;
+    /* The request's page-table row into L2 while the selection still runs
+     * (plan data): the page lookups after the wait then skip a DRAM round
+     * trip between the union and the first copy. */
+    f.pt = L.m.page_table + (int64_t)it.r * L.cap_pages;
+    const int32_t pages = (it.kl + 127) >> 7;
+    for (int32_t i = lane * 32; i < pages; i += 32 * 32)
+        cu_prefetch_l2(f.pt + i);
+    f.prow_base = (int64_t)it.group * L.P;
+    f.tok0 = it.row0 / 16;
+    f.ntok = un.ntok[0] + un.ntok[1];
+    f.mine = cu_attt_item_bits(f.tok0, f.ntok);
+#ifdef MSA_TIMELINE
+    f.first_of_cta = un.first_of_cta;
+#endif
+    /* A request that reaches at most K blocks selects all of them, whatever
+     * the scores (SPEC 4): its union is blocks 0 .. N-1, known from the
+     * plan.  Its tiles wholly before the step's first new position hold no
+     * key this step writes, so they are issued before the launch wait and
+     * stream while the indexer and the selection still run. */
+    const int32_t nblk = pages; /* B == P == 128 on this path */
+    int32_t t_early = 0;
+#ifdef MSA_ATT_WAIT_FIRST
+    if (false) { /* measuring aid: every tile after the launch wait, as before */
+#else
+    if (nblk <= L.K) {
+#endif
+        f.cs.r = it.r;
+        f.cs.ql = it.ql;
+        f.cs.kl = it.kl;
+        f.cs.base = it.kl - it.ql;
+        f.cs.t0 = it.t0;
+        f.cs.uid = NULL;
+        f.cs.umk = NULL;
+        f.cs.B = A.B;
+        f.cs.sparse = 1;
+        cu_stream_split(f.cs, it, nblk * 128);
+        t_early = min(f.cs.base / ATT_TILE, f.cs.u1 / ATT_TILE);
+        if (f.cs.u0 / ATT_TILE < t_early)
+            cu_attt_issue(L, A, mk, mv, sm, f, f.cs.u0 / ATT_TILE, t_early, gs, tail_par);
+    }
+    cu_pdl_wait(); /* the union's count and ids (at once after the first unit) */
+#ifdef MSA_TIMELINE
+    if (lane == 0 && un.first_of_cta)
+        CU_TL_MARK(L, CU_TL_ATTN, CU_TL_WAITED);
+#endif
+#ifdef MSA_ATT_WAIT_FIRST
+    f.cs = cu_stream_of(L, A, it);
+#else
+    if (nblk > L.K)
+        f.cs = cu_stream_of(L, A, it);
+#endif
+    const int32_t t_begin = max(f.cs.u0 / ATT_TILE, t_early);
+    const int32_t t_end = (f.cs.u1 + ATT_TILE - 1) / ATT_TILE;
+    cu_attt_issue(L, A, mk, mv, sm, f, t_begin, t_end, gs, tail_par);
     /* End of the item. */
     const int s = cu_attt_claim(sm, gs, -1, 0u);
     if (lane == 0)

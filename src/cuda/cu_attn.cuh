@@ -24,6 +24,16 @@ typedef struct cu_stream {
     int32_t sparse;
 } cu_stream;
 
+/* Item it's split of a stream of len keys: [s.u0, s.u1). */
+__device__ __forceinline__ void cu_stream_split(cu_stream &s, const cu_att_item &it, int32_t len)
+{
+    const int32_t tiles = (len + CU_TILE_KEYS - 1) / CU_TILE_KEYS;
+    const int32_t tb = (int32_t)((int64_t)tiles * it.split / it.nsplit);
+    const int32_t te = (int32_t)((int64_t)tiles * (it.split + 1) / it.nsplit);
+    s.u0 = tb * CU_TILE_KEYS;
+    s.u1 = min(te * CU_TILE_KEYS, len);
+}
+
 __device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_attn &A,
                                                   const cu_att_item &it)
 {
@@ -46,11 +56,7 @@ __device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_at
         s.umk = NULL;
         len = s.kl;
     }
-    const int32_t tiles = (len + CU_TILE_KEYS - 1) / CU_TILE_KEYS;
-    const int32_t tb = (int32_t)((int64_t)tiles * it.split / it.nsplit);
-    const int32_t te = (int32_t)((int64_t)tiles * (it.split + 1) / it.nsplit);
-    s.u0 = tb * CU_TILE_KEYS;
-    s.u1 = min(te * CU_TILE_KEYS, len);
+    cu_stream_split(s, it, len);
     return s;
 }
 

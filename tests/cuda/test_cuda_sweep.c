@@ -49,6 +49,11 @@ static const long_case LONG_CASES[] = {
     /* More tied winners than the selection's candidate list holds (its
      * fallback), and a few ties plus NaN blocks (its filter). */
     {"m3 bf16 P128 b1 q4 120K 312 tied x2", MSA_DTYPE_BF16, 128, 0, 0, 1, 1, {4}, {120000}, 400, 0, 2},
+    /* Requests that reach at most K blocks (their union known from the
+     * plan, its cached tiles read before the launch wait) beside one that
+     * reaches more: 16 blocks exactly, 17, and a short one. */
+    {"m3 bf16 P128 b4 q8/1/3/16 2048/30K/200/2049 x2", MSA_DTYPE_BF16, 128, 0, 0, 1, 4, {8, 1, 3, 16},
+     {2048, 30000, 200, 2049}, 0, 0, 2},
     {"m3 bf16 P128 b2 q1 30K ties+NaN", MSA_DTYPE_BF16, 128, 1, 0, 1, 2, {1, 2}, {30000, 9000}, 20, 40, 1},
 };
 
