@@ -140,9 +140,10 @@ typedef struct cu_attt_feed {
 
 /* Issues the unit's tiles t_lo .. t_hi - 1 of its stream (those a token of
  * the unit uses) into the ring. */
-__device__ __noinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
-                                         const CUtensorMap *mv, const cu_attt_smem &sm, const cu_attt_feed &f,
-                                         int32_t t_lo, int32_t t_hi, uint32_t &gs, uint32_t &tail_par)
+__device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
+                                              const CUtensorMap *mv, const cu_attt_smem &sm,
+                                              const cu_attt_feed &f, int32_t t_lo, int32_t t_hi, uint32_t &gs,
+                                              uint32_t &tail_par)
 {
     const int lane = threadIdx.x & 31;
     const cu_stream &cs = f.cs;
@@ -254,12 +255,13 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
      * key this step writes, so they are issued before the launch wait and
      * stream while the indexer and the selection still run. */
     const int32_t nblk = pages; /* B == P == 128 on this path */
-    int32_t t_early = 0;
 #ifdef MSA_ATT_WAIT_FIRST
-    if (false) { /* measuring aid: every tile after the launch wait, as before */
+    const bool known = false; /* measuring aid: every tile after the launch wait, as before */
 #else
-    if (nblk <= L.K) {
+    const bool known = nblk <= L.K;
 #endif
+    int32_t t_lo = 0, t_hi = 0; /* phase 0: the tiles issued before the wait */
+    if (known) {
         f.cs.r = it.r;
         f.cs.ql = it.ql;
         f.cs.kl = it.kl;
@@ -270,24 +272,25 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
         f.cs.B = A.B;
         f.cs.sparse = 1;
         cu_stream_split(f.cs, it, nblk * 128);
-        t_early = min(f.cs.base / ATT_TILE, f.cs.u1 / ATT_TILE);
-        if (f.cs.u0 / ATT_TILE < t_early)
-            cu_attt_issue(L, A, mk, mv, sm, f, f.cs.u0 / ATT_TILE, t_early, gs, tail_par);
+        t_lo = f.cs.u0 / ATT_TILE;
+        t_hi = max(t_lo, min(f.cs.base / ATT_TILE, f.cs.u1 / ATT_TILE));
     }
-    cu_pdl_wait(); /* the union's count and ids (at once after the first unit) */
+    /* One copy of the issue loop for both phases (code size). */
+#pragma unroll 1
+    for (int phase = 0; phase < 2; ++phase) {
+        if (phase == 1) {
+            cu_pdl_wait(); /* the union's count and ids (at once after the first unit) */
 #ifdef MSA_TIMELINE
-    if (lane == 0 && un.first_of_cta)
-        CU_TL_MARK(L, CU_TL_ATTN, CU_TL_WAITED);
+            if (lane == 0 && un.first_of_cta)
+                CU_TL_MARK(L, CU_TL_ATTN, CU_TL_WAITED);
 #endif
-#ifdef MSA_ATT_WAIT_FIRST
-    f.cs = cu_stream_of(L, A, it);
-#else
-    if (nblk > L.K)
-        f.cs = cu_stream_of(L, A, it);
-#endif
-    const int32_t t_begin = max(f.cs.u0 / ATT_TILE, t_early);
-    const int32_t t_end = (f.cs.u1 + ATT_TILE - 1) / ATT_TILE;
-    cu_attt_issue(L, A, mk, mv, sm, f, t_begin, t_end, gs, tail_par);
+            if (!known)
+                f.cs = cu_stream_of(L, A, it);
+            t_lo = max(f.cs.u0 / ATT_TILE, t_hi);
+            t_hi = (f.cs.u1 + ATT_TILE - 1) / ATT_TILE;
+        }
+        cu_attt_issue(L, A, mk, mv, sm, f, t_lo, t_hi, gs, tail_par);
+    }
     /* End of the item. */
     const int s = cu_attt_claim(sm, gs, -1, 0u);
     if (lane == 0)
