@@ -260,21 +260,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
 #else
     const bool known = nblk <= L.K;
 #endif
-    int32_t t_lo = 0, t_hi = 0; /* phase 0: the tiles issued before the wait */
-    if (known) {
-        f.cs.r = it.r;
-        f.cs.ql = it.ql;
-        f.cs.kl = it.kl;
-        f.cs.base = it.kl - it.ql;
-        f.cs.t0 = it.t0;
-        f.cs.uid = NULL;
-        f.cs.umk = NULL;
-        f.cs.B = A.B;
-        f.cs.sparse = 1;
-        cu_stream_split(f.cs, it, nblk * 128);
-        t_lo = f.cs.u0 / ATT_TILE;
-        t_hi = max(t_lo, min(f.cs.base / ATT_TILE, f.cs.u1 / ATT_TILE));
-    }
+    int32_t t_hi = 0; /* end of the tiles issued before the wait */
     /* One copy of the issue loop for both phases (code size). */
 #pragma unroll 1
     for (int phase = 0; phase < 2; ++phase) {
@@ -284,11 +270,16 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
             if (lane == 0 && un.first_of_cta)
                 CU_TL_MARK(L, CU_TL_ATTN, CU_TL_WAITED);
 #endif
-            if (!known)
-                f.cs = cu_stream_of(L, A, it);
-            t_lo = max(f.cs.u0 / ATT_TILE, t_hi);
-            t_hi = (f.cs.u1 + ATT_TILE - 1) / ATT_TILE;
         }
+        if (phase == (known ? 0 : 1))
+            f.cs = cu_stream_of(L, A, it, known);
+        else if (phase == 0)
+            continue; /* nothing known before the wait */
+        int32_t t_lo = max(f.cs.u0 / ATT_TILE, t_hi);
+        if (phase == 0) /* tiles wholly before the step's first new position */
+            t_hi = max(t_lo, min(f.cs.base / ATT_TILE, f.cs.u1 / ATT_TILE));
+        else
+            t_hi = (f.cs.u1 + ATT_TILE - 1) / ATT_TILE;
         cu_attt_issue(L, A, mk, mv, sm, f, t_lo, t_hi, gs, tail_par);
     }
     /* End of the item. */

@@ -34,8 +34,12 @@ __device__ __forceinline__ void cu_stream_split(cu_stream &s, const cu_att_item 
     s.u1 = min(te * CU_TILE_KEYS, len);
 }
 
+/* all_blocks (sparse pass, Hopper kernel only): the request reaches at
+ * most K blocks, so its union is all of them (SPEC 4), known without the
+ * selection's results: uid and umk stay NULL (blocks 0, 1, ..., every
+ * token a member). */
 __device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_attn &A,
-                                                  const cu_att_item &it)
+                                                  const cu_att_item &it, bool all_blocks = false)
 {
     cu_stream s;
     s.r = it.r;
@@ -46,7 +50,11 @@ __device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_at
     s.B = A.B;
     s.sparse = A.sparse;
     int32_t len;
-    if (A.sparse) {
+    if (A.sparse && all_blocks) {
+        s.uid = NULL;
+        s.umk = NULL;
+        len = (s.kl + A.B - 1) / A.B * A.B;
+    } else if (A.sparse) {
         const int64_t w = (int64_t)it.dec * L.Hkv + it.group;
         s.uid = L.uids + w * L.cap_union;
         s.umk = L.umask + w * L.cap_union;
