@@ -255,11 +255,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
      * key this step writes, so they are issued before the launch wait and
      * stream while the indexer and the selection still run. */
     const int32_t nblk = pages; /* B == P == 128 on this path */
-#ifdef MSA_ATT_WAIT_FIRST
-    const bool known = false; /* measuring aid: every tile after the launch wait, as before */
-#else
     const bool known = nblk <= L.K;
-#endif
     int32_t t_hi = 0; /* end of the tiles issued before the wait */
     /* One copy of the issue loop for both phases (code size). */
 #pragma unroll 1
