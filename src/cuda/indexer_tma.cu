@@ -366,6 +366,27 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
 
 #endif /* CU_HAVE_WGMMA */
 
+/* The sparse attention starts with a chain of dependent loads of plan data
+ * that only it reads (its unit, the unit's items, then the page row); a
+ * request whose union is known from the plan copies its first tiles right
+ * after that chain (attn_tma.cu).  One warp per CTA asks L2 for those
+ * lines now, while the indexer waits for the prologue, so the chain hits
+ * L2 instead of DRAM.  Plan data may be read before the launch wait. */
+__device__ __forceinline__ void cu_idxt_prefetch_att_plan(const cu_layer &L)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t stride = (int64_t)gridDim.x * 32 * 128;
+    const int64_t first = ((int64_t)blockIdx.x * 32 + lane) * 128;
+    const char *units = (const char *)L.m.att_units;
+    const int64_t ub = (int64_t)L.m.hdr->n_att_units * (int64_t)sizeof(int32_t);
+    for (int64_t off = first; off < ub; off += stride)
+        cu_prefetch_l2(units + off);
+    const char *items = (const char *)L.m.att[CU_KIND_SPARSE];
+    const int64_t ib = (int64_t)L.m.hdr->n_att[CU_KIND_SPARSE] * (int64_t)sizeof(cu_att_item);
+    for (int64_t off = first; off < ib; off += stride)
+        cu_prefetch_l2(items + off);
+}
+
 template <typename Tag>
 __global__ void __launch_bounds__(IDXT_THREADS, 1)
     cu_indexer_tma_kernel(const __grid_constant__ cu_layer L, const __grid_constant__ CUtensorMap map)
@@ -391,6 +412,10 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
     /* The prologue writes this step's index keys: the producer waits for
      * it before its first copy; the plan and the queries are read at once. */
     cu_pdl_trigger();
+#ifndef MSA_IDX_NO_PLAN_PREFETCH
+    if (warp == 0)
+        cu_idxt_prefetch_att_plan(L);
+#endif
     const int32_t n_dec = L.m.hdr->n_dec;
     const int32_t total = (int32_t)L.m.hdr->total_dec_blocks;
     /* Fixed shares of the first three quarters; all of it without the
