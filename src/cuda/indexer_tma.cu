@@ -412,10 +412,8 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
     /* The prologue writes this step's index keys: the producer waits for
      * it before its first copy; the plan and the queries are read at once. */
     cu_pdl_trigger();
-#ifndef MSA_IDX_NO_PLAN_PREFETCH
     if (warp == 0)
         cu_idxt_prefetch_att_plan(L);
-#endif
     const int32_t n_dec = L.m.hdr->n_dec;
     const int32_t total = (int32_t)L.m.hdr->total_dec_blocks;
     /* Fixed shares of the first three quarters; all of it without the
