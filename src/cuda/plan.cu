@@ -8,6 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Selection CTAs per SM (build-time setting, for measurements).  With 4
+ * (the default) a step's rows run on many warps side by side.  With 1, a
+ * selection CTA fits beside an indexer CTA and beside an attention CTA on
+ * one SM (registers: 128 x 120 + 288 x 168 <= 64K), so the attention's
+ * CTAs could enter while the selection runs; not yet measured. */
+#ifndef MSA_SEL_CTAS_PER_SM
+#define MSA_SEL_CTAS_PER_SM 4
+#endif
+
 static size_t cu_align16(size_t x)
 {
     return (x + 15) & ~(size_t)15;
@@ -141,10 +150,11 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
     /* Scores of a row kept in shared memory by the selecting warp (and the
      * union's per-block bits): the whole row up to 4096 blocks. */
     st->sel_cache = any_sparse ? cu_min32(st->cap_blocks, 4096) : 0;
-    st->grid_pf = sms * 2;
     /* More warps than rows at batch 128 x 8 tokens x 4 units: a warp's row
      * is a chain of latencies, so rows run side by side, not in turn. */
-    st->grid_sel = sms * 4;
+    st->grid_sel = sms * MSA_SEL_CTAS_PER_SM;
+    /* Prefill items go to the selection's first grid_pf CTAs. */
+    st->grid_pf = cu_min32(sms * 2, st->grid_sel);
     st->grid_att = sms * 4;
     st->grid_att_fast = grid_att_fast;
     st->grid_merge = sms * 2;
