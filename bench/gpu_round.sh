@@ -279,10 +279,11 @@ fi
 # with MSA_CUDA_TIMELINE set, and the last replay's per-CTA stamps (entry,
 # back from the launch wait, first copy issued, first and last work in hand,
 # exit) are summarized per kernel into the summary (bench/timeline.py; step
-# "timeline", not in the default list).
+# "timeline", not in the default list).  TIMELINE_FLAGS: more CUDA flags of
+# that build (e.g. a variant's, to see its timeline).
 if has_step timeline; then
     TLB="$BUILD-timeline"
-    configure_cuda configure_timeline "$TLB" -DCMAKE_CUDA_FLAGS=-DMSA_TIMELINE
+    configure_cuda configure_timeline "$TLB" "-DCMAKE_CUDA_FLAGS=-DMSA_TIMELINE ${TIMELINE_FLAGS:-}"
     run_logged build_timeline cmake --build "$TLB" -j "$JOBS" --target msa_cli
     for tc in ${TIMELINE_CASES:-1:131072:1 8:10000:1}; do
         IFS=: read -r tb tlen tq <<<"$tc"
