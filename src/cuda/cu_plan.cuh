@@ -96,9 +96,7 @@ typedef struct cu_meta {
     int32_t *q_len;      /* [cap_req] */
     int32_t *kv_len;     /* [cap_req] */
     int32_t *q_start;    /* [cap_req] */
-    int32_t *token_req;  /* [cap_tok] request of a row, -1 padding */
-    int32_t *token_pos;  /* [cap_tok] */
-    cu_tok_info *tok_info; /* [cap_tok] */
+    cu_tok_info *tok_info; /* [cap_tok] request of a row (-1 padding), position, page */
     int32_t *dec_req;    /* [cap_req] request of decode slot k */
     int32_t *dec_row0;   /* [cap_req] first compact row of decode slot k */
     int32_t *dec_blk0;   /* [cap_req + 1] prefix sum of blocks over decode slots */

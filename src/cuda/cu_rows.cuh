@@ -106,8 +106,8 @@ static __device__ __forceinline__ void cu_attn_prefill_role(const cu_layer &L, c
         const int32_t hq = (int32_t)(w - (int64_t)pf * A.hq_total);
         const int32_t g = hq / A.g;
         const int32_t t = L.m.pf_tok[pf];
-        const int32_t r = L.m.token_req[t];
-        const int32_t p = L.m.token_pos[t];
+        const cu_tok_info ti = L.m.tok_info[t];
+        const int32_t r = ti.r, p = ti.pos;
         const int64_t qrow = (int64_t)t * A.hq_total + hq;
         cu_row_state st;
         cu_row_init(st, A, qrow * A.d);

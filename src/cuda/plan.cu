@@ -39,8 +39,6 @@ size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m)
     CARVE(q_len, int32_t, st->cap_req);
     CARVE(kv_len, int32_t, st->cap_req);
     CARVE(q_start, int32_t, st->cap_req);
-    CARVE(token_req, int32_t, st->cap_tok);
-    CARVE(token_pos, int32_t, st->cap_tok);
     CARVE(tok_info, cu_tok_info, st->cap_tok);
     CARVE(dec_req, int32_t, st->cap_req);
     CARVE(dec_row0, int32_t, st->cap_req);
@@ -489,8 +487,6 @@ void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h)
     for (int64_t t = 0; t < plan->num_tokens; ++t) {
         const int32_t r = plan->token_request[t];
         const int64_t pos = plan->token_pos[t];
-        h->token_req[t] = r;
-        h->token_pos[t] = (int32_t)pos;
         cu_tok_info *ti = &h->tok_info[t];
         ti->r = r;
         ti->pos = (int32_t)pos;

@@ -215,8 +215,8 @@ __device__ __forceinline__ void cu_select_prefill_role(const cu_layer &L, int ct
         const int32_t pf = (int32_t)(item / L.units);
         const int32_t u = (int32_t)(item - (int64_t)pf * L.units);
         const int32_t t = L.m.pf_tok[pf];
-        const int32_t r = L.m.token_req[t];
-        const int32_t p = L.m.token_pos[t];
+        const cu_tok_info ti = L.m.tok_info[t];
+        const int32_t r = ti.r, p = ti.pos;
         const int32_t N = p / L.B + 1;
         for (int hl = 0; hl < L.mi; ++hl) {
             const int32_t h = u * L.mi + hl;
