@@ -82,6 +82,24 @@ __device__ __forceinline__ void cu_tma_load2d(void *dst, const CUtensorMap *map,
                  : "memory");
 }
 
+/* As cu_tma_load2d, with an L2 cache policy (cu_l2_evict_first). */
+__device__ __forceinline__ void cu_tma_load2d_hint(void *dst, const CUtensorMap *map, int32_t col,
+                                                   int32_t row, uint64_t *bar, uint64_t policy)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(cu_smem_addr(dst)),
+                 "l"((uint64_t)map), "r"(col), "r"(row), "r"(cu_smem_addr(bar)), "l"(policy)
+                 : "memory");
+}
+
+/* An L2 policy for data read once: its lines are the first evicted. */
+__device__ __forceinline__ uint64_t cu_l2_evict_first()
+{
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+
 __device__ __forceinline__ void cu_tma_prefetch_map(const CUtensorMap *map)
 {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
@@ -111,6 +129,7 @@ void cu_launch_indexer_tma(const cu_layer *L, const cu_plan_state *st, const CUt
 void cu_launch_attn_tma(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
                         const CUtensorMap *map_k, const CUtensorMap *map_v, cudaStream_t s);
 cudaError_t cu_indexer_tma_setup(void);
+int cu_idxt_box_rows(void); /* rows of the index-key map's box */
 cudaError_t cu_attn_tma_setup(void);
 
 #endif /* MSA_CU_TMA_CUH */
