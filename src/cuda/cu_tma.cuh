@@ -129,7 +129,6 @@ void cu_launch_indexer_tma(const cu_layer *L, const cu_plan_state *st, const CUt
 void cu_launch_attn_tma(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
                         const CUtensorMap *map_k, const CUtensorMap *map_v, cudaStream_t s);
 cudaError_t cu_indexer_tma_setup(void);
-int cu_idxt_box_rows(void); /* rows of the index-key map's box */
 cudaError_t cu_attn_tma_setup(void);
 
 #endif /* MSA_CU_TMA_CUH */

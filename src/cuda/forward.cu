@@ -337,7 +337,7 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
      * that cannot be described falls back to the mma kernels). */
     CUtensorMap idx_map, kv_maps[2];
     const uint64_t prows = (uint64_t)cache->cfg.num_pages * (uint64_t)L.P;
-    if (paths.idx_tma && cu_tma_map_rows(&idx_map, L.ikp, prows, (uint32_t)cu_idxt_box_rows()) != 0)
+    if (paths.idx_tma && cu_tma_map_rows(&idx_map, L.ikp, prows, 128) != 0)
         paths.idx_tma = 0;
     if (paths.attn_tma && (cu_tma_map_rows(&kv_maps[0], L.kp, prows * L.Hkv, 64) != 0 ||
                            cu_tma_map_rows(&kv_maps[1], L.vp, prows * L.Hkv, 64) != 0))

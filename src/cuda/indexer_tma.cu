@@ -69,15 +69,6 @@ static_assert(IDXT_STAGES % IDXT_GROUPS == 0, "indexer stages: a multiple of the
 #define MSA_IDX_CHUNKED_MIN 8
 #endif
 #define IDXT_CHUNKED_MIN MSA_IDX_CHUNKED_MIN
-/* Rows of one tensor copy: a block is 128 / IDXT_BOX_ROWS copies per
- * 64-column half (build-time setting, for measurements; forward.cu encodes
- * the map with cu_idxt_box_rows()).  MSA_IDX_EVICT_FIRST marks the copies'
- * lines first to go from L2 (index keys are read once per step). */
-#ifndef MSA_IDX_BOX_ROWS
-#define MSA_IDX_BOX_ROWS 128
-#endif
-#define IDXT_BOX_ROWS MSA_IDX_BOX_ROWS
-static_assert(IDXT_BOX_ROWS == 64 || IDXT_BOX_ROWS == 128, "indexer copies: 64 or 128 rows");
 
 #ifdef CU_HAVE_WGMMA
 
@@ -289,23 +280,13 @@ __device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned cha
     }
     unsigned char *dst = ring + s * IDXT_BLOCK_BYTES;
     cu_mbar_arrive_tx(&full[s], IDXT_BLOCK_BYTES);
-    /* Rows in order, both halves of a row range together; half h of rows
-     * r0 .. lands at h * 16 KB + r0 * 128 (each copy 1024-aligned, so the
-     * swizzle is the same as one copy of 128 rows). */
-#ifdef MSA_IDX_EVICT_FIRST
+    /* Index keys are read once per step: their lines go first from L2, so
+     * the stream does not push out what the next kernels read again (the
+     * block scores, the plan).  On the H200 this took 1-3% off steps of
+     * 10K to 200K context (bench/RESULTS.md, v17). */
     const uint64_t pol = cu_l2_evict_first();
-#endif
-#pragma unroll
-    for (int r0 = 0; r0 < 128; r0 += IDXT_BOX_ROWS)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            unsigned char *d = dst + h * (IDXT_BLOCK_BYTES / 2) + r0 * 128;
-#ifdef MSA_IDX_EVICT_FIRST
-            cu_tma_load2d_hint(d, map, 64 * h, pg * 128 + r0, &full[s], pol);
-#else
-            cu_tma_load2d(d, map, 64 * h, pg * 128 + r0, &full[s]);
-#endif
-        }
+    cu_tma_load2d_hint(dst, map, 0, pg * 128, &full[s], pol);
+    cu_tma_load2d_hint(dst + IDXT_BLOCK_BYTES / 2, map, 64, pg * 128, &full[s], pol);
 }
 
 /* Blocks gb0 .. gb0 + cnt - 1 (cnt <= 32) into the ring from use x on:
@@ -474,11 +455,6 @@ void cu_launch_indexer_tma(const cu_layer *L, const cu_plan_state *st, const CUt
     else
         cu_launch(cu_indexer_tma_kernel<cu_f16_tag>, st->num_sms, IDXT_THREADS, IDXT_SMEM_BYTES, s,
                   st->pdl, *L, *map);
-}
-
-int cu_idxt_box_rows(void)
-{
-    return IDXT_BOX_ROWS;
 }
 
 cudaError_t cu_indexer_tma_setup(void)
