@@ -72,17 +72,7 @@ __device__ __forceinline__ void cu_mbar_wait(uint64_t *bar, uint32_t parity)
 }
 
 /* Box (col, row) of the tensor map into shared memory at dst, completing
- * on bar. */
-__device__ __forceinline__ void cu_tma_load2d(void *dst, const CUtensorMap *map, int32_t col,
-                                              int32_t row, uint64_t *bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(cu_smem_addr(dst)),
-                 "l"((uint64_t)map), "r"(col), "r"(row), "r"(cu_smem_addr(bar))
-                 : "memory");
-}
-
-/* As cu_tma_load2d, with an L2 cache policy (cu_l2_evict_first). */
+ * on bar, its lines in L2 under `policy` (cu_l2_evict_first). */
 __device__ __forceinline__ void cu_tma_load2d_hint(void *dst, const CUtensorMap *map, int32_t col,
                                                    int32_t row, uint64_t *bar, uint64_t policy)
 {

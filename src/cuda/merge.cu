@@ -11,7 +11,12 @@
 #include "cu_timeline.cuh"
 
 #define MERGE_WARPS 8
-#define MERGE_GROUP 8 /* splits whose rows one lane loads at once */
+/* Splits whose rows one lane loads at once (MSA_MERGE_GROUP overrides it
+ * at build time, for measurements). */
+#ifndef MSA_MERGE_GROUP
+#define MSA_MERGE_GROUP 8
+#endif
+#define MERGE_GROUP MSA_MERGE_GROUP
 
 /* Elements lane + 32 j of the rows of splits s0 .. s0 + MERGE_GROUP - 1
  * (zeros past nsplit or d). */
