@@ -11,12 +11,9 @@
 #include "cu_timeline.cuh"
 
 #define MERGE_WARPS 8
-/* Splits whose rows one lane loads at once (MSA_MERGE_GROUP overrides it
- * at build time, for measurements). */
-#ifndef MSA_MERGE_GROUP
-#define MSA_MERGE_GROUP 8
-#endif
-#define MERGE_GROUP MSA_MERGE_GROUP
+/* Splits whose rows one lane loads at once (16 was measured on the H200:
+ * no faster, bench/RESULTS.md v17). */
+#define MERGE_GROUP 8
 
 /* Elements lane + 32 j of the rows of splits s0 .. s0 + MERGE_GROUP - 1
  * (zeros past nsplit or d). */
