@@ -28,6 +28,14 @@ static PFN_cuTensorMapEncodeTiled_v12000 cu_encode_fn(void)
     return fn;
 }
 
+/* How far L2 widens a copy's requests (CUtensorMapL2promotion: 0 none,
+ * 1 64 B, 2 128 B, 3 256 B; MSA_TMA_L2_PROMOTION overrides it at build
+ * time, for measurements).  256 B: a box reads half of each 256-byte row,
+ * and the other half's box follows at once. */
+#ifndef MSA_TMA_L2_PROMOTION
+#define MSA_TMA_L2_PROMOTION 3
+#endif
+
 int cu_tma_map_rows(CUtensorMap *map, const void *base, uint64_t rows, uint32_t box_rows)
 {
     PFN_cuTensorMapEncodeTiled_v12000 fn = cu_encode_fn();
@@ -40,6 +48,6 @@ int cu_tma_map_rows(CUtensorMap *map, const void *base, uint64_t rows, uint32_t 
     const cuuint32_t estr[2] = {1, 1};
     CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)base, dims, strides, box, estr,
                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                    (CUtensorMapL2promotion)MSA_TMA_L2_PROMOTION, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? 0 : 1;
 }
