@@ -30,10 +30,12 @@ static PFN_cuTensorMapEncodeTiled_v12000 cu_encode_fn(void)
 
 /* How far L2 widens a copy's requests (CUtensorMapL2promotion: 0 none,
  * 1 64 B, 2 128 B, 3 256 B; MSA_TMA_L2_PROMOTION overrides it at build
- * time, for measurements).  256 B: a box reads half of each 256-byte row,
- * and the other half's box follows at once. */
+ * time, for measurements).  A box reads 128 bytes of each 256-byte row.
+ * With the copies marked evict-first, 256 B was 3-5% slower than 128 B or
+ * none on steps of 100K-200K context on the H200 (the indexer's stream;
+ * bench/RESULTS.md, v17). */
 #ifndef MSA_TMA_L2_PROMOTION
-#define MSA_TMA_L2_PROMOTION 3
+#define MSA_TMA_L2_PROMOTION 2
 #endif
 
 int cu_tma_map_rows(CUtensorMap *map, const void *base, uint64_t rows, uint32_t box_rows)
