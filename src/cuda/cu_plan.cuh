@@ -15,7 +15,12 @@
 
 #include "cu_common.cuh"
 
+#include <cuda.h>
+
 enum { CU_KIND_SPARSE = 0, CU_KIND_DENSE = 1, CU_KIND_IV = 2, CU_KINDS = 3 };
+
+/* A sparse layer's tensor maps (cu_plan_state.maps). */
+enum { CU_MAP_INDEX_K = 0, CU_MAP_K = 1, CU_MAP_V = 2, CU_MAPS = 3 };
 
 /* Rows [row0, row0 + nrows) of one (decode request, KV head) row space
  * (row = token * G + head in group), split `split` of `nsplit` over the key
@@ -161,6 +166,13 @@ typedef struct cu_plan_state {
     int32_t sel_cache;     /* scores cached per selecting warp (shared memory) */
     float *pf_scratch;     /* [grid_pf][mi][cap_blocks] prefill block scores */
     float *part;           /* [part_rows_cap][part_stride] split partials */
+
+    /* Tensor maps of the sparse layers' planes for the Hopper kernels,
+     * encoded once when the plan is created (the planes are fixed for the
+     * cache's life): maps[layer * CU_MAPS + m], bit m of map_ok[layer] set
+     * when map m could be encoded.  NULL without tensor-map kernels. */
+    CUtensorMap *maps;
+    uint8_t *map_ok;
 
     /* Host view of the current step (for describe). */
     int32_t max_q_len;

@@ -211,6 +211,8 @@ static int cu_budget_take(int *left)
     return 1;
 }
 
+/* maps: the K map, then the V map (NULL: no tensor-map kernel). */
+static_assert(CU_MAP_V == CU_MAP_K + 1, "a layer's V map follows its K map");
 static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
                              int fast, const CUtensorMap *maps, cudaStream_t s, int *left)
 {
@@ -333,14 +335,14 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     cu_paths paths;
     cu_choose_paths(plan, layer, io->act_dtype, io, &paths, NULL, 0);
 
-    /* Tensor maps of this layer's planes (host-side encoding; a plane
-     * that cannot be described falls back to the mma kernels). */
-    CUtensorMap idx_map, kv_maps[2];
-    const uint64_t prows = (uint64_t)cache->cfg.num_pages * (uint64_t)L.P;
-    if (paths.idx_tma && cu_tma_map_rows(&idx_map, L.ikp, prows, 128) != 0)
+    /* Tensor maps of this layer's planes, encoded with the plan; a plane
+     * that could not be described falls back to the mma kernels. */
+    const CUtensorMap *maps = st->maps ? st->maps + (size_t)layer * CU_MAPS : NULL;
+    const unsigned map_ok = st->map_ok ? st->map_ok[layer] : 0u;
+    if (paths.idx_tma && !(map_ok & (1u << CU_MAP_INDEX_K)))
         paths.idx_tma = 0;
-    if (paths.attn_tma && (cu_tma_map_rows(&kv_maps[0], L.kp, prows * L.Hkv, 64) != 0 ||
-                           cu_tma_map_rows(&kv_maps[1], L.vp, prows * L.Hkv, 64) != 0))
+    const unsigned kv_bits = (1u << CU_MAP_K) | (1u << CU_MAP_V);
+    if (paths.attn_tma && (map_ok & kv_bits) != kv_bits)
         paths.attn_tma = 0;
 
     int left = cs->stop_after > 0 ? cs->stop_after : -1;
@@ -352,7 +354,7 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     if (L.sparse) {
         if (cu_budget_take(&left)) {
             if (paths.idx_tma)
-                cu_launch_indexer_tma(&L, st, &idx_map, s);
+                cu_launch_indexer_tma(&L, st, &maps[CU_MAP_INDEX_K], s);
             else if (paths.idx_fast)
                 cu_launch_indexer_mma(&L, st, s);
             else
@@ -361,7 +363,7 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         if (cu_budget_take(&left))
             cu_launch_select(&L, st, s);
         cu_attn_main(&L, &A, 1);
-        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? kv_maps : NULL, s, &left);
+        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL, s, &left);
         if (L.iv) {
             cu_attn_index_value(&L, &A);
             cu_run_attention(&L, st, &A, paths.iv_fast, NULL, s, &left);

@@ -4,6 +4,7 @@
  * (plan_upload), and release (plan_free).  See cu_plan.cuh for the layout.
  */
 #include "cu_backend.cuh"
+#include "cu_tma.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,8 @@ static void cu_state_release(cu_plan_state *st)
     cudaFree(st->idx_next);
     cudaFree(st->pf_scratch);
     cudaFree(st->part);
+    free(st->maps);
+    free(st->map_ok);
     free(st);
 }
 
@@ -182,6 +185,44 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
     st->plan_caps[3] = plan->cap_pages_per_request;
 }
 
+/* The sparse layers' tensor maps (cu_plan_state.maps), encoded here once
+ * instead of three driver calls on the host at every forward of every
+ * sparse layer (eager launches pay them; graph replays never did).  A map
+ * that cannot be encoded (plane alignment or size, a driver without
+ * tensor maps) leaves its bit clear, and that layer's pass takes the mma
+ * kernels. */
+static int cu_state_maps(const msa_plan *plan, cu_plan_state *st)
+{
+    const msa_model *m = plan->model;
+    const msa_cache *cache = plan->cache;
+    const int32_t layers = m->cfg.num_layers;
+    /* Aligned as CUtensorMap asks (128 bytes with CUDA 13), its size a
+     * multiple of that. */
+    const size_t map_bytes = (size_t)layers * CU_MAPS * sizeof(CUtensorMap);
+    st->maps = (CUtensorMap *)aligned_alloc(alignof(CUtensorMap), map_bytes);
+    st->map_ok = (uint8_t *)calloc((size_t)layers, 1);
+    if (!st->maps || !st->map_ok)
+        return 1;
+    memset(st->maps, 0, map_bytes);
+    const uint64_t prows = (uint64_t)cache->cfg.num_pages * (uint64_t)cache->cfg.page_size;
+    const uint64_t hkv = (uint64_t)m->cfg.num_kv_heads;
+    for (int32_t l = 0; l < layers; ++l) {
+        if (!m->layer_sparse[l])
+            continue;
+        void *const *planes = cache->planes + (size_t)l * 4;
+        CUtensorMap *mp = st->maps + (size_t)l * CU_MAPS;
+        uint8_t ok = 0;
+        if (cu_tma_map_rows(&mp[CU_MAP_INDEX_K], planes[MSA_PLANE_INDEX_K], prows, 128) == 0)
+            ok |= 1u << CU_MAP_INDEX_K;
+        if (cu_tma_map_rows(&mp[CU_MAP_K], planes[MSA_PLANE_K], prows * hkv, 64) == 0)
+            ok |= 1u << CU_MAP_K;
+        if (cu_tma_map_rows(&mp[CU_MAP_V], planes[MSA_PLANE_V], prows * hkv, 64) == 0)
+            ok |= 1u << CU_MAP_V;
+        st->map_ok[l] = ok;
+    }
+    return 0;
+}
+
 static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
 {
     msa_context *ctx = plan->ctx;
@@ -266,6 +307,10 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
             return msa_set_error(ctx, MSA_ERR_BACKEND, "selection kernel setup: %s",
                                  cudaGetErrorString(e));
         }
+    }
+    if (st->tma && any_sparse && cu_state_maps(plan, st) != 0) {
+        cu_state_release(st);
+        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "out of host memory");
     }
     (void)any_iv;
     *out = st;
