@@ -202,7 +202,8 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
                  * side): its lines go first from L2, so the stream does not
                  * push out the unions, the plan and the partial rows that
                  * the attention and the merge read next.  On the H200 this
-                 * took 3-8% off steps of 10K to 200K context (v17). */
+                 * took 1-8% off steps of 10K to 200K context at batch 8-32
+                 * (bench/RESULTS.md, v17). */
                 const uint64_t pol = cu_l2_evict_first();
                 cu_tma_load2d_hint(kd, mk, 0, row, bar, pol);
                 cu_tma_load2d_hint(kd + ATT_HALF_BYTES / 2, mk, 64, row, bar, pol);

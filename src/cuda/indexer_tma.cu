@@ -282,7 +282,7 @@ __device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned cha
     cu_mbar_arrive_tx(&full[s], IDXT_BLOCK_BYTES);
     /* Index keys are read once per step: their lines go first from L2, so
      * the stream does not push out what the next kernels read again (the
-     * block scores, the plan).  On the H200 this took 1-3% off steps of
+     * block scores, the plan).  On the H200 this took 0.5-3% off steps of
      * 10K to 200K context (bench/RESULTS.md, v17). */
     const uint64_t pol = cu_l2_evict_first();
     cu_tma_load2d_hint(dst, map, 0, pg * 128, &full[s], pol);
