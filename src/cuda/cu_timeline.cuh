@@ -9,6 +9,8 @@
  *   waited   its working thread came back from the launch wait (the kernel
  *            before it had finished);
  *   issued   its producer issued its first tensor copy (indexer, attention);
+ *            selection: it built the unions of a request of several tokens
+ *            (the last such request of the CTA);
  *   first    the first piece of work was in hand (indexer and attention:
  *            the first tile landed in shared memory; selection: the first
  *            row selected and written);

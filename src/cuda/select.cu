@@ -276,8 +276,10 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int64_t 
                 cu_ready_set(L, k, u * L.mk + gl);
 #endif
             }
-            if (lane == 0)
+            if (lane == 0) {
                 *done = 0;
+                CU_TL_MARK(L, CU_TL_SELECT, CU_TL_ISSUED); /* a request's unions built */
+            }
         }
     }
     if (mark)
