@@ -13,7 +13,9 @@
  * (the default) a step's rows run on many warps side by side.  With 1, a
  * selection CTA fits beside an indexer CTA and beside an attention CTA on
  * one SM (registers: 128 x 120 + 288 x 168 <= 64K), so the attention's
- * CTAs could enter while the selection runs; not yet measured. */
+ * CTAs can enter while the selection runs.  Measured on the H200: 1 gained
+ * 0.5 µs at batch 8, 1K, 1 token and cost 7% at batch 128, 10K, 8 tokens;
+ * 2 was slower or level (bench/RESULTS.md, v17). */
 #ifndef MSA_SEL_CTAS_PER_SM
 #define MSA_SEL_CTAS_PER_SM 4
 #endif
