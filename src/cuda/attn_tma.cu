@@ -154,9 +154,8 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
         uint32_t bits = 0u;
         if (t < t_hi) {
             const int32_t bi = t >> 1; /* two tiles per 128-key union entry */
-            pos0 = (cs.uid ? CU_UNION_LOAD(&cs.uid[bi]) : bi) * 128 + (t & 1) * ATT_TILE;
-            bits = (cs.uid ? CU_UNION_LOAD(&cs.umk[bi]) : 0xffffffffu) & cu_causal_bits(pos0, cs.base, cs.ql) &
-                   f.mine;
+            pos0 = (cs.uid ? cs.uid[bi] : bi) * 128 + (t & 1) * ATT_TILE;
+            bits = (cs.uid ? cs.umk[bi] : 0xffffffffu) & cu_causal_bits(pos0, cs.base, cs.ql) & f.mine;
             if (bits)
                 page = f.pt[pos0 >> 7];
         }
@@ -269,12 +268,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
 #pragma unroll 1
     for (int phase = 0; phase < 2; ++phase) {
         if (phase == 1) {
-#ifdef MSA_ATT_FLAGS
-            if (L.att_flags) /* this union alone (cu_ready.cuh) */
-                cu_ready_wait(L, it.dec, it.group);
-            else
-#endif
-                cu_pdl_wait(); /* the union's count and ids (at once after the first unit) */
+            cu_pdl_wait(); /* the union's count and ids (at once after the first unit) */
 #ifdef MSA_TIMELINE
             if (lane == 0 && un.first_of_cta)
                 CU_TL_MARK(L, CU_TL_ATTN, CU_TL_WAITED);
@@ -295,10 +289,6 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     const int s = cu_attt_claim(sm, gs, -1, 0u);
     if (lane == 0)
         cu_mbar_arrive(&sm.full[s]);
-#ifdef MSA_ATT_FLAGS
-    if (L.att_flags && lane == 0) /* the union is read: one reader less */
-        cu_ready_release(L, it);
-#endif
     __syncwarp();
 }
 

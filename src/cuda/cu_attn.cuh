@@ -14,7 +14,6 @@
 #define MSA_CU_ATTN_CUH
 
 #include "cu_plan.cuh"
-#include "cu_ready.cuh"
 
 typedef struct cu_stream {
     int32_t r, ql, kl, base, t0;
@@ -59,7 +58,7 @@ __device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_at
         const int64_t w = (int64_t)it.dec * L.Hkv + it.group;
         s.uid = L.uids + w * L.cap_union;
         s.umk = L.umask + w * L.cap_union;
-        len = CU_UNION_LOAD(&L.ucnt[w]) * A.B;
+        len = L.ucnt[w] * A.B;
     } else {
         s.uid = NULL;
         s.umk = NULL;

@@ -166,10 +166,6 @@ typedef struct cu_plan_state {
     int32_t sel_cache;     /* scores cached per selecting warp (shared memory) */
     float *pf_scratch;     /* [grid_pf][mi][cap_blocks] prefill block scores */
     float *part;           /* [part_rows_cap][part_stride] split partials */
-#ifdef MSA_ATT_FLAGS
-    int32_t *att_flags;    /* [cap_req][Hkv] union ready (kept 0 between steps) */
-    int32_t *att_readers;  /* [cap_req][Hkv][3] units done reading it (kept 0) */
-#endif
 
     /* Tensor maps of the sparse layers' planes for the Hopper kernels,
      * encoded once when the plan is created (the planes are fixed for the
@@ -228,13 +224,6 @@ typedef struct cu_layer {
     int32_t *idx_next;       /* NULL: the indexer's shares are all fixed (indexer_tma.cu) */
     float *pf_scratch;
     float *part;
-#ifdef MSA_ATT_FLAGS
-    /* Set when the Hopper attention runs this layer's sparse pass: the
-     * selection marks each (decode slot, KV head) union ready, and the
-     * attention waits for that instead of the whole selection (attn_tma.cu). */
-    int32_t *att_flags;
-    int32_t *att_readers;
-#endif
 #ifdef MSA_TIMELINE
     unsigned long long *tl;  /* kernel timeline (cu_timeline.cuh), NULL: off */
 #endif

@@ -344,14 +344,6 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     const unsigned kv_bits = (1u << CU_MAP_K) | (1u << CU_MAP_V);
     if (paths.attn_tma && (map_ok & kv_bits) != kv_bits)
         paths.attn_tma = 0;
-#ifdef MSA_ATT_FLAGS
-    /* Readiness flags only when the Hopper attention runs the sparse pass:
-     * it is what puts them back to 0.  A layer stopped before its
-     * attention (MSA_CUDA_STOP_AFTER < 4) keeps the launch waits. */
-    const int att_launched = cs->stop_after <= 0 || cs->stop_after >= 4;
-    L.att_flags = L.sparse && paths.attn_tma && att_launched ? st->att_flags : NULL;
-    L.att_readers = st->att_readers;
-#endif
 
     int left = cs->stop_after > 0 ? cs->stop_after : -1;
     if (cs->tl) /* profiling aid: the timeline holds this forward's stamps only */

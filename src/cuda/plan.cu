@@ -85,10 +85,6 @@ static void cu_state_release(cu_plan_state *st)
     cudaFree(st->idx_next);
     cudaFree(st->pf_scratch);
     cudaFree(st->part);
-#ifdef MSA_ATT_FLAGS
-    cudaFree(st->att_flags);
-    cudaFree(st->att_readers);
-#endif
     free(st->maps);
     free(st->map_ok);
     free(st);
@@ -293,12 +289,6 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
                       sizeof(float) * (size_t)st->grid_pf * mi * st->cap_blocks);
     if (e == cudaSuccess)
         e = cu_zalloc((void **)&st->part, sizeof(float) * (size_t)st->part_rows_cap * st->part_stride);
-#ifdef MSA_ATT_FLAGS
-    if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->att_flags, sizeof(int32_t) * (size_t)st->cap_req * Hkv);
-    if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->att_readers, sizeof(int32_t) * (size_t)st->cap_req * Hkv * 3);
-#endif
     if (e != cudaSuccess) {
         cu_state_release(st);
         cudaGetLastError();

@@ -20,7 +20,6 @@
  */
 #include "cu_score.cuh"
 #include "cu_select.cuh"
-#include "cu_ready.cuh"
 #include "cu_launch.cuh"
 #include "cu_timeline.cuh"
 
@@ -253,12 +252,8 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int64_t 
     if (!row)
         return;
     if (ql == 1) {
-        for (int gl = 0; gl < L.mk; ++gl) {
+        for (int gl = 0; gl < L.mk; ++gl)
             cu_single_union(L, k, u * L.mk + gl, row);
-#ifdef MSA_ATT_FLAGS
-            cu_ready_set(L, k, u * L.mk + gl);
-#endif
-        }
     } else {
         /* Completion count of (request, unit); the last token's warp
          * builds the unions of the unit's KV heads. */
@@ -270,12 +265,8 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int64_t 
         prev = __shfl_sync(0xffffffffu, prev, 0);
         if (prev == ql - 1) {
             __threadfence();
-            for (int gl = 0; gl < L.mk; ++gl) {
+            for (int gl = 0; gl < L.mk; ++gl)
                 cu_request_union(L, k, u * L.mk + gl, wsm);
-#ifdef MSA_ATT_FLAGS
-                cu_ready_set(L, k, u * L.mk + gl);
-#endif
-            }
             if (lane == 0) {
                 *done = 0;
                 CU_TL_MARK(L, CU_TL_SELECT, CU_TL_ISSUED); /* a request's unions built */
