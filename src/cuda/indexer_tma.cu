@@ -46,9 +46,9 @@
  * and slot x % IDXT_STAGES.  The stage count is a multiple of the group
  * count, so every slot is consumed in order by a single group and a barrier
  * phase is never waited on a lap early.  While a group computes, the other
- * slots load.  Four 32 KB stages: on the H200 six were 1-3% slower at
- * every measured shape (bench/RESULTS.md, v18); with less shared memory
- * held, the next kernel's CTAs find room on the SMs sooner. */
+ * slots load.  Four 32 KB stages: on the H200 six were up to 3% slower,
+ * and at no measured shape faster (bench/RESULTS.md, v18); a guess: with less
+ * shared memory held, the next kernel's CTAs find room on the SMs sooner. */
 #define IDXT_GROUPS 2
 #ifndef MSA_IDX_TMA_STAGES /* build-time override, for measurements */
 #define MSA_IDX_TMA_STAGES 4
