@@ -44,6 +44,13 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
  * values, more than 32 candidates passed on the benchmark's 1024-block
  * rows, and the rounds took most of the selection's instructions.) */
 #define CU_SEL_SMALL 16
+/* Unrolling of the 32-step shuffle loops (ranks, thresholds): fully by
+ * default; MSA_SEL_UNROLL overrides it at build time, for measurements
+ * (less code to fetch against fewer loop instructions). */
+#ifndef MSA_SEL_UNROLL
+#define MSA_SEL_UNROLL 32
+#endif
+static constexpr int cu_sel_shfl_unroll = MSA_SEL_UNROLL;
 #define CU_SEL_LIST 256
 
 /* Candidates [I, c_end) whose score key is >= the need-th largest of the
@@ -67,7 +74,7 @@ __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int3
     /* T = the need-th largest of the 64 values: fewer than `need` above it,
      * at least `need` at or above it (independent shuffles, no chain). */
     int32_t gta = 0, gea = 0, gtb = 0, geb = 0;
-#pragma unroll
+#pragma unroll (cu_sel_shfl_unroll)
     for (int j = 0; j < 32; ++j) {
         const uint32_t ya = __shfl_sync(0xffffffffu, a, j);
         const uint32_t yb = __shfl_sync(0xffffffffu, b, j);
@@ -115,7 +122,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
                     (uint32_t)(0xffffffffu - (uint32_t)n);
             }
             int32_t rk = 0;
-#pragma unroll
+#pragma unroll (cu_sel_shfl_unroll)
             for (int j = 0; j < 32; ++j)
                 rk += __shfl_sync(0xffffffffu, x, j) > x;
             if (lane < count && rk < need)
@@ -169,7 +176,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
         mine = f < I ? f : (N - Lc) + (f - I);
     /* Rank among the K ids (distinct) = number of smaller ones. */
     int32_t rank = 0;
-#pragma unroll
+#pragma unroll (cu_sel_shfl_unroll)
     for (int j = 0; j < 32; ++j) {
         const int32_t y = __shfl_sync(0xffffffffu, mine, j);
         rank += y < mine;
@@ -254,7 +261,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
      * `need` at or above it (independent shuffles). */
     const int lane = tid & 31, warp = tid >> 5;
     int32_t gt = 0, ge = 0;
-#pragma unroll
+#pragma unroll (cu_sel_shfl_unroll)
     for (int j = 0; j < 32; ++j) {
         const uint32_t y = __shfl_sync(0xffffffffu, a, j);
         gt += y > a;
