@@ -45,7 +45,8 @@ typedef struct __align__(16) cu_att_item {
 typedef struct __align__(16) cu_dec_info {
     int32_t r, ql, kl, t0;
     int32_t d0;         /* first compact decode row */
-    int32_t blk0, blk1; /* its blocks in the end-to-end block sequence */
+    int32_t blk0, blk1; /* its blocks in the end-to-end block sequence (none
+                         * when it has at most K: nothing to score) */
     int32_t pad;
 } cu_dec_info;
 
@@ -87,7 +88,8 @@ typedef struct cu_step_hdr {
     int32_t n_dec;           /* decode requests */
     int32_t n_dec_rows;      /* their tokens */
     int32_t n_pf;            /* prefill tokens */
-    int32_t total_dec_blocks;/* sum over decode requests of ceil(kv_len / B) */
+    int32_t total_dec_blocks;/* sum of ceil(kv_len / B) over the decode requests
+                              * with more than K blocks (those the indexer scores) */
     int32_t n_att[CU_KINDS];
     int32_t n_merge[CU_KINDS];
     int32_t n_att_units;     /* sparse pass: entries of att_units */

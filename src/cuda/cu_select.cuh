@@ -48,7 +48,7 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
  * default; MSA_SEL_UNROLL overrides it at build time, for measurements
  * (less code to fetch against fewer loop instructions). */
 #ifndef MSA_SEL_UNROLL
-#define MSA_SEL_UNROLL 32
+#define MSA_SEL_UNROLL 4
 #endif
 static constexpr int cu_sel_shfl_unroll = MSA_SEL_UNROLL;
 #define CU_SEL_LIST 256

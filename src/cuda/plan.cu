@@ -514,8 +514,12 @@ void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h)
             di->t0 = (int32_t)plan->q_start[r];
             di->d0 = dec_rows - ql;
             di->blk0 = blocks;
-            if (any_sparse)
-                blocks += cu_ceil_div32(plan->kv_len[r], B);
+            /* The indexer scores only requests with more than K blocks:
+             * with at most K every reachable block is selected whatever
+             * the scores (SPEC 4), and nothing else reads them. */
+            const int32_t req_blocks = cu_ceil_div32(plan->kv_len[r], B);
+            if (any_sparse && req_blocks > m->cfg.topk_blocks)
+                blocks += req_blocks;
             di->blk1 = blocks;
             di->pad = 0;
             ++n_dec;

@@ -181,6 +181,21 @@ static void check_rows(const msa_plan *plan, const cu_meta *h)
         }
     }
     EXPECT(d == h->hdr->n_dec_rows, "%d decode rows listed, header says %d", d, h->hdr->n_dec_rows);
+    /* The indexer's blocks, end to end: only requests with more than K
+     * blocks (at most K: all selected, their scores never read). */
+    int32_t blocks = 0;
+    for (int32_t k = 0; k < h->hdr->n_dec; ++k) {
+        const cu_dec_info *di = &h->dec_info[k];
+        const int32_t nb = (plan->kv_len[h->dec_req[k]] + B - 1) / B;
+        const int32_t want = nb > plan->model->cfg.topk_blocks ? nb : 0;
+        EXPECT(h->dec_blk0[k] == blocks && di->blk0 == blocks && di->blk1 == blocks + want,
+               "decode slot %d (%d blocks): indexer blocks [%d, %d), prefix %d, want [%d, %d)", k, nb,
+               di->blk0, di->blk1, h->dec_blk0[k], blocks, blocks + want);
+        blocks += want;
+    }
+    EXPECT(h->dec_blk0[h->hdr->n_dec] == blocks && h->hdr->total_dec_blocks == blocks,
+           "indexer blocks: prefix end %d, total %d, want %d", h->dec_blk0[h->hdr->n_dec],
+           h->hdr->total_dec_blocks, blocks);
     /* The selection picks its mode (a CTA or a warp per row) from it. */
     EXPECT(h->hdr->max_dec_nblk == max_nblk, "largest decode row reach %d, want %d",
            h->hdr->max_dec_nblk, max_nblk);
@@ -348,7 +363,8 @@ int main(void)
     static const int sms_list[] = {132, 78, 8};
     static const int batches[] = {1, 2, 8, 32, 64, 128};
     static const int qs[] = {1, 2, 4, 5, 8, 16};
-    static const int ctxs[] = {1000, 4000, 10000, 100000, 200000};
+    /* 2000: requests on both sides of K = 16 blocks in one step. */
+    static const int ctxs[] = {1000, 2000, 4000, 10000, 100000, 200000};
     int cases = 0;
     unsigned seed = 12345u;
     for (int mi = 0; mi < 2; ++mi)
