@@ -51,16 +51,8 @@
  * Only the second group's warps save theirs (a single item): 4 slots. */
 #define ATT_SCR_FLOATS CU_ROWS_SLOT_FLOATS
 #define ATT_SCR_SLOTS 4
-/* MSA_ATT_PIPE (a build-time option): the groups' queries in shared
- * memory, 16 KB each (the products read them there: the registers they
- * held keep the pending tile's weights instead). */
-#ifdef MSA_ATT_PIPE
-#define ATT_Q_BYTES (2 * ATT_HALF_BYTES)
-#else
-#define ATT_Q_BYTES 0
-#endif
 #define ATT_SMEM_BYTES                                                                      \
-    (1024 + ATT_STAGES * ATT_STAGE_BYTES + ATT_Q_BYTES + ATT_SCR_SLOTS * ATT_SCR_FLOATS * 4 + \
+    (1024 + ATT_STAGES * ATT_STAGE_BYTES + ATT_SCR_SLOTS * ATT_SCR_FLOATS * 4 +            \
      ATT_STAGES * 16 + (2 * ATT_STAGES + 1) * 8)
 
 static_assert(ATT_SMEM_BYTES <= 227 * 1024, "attention ring and scratch exceed shared memory");
@@ -78,9 +70,6 @@ typedef struct cu_attt_meta {
 
 typedef struct cu_attt_smem {
     unsigned char *ring;
-#ifdef MSA_ATT_PIPE
-    unsigned char *q;  /* the groups' query tiles (ATT_HALF_BYTES each) */
-#endif
     float *scr;
     cu_attt_meta *meta;
     uint64_t *full, *empty;
@@ -307,8 +296,9 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
  * keys (K-major in the slot: dimensions 0-63 in the first box, 64-127 in
  * the second). */
 template <typename Tag>
-__device__ __forceinline__ void cu_attt_qk_issue(uint32_t ka, const uint32_t (&qa)[8][4], float (&sc)[8][4])
+__device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][4], float (&sc)[8][4])
 {
+    cu_wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
         const uint32_t at = ka + (uint32_t)(ks >> 2) * (ATT_HALF_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
@@ -318,49 +308,6 @@ __device__ __forceinline__ void cu_attt_qk_issue(uint32_t ka, const uint32_t (&q
             cu_wgmma_m64n64k16(sc, qa[ks], cu_wgmma_desc(at, 16), 1, Tag());
     }
     cu_wgmma_commit();
-}
-
-/* The same with the queries in shared memory at qs (the tile layout of K,
- * 64 rows). */
-template <typename Tag>
-__device__ __forceinline__ void cu_attt_qk_issue_ss(uint32_t ka, uint32_t qs, float (&sc)[8][4])
-{
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-        const uint32_t off = (uint32_t)(ks >> 2) * (ATT_HALF_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
-        if (ks == 0)
-            cu_wgmma_m64n64k16_ss_first(sc, cu_wgmma_desc(qs + off, 16), cu_wgmma_desc(ka + off, 16), Tag());
-        else
-            cu_wgmma_m64n64k16_ss(sc, cu_wgmma_desc(qs + off, 16), cu_wgmma_desc(ka + off, 16), 1, Tag());
-    }
-    cu_wgmma_commit();
-}
-
-/* Warp w's token's 16 query rows (zeros when inactive) into rows 16w ..
- * 16w + 15 of the group's query tile qt (swizzled as a K tile of 64 rows),
- * then visible to the products of the whole group (barrier 2 + h). */
-__device__ __forceinline__ void cu_attt_stage_q(const cu_attn &A, int64_t q_row0, bool active,
-                                                unsigned char *qt, int w, int h)
-{
-    const int lane = threadIdx.x & 31;
-    const uint4 *qp = (const uint4 *)A.q;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int e = j * 32 + lane; /* 16 rows x 16 chunks of 16 bytes */
-        const int r = e >> 4, c = e & 15;
-        const uint4 v = active ? qp[((q_row0 + r) * 128) / 8 + c] : make_uint4(0u, 0u, 0u, 0u);
-        *(uint4 *)(qt + cu_tswz(ATT_TILE, 16 * w + r, c)) = v;
-    }
-    /* The products read shared memory through the async proxy. */
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    cu_named_sync(2 + h, 128);
-}
-
-template <typename Tag>
-__device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][4], float (&sc)[8][4])
-{
-    cu_wgmma_fence();
-    cu_attt_qk_issue<Tag>(ka, qa, sc);
     cu_wgmma_wait_all();
     cu_wgmma_hold(sc);
 }
@@ -371,9 +318,8 @@ __device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][
  * scores is the scaled max.  O keeps its scale while both rows' maxima
  * hold in every lane of the warp, as they do on most tiles once the max
  * has settled. */
-__device__ __forceinline__ void cu_attt_weights(float (&sc)[8][4], int32_t lim, float sl2, float &m_lo,
-                                                float &m_hi, float &l_lo, float &l_hi, float &corr_lo,
-                                                float &corr_hi)
+__device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, float sl2, float (&o)[16][4],
+                                                float &m_lo, float &m_hi, float &l_lo, float &l_hi)
 {
     const int lane = threadIdx.x & 31;
     if (lim < ATT_TILE - 1) {
@@ -387,7 +333,7 @@ __device__ __forceinline__ void cu_attt_weights(float (&sc)[8][4], int32_t lim, 
             }
         }
     }
-    float mx_lo, mx_hi, ref_lo, ref_hi;
+    float mx_lo, mx_hi, ref_lo, ref_hi, corr_lo, corr_hi;
     cu_rows_tile_max<8>(sc, mx_lo, mx_hi);
     cu_rows_new_max(mx_lo * sl2, mx_hi * sl2, m_lo, m_hi, ref_lo, ref_hi, corr_lo, corr_hi);
     float ps_lo = 0.0f, ps_hi = 0.0f;
@@ -403,22 +349,8 @@ __device__ __forceinline__ void cu_attt_weights(float (&sc)[8][4], int32_t lim, 
     }
     l_lo = l_lo * corr_lo + ps_lo;
     l_hi = l_hi * corr_hi + ps_hi;
-}
-
-/* O's rows scaled by their corrections, skipped when every row of the warp
- * keeps its max. */
-__device__ __forceinline__ void cu_attt_rescale(float (&o)[16][4], float corr_lo, float corr_hi)
-{
     if (__any_sync(0xffffffffu, corr_lo != 1.0f || corr_hi != 1.0f))
         cu_rows_rescale(o, corr_lo, corr_hi);
-}
-
-__device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, float sl2, float (&o)[16][4],
-                                                float &m_lo, float &m_hi, float &l_lo, float &l_hi)
-{
-    float corr_lo, corr_hi;
-    cu_attt_weights(sc, lim, sl2, m_lo, m_hi, l_lo, l_hi, corr_lo, corr_hi);
-    cu_attt_rescale(o, corr_lo, corr_hi);
 }
 
 /* O += P V: the weights (rounded to the 16-bit type, in the A-fragment
@@ -427,8 +359,9 @@ __device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, 
  * (ATT_HALF_BYTES / 2) after 0-63.  A warp whose token does not use the
  * tile gives weight 0 to every key (its rows of the product add zero). */
 template <typename Tag>
-__device__ __forceinline__ void cu_attt_pack(const float (&p)[8][4], bool member, uint32_t (&pa)[4][4])
+__device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], bool member, float (&o)[16][4])
 {
+    uint32_t pa[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
         pa[kk][0] = member ? cu_pack2(p[2 * kk][0], p[2 * kk][1], Tag()) : 0u;
@@ -436,41 +369,14 @@ __device__ __forceinline__ void cu_attt_pack(const float (&p)[8][4], bool member
         pa[kk][2] = member ? cu_pack2(p[2 * kk + 1][0], p[2 * kk + 1][1], Tag()) : 0u;
         pa[kk][3] = member ? cu_pack2(p[2 * kk + 1][2], p[2 * kk + 1][3], Tag()) : 0u;
     }
-}
-
-template <typename Tag>
-__device__ __forceinline__ void cu_attt_pv_issue(uint32_t va, const uint32_t (&pa)[4][4], float (&o)[16][4])
-{
+    cu_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
         cu_wgmma_m64n128k16<1>(o, pa[kk], cu_wgmma_desc(va + (uint32_t)kk * 2048u, ATT_HALF_BYTES / 2), 1,
                                Tag());
     cu_wgmma_commit();
-}
-
-template <typename Tag>
-__device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], bool member, float (&o)[16][4])
-{
-    uint32_t pa[4][4];
-    cu_attt_pack<Tag>(p, member, pa);
-    cu_wgmma_fence();
-    cu_attt_pv_issue<Tag>(va, pa, o);
     cu_wgmma_wait_all();
     cu_wgmma_hold(o);
-}
-
-/* The pending tile's O += P V, alone, then its slot back to the producer. */
-template <typename Tag>
-__device__ __forceinline__ void cu_attt_finish(const cu_attt_smem &sm, int s, uint32_t va,
-                                               const uint32_t (&pa)[4][4], float (&o)[16][4])
-{
-    cu_wgmma_fence();
-    cu_attt_pv_issue<Tag>(va, pa, o);
-    cu_wgmma_wait<0>();
-    cu_wgmma_hold(o);
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0)
-        cu_mbar_arrive(&sm.empty[s]);
 }
 
 /* One consumer warpgroup (h = 0 or 1) of a unit.  Warp w of the group
@@ -501,43 +407,13 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
 
     const int64_t q_lo = (int64_t)(it.t0 + tok) * A.hq_total + it.group * 16 + (lane >> 2);
     const int64_t q_hi = q_lo + 8;
-#ifdef MSA_ATT_PIPE
-    unsigned char *qt = sm.q + h * ATT_HALF_BYTES;
-    cu_attt_stage_q(A, q_lo - (lane >> 2), active, qt, w, h);
-    const uint32_t qs = cu_smem_addr(qt);
-#else
     uint32_t qa[8][4];
     cu_rows_load_q(A.q, q_lo, q_hi, active, active, qa);
-#endif
     float o[16][4], m_lo, m_hi, l_lo, l_hi;
     cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
     const float sl2 = A.scale * LOG2E;
 
-#ifdef MSA_ATT_PIPE
-    /* Software pipeline: a tile's O += P V is issued with the next
-     * computed tile's S = Q K^T, so the tensor cores work through the
-     * weights of the next tile (exp2 on the special function units) while
-     * the warpgroup computes them.  The tile whose product is pending keeps
-     * its ring slot until the product is done.  The products are issued
-     * and waited for on one path whether a tile is pending or not (the
-     * first computed tile, or the first after a pending one was finished
-     * alone, issues a P V of zero weights: O += 0), so the compiler need not
-     * serialize them. */
-    uint32_t pa[4][4] = {};    /* weights of the pending tile */
-    uint32_t va_held = 0u;     /* its V */
-    int s_held = -1;           /* its slot; -1: none pending */
-    int32_t c_held = 0;        /* its place in the unit's slot sequence */
-#endif
     for (int32_t c = 0;; ++c) {
-#ifdef MSA_ATT_PIPE
-        /* The slot of tile c comes back from tile c - ATT_STAGES: a pending
-         * tile that far back must be finished before the wait, or the
-         * producer could never fill the slot waited for. */
-        if (s_held >= 0 && c - c_held >= ATT_STAGES) {
-            cu_attt_finish<Tag>(sm, s_held, va_held, pa, o);
-            s_held = -1;
-        }
-#endif
         const int s = gs % ATT_STAGES;
         cu_mbar_wait(&sm.full[s], (gs / ATT_STAGES) & 1u);
         ++gs;
@@ -548,53 +424,12 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
             CU_TL_MARK(L, CU_TL_ATTN, CU_TL_LAST);
 #endif
         const cu_attt_meta mt = sm.meta[s];
-#ifdef MSA_ATT_PIPE
-        if (mt.pos0 < 0 && s_held >= 0) { /* the item's last product */
-            cu_attt_finish<Tag>(sm, s_held, va_held, pa, o);
-            s_held = -1;
-        }
-        if (mt.pos0 >= 0 && (mt.bits & gbits) && (pair || (c & 1) == h)) {
-            const uint32_t ka = cu_smem_addr(sm.ring + s * ATT_STAGE_BYTES);
-            float sc[8][4];
-            const bool held = s_held >= 0; /* group-uniform */
-            /* None pending: zero weights against this tile's V (selects,
-             * not a branch, on the products' registers). */
-            va_held = held ? va_held : ka + ATT_HALF_BYTES;
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    pa[kk][e] = held ? pa[kk][e] : 0u;
-            cu_wgmma_fence();
-            cu_attt_qk_issue_ss<Tag>(ka, qs, sc);
-            cu_attt_pv_issue<Tag>(va_held, pa, o);
-            cu_wgmma_wait<1>(); /* S of this tile; the pending P V runs on */
-            cu_wgmma_hold(sc);
-            const bool member = (mt.bits & tbit) != 0u;
-            float corr_lo = 1.0f, corr_hi = 1.0f;
-            if (member)
-                cu_attt_weights(sc, last - mt.pos0, sl2, m_lo, m_hi, l_lo, l_hi, corr_lo, corr_hi);
-            cu_wgmma_wait<0>();
-            cu_wgmma_hold(o);
-            __syncwarp();
-            if (held && lane == 0)
-                cu_mbar_arrive(&sm.empty[s_held]);
-            /* O after the pending tile, moved to this tile's maxima. */
-            cu_attt_rescale(o, corr_lo, corr_hi);
-            cu_attt_pack<Tag>(sc, member, pa);
-            va_held = ka + ATT_HALF_BYTES;
-            s_held = s;
-            c_held = c;
-            continue;
-        }
-#endif
         if (mt.pos0 < 0) {
             __syncwarp();
             if (lane == 0)
                 cu_mbar_arrive(&sm.empty[s]);
             break;
         }
-#ifndef MSA_ATT_PIPE
         /* Group-uniform: whether this group computes the tile. */
         if ((mt.bits & gbits) && (pair || (c & 1) == h)) {
             const uint32_t ka = cu_smem_addr(sm.ring + s * ATT_STAGE_BYTES);
@@ -608,7 +443,6 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
                 cu_attt_softmax(sc, last - mt.pos0, sl2, o, m_lo, m_hi, l_lo, l_hi);
             cu_attt_pv<Tag>(va, sc, member, o);
         }
-#endif
         __syncwarp();
         if (lane == 0)
             cu_mbar_arrive(&sm.empty[s]);
@@ -640,10 +474,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     cu_attt_smem sm;
     sm.ring = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-#ifdef MSA_ATT_PIPE
-    sm.q = sm.ring + ATT_STAGES * ATT_STAGE_BYTES; /* 1024-aligned: swizzle atoms */
-#endif
-    sm.scr = (float *)(sm.ring + ATT_STAGES * ATT_STAGE_BYTES + ATT_Q_BYTES);
+    sm.scr = (float *)(sm.ring + ATT_STAGES * ATT_STAGE_BYTES);
     sm.meta = (cu_attt_meta *)(sm.scr + ATT_SCR_SLOTS * ATT_SCR_FLOATS);
     sm.full = (uint64_t *)(sm.meta + ATT_STAGES);
     sm.empty = sm.full + ATT_STAGES;

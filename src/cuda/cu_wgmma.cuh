@@ -57,14 +57,6 @@ __device__ __forceinline__ void cu_wgmma_wait_all()
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
 
-/* Waits until at most N committed groups are still pending (groups complete
- * in commit order). */
-template <int N>
-__device__ __forceinline__ void cu_wgmma_wait()
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
 /* Keeps the compiler from moving reads or writes of the accumulators across
  * the asynchronous product (the registers are its operands until the wait). */
 template <int NJ>
@@ -131,27 +123,6 @@ __device__ __forceinline__ void cu_wgmma_hold(float (&d)[NJ][4])
                      : CU_WG_D64                                                                      \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate),           \
                        "n"(TB));                                                                      \
-    }                                                                                                 \
-    /* d (64 x 64, fp32) = (accumulate ? d : 0) + A (64 x 16 at descriptor a,                        \
-     * K-major, shared memory) x B (64 x 16 at descriptor b, K-major). */                             \
-    __device__ __forceinline__ void cu_wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t a, uint64_t b,   \
-                                                          int accumulate, TAG)                        \
-    {                                                                                                 \
-        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"                                   \
-                     " wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " CU_WG_REGS32       \
-                     ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                                 \
-                     : CU_WG_D32                                                                      \
-                     : "l"(a), "l"(b), "r"(accumulate));                                              \
-    }                                                                                                 \
-    /* The same with d written only (the first step of a product). */                                \
-    __device__ __forceinline__ void cu_wgmma_m64n64k16_ss_first(float (&d)[8][4], uint64_t a,         \
-                                                                uint64_t b, TAG)                      \
-    {                                                                                                 \
-        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"                                   \
-                     " wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " CU_WG_REGS32       \
-                     ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                                 \
-                     : CU_WG_W32                                                                      \
-                     : "l"(a), "l"(b), "r"(0));                                                       \
     }
 
 CU_WGMMA_PRODUCTS(cu_bf16_tag, "bf16")
