@@ -3,9 +3,10 @@
  * scores of every decode token and index head, written to the plan's score
  * workspace for the selection kernel.
  *
- * The blocks of all decode requests are laid end to end and each CTA takes
- * an equal contiguous share, so one long request still spreads over the
- * whole GPU.  Inside a block, one warp per query column (token, index head).
+ * The blocks of all decode requests with more than K blocks (the others
+ * select every block: nothing to score, cu_step_fill) are laid end to end
+ * and each CTA takes an equal contiguous share, so one long request still
+ * spreads over the whole GPU.  Inside a block, one warp per query column (token, index head).
  */
 #include "cu_score.cuh"
 #include "cu_launch.cuh"

@@ -3,7 +3,8 @@
  * B = P = 128 (a key block is one page: 32 KB of contiguous rows), at most
  * 64 query columns (q_len x Hi) per request.
  *
- * Work split: the blocks of all decode requests end to end.  The first
+ * Work split: the blocks of all decode requests with more than K blocks
+ * end to end (the others select every block: nothing to score).  The first
  * three quarters go in equal contiguous shares, one per CTA; the rest in
  * chunks of IDXT_CHUNK blocks, taken on demand (a counter in the plan's
  * workspace) by the CTAs that finish their share first.  Equal shares
