@@ -44,9 +44,10 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
  * values, more than 32 candidates passed on the benchmark's 1024-block
  * rows, and the rounds took most of the selection's instructions.) */
 #define CU_SEL_SMALL 16
-/* Unrolling of the 32-step shuffle loops (ranks, thresholds): fully by
- * default; MSA_SEL_UNROLL overrides it at build time, for measurements
- * (less code to fetch against fewer loop instructions). */
+/* Unrolling of the 32-step shuffle loops (ranks, thresholds): by 4, less
+ * code to fetch against a few more loop instructions (selection kernel
+ * code 255 -> 158 KB, 0.3-2% faster steps on the H200: bench/RESULTS.md,
+ * v18).  MSA_SEL_UNROLL overrides it at build time, for measurements. */
 #ifndef MSA_SEL_UNROLL
 #define MSA_SEL_UNROLL 4
 #endif

@@ -6,7 +6,8 @@
  * The blocks of all decode requests with more than K blocks (the others
  * select every block: nothing to score, cu_step_fill) are laid end to end
  * and each CTA takes an equal contiguous share, so one long request still
- * spreads over the whole GPU.  Inside a block, one warp per query column (token, index head).
+ * spreads over the whole GPU.  Inside a block, one warp per query column
+ * (token, index head).
  */
 #include "cu_score.cuh"
 #include "cu_launch.cuh"
