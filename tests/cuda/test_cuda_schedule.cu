@@ -13,7 +13,9 @@
  *   - with split units on the Hopper path, at most one unit per SM;
  *   - no list exceeds its capacity;
  *   - the per-row facts the kernels load in one piece (tok_info, dec_row,
- *     a merge item's t0) equal what the plan's arrays say.
+ *     a merge item's t0) equal what the plan's arrays say;
+ *   - the indexer's block list holds exactly the decode requests of more
+ *     than K blocks, end to end (the others select every block).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -362,17 +364,17 @@ int main(void)
 
     static const int sms_list[] = {132, 78, 8};
     static const int batches[] = {1, 2, 8, 32, 64, 128};
-    static const int qs[] = {1, 2, 4, 5, 8, 16};
+    static const int qs[] = {1, 2, 4, 5, 8, 12, 16};
     /* 2000: requests on both sides of K = 16 blocks in one step. */
     static const int ctxs[] = {1000, 2000, 4000, 10000, 100000, 200000};
     int cases = 0;
     unsigned seed = 12345u;
     for (int mi = 0; mi < 2; ++mi)
-        for (int si = 0; si < 3; ++si)
+        for (int si = 0; si < (int)(sizeof sms_list / sizeof *sms_list); ++si)
             for (int tma = 0; tma < 2; ++tma)
-                for (int bi = 0; bi < 6; ++bi)
-                    for (int qi = 0; qi < 6; ++qi)
-                        for (int ci = 0; ci < 5; ++ci) {
+                for (int bi = 0; bi < (int)(sizeof batches / sizeof *batches); ++bi)
+                    for (int qi = 0; qi < (int)(sizeof qs / sizeof *qs); ++qi)
+                        for (int ci = 0; ci < (int)(sizeof ctxs / sizeof *ctxs); ++ci) {
                             const sched_case sc = {sms_list[si], tma, batches[bi], qs[qi],
                                                    ctxs[ci], (bi + qi + ci) % 4 == 0};
                             const int before = g_failed;
