@@ -35,7 +35,7 @@
 
 /* Four 32 KB stages.  A deeper ring does not pay: on the H200, six stages
  * (as many as fit beside the merge scratch) were 0.2-5% slower than four
- * on twelve decode cases (batches of 8 to 128 requests), five 1-3% slower
+ * on twelve decode cases (batches of 8 to 128 requests), five 0.3-4% slower
  * (bench/RESULTS.md, v18), three about as fast as four; the stream is not
  * short of copies in flight.
  * (MSA_ATT_TMA_STAGES overrides it at build time, for measurements.) */
