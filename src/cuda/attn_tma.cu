@@ -254,17 +254,6 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     f.tok0 = it.row0 / 16;
     f.ntok = un.ntok[0] + un.ntok[1];
     f.mine = cu_attt_item_bits(f.tok0, f.ntok);
-#ifdef MSA_ATT_Q_PREFETCH
-    /* A build-time option, for measurements (not yet run on a GPU).  The
-     * consumers load a unit's queries when they start it, after the unit
-     * before: a DRAM round trip while the ring holds tiles.  The producer
-     * starts a unit up to ATT_STAGES tiles earlier, so it asks L2 for the
-     * unit's query rows (16 heads x 256 bytes per token, contiguous). */
-    for (int32_t e = lane; e < f.ntok * 32; e += 32) {
-        const int64_t row = (int64_t)(it.t0 + f.tok0 + (e >> 5)) * A.hq_total + it.group * 16;
-        cu_prefetch_l2((const char *)A.q + row * 256 + (e & 31) * 128);
-    }
-#endif
 #ifdef MSA_TIMELINE
     f.first_of_cta = un.first_of_cta;
 #endif
