@@ -30,7 +30,6 @@
 #include "cu_tma.cuh"
 #include "cu_wgmma.cuh"
 #include "cu_rows_state.cuh"
-#include "cu_select.cuh"
 #include "cu_launch.cuh"
 #include "cu_timeline.cuh"
 
@@ -109,7 +108,6 @@ __device__ __forceinline__ int cu_attt_claim(const cu_attt_smem &sm, uint32_t &g
 typedef struct cu_attt_unit {
     int32_t first;
     int32_t ntok[2]; /* tokens of each item (ntok[1] = 0: single item) */
-    bool sole;       /* the CTA's only unit */
 #ifdef MSA_TIMELINE
     bool first_of_cta; /* the CTA's first unit (timeline marks) */
 #endif
@@ -123,7 +121,6 @@ __device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32
     const cu_att_item it = items[un.first];
     un.ntok[0] = (it.nrows + 15) / 16;
     un.ntok[1] = it.unit_len == 2 ? (items[un.first + 1].nrows + 15) / 16 : 0;
-    un.sole = u == (int32_t)blockIdx.x && u + (int32_t)gridDim.x >= L.m.hdr->n_att_units;
 #ifdef MSA_TIMELINE
     un.first_of_cta = u == (int32_t)blockIdx.x;
 #endif
@@ -159,7 +156,7 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
         if (t < t_hi) {
             const int32_t bi = t >> 1; /* two tiles per 128-key union entry */
             pos0 = (cs.uid ? cs.uid[bi] : bi) * 128 + (t & 1) * ATT_TILE;
-            bits = (cs.umk ? cs.umk[bi] : 0xffffffffu) & cu_causal_bits(pos0, cs.base, cs.ql) & f.mine;
+            bits = (cs.uid ? cs.umk[bi] : 0xffffffffu) & cu_causal_bits(pos0, cs.base, cs.ql) & f.mine;
             if (bits)
                 page = f.pt[pos0 >> 7];
         }
@@ -237,185 +234,6 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
     }
 }
 
-/* ---- Rows selected here (hdr->att_selects) --------------------------------
- *
- * In a step where each CTA takes at most one unit (and Hi == Hkv: index
- * head = KV head), the selection kernel leaves the decode rows of more than
- * K blocks alone and each CTA selects the rows of its own unit's tokens
- * from the indexer's scores, with the still empty ring as scratch, and
- * hands the key stream to the producer through shared memory:
- *   - one token: the consumers' eight warps run the selection's CTA path
- *     (cu_select.cuh) on the row; the stream is its K blocks;
- *   - several: warp w selects token w's row alone, the warps set their
- *     token's bit on each selected block in a per-block mask, and the
- *     mask's nonzero words, compacted in block order, are the unit's union
- *     and membership (what the selection kernel would have built for the
- *     request, restricted to the unit's tokens: the other tokens' tiles
- *     are skipped by this unit anyway).
- * So the producer's first copy no longer waits for the selection kernel to
- * end everywhere, nor reads the union back from memory.  The splits of one
- * unit select alike (the selection is deterministic); split 0 writes the
- * rows where the selection kernel would have (the layer's top-k output).
- *
- * Shared memory during the selection: the ring holds the selection's
- * scratch (the CTA path's keys and list, or each warp's histogram, row and
- * score cache); sm.scr holds, as 32-bit words, the union ids [0, 128), the
- * membership [128, 256), the page-table row the producer copies meanwhile
- * [256, 256 + ATT_SEL_BLOCKS) and the block mask after it. */
-#define ATT_SEL_NT (ATT_CONSUMERS * 32)
-#define ATT_SEL_BAR 2 /* the consumers, during the selection */
-#define ATT_PUB_BAR 3 /* consumers and producer: the stream is in place */
-#define ATT_SEL_BLOCKS CU_ATT_SEL_MAX_BLOCKS
-static_assert(256 + 2 * ATT_SEL_BLOCKS <= ATT_SCR_SLOTS * ATT_SCR_FLOATS, "selection scratch");
-/* (The plan allows it only when the ids fit: K <= 128 with one token, 8 x K
- * <= 128 with up to eight, CU_ATT_SEL_MAX_IDS.) */
-static_assert(CU_ATT_SEL_MAX_IDS == 128, "ids and membership hold 128 entries each");
-/* Per-warp scratch of the several-token path in the ring: histogram, row,
- * score cache; the warps' counts after the last warp's. */
-#define ATT_SEL_CACHE 3800
-#define ATT_SEL_WARP_WORDS (256 + 32 + ATT_SEL_CACHE)
-static_assert(ATT_CONSUMERS * ATT_SEL_WARP_WORDS + 16 <= ATT_STAGES * ATT_STAGE_BYTES / 4, "ring scratch");
-
-__device__ __forceinline__ bool cu_attt_selects(const cu_layer &L, const cu_att_item &it)
-{
-    return L.m.hdr->att_selects && (it.kl + 127) / 128 > L.K; /* B == P == 128 */
-}
-
-__device__ __forceinline__ int32_t *cu_attt_sel_ids(const cu_attt_smem &sm)
-{
-    return (int32_t *)sm.scr;
-}
-
-__device__ __forceinline__ uint32_t *cu_attt_sel_members(const cu_attt_smem &sm)
-{
-    return (uint32_t *)sm.scr + 128;
-}
-
-/* The page-table row: while the consumers select, the producer copies it
- * here, so that its lookups after the selection are shared-memory reads,
- * not an L2 round trip before the first copy.  Only in a CTA's sole unit:
- * the scratch is the in-CTA merge's, which the consumers of an earlier
- * unit may still be using. */
-__device__ __forceinline__ int32_t *cu_attt_sel_pages(const cu_attt_smem &sm)
-{
-    return (int32_t *)sm.scr + 256;
-}
-
-/* The several-token path's per-warp counts, then the stream's length in
- * blocks for the producer (ring tail, after the warps' scratch). */
-__device__ __forceinline__ int32_t *cu_attt_sel_counts(const cu_attt_smem &sm)
-{
-    return (int32_t *)sm.ring + ATT_CONSUMERS * ATT_SEL_WARP_WORDS;
-}
-
-/* Writes a selected row (K ids, ascending, -1 padded) where the selection
- * kernel would have: the layer's top-k output.  One warp. */
-__device__ __forceinline__ void cu_attt_put_row(const cu_layer &L, int64_t t, int32_t g, const int32_t *ids)
-{
-    const int64_t off = (t * L.Hkv + g) * L.W;
-    for (int32_t j = threadIdx.x & 31; j < L.W; j += 32) {
-        const int32_t v = j < L.K ? ids[j] : -1;
-        L.sel[off + j] = v;
-        if (L.topk)
-            L.topk[off + j] = v;
-    }
-}
-
-/* The consumers (threads 0 .. ATT_SEL_NT - 1) select the rows of the
- * unit's tokens tok0 .. tok0 + ntok - 1 (request-local) of item it's
- * request and KV head, and leave the key stream's length in blocks after
- * the counts. */
-__device__ __noinline__ void cu_attt_select(const cu_layer &L, const cu_att_item &it, int32_t tok0,
-                                               int32_t ntok, const cu_attt_smem &sm, bool mark)
-{
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    /* Plan data before the wait: after it, this load would be one more
-     * round trip before the scores'. */
-    const int32_t d0 = L.m.dec_row0[it.dec];
-    cu_pdl_wait(); /* the indexer's scores */
-    if (mark && threadIdx.x == 0) /* the launch wait of this CTA (timeline) */
-        CU_TL_MARK(L, CU_TL_ATTN, CU_TL_WAITED);
-    const int32_t base = it.kl - it.ql; /* position of the request's first token */
-    const float *rows = L.scores + ((int64_t)d0 * L.Hi + it.group) * L.cap_blocks;
-    const int64_t row_stride = (int64_t)L.Hi * L.cap_blocks;
-    uint32_t *ring = (uint32_t *)sm.ring;
-    int32_t *ids = cu_attt_sel_ids(sm);
-    int32_t len;
-    if (ntok == 1) {
-        const int32_t N = (base + tok0) / L.B + 1;
-        const size_t xs_off = (256 + (size_t)L.sel_cache + 1) & ~(size_t)1; /* 8-byte aligned */
-        cu_sel_grp grp;
-        grp.xs = (unsigned long long *)(ring + xs_off);
-        grp.cap = (ATT_SEL_NT / 32) * CU_SEL_XS;
-        uint32_t *small = ring + xs_off + 2 * (size_t)grp.cap;
-        grp.tw = small;
-        grp.cnt = small + ATT_SEL_NT / 32;
-        grp.win = (int32_t *)(small + ATT_SEL_NT / 32 + 2);
-        cu_select_row_by<ATT_SEL_NT, ATT_SEL_BAR>(true, rows + tok0 * row_stride, N, L.K, L.I, L.Lc, ids,
-                                                   ring, (float *)(ring + 256), L.sel_cache, grp);
-        if (it.split == 0 && warp == 0)
-            cu_attt_put_row(L, (int64_t)it.t0 + tok0, it.group, ids);
-        len = L.K; /* N > K */
-    } else {
-        /* Reach of the unit's last token: the mask's length. */
-        const int32_t nmax = (base + tok0 + ntok - 1) / L.B + 1;
-        uint32_t *mask = (uint32_t *)sm.scr + 256 + ATT_SEL_BLOCKS;
-        for (int32_t n = threadIdx.x; n < nmax; n += ATT_SEL_NT)
-            mask[n] = 0u;
-        int32_t *row = NULL;
-        if (warp < ntok) {
-            const int32_t tok = tok0 + warp;
-            uint32_t *wsm = ring + warp * ATT_SEL_WARP_WORDS;
-            row = (int32_t *)(wsm + 256);
-            cu_select_row(rows + tok * row_stride, (base + tok) / L.B + 1, L.K, L.I, L.Lc, row, wsm,
-                          (float *)(wsm + 256 + 32), min(L.sel_cache, ATT_SEL_CACHE));
-            if (it.split == 0)
-                cu_attt_put_row(L, (int64_t)it.t0 + tok, it.group, row);
-        }
-        cu_named_sync(ATT_SEL_BAR, ATT_SEL_NT); /* the mask zeroed */
-        if (row)
-            for (int32_t j = lane; j < L.K; j += 32)
-                if (row[j] >= 0)
-                    atomicOr(&mask[row[j]], 1u << (tok0 + warp));
-        cu_named_sync(ATT_SEL_BAR, ATT_SEL_NT); /* the mask complete */
-        /* Compaction in block order: warp w takes a contiguous share,
-         * counts its nonzero words, and writes them after the shares
-         * before it. */
-        const int32_t share = (nmax + ATT_CONSUMERS * 32 - 1) / (ATT_CONSUMERS * 32) * 32;
-        const int32_t n0 = warp * share, n1 = min(n0 + share, nmax);
-        int32_t cnt = 0;
-        for (int32_t b0 = n0; b0 < n1; b0 += 32)
-            cnt += __popc(__ballot_sync(0xffffffffu, b0 + lane < n1 && mask[b0 + lane] != 0u));
-        int32_t *counts = cu_attt_sel_counts(sm);
-        if (lane == 0)
-            counts[warp] = cnt;
-        cu_named_sync(ATT_SEL_BAR, ATT_SEL_NT);
-        int32_t pos = 0;
-        len = 0;
-        for (int w = 0; w < ATT_CONSUMERS; ++w) {
-            pos += w < warp ? counts[w] : 0;
-            len += counts[w];
-        }
-        uint32_t *members = cu_attt_sel_members(sm);
-        const uint32_t below = (1u << lane) - 1u;
-        for (int32_t b0 = n0; b0 < n1; b0 += 32) {
-            const int32_t n = b0 + lane;
-            const uint32_t m = n < n1 ? mask[n] : 0u;
-            const uint32_t bal = __ballot_sync(0xffffffffu, m != 0u);
-            if (m) {
-                ids[pos + __popc(bal & below)] = n;
-                members[pos + __popc(bal & below)] = m;
-            }
-            pos += __popc(bal);
-        }
-    }
-    if (threadIdx.x == 0)
-        cu_attt_sel_counts(sm)[ATT_CONSUMERS] = len;
-    /* The ring's next writes are tensor copies. */
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 /* Not inlined: the producer's registers stay apart from the consumers'. */
 __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &A,
                                               const CUtensorMap *mk, const CUtensorMap *mv,
@@ -446,49 +264,20 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
      * stream while the indexer and the selection still run. */
     const int32_t nblk = pages; /* B == P == 128 on this path */
     const bool known = nblk <= L.K;
-    const bool selects = cu_attt_selects(L, it);
-    if (selects && un.sole && nblk <= ATT_SEL_BLOCKS) {
-        int32_t *spt = cu_attt_sel_pages(sm);
-        for (int32_t i0 = 0; i0 < nblk; i0 += 8 * 32) {
-            int32_t v[8]; /* eight loads in flight per lane */
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int32_t i = i0 + j * 32 + lane;
-                v[j] = i < nblk ? __ldg(f.pt + i) : 0;
-            }
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int32_t i = i0 + j * 32 + lane;
-                if (i < nblk)
-                    spt[i] = v[j];
-            }
-        }
-        __syncwarp();
-        f.pt = spt;
-    }
     int32_t t_hi = 0; /* end of the tiles issued before the wait */
     /* One copy of the issue loop for both phases (code size). */
 #pragma unroll 1
     for (int phase = 0; phase < 2; ++phase) {
         if (phase == 1) {
-            if (selects)
-                cu_named_sync(ATT_PUB_BAR, ATT_THREADS); /* the consumers' ids */
             cu_pdl_wait(); /* the union's count and ids (at once after the first unit) */
 #ifdef MSA_TIMELINE
-            if (lane == 0 && un.first_of_cta && !selects) /* else the consumers' */
+            if (lane == 0 && un.first_of_cta)
                 CU_TL_MARK(L, CU_TL_ATTN, CU_TL_WAITED);
 #endif
         }
-        if (phase == 1 && selects) {
-            /* The consumers' stream: with one token its K blocks, every
-             * one used by it; with several their union and membership. */
-            f.cs = cu_stream_of(L, A, it, true);
-            f.cs.uid = cu_attt_sel_ids(sm);
-            f.cs.umk = f.ntok > 1 ? cu_attt_sel_members(sm) : NULL;
-            cu_stream_split(f.cs, it, cu_attt_sel_counts(sm)[ATT_CONSUMERS] * A.B);
-        } else if (phase == (known ? 0 : 1)) {
+        if (phase == (known ? 0 : 1))
             f.cs = cu_stream_of(L, A, it, known);
-        } else if (phase == 0)
+        else if (phase == 0)
             continue; /* nothing known before the wait */
         int32_t t_lo = max(f.cs.u0 / ATT_TILE, t_hi);
         if (phase == 0) /* tiles wholly before the step's first new position */
@@ -609,16 +398,6 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
     const int half = pair ? h : 0;
     const cu_att_item *itp = L.m.att[CU_KIND_SPARSE] + un.first + half;
     const cu_att_item it = *itp;
-    if (cu_attt_selects(L, it)) { /* CTA-uniform: the unit's request */
-        /* The unit's tokens: both items of a pair. */
-        const int32_t utok0 = L.m.att[CU_KIND_SPARSE][un.first].row0 / 16;
-#ifdef MSA_TIMELINE
-        cu_attt_select(L, it, utok0, un.ntok[0] + un.ntok[1], sm, un.first_of_cta);
-#else
-        cu_attt_select(L, it, utok0, un.ntok[0] + un.ntok[1], sm, false);
-#endif
-        asm volatile("bar.arrive %0, %1;\n" ::"r"(ATT_PUB_BAR), "r"(ATT_THREADS) : "memory");
-    }
     const int ntok = un.ntok[half];
     const bool active = w < ntok;                    /* the warp's rows exist */
     const int32_t tok0 = it.row0 / 16;

@@ -74,13 +74,6 @@ typedef struct __align__(16) cu_tok_info {
 } cu_tok_info;
 
 /* One compact decode row, for the selection. */
-/* The Hopper attention's own selection (hdr->att_selects, attn_tma.cu)
- * keeps a unit's stream in shared memory: at most CU_ATT_SEL_MAX_IDS ids
- * (K with one token per request, 8 x K with more) over rows that reach at
- * most CU_ATT_SEL_MAX_BLOCKS blocks when a request has several tokens. */
-#define CU_ATT_SEL_MAX_IDS 128
-#define CU_ATT_SEL_MAX_BLOCKS 4032
-
 typedef struct __align__(16) cu_dec_row {
     int32_t t;    /* token row */
     int32_t nblk; /* blocks its position reaches: pos / B + 1 */
@@ -101,10 +94,7 @@ typedef struct cu_step_hdr {
     int32_t n_merge[CU_KINDS];
     int32_t n_att_units;     /* sparse pass: entries of att_units */
     int32_t max_dec_nblk;    /* largest nblk of the decode rows (0: none) */
-    int32_t att_selects;     /* the Hopper attention selects the decode rows itself
-                              * (every decode request one token, one unit per CTA,
-                              * Hi == Hkv; attn_tma.cu), when it runs */
-    int32_t pad;
+    int32_t pad[2];
 } cu_step_hdr;
 
 /* Typed views into the metadata blob (device or staging copy). */
@@ -227,8 +217,6 @@ typedef struct cu_layer {
     int32_t cap_pages, cap_blocks, cap_union, part_stride, sel_cache;
     int32_t pf_ctas;         /* CTAs of the selection that own a prefill scratch row */
     int32_t sel_cta_rows;    /* decode rows (x units) up to which each is selected by a whole CTA */
-    int32_t att_sel;         /* this layer's sparse pass runs the Hopper attention, which
-                              * selects the decode rows when hdr->att_selects says so */
     float *scores;
     int32_t *sel;
     int32_t *uids;

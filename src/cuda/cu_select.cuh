@@ -228,21 +228,9 @@ typedef struct cu_sel_grp {
 #ifndef MSA_SEL_PROBE
 #define MSA_SEL_PROBE 0
 #endif
-/* The CTA-wide barrier of a row's NT threads: the whole CTA (BAR = 0), or
- * named barrier BAR for threads 0 .. NT-1 when other warps of the CTA do
- * something else (the Hopper attention's consumers, attn_tma.cu). */
-template <int NT, int BAR>
-__device__ __forceinline__ void cu_sel_sync()
-{
-    if (BAR == 0)
-        __syncthreads();
-    else
-        asm volatile("bar.sync %0, %1;" ::"r"(BAR), "r"(NT) : "memory");
-}
-
-/* keys: N words of shared memory; N > K, 1 <= need <= 32; threads 0 .. NT-1
- * call (all of the CTA's with BAR = 0). */
-template <int NT, int BAR = 0>
+/* keys: N words of shared memory; N > K, 1 <= need <= 32; NT = blockDim.x,
+ * every thread calls. */
+template <int NT>
 __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t N, int32_t K, int32_t I,
                                                    int32_t Lc, int32_t *out, uint32_t *keys,
                                                    const cu_sel_grp &g)
@@ -286,7 +274,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
         g.tw[warp] = T;
     if (tid == 0)
         *g.cnt = 0u;
-    cu_sel_sync<NT, BAR>(); /* keys, thresholds and the counter visible */
+    __syncthreads(); /* keys, thresholds and the counter visible */
     if (MSA_SEL_PROBE == 1 && N > 0) /* N > 0: no unreachable-code warning */
         return true;
 #pragma unroll
@@ -302,7 +290,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
                 g.xs[p] = ((unsigned long long)k << 32) | (uint32_t)(0xffffffffu - (uint32_t)n);
         }
     }
-    cu_sel_sync<NT, BAR>();
+    __syncthreads();
     if (MSA_SEL_PROBE == 2 && N > 0) /* N > 0: no unreachable-code warning */
         return true;
     const uint32_t count = *g.cnt;
@@ -318,7 +306,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
         if (rk < need)
             g.win[rk] = (int32_t)(0xffffffffu - (uint32_t)(x & 0xffffffffull));
     }
-    cu_sel_sync<NT, BAR>();
+    __syncthreads();
     if (MSA_SEL_PROBE == 3 && N > 0) /* N > 0: no unreachable-code warning */
         return true;
     /* 5. Ascending ids. */
@@ -336,7 +324,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
         }
         out[pos] = id;
     }
-    cu_sel_sync<NT, BAR>();
+    __syncthreads();
     return true;
 }
 
@@ -487,19 +475,19 @@ __device__ __forceinline__ void cu_select_row(const float *scores, int32_t N, in
  * made the selection slower on the H200, bench/RESULTS.md, v14.)  The mode
  * is a run-time flag, not a template: the lone-warp paths are large, and
  * a second inlined copy made the whole kernel slower. */
-template <int NT, int BAR = 0>
+template <int NT>
 __device__ __forceinline__ void cu_select_row_by(bool cta, const float *scores, int32_t N, int32_t K,
                                                  int32_t I, int32_t Lc, int32_t *out, uint32_t *hist,
                                                  float *cache, int32_t cache_cap, const cu_sel_grp &g)
 {
     const int32_t need = K - I - Lc;
     if (cta && N > K && need >= 1 && need <= 32 && N <= cache_cap &&
-        cu_select_row_list<NT, BAR>(scores, N, K, I, Lc, out, (uint32_t *)cache, g))
+        cu_select_row_list<NT>(scores, N, K, I, Lc, out, (uint32_t *)cache, g))
         return;
     if (!cta || threadIdx.x < 32)
         cu_select_row(scores, N, K, I, Lc, out, hist, cache, cache_cap);
     if (cta)
-        cu_sel_sync<NT, BAR>();
+        __syncthreads();
 }
 
 /* Union of `nl` ascending lists (each K wide, -1 padded) into row[W]. */

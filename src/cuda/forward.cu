@@ -344,7 +344,6 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     const unsigned kv_bits = (1u << CU_MAP_K) | (1u << CU_MAP_V);
     if (paths.attn_tma && (map_ok & kv_bits) != kv_bits)
         paths.attn_tma = 0;
-    L.att_sel = paths.attn_tma;
 
     int left = cs->stop_after > 0 ? cs->stop_after : -1;
     if (cs->tl) /* profiling aid: the timeline holds this forward's stamps only */

@@ -468,23 +468,6 @@ static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_met
     }
     if (sk->kind == CU_KIND_SPARSE)
         h->hdr->n_att_units = n_att_units;
-    if (sk->kind == CU_KIND_SPARSE) {
-        /* Steps of at most one unit per CTA: each attention CTA selects
-         * the rows of its own unit's tokens, which saves the wait for the
-         * selection kernel and the union's round trip through memory
-         * (attn_tma.cu), when the unit's stream fits its shared memory. */
-        int all_one = 1;
-        for (int32_t k = 0; k < n_dec; ++k)
-            all_one = all_one && plan->q_len[h->dec_req[k]] == 1;
-        const int32_t K = m->cfg.topk_blocks;
-        const int fits = all_one ? K <= CU_ATT_SEL_MAX_IDS
-                                 : 8 * K <= CU_ATT_SEL_MAX_IDS && h->hdr->max_dec_nblk <= CU_ATT_SEL_MAX_BLOCKS;
-        h->hdr->att_selects = pair && n_dec > 0 && n_att_units <= st->num_sms && fits &&
-                              m->cfg.num_index_heads == m->cfg.num_kv_heads;
-#ifdef MSA_ATT_NO_SELECT /* temporary: the previous schedule, for a same-run comparison */
-        h->hdr->att_selects = 0;
-#endif
-    }
     h->hdr->n_att[sk->kind] = n_items;
     h->hdr->n_merge[sk->kind] = n_merge;
 }

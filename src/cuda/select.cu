@@ -290,17 +290,12 @@ __device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta
 {
     const int warp = threadIdx.x >> 5;
     const int64_t total = (int64_t)L.m.hdr->n_dec_rows * L.units;
-    /* Rows of more than K blocks may be the Hopper attention's (attn_tma.cu):
-     * skipped here; those of at most K need no scores and stay here. */
-    const bool long_to_att = L.att_sel && L.m.hdr->att_selects; /* CTA-uniform */
     const bool by_cta = total <= L.sel_cta_rows && L.m.hdr->max_dec_nblk > L.K; /* CTA-uniform */
     uint32_t *wsm = by_cta ? smem : smem + warp * cu_sel_warp_words(L.mi, L.K, L.W, L.sel_cache);
     const cu_sel_grp g = cu_sel_grp_of(L, smem);
     const int64_t w0 = by_cta ? cta : (int64_t)cta * SEL_WARPS + warp;
     const int64_t step = by_cta ? nctas : (int64_t)nctas * SEL_WARPS;
     for (int64_t w = w0; w < total; w += step) {
-        if (long_to_att && L.m.dec_row[w / L.units].nblk > L.K)
-            continue; /* uniform over the row's threads */
         cu_select_decode_row(L, w, wsm, by_cta, g, threadIdx.x == 0 && w == w0);
         if (by_cta)
             __syncthreads(); /* the first warp's union read the shared row */
