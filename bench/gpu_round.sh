@@ -8,8 +8,8 @@
 # Every step's log is appended to $OUT/all.log as the step ends (few files
 # in $OUT: it is meant to be copied back whole), JSON results and the
 # summary stay beside it; a short table is printed last.  Steps can be chosen with ROUND_STEPS (comma list of
-# build,ctest,gputest,sanitize,check,bench,profile,source,ladder,ab,variants,timeline;
-# default all but source, ladder, ab, variants and timeline), the decode suite
+# build,ctest,gputest,sanitize,check,bench,profile,source,ladder,ab,variants,timeline,sass;
+# default all but source, ladder, ab, variants, timeline and sass), the decode suite
 # with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS,
 # extra CMake arguments with ROUND_CMAKE_ARGS (e.g. a build-time tuning
 # define in -DCMAKE_CUDA_FLAGS=...; use another BUILD directory per variant),
@@ -221,7 +221,7 @@ if has_step ab; then
         IFS=: read -r ab al aq <<<"$ac"
         line_a="b${ab} ctx ${al} q${aq}:"
         line_b=""
-        for rnd in $(seq "${AB_ROUNDS:-3}"); do
+        for _round in $(seq "${AB_ROUNDS:-3}"); do
             line_a="$line_a $(shape_median "$MSA" ab "$ab" "$al" "$aq")"
             line_b="$line_b $(shape_median "$MSA" ab "$ab" "$al" "$aq" "${AB_ENV:-MSA_AB=1}")"
         done
@@ -260,7 +260,7 @@ if has_step variants; then
     for vc in ${VARIANT_CASES:-8:100000:8 8:10000:1}; do
         IFS=: read -r vb_ vl vq <<<"$vc"
         declare -A vline=()
-        for rnd in $(seq "${VARIANT_ROUNDS:-2}"); do
+        for _round in $(seq "${VARIANT_ROUNDS:-2}"); do
             for i in $(seq 0 "${#VFLAGS[@]}"); do
                 if [ "$i" = 0 ]; then bin="$MSA"; else bin="$BUILD-v$i/msa"; fi
                 vline[$i]="${vline[$i]:-} $(shape_median "$bin" variants "$vb_" "$vl" "$vq")"
@@ -270,6 +270,29 @@ if has_step variants; then
         for i in $(seq 0 "${#VFLAGS[@]}"); do line="$line${vline[$i]} |"; done
         echo "${line% |}" >>"$SUMMARY"
         unset vline
+    done
+fi
+
+# ---- SASS of CUDA sources under build-time flag sets ---------------------------
+# SASS_FILES: space-separated sources (e.g. src/cuda/attn_tma.cu); SASS_FLAGS:
+# ';'-separated flag sets (an empty set: the default build), each file
+# compiled for sm_90a with each set and disassembled into
+# $OUT/sass_<file>_v<i>.sass (v0: the first set), with ptxas' resource
+# report beside it (step "sass", not in the default list; no GPU needed,
+# but the development machine has no disassembler).
+if has_step sass; then
+    IFS=';' read -ra SFLAGS <<<"${SASS_FLAGS:-}"
+    [ "${#SFLAGS[@]}" -eq 0 ] && SFLAGS=("")
+    CUOBJDUMP=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+    for sf in ${SASS_FILES:-src/cuda/attn_tma.cu}; do
+        b=$(basename "$sf" .cu)
+        for i in "${!SFLAGS[@]}"; do
+            cub="/tmp/msa-sass-$b-v$i.cubin"
+            run_logged "sass_${b}_v$i" bash -c "nvcc -std=c++17 -O3 -arch=sm_90a -I'$ROOT/include' \
+                -I'$ROOT/src' -I'$ROOT/src/cuda' ${SFLAGS[$i]} -Xptxas -v -cubin -o '$cub' '$ROOT/$sf' &&
+                '$CUOBJDUMP' -sass '$cub' > '$OUT/sass_${b}_v$i.sass'"
+            grep -E "registers|stack" "$LOGS/sass_${b}_v$i.log" | head -4 >>"$SUMMARY"
+        done
     done
 fi
 
