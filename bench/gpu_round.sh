@@ -88,12 +88,13 @@ json_median() {
 
 # Median µs of 40 graph replays of shape batch $3, context $4, q_len $5 with
 # binary $1 (its output appended to $LOGS/$2.log); further arguments are
-# environment assignments for that run.  "?" when the run failed.
+# environment assignments for that run.  "?" when the run failed or
+# outlasted SHAPE_TIMEOUT seconds (default 120).
 shape_median() {
     local bin=$1 log=$2 b=$3 l=$4 q=$5
     shift 5
     rm -f /tmp/msa-shape.json
-    env "$@" "$bin" bench --backend cuda --decode-context "$l" --batch "$b" --q-len "$q" --reps 40 \
+    timeout -k 5 "${SHAPE_TIMEOUT:-120}" env "$@" "$bin" bench --backend cuda --decode-context "$l" --batch "$b" --q-len "$q" --reps 40 \
         --json /tmp/msa-shape.json >>"$LOGS/$log.log" 2>&1
     json_median /tmp/msa-shape.json
 }
@@ -233,7 +234,8 @@ fi
 # VARIANTS: ';'-separated CUDA flag sets, e.g. "-DMSA_IDX_CHUNK=4;-DMSA_IDX_CHUNKED_MIN=4";
 # each is built in $BUILD-v1, -v2, ... (side by side), its GPU tests run
 # (graph test and quick sweep: a variant may change results; VARIANT_TESTS=0
-# skips them, e.g. for a variant that restores measured code), and
+# skips them, e.g. for a variant that restores measured code; VARIANT_TEST_ONLY
+# lists the variants to test, e.g. "1 3", the others being measurement-only), and
 # VARIANT_CASES shapes are timed on the main build and on every variant in
 # turns, VARIANT_ROUNDS times (default 2) (step "variants", not in the
 # default list; needs the main build).
@@ -251,6 +253,8 @@ if has_step variants; then
         vb="$BUILD-v$((i + 1))"
         echo "---- variant v$((i + 1)): ${VFLAGS[$i]}" >>"$SUMMARY"
         [ "${VARIANT_TESTS:-1}" = 0 ] && continue
+        # VARIANT_TEST_ONLY: the numbers (1-based) of the variants to test.
+        [ -n "${VARIANT_TEST_ONLY:-}" ] && [[ " $VARIANT_TEST_ONLY " != *" $((i + 1)) "* ]] && continue
         run_logged "test_cuda_graph_v$((i + 1))" "$vb/tests/cuda/test_cuda_graph"
         run_logged "test_cuda_sweep_v$((i + 1))" "$vb/tests/cuda/test_cuda_sweep" --quick
         grep -hE "FAIL|passed, " "$LOGS/test_cuda_graph_v$((i + 1)).log" "$LOGS/test_cuda_sweep_v$((i + 1)).log" |
