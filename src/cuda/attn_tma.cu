@@ -43,20 +43,11 @@
 #define MSA_ATT_TMA_STAGES 4
 #endif
 #define ATT_STAGES MSA_ATT_TMA_STAGES
-/* MSA_ATT_PINGPONG=1: the two consumer groups take turns at the tensor
- * cores (each product of a group is issued after the other group's
- * previous one), so that one group's softmax runs beside the other's
- * products instead of both groups waiting on the same products at once. */
-#ifndef MSA_ATT_PINGPONG
-#define MSA_ATT_PINGPONG 0
-#endif
 /* Measurement only, results wrong: 1 skips the softmax, 2 the products too
  * (the consumers only take and release tiles). */
 #ifndef MSA_ATT_DIAG
 #define MSA_ATT_DIAG 0
 #endif
-#define ATT_BAR_EPILOGUE 1
-#define ATT_BAR_TURN 2 /* 2 + h: group h may issue its next product */
 #define ATT_CONSUMERS 8
 #define ATT_THREADS ((ATT_CONSUMERS + 1) * 32)
 #define ATT_TILE 64
@@ -311,7 +302,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
  * keys (K-major in the slot: dimensions 0-63 in the first box, 64-127 in
  * the second). */
 template <typename Tag>
-__device__ __forceinline__ void cu_attt_qk_issue(uint32_t ka, const uint32_t (&qa)[8][4], float (&sc)[8][4])
+__device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][4], float (&sc)[8][4])
 {
     cu_wgmma_fence();
 #pragma unroll
@@ -323,6 +314,8 @@ __device__ __forceinline__ void cu_attt_qk_issue(uint32_t ka, const uint32_t (&q
             cu_wgmma_m64n64k16(sc, qa[ks], cu_wgmma_desc(at, 16), 1, Tag());
     }
     cu_wgmma_commit();
+    cu_wgmma_wait_all();
+    cu_wgmma_hold(sc);
 }
 
 /* A member warp's rows take one tile: raw scores sc, keys k <= lim of the
@@ -372,14 +365,6 @@ __device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, 
  * (ATT_HALF_BYTES / 2) after 0-63.  A warp whose token does not use the
  * tile gives weight 0 to every key (its rows of the product add zero). */
 template <typename Tag>
-__device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][4], float (&sc)[8][4])
-{
-    cu_attt_qk_issue<Tag>(ka, qa, sc);
-    cu_wgmma_wait_all();
-    cu_wgmma_hold(sc);
-}
-
-template <typename Tag>
 __device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], bool member, float (&o)[16][4])
 {
     uint32_t pa[4][4];
@@ -399,55 +384,6 @@ __device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], 
     cu_wgmma_wait_all();
     cu_wgmma_hold(o);
 }
-
-template <typename Tag>
-__device__ __forceinline__ void cu_attt_pack(const float (&p)[8][4], bool member, uint32_t (&pa)[4][4])
-{
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-        pa[kk][0] = member ? cu_pack2(p[2 * kk][0], p[2 * kk][1], Tag()) : 0u;
-        pa[kk][1] = member ? cu_pack2(p[2 * kk][2], p[2 * kk][3], Tag()) : 0u;
-        pa[kk][2] = member ? cu_pack2(p[2 * kk + 1][0], p[2 * kk + 1][1], Tag()) : 0u;
-        pa[kk][3] = member ? cu_pack2(p[2 * kk + 1][2], p[2 * kk + 1][3], Tag()) : 0u;
-    }
-}
-
-template <typename Tag>
-__device__ __forceinline__ void cu_attt_pv_issue(uint32_t va, const uint32_t (&pa)[4][4], float (&o)[16][4])
-{
-    cu_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-        cu_wgmma_m64n128k16<1>(o, pa[kk], cu_wgmma_desc(va + (uint32_t)kk * 2048u, ATT_HALF_BYTES / 2), 1,
-                               Tag());
-    cu_wgmma_commit();
-}
-
-/* The turns of MSA_ATT_PINGPONG.  Each group takes two turns per ring slot
- * (its S = Q K^T and its O += P V), whether or not it computes the tile,
- * so both groups take the same number over the kernel: group 1 grants the
- * first turn at the start, group 0 takes the last grant at the end.  The
- * barrier ids are immediates (a register id makes ptxas reserve all 16). */
-__device__ __forceinline__ void cu_attt_turn_wait(int h)
-{
-    if (!MSA_ATT_PINGPONG)
-        return;
-    if (h)
-        asm volatile("bar.sync 3, 256;\n" ::: "memory");
-    else
-        asm volatile("bar.sync 2, 256;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void cu_attt_turn_pass(int h)
-{
-    if (!MSA_ATT_PINGPONG)
-        return;
-    if (h)
-        asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-    else
-        asm volatile("bar.arrive 3, 256;\n" ::: "memory");
-}
-static_assert(ATT_BAR_TURN == 2 && ATT_CONSUMERS * 32 == 256, "turn barriers: ids 2, 3 over 256 threads");
 
 /* One consumer warpgroup (h = 0 or 1) of a unit.  Warp w of the group
  * holds rows 16w .. 16w + 15 of its item: token w, its 16 heads.  Of a
@@ -500,39 +436,8 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
                 cu_mbar_arrive(&sm.empty[s]);
             break;
         }
-#if MSA_ATT_PINGPONG || MSA_ATT_DIAG
         /* Group-uniform: whether this group computes the tile. */
-        const bool compute = (mt.bits & gbits) && (pair || (c & 1) == h) && MSA_ATT_DIAG != 2;
-        const uint32_t ka = cu_smem_addr(sm.ring + s * ATT_STAGE_BYTES);
-        const uint32_t va = ka + ATT_HALF_BYTES;
-        float sc[8][4];
-        cu_attt_turn_wait(h);
-        if (compute)
-            cu_attt_qk_issue<Tag>(ka, qa, sc);
-        cu_attt_turn_pass(h);
-        const bool member = (mt.bits & tbit) != 0u;
-        if (compute) {
-            cu_wgmma_wait_all();
-            cu_wgmma_hold(sc);
-            /* The warp's token uses the tile: its keys inside the causal
-             * window count (rows past kv_len are beyond every window). */
-            if (member && MSA_ATT_DIAG != 1)
-                cu_attt_softmax(sc, last - mt.pos0, sl2, o, m_lo, m_hi, l_lo, l_hi);
-        }
-        cu_attt_turn_wait(h);
-        if (compute) {
-            uint32_t pa[4][4];
-            cu_attt_pack<Tag>(sc, member, pa);
-            cu_attt_pv_issue<Tag>(va, pa, o);
-        }
-        cu_attt_turn_pass(h);
-        if (compute) {
-            cu_wgmma_wait_all();
-            cu_wgmma_hold(o);
-        }
-#else
-        /* Group-uniform: whether this group computes the tile. */
-        if ((mt.bits & gbits) && (pair || (c & 1) == h)) {
+        if ((mt.bits & gbits) && (pair || (c & 1) == h) && MSA_ATT_DIAG != 2) {
             const uint32_t ka = cu_smem_addr(sm.ring + s * ATT_STAGE_BYTES);
             const uint32_t va = ka + ATT_HALF_BYTES;
             float sc[8][4];
@@ -540,11 +445,10 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
             /* The warp's token uses the tile: its keys inside the causal
              * window count (rows past kv_len are beyond every window). */
             const bool member = (mt.bits & tbit) != 0u;
-            if (member)
+            if (member && MSA_ATT_DIAG != 1)
                 cu_attt_softmax(sc, last - mt.pos0, sl2, o, m_lo, m_hi, l_lo, l_hi);
             cu_attt_pv<Tag>(va, sc, member, o);
         }
-#endif
         __syncwarp();
         if (lane == 0)
             cu_mbar_arrive(&sm.empty[s]);
@@ -554,14 +458,14 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
     /* A single item: group 1's state joins group 0's, warp by warp. */
     if (!pair && h == 1 && active)
         cu_rows_save(sm.scr + w * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
-    cu_named_sync(ATT_BAR_EPILOGUE, ATT_CONSUMERS * 32);
+    cu_named_sync(1, ATT_CONSUMERS * 32);
     if (active && (pair || h == 0)) {
         if (!pair)
             cu_rows_absorb(sm.scr + w * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
         cu_rows_write<Tag>(L, A, *itp, w * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,
                            l_lo, l_hi);
     }
-    cu_named_sync(ATT_BAR_EPILOGUE, ATT_CONSUMERS * 32); /* the scratch is reused by the next unit */
+    cu_named_sync(1, ATT_CONSUMERS * 32); /* the scratch is reused by the next unit */
 }
 
 #endif /* CU_HAVE_WGMMA */
@@ -601,8 +505,6 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     /* The sparse pass only (the units are built for it). */
     const int32_t n_units = L.m.hdr->n_att_units;
     uint32_t gs = 0, tail_par = 0;
-    if (MSA_ATT_PINGPONG && warp >= ATT_CONSUMERS / 2 && warp < ATT_CONSUMERS)
-        cu_attt_turn_pass(1); /* group 0 goes first */
     for (int32_t ui = blockIdx.x; ui < n_units; ui += gridDim.x) {
         const cu_attt_unit un = cu_attt_unit_of(L, ui);
         if (warp == ATT_CONSUMERS) {
@@ -611,8 +513,6 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
             cu_attt_consumer<Tag>(L, A, sm, un, gs);
         }
     }
-    if (MSA_ATT_PINGPONG && warp < ATT_CONSUMERS / 2)
-        cu_attt_turn_wait(0); /* group 1's last grant */
     cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
     if (threadIdx.x == 0)
         CU_TL_MARK(L, CU_TL_ATTN, CU_TL_EXIT);

@@ -101,12 +101,6 @@ __device__ __forceinline__ void cu_named_sync(int id, int threads)
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-/* Arrival at a named barrier without waiting (the other side syncs). */
-__device__ __forceinline__ void cu_named_arrive(int id, int threads)
-{
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 #endif /* sm_90+ */
 
 /* ---- host side (tma_map.cu) ---------------------------------------------- */
