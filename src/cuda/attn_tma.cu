@@ -9,6 +9,8 @@
  * the union's 64-key tiles that any of the unit's tokens uses, K and V,
  * through a ring of ATT_STAGES tensor-map copies; tiles no token of the unit
  * uses are never loaded, and the others are read once for all its tokens.
+ * Two producer warps take the CTA's units in turns, each preparing its
+ * next unit while the other issues.
  * Two consumer warpgroups share every tile without a CTA-wide barrier (a
  * tile's slot is handed back when all eight warps have signalled).  Of a
  * pair, each group serves one item (four tokens x 16 heads = the 64 rows of
@@ -43,13 +45,24 @@
 #define MSA_ATT_TMA_STAGES 4
 #endif
 #define ATT_STAGES MSA_ATT_TMA_STAGES
+/* A unit's tail tile is finished after its end's slot is claimed
+ * (cu_attt_tail_finish): that claim must not wait for the tail's slot. */
+static_assert(ATT_STAGES >= 2, "the attention ring needs two stages");
 /* Measurement only, results wrong: 1 skips the softmax, 2 the products too
  * (the consumers only take and release tiles). */
 #ifndef MSA_ATT_DIAG
 #define MSA_ATT_DIAG 0
 #endif
 #define ATT_CONSUMERS 8
-#define ATT_THREADS ((ATT_CONSUMERS + 1) * 32)
+/* Producer warps: two take the CTA's units in turns (see cu_attt_turn), so
+ * that one prepares its unit while the other issues.  (MSA_ATT_PRODUCERS=1
+ * keeps one, for measurements.) */
+#ifndef MSA_ATT_PRODUCERS
+#define MSA_ATT_PRODUCERS 2
+#endif
+#define ATT_PRODUCERS MSA_ATT_PRODUCERS
+static_assert(ATT_PRODUCERS == 1 || ATT_PRODUCERS == 2, "one or two producer warps");
+#define ATT_THREADS ((ATT_CONSUMERS + ATT_PRODUCERS) * 32)
 #define ATT_TILE 64
 #define ATT_HALF_BYTES (ATT_TILE * 256)          /* K or V of one tile */
 #define ATT_STAGE_BYTES (2 * ATT_HALF_BYTES)
@@ -59,7 +72,7 @@
 #define ATT_SCR_SLOTS 4
 #define ATT_SMEM_BYTES                                                                      \
     (1024 + ATT_STAGES * ATT_STAGE_BYTES + ATT_SCR_SLOTS * ATT_SCR_FLOATS * 4 +            \
-     ATT_STAGES * 16 + (2 * ATT_STAGES + 1) * 8)
+     ATT_STAGES * 16 + (2 * ATT_STAGES + ATT_PRODUCERS) * 8 + 16)
 
 static_assert(ATT_SMEM_BYTES <= 227 * 1024, "attention ring and scratch exceed shared memory");
 
@@ -79,8 +92,78 @@ typedef struct cu_attt_smem {
     float *scr;
     cu_attt_meta *meta;
     uint64_t *full, *empty;
-    uint64_t *tail;  /* the producer's own barrier for tiles it finishes itself */
+    uint64_t *tail;  /* a barrier per producer for the tiles it finishes itself */
+    uint32_t *handoff; /* the ring's slot count, from one producer to the next */
 } cu_attt_smem;
+
+/* The producers' turns.  Producer j issues the CTA's units k with k % 2 ==
+ * j: it reads its unit's item, stream, union ids and pages while the other
+ * one issues, takes the turn (and the ring's slot count) before its first
+ * slot, and passes both on after its unit's last slot.  A unit's boundary
+ * then costs no dependent plan loads on the ring's path, and the wait for
+ * a unit's tail tile (below) no longer holds up the next unit. */
+typedef struct cu_attt_turn {
+    int j;        /* which producer */
+    bool pending; /* the turn is still to be taken */
+} cu_attt_turn;
+
+__device__ __forceinline__ void cu_attt_take_turn(const cu_attt_smem &sm, cu_attt_turn &tn, uint32_t &gs)
+{
+    if (ATT_PRODUCERS == 1 || !tn.pending)
+        return;
+    tn.pending = false;
+    /* Immediate barrier ids: a register id makes ptxas reserve all 16. */
+    if (tn.j)
+        asm volatile("bar.sync 3, 64;\n" ::: "memory");
+    else
+        asm volatile("bar.sync 2, 64;\n" ::: "memory");
+    gs = *(volatile const uint32_t *)sm.handoff;
+}
+
+__device__ __forceinline__ void cu_attt_pass_turn(const cu_attt_smem &sm, int j, uint32_t gs)
+{
+    if (ATT_PRODUCERS == 1)
+        return;
+    if ((threadIdx.x & 31) == 0)
+        *(volatile uint32_t *)sm.handoff = gs;
+    __threadfence_block();
+    __syncwarp();
+    if (j)
+        asm volatile("bar.arrive 2, 64;\n" ::: "memory");
+    else
+        asm volatile("bar.arrive 3, 64;\n" ::: "memory");
+}
+
+/* A unit's tail tile (rows past kv_len) lands on its producer's own
+ * barrier; the producer zeroes those V rows and then hands the slot to the
+ * consumers.  It is issued as the unit's last tile and finished after the
+ * turn has passed on: a claim waits only for the slot ATT_STAGES before
+ * it, so no later claim of the unit waits for the tail. */
+typedef struct cu_attt_tail {
+    int s;         /* its ring slot; -1: none pending */
+    int32_t valid; /* rows of the tile before kv_len */
+} cu_attt_tail;
+
+__device__ __forceinline__ void cu_attt_tail_finish(const cu_attt_smem &sm, cu_attt_tail &pend, int j,
+                                                    uint32_t &tail_par)
+{
+    if (pend.s < 0)
+        return;
+    const int lane = threadIdx.x & 31;
+    unsigned char *vd = sm.ring + pend.s * ATT_STAGE_BYTES + ATT_HALF_BYTES;
+    cu_mbar_wait(&sm.tail[j], tail_par);
+    tail_par ^= 1u;
+    for (int e = pend.valid * 16 + lane; e < ATT_TILE * 16; e += 32) {
+        const int r = e >> 4, c = e & 15;
+        *(uint4 *)(vd + cu_tswz(ATT_TILE, r, c)) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    /* A later tensor copy into this slot must land after these. */
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncwarp();
+    if (lane == 0)
+        cu_mbar_arrive(&sm.full[pend.s]);
+    pend.s = -1;
+}
 
 /* Tokens of an item: bits [tok0, tok0 + units). */
 __device__ __forceinline__ uint32_t cu_attt_item_bits(int32_t tok0, int32_t units)
@@ -144,12 +227,44 @@ typedef struct cu_attt_feed {
 #endif
 } cu_attt_feed;
 
+/* Copies one tile (K and V, 64 rows from page row `row` on) into slot s,
+ * completing on barrier bar. */
+__device__ __forceinline__ void cu_attt_copy(const cu_layer &L, const CUtensorMap *mk, const CUtensorMap *mv,
+                                             const cu_attt_smem &sm, const cu_attt_feed &f, int s, int32_t row,
+                                             uint64_t *bar, uint32_t gs)
+{
+    unsigned char *kd = sm.ring + s * ATT_STAGE_BYTES;
+    unsigned char *vd = kd + ATT_HALF_BYTES;
+    if ((threadIdx.x & 31) == 0) {
+        cu_mbar_arrive_tx(bar, ATT_STAGE_BYTES);
+        /* A tile is read by one unit (two when q_len > 8, side by side):
+         * its lines go first from L2, so the stream does not push out the
+         * unions, the plan and the partial rows that the attention and the
+         * merge read next.  On the H200 this took 1-8% off steps of 10K to
+         * 200K context at batch 8-32 (bench/RESULTS.md, v17). */
+        const uint64_t pol = cu_l2_evict_first();
+        cu_tma_load2d_hint(kd, mk, 0, row, bar, pol);
+        cu_tma_load2d_hint(kd + ATT_HALF_BYTES / 2, mk, 64, row, bar, pol);
+        cu_tma_load2d_hint(vd, mv, 0, row, bar, pol);
+        cu_tma_load2d_hint(vd + ATT_HALF_BYTES / 2, mv, 64, row, bar, pol);
+#ifdef MSA_TIMELINE
+        if (f.first_of_cta && gs == 1)
+            CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ISSUED);
+#endif
+    }
+    (void)L;
+    (void)f;
+    (void)gs;
+}
+
 /* Issues the unit's tiles t_lo .. t_hi - 1 of its stream (those a token of
- * the unit uses) into the ring. */
+ * the unit uses) into the ring, the tail tile (rows past kv_len) last and
+ * left pending in pend.  The turn is taken before the first slot, after
+ * the window's ids and pages have been read. */
 __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
                                               const CUtensorMap *mv, const cu_attt_smem &sm,
                                               const cu_attt_feed &f, int32_t t_lo, int32_t t_hi, uint32_t &gs,
-                                              uint32_t &tail_par)
+                                              cu_attt_turn &tn, cu_attt_tail &pend)
 {
     const int lane = threadIdx.x & 31;
     const cu_stream &cs = f.cs;
@@ -165,19 +280,26 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
             if (bits)
                 page = f.pt[pos0 >> 7];
         }
+        /* At most one tile of a stream reaches past kv_len (the one holding
+         * position kv_len - 1; a tile wholly past it has no token that
+         * sees it), and it comes in the last window. */
+        const bool tail = bits != 0u && pos0 + ATT_TILE > cs.kl;
+        const uint32_t tail_lane = __ballot_sync(0xffffffffu, tail);
         /* Issue order: round robin over the unit's tokens, each turn the
          * next tile its token uses.  Most tiles serve one token, and only
          * that token's warp computes them; in id order a token's tiles come
          * in runs, and the other warps, the ring full, wait.  Interleaved,
          * the ring holds tiles of several tokens and their warps overlap.
          * (Online softmax may take a token's keys in any order.) */
-        uint32_t todo = __ballot_sync(0xffffffffu, bits != 0u);
+        uint32_t todo = __ballot_sync(0xffffffffu, bits != 0u) & ~tail_lane;
         uint32_t tok_tiles = 0u; /* lane q: this window's tiles of token q */
         for (int q = 0; q < ntok; ++q) {
             const uint32_t b = __ballot_sync(0xffffffffu, (bits >> (tok0 + q)) & 1u);
             if (lane == q)
                 tok_tiles = b;
         }
+        if (todo | tail_lane)
+            cu_attt_take_turn(sm, tn, gs);
         int q = 0;
         while (todo) {
             uint32_t cand = 0u;
@@ -193,58 +315,44 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
             const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
             const int32_t pg = __shfl_sync(0xffffffffu, page, j);
             const int s = cu_attt_claim(sm, gs, p0, b);
-            unsigned char *kd = sm.ring + s * ATT_STAGE_BYTES;
-            unsigned char *vd = kd + ATT_HALF_BYTES;
             const int32_t row = (int32_t)((int64_t)pg * A.hkv * L.P + f.prow_base + (p0 & 127));
-            /* A tile with rows past kv_len completes on the producer's own
-             * barrier: those V rows become zeros (see the header) before a
-             * plain arrival hands the slot over; its release is what the
-             * consumers acquire with their wait. */
-            const bool tail = p0 + ATT_TILE > cs.kl;
-            uint64_t *bar = tail ? sm.tail : &sm.full[s];
-            if (lane == 0) {
-                cu_mbar_arrive_tx(bar, ATT_STAGE_BYTES);
-                /* A tile is read by one unit (two when q_len > 8, side by
-                 * side): its lines go first from L2, so the stream does not
-                 * push out the unions, the plan and the partial rows that
-                 * the attention and the merge read next.  On the H200 this
-                 * took 1-8% off steps of 10K to 200K context at batch 8-32
-                 * (bench/RESULTS.md, v17). */
-                const uint64_t pol = cu_l2_evict_first();
-                cu_tma_load2d_hint(kd, mk, 0, row, bar, pol);
-                cu_tma_load2d_hint(kd + ATT_HALF_BYTES / 2, mk, 64, row, bar, pol);
-                cu_tma_load2d_hint(vd, mv, 0, row, bar, pol);
-                cu_tma_load2d_hint(vd + ATT_HALF_BYTES / 2, mv, 64, row, bar, pol);
-#ifdef MSA_TIMELINE
-                if (f.first_of_cta && gs == 1)
-                    CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ISSUED);
-#endif
-            }
-            if (tail) {
-                cu_mbar_wait(sm.tail, tail_par);
-                tail_par ^= 1u;
-                const int32_t valid = cs.kl - p0; /* rows of the tile before kv_len */
-                for (int e = valid * 16 + lane; e < ATT_TILE * 16; e += 32) {
-                    const int r = e >> 4, c = e & 15;
-                    *(uint4 *)(vd + cu_tswz(ATT_TILE, r, c)) = make_uint4(0u, 0u, 0u, 0u);
-                }
-                /* A later tensor copy into this slot must land after these. */
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                __syncwarp();
-                if (lane == 0)
-                    cu_mbar_arrive(&sm.full[s]);
-            }
+            cu_attt_copy(L, mk, mv, sm, f, s, row, &sm.full[s], gs);
+            __syncwarp();
+        }
+        if (tail_lane) {
+            /* It lands on the producer's own barrier: its V rows past
+             * kv_len become zeros (see the header) before a plain arrival
+             * hands the slot over (cu_attt_tail_finish). */
+            const int j = __ffs(tail_lane) - 1;
+            const int32_t p0 = __shfl_sync(0xffffffffu, pos0, j);
+            const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
+            const int32_t pg = __shfl_sync(0xffffffffu, page, j);
+            const int s = cu_attt_claim(sm, gs, p0, b);
+            const int32_t row = (int32_t)((int64_t)pg * A.hkv * L.P + f.prow_base + (p0 & 127));
+            cu_attt_copy(L, mk, mv, sm, f, s, row, &sm.tail[tn.j], gs);
+            pend.s = s;
+            pend.valid = cs.kl - p0;
             __syncwarp();
         }
     }
 }
 
-/* Not inlined: the producer's registers stay apart from the consumers'. */
+/* Producer j's part of a unit: its tiles, its end, the turn passed on
+ * when the CTA has a next unit (`next`), then its pending tail tile.  The
+ * turn is taken first unless the unit is the CTA's first (`first`).  Not
+ * inlined: the producer's registers stay apart from the consumers'. */
 __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &A,
                                               const CUtensorMap *mk, const CUtensorMap *mv,
                                               const cu_attt_smem &sm, const cu_attt_unit &un,
-                                              uint32_t &gs, uint32_t &tail_par)
+                                              uint32_t &gs, uint32_t &tail_par, int j, bool first,
+                                              bool next)
 {
+    cu_attt_turn tn;
+    tn.j = j;
+    tn.pending = !first;
+    cu_attt_tail pend;
+    pend.s = -1;
+    pend.valid = 0;
     const int lane = threadIdx.x & 31;
     const cu_att_item it = L.m.att[CU_KIND_SPARSE][un.first];
     cu_attt_feed f;
@@ -289,13 +397,17 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
             t_hi = max(t_lo, min(f.cs.base / ATT_TILE, f.cs.u1 / ATT_TILE));
         else
             t_hi = (f.cs.u1 + ATT_TILE - 1) / ATT_TILE;
-        cu_attt_issue(L, A, mk, mv, sm, f, t_lo, t_hi, gs, tail_par);
+        cu_attt_issue(L, A, mk, mv, sm, f, t_lo, t_hi, gs, tn, pend);
     }
     /* End of the item. */
+    cu_attt_take_turn(sm, tn, gs); /* a stream without tiles */
     const int s = cu_attt_claim(sm, gs, -1, 0u);
     if (lane == 0)
         cu_mbar_arrive(&sm.full[s]);
     __syncwarp();
+    if (next)
+        cu_attt_pass_turn(sm, j, gs);
+    cu_attt_tail_finish(sm, pend, j, tail_par);
 }
 
 /* S = Q K^T: the group's 64 query rows (registers) against the tile's 64
@@ -485,6 +597,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     sm.full = (uint64_t *)(sm.meta + ATT_STAGES);
     sm.empty = sm.full + ATT_STAGES;
     sm.tail = sm.empty + ATT_STAGES;
+    sm.handoff = (uint32_t *)(sm.tail + ATT_PRODUCERS);
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ENTRY);
@@ -492,7 +605,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
             cu_mbar_init(&sm.full[s], 1);
             cu_mbar_init(&sm.empty[s], ATT_CONSUMERS);
         }
-        cu_mbar_init(sm.tail, 1);
+        for (int j = 0; j < ATT_PRODUCERS; ++j)
+            cu_mbar_init(&sm.tail[j], 1);
         cu_mbar_fence_init();
         cu_tma_prefetch_map(&map_k);
         cu_tma_prefetch_map(&map_v);
@@ -505,10 +619,14 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     /* The sparse pass only (the units are built for it). */
     const int32_t n_units = L.m.hdr->n_att_units;
     uint32_t gs = 0, tail_par = 0;
-    for (int32_t ui = blockIdx.x; ui < n_units; ui += gridDim.x) {
+    int k = 0; /* the unit's place among the CTA's units */
+    for (int32_t ui = blockIdx.x; ui < n_units; ui += gridDim.x, ++k) {
         const cu_attt_unit un = cu_attt_unit_of(L, ui);
-        if (warp == ATT_CONSUMERS) {
-            cu_attt_producer(L, A, &map_k, &map_v, sm, un, gs, tail_par);
+        if (warp >= ATT_CONSUMERS) {
+            const int j = warp - ATT_CONSUMERS;
+            if (k % ATT_PRODUCERS == j)
+                cu_attt_producer(L, A, &map_k, &map_v, sm, un, gs, tail_par, j, k == 0,
+                                 ui + (int32_t)gridDim.x < n_units);
         } else {
             cu_attt_consumer<Tag>(L, A, sm, un, gs);
         }

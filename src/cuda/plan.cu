@@ -15,7 +15,9 @@
  * one SM (registers: 128 x 120 + 288 x 168 <= 64K), so the attention's
  * CTAs can enter while the selection runs.  Measured on the H200: 1 gained
  * 0.5 µs at batch 8, 1K, 1 token and cost 7% at batch 128, 10K, 8 tokens;
- * 2 was slower or level (bench/RESULTS.md, v17). */
+ * 2 was slower or level (bench/RESULTS.md, v17).  (That was with one
+ * attention producer warp; with two, 320 x 168 registers, the attention
+ * no longer fits beside a selection CTA.) */
 #ifndef MSA_SEL_CTAS_PER_SM
 #define MSA_SEL_CTAS_PER_SM 4
 #endif
