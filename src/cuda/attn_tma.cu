@@ -48,11 +48,6 @@
 /* A unit's tail tile is finished after its end's slot is claimed
  * (cu_attt_tail_finish): that claim must not wait for the tail's slot. */
 static_assert(ATT_STAGES >= 2, "the attention ring needs two stages");
-/* Measurement only, results wrong: 1 skips the softmax, 2 the products too
- * (the consumers only take and release tiles). */
-#ifndef MSA_ATT_DIAG
-#define MSA_ATT_DIAG 0
-#endif
 #define ATT_CONSUMERS 8
 /* Producer warps: two take the CTA's units in turns (see cu_attt_turn), so
  * that one prepares its unit while the other issues.  (MSA_ATT_PRODUCERS=1
@@ -549,7 +544,7 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
             break;
         }
         /* Group-uniform: whether this group computes the tile. */
-        if ((mt.bits & gbits) && (pair || (c & 1) == h) && MSA_ATT_DIAG != 2) {
+        if ((mt.bits & gbits) && (pair || (c & 1) == h)) {
             const uint32_t ka = cu_smem_addr(sm.ring + s * ATT_STAGE_BYTES);
             const uint32_t va = ka + ATT_HALF_BYTES;
             float sc[8][4];
@@ -557,7 +552,7 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
             /* The warp's token uses the tile: its keys inside the causal
              * window count (rows past kv_len are beyond every window). */
             const bool member = (mt.bits & tbit) != 0u;
-            if (member && MSA_ATT_DIAG != 1)
+            if (member)
                 cu_attt_softmax(sc, last - mt.pos0, sl2, o, m_lo, m_hi, l_lo, l_hi);
             cu_attt_pv<Tag>(va, sc, member, o);
         }
