@@ -129,9 +129,14 @@ if has_step gputest; then
     run_logged test_cuda_sweep "$T/cuda/test_cuda_sweep" ${SWEEP_ARGS:-}
     # The selection's warp-per-row mode on the sweep's small steps too.
     MSA_CUDA_SEL_WARP_ROWS=1 run_logged test_cuda_sweep_warp_rows "$T/cuda/test_cuda_sweep" --quick
+    # Grids for 8 SMs: CTAs of the one-CTA-per-SM kernels take several units.
+    MSA_CUDA_SMS=8 run_logged test_cuda_graph_few_sms "$T/cuda/test_cuda_graph"
+    MSA_CUDA_SMS=8 run_logged test_cuda_sweep_few_sms "$T/cuda/test_cuda_sweep" --quick
     grep -E "FAIL|passed" "$LOGS/test_cuda_graph.log" | tail -8 >>"$SUMMARY"
     grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep.log" | tail -12 >>"$SUMMARY"
     grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_warp_rows.log" | tail -12 >>"$SUMMARY"
+    grep -E "FAIL|passed" "$LOGS/test_cuda_graph_few_sms.log" | tail -8 >>"$SUMMARY"
+    grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_few_sms.log" | tail -12 >>"$SUMMARY"
 fi
 
 # ---- msa check -----------------------------------------------------------------
@@ -331,6 +336,13 @@ if has_step sanitize; then
     run_logged sanitize_memcheck_graph "$CS" --tool memcheck --error-exitcode 3 "$T/cuda/test_cuda_graph"
     run_logged sanitize_memcheck_sweep "$CS" --tool memcheck --error-exitcode 3 "$T/cuda/test_cuda_sweep" --quick
     run_logged sanitize_racecheck_graph "$CS" --tool racecheck --error-exitcode 3 "$T/cuda/test_cuda_graph"
+    # The graph test's model (8 query heads per KV head) never takes the
+    # Hopper attention: one sweep case of M3's shape does, on grids for 8
+    # SMs so that its CTAs take several units (the producers in turns).
+    MSA_CUDA_SMS=8 run_logged sanitize_memcheck_sweep_few_sms "$CS" --tool memcheck --error-exitcode 3 \
+        "$T/cuda/test_cuda_sweep" --filter "q8/1/3/16"
+    MSA_CUDA_SMS=8 run_logged sanitize_racecheck_sweep_few_sms "$CS" --tool racecheck --error-exitcode 3 \
+        "$T/cuda/test_cuda_sweep" --filter "q8/1/3/16"
     grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS"/sanitize_*.log >>"$SUMMARY"
 fi
 

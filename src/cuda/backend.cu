@@ -53,6 +53,12 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
     e = cudaSetDevice(dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&cs->num_sms, cudaDevAttrMultiProcessorCount, dev);
+    const char *sms_env = getenv("MSA_CUDA_SMS");
+    if (e == cudaSuccess && sms_env) {
+        const int n = atoi(sms_env);
+        if (n >= 1 && n < cs->num_sms)
+            cs->num_sms = n;
+    }
     int major = 0;
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);

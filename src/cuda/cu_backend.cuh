@@ -10,7 +10,9 @@
 
 typedef struct cu_ctx_state {
     int device;
-    int num_sms;
+    int num_sms;        /* the SMs the grids are sized for: all of the device's, or fewer
+                         * (test aid, MSA_CUDA_SMS=n: the one-CTA-per-SM kernels then give
+                         * each CTA several units at the small steps of the tests) */
     int grid_idx_fast;  /* persistent grid of the tensor-core indexer */
     int grid_att_fast;  /* persistent grid of the tensor-core attention */
     int pdl;            /* Hopper+: programmatic dependent launch (MSA_CUDA_PDL=0 disables) */
