@@ -123,10 +123,18 @@ __device__ __forceinline__ void cu_attt_pass_turn(const cu_attt_smem &sm, int j,
         *(volatile uint32_t *)sm.handoff = gs;
     __threadfence_block();
     __syncwarp();
+#if MSA_ATT_TURN_SYNC
+    /* The passing producer waits for the taker too (a full rendezvous). */
+    if (j)
+        asm volatile("bar.sync 2, 64;\n" ::: "memory");
+    else
+        asm volatile("bar.sync 3, 64;\n" ::: "memory");
+#else
     if (j)
         asm volatile("bar.arrive 2, 64;\n" ::: "memory");
     else
         asm volatile("bar.arrive 3, 64;\n" ::: "memory");
+#endif
 }
 
 /* A unit's tail tile (rows past kv_len) lands on its producer's own
@@ -536,7 +544,22 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         if (threadIdx.x == 0) /* overwritten by every tile: the last one stays */
             CU_TL_MARK(L, CU_TL_ATTN, CU_TL_LAST);
 #endif
+#if MSA_RING_META_LANE0
+        /* Lane 0 alone reads what the slot holds (see cu_tma.cuh). */
+        cu_attt_meta mt;
+        {
+            int32_t p = 0;
+            uint32_t b = 0u;
+            if (lane == 0) {
+                p = sm.meta[s].pos0;
+                b = sm.meta[s].bits;
+            }
+            mt.pos0 = __shfl_sync(0xffffffffu, p, 0);
+            mt.bits = __shfl_sync(0xffffffffu, b, 0);
+        }
+#else
         const cu_attt_meta mt = sm.meta[s];
+#endif
         if (mt.pos0 < 0) {
             __syncwarp();
             if (lane == 0)
