@@ -94,8 +94,8 @@ shape_median() {
     local bin=$1 log=$2 b=$3 l=$4 q=$5
     shift 5
     rm -f /tmp/msa-shape.json
-    timeout -k 5 "${SHAPE_TIMEOUT:-120}" env "$@" "$bin" bench --backend cuda --decode-context "$l" --batch "$b" --q-len "$q" --reps 40 \
-        --json /tmp/msa-shape.json >>"$LOGS/$log.log" 2>&1
+    timeout -k 5 "${SHAPE_TIMEOUT:-120}" env "$@" "$bin" bench --backend cuda --decode-context "$l" \
+        --batch "$b" --q-len "$q" --reps 40 --json /tmp/msa-shape.json >>"$LOGS/$log.log" 2>&1
     json_median /tmp/msa-shape.json
 }
 
