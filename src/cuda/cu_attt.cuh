@@ -1,0 +1,102 @@
+/*
+ * What the Hopper sparse attention's producer warps (cu_attt_producer.cuh)
+ * and consumer warpgroups (attn_tma.cu) share: the ring's sizes, the shared
+ * memory layout, what a ring slot holds and what a unit is.
+ */
+#ifndef MSA_CU_ATTT_CUH
+#define MSA_CU_ATTT_CUH
+
+#include "cu_attn.cuh"
+#include "cu_tma.cuh"
+#include "cu_wgmma.cuh"
+#include "cu_rows_state.cuh"
+
+/* Four 32 KB stages.  A deeper ring does not pay: on the H200, six stages
+ * (as many as fit beside the merge scratch) were 0.2-5% slower than four
+ * on twelve decode cases (batches of 8 to 128 requests), five 0.3-4% slower
+ * (bench/RESULTS.md, v18), three about as fast as four; the stream is not
+ * short of copies in flight.
+ * (MSA_ATT_TMA_STAGES overrides it at build time, for measurements.) */
+#ifndef MSA_ATT_TMA_STAGES
+#define MSA_ATT_TMA_STAGES 4
+#endif
+#define ATT_STAGES MSA_ATT_TMA_STAGES
+/* A unit's tail tile is finished after its end's slot is claimed
+ * (cu_attt_tail_finish): that claim must not wait for the tail's slot. */
+static_assert(ATT_STAGES >= 2, "the attention ring needs two stages");
+#define ATT_CONSUMERS 8
+/* Producer warps: two take the CTA's units in turns (see cu_attt_turn), so
+ * that one prepares its unit while the other issues.  (MSA_ATT_PRODUCERS=1
+ * keeps one, for measurements.) */
+#ifndef MSA_ATT_PRODUCERS
+#define MSA_ATT_PRODUCERS 2
+#endif
+#define ATT_PRODUCERS MSA_ATT_PRODUCERS
+static_assert(ATT_PRODUCERS == 1 || ATT_PRODUCERS == 2, "one or two producer warps");
+#define ATT_THREADS ((ATT_CONSUMERS + ATT_PRODUCERS) * 32)
+#define ATT_TILE 64
+#define ATT_HALF_BYTES (ATT_TILE * 256)          /* K or V of one tile */
+#define ATT_STAGE_BYTES (2 * ATT_HALF_BYTES)
+/* Partial state of a warp for the in-CTA merge: 16 x 128 O, then m, l.
+ * Only the second group's warps save theirs (a single item): 4 slots. */
+#define ATT_SCR_FLOATS CU_ROWS_SLOT_FLOATS
+#define ATT_SCR_SLOTS 4
+#define ATT_SMEM_BYTES                                                                      \
+    (1024 + ATT_STAGES * ATT_STAGE_BYTES + ATT_SCR_SLOTS * ATT_SCR_FLOATS * 4 +            \
+     ATT_STAGES * 16 + (2 * ATT_STAGES + ATT_PRODUCERS) * 8 + 16)
+
+static_assert(ATT_SMEM_BYTES <= 227 * 1024, "attention ring and scratch exceed shared memory");
+
+/* What the producer tells the consumers about a ring slot. */
+typedef struct cu_attt_meta {
+    int32_t pos0;   /* position of the tile's first key; -1: end of the item */
+    uint32_t bits;  /* item tokens (request-local bit) that use any key of it */
+    int32_t pad0, pad1;
+} cu_attt_meta;
+
+#ifdef CU_HAVE_WGMMA
+
+typedef struct cu_attt_smem {
+    unsigned char *ring;
+    float *scr;
+    cu_attt_meta *meta;
+    uint64_t *full, *empty;
+    uint64_t *tail;  /* a barrier per producer for the tiles it finishes itself */
+    uint32_t *handoff; /* the ring's slot count, from one producer to the next */
+} cu_attt_smem;
+
+/* Tokens of an item: bits [tok0, tok0 + units). */
+__device__ __forceinline__ uint32_t cu_attt_item_bits(int32_t tok0, int32_t units)
+{
+    const uint32_t m = units >= 32 ? 0xffffffffu : ((1u << units) - 1u);
+    return m << tok0;
+}
+
+/* One unit: item `first` and, for a pair, the next one; their key stream
+ * is the same, their tokens follow each other.  The items themselves are
+ * read where needed (an L1 hit), not kept in registers through the loop. */
+typedef struct cu_attt_unit {
+    int32_t first;
+    int32_t ntok[2]; /* tokens of each item (ntok[1] = 0: single item) */
+#ifdef MSA_TIMELINE
+    bool first_of_cta; /* the CTA's first unit (timeline marks) */
+#endif
+} cu_attt_unit;
+
+__device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32_t u)
+{
+    cu_attt_unit un;
+    const cu_att_item *items = L.m.att[CU_KIND_SPARSE];
+    un.first = L.m.att_units[u];
+    const cu_att_item it = items[un.first];
+    un.ntok[0] = (it.nrows + 15) / 16;
+    un.ntok[1] = it.unit_len == 2 ? (items[un.first + 1].nrows + 15) / 16 : 0;
+#ifdef MSA_TIMELINE
+    un.first_of_cta = u == (int32_t)blockIdx.x;
+#endif
+    return un;
+}
+
+#endif /* CU_HAVE_WGMMA */
+
+#endif /* MSA_CU_ATTT_CUH */

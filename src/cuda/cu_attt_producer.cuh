@@ -1,0 +1,307 @@
+/*
+ * The Hopper sparse attention's producer warps (attn_tma.cu): each streams
+ * its units' tiles, K and V, into the ring by tensor-map copies; two take a
+ * CTA's units in turns.
+ */
+#ifndef MSA_CU_ATTT_PRODUCER_CUH
+#define MSA_CU_ATTT_PRODUCER_CUH
+
+#include "cu_attt.cuh"
+#include "cu_launch.cuh"
+#include "cu_timeline.cuh"
+
+#ifdef CU_HAVE_WGMMA
+
+/* The producers' turns.  Producer j issues the CTA's units k with k % 2 ==
+ * j: it reads its unit's item, stream, union ids and pages while the other
+ * one issues, takes the turn (and the ring's slot count) before its first
+ * slot, and passes both on after its unit's last slot.  A unit's boundary
+ * then costs no dependent plan loads on the ring's path, and the wait for
+ * a unit's tail tile (below) no longer holds up the next unit. */
+typedef struct cu_attt_turn {
+    int j;        /* which producer */
+    bool pending; /* the turn is still to be taken */
+} cu_attt_turn;
+
+__device__ __forceinline__ void cu_attt_take_turn(const cu_attt_smem &sm, cu_attt_turn &tn, uint32_t &gs)
+{
+    if (ATT_PRODUCERS == 1 || !tn.pending)
+        return;
+    tn.pending = false;
+    /* Immediate barrier ids: a register id makes ptxas reserve all 16. */
+    if (tn.j)
+        asm volatile("bar.sync 3, 64;\n" ::: "memory");
+    else
+        asm volatile("bar.sync 2, 64;\n" ::: "memory");
+    gs = *(volatile const uint32_t *)sm.handoff;
+}
+
+__device__ __forceinline__ void cu_attt_pass_turn(const cu_attt_smem &sm, int j, uint32_t gs)
+{
+    if (ATT_PRODUCERS == 1)
+        return;
+    if ((threadIdx.x & 31) == 0)
+        *(volatile uint32_t *)sm.handoff = gs;
+    __threadfence_block();
+    __syncwarp();
+#if MSA_ATT_TURN_SYNC
+    /* The passing producer waits for the taker too (a full rendezvous). */
+    if (j)
+        asm volatile("bar.sync 2, 64;\n" ::: "memory");
+    else
+        asm volatile("bar.sync 3, 64;\n" ::: "memory");
+#else
+    if (j)
+        asm volatile("bar.arrive 2, 64;\n" ::: "memory");
+    else
+        asm volatile("bar.arrive 3, 64;\n" ::: "memory");
+#endif
+}
+
+/* A unit's tail tile (rows past kv_len) lands on its producer's own
+ * barrier; the producer zeroes those V rows and then hands the slot to the
+ * consumers.  It is issued as the unit's last tile and finished after the
+ * turn has passed on: a claim waits only for the slot ATT_STAGES before
+ * it, so no later claim of the unit waits for the tail. */
+typedef struct cu_attt_tail {
+    int s;         /* its ring slot; -1: none pending */
+    int32_t valid; /* rows of the tile before kv_len */
+} cu_attt_tail;
+
+__device__ __forceinline__ void cu_attt_tail_finish(const cu_attt_smem &sm, cu_attt_tail &pend, int j,
+                                                    uint32_t &tail_par)
+{
+    if (pend.s < 0)
+        return;
+    const int lane = threadIdx.x & 31;
+    unsigned char *vd = sm.ring + pend.s * ATT_STAGE_BYTES + ATT_HALF_BYTES;
+    cu_mbar_wait(&sm.tail[j], tail_par);
+    tail_par ^= 1u;
+    for (int e = pend.valid * 16 + lane; e < ATT_TILE * 16; e += 32) {
+        const int r = e >> 4, c = e & 15;
+        *(uint4 *)(vd + cu_tswz(ATT_TILE, r, c)) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    /* A later tensor copy into this slot must land after these. */
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncwarp();
+    if (lane == 0)
+        cu_mbar_arrive(&sm.full[pend.s]);
+    pend.s = -1;
+}
+
+/* Takes the next ring slot for the producer (waiting until the consumers
+ * released its previous use) and publishes what it will hold. */
+__device__ __forceinline__ int cu_attt_claim(const cu_attt_smem &sm, uint32_t &gs, int32_t pos0,
+                                             uint32_t bits)
+{
+    const int s = gs % ATT_STAGES;
+    const uint32_t par = (gs / ATT_STAGES) & 1u;
+    ++gs;
+    if ((threadIdx.x & 31) == 0) {
+        if (gs > ATT_STAGES)
+            cu_mbar_wait(&sm.empty[s], par ^ 1u);
+        sm.meta[s].pos0 = pos0;
+        sm.meta[s].bits = bits;
+    }
+    __syncwarp();
+    return s;
+}
+
+/* What the producer needs to issue an item's tiles. */
+typedef struct cu_attt_feed {
+    cu_stream cs;       /* the item's split of its key stream; cs.uid NULL: blocks 0, 1, ... */
+    const int32_t *pt;  /* the request's page-table row */
+    int64_t prow_base;  /* the KV head's first row in a page */
+    uint32_t mine;      /* the unit's tokens (request-local bits) */
+    int tok0, ntok;
+#ifdef MSA_TIMELINE
+    bool first_of_cta;  /* the CTA's first unit (timeline marks) */
+#endif
+} cu_attt_feed;
+
+/* Copies one tile (K and V, 64 rows from page row `row` on) into slot s,
+ * completing on barrier bar. */
+__device__ __forceinline__ void cu_attt_copy(const cu_layer &L, const CUtensorMap *mk, const CUtensorMap *mv,
+                                             const cu_attt_smem &sm, const cu_attt_feed &f, int s, int32_t row,
+                                             uint64_t *bar, uint32_t gs)
+{
+    unsigned char *kd = sm.ring + s * ATT_STAGE_BYTES;
+    unsigned char *vd = kd + ATT_HALF_BYTES;
+    if ((threadIdx.x & 31) == 0) {
+        cu_mbar_arrive_tx(bar, ATT_STAGE_BYTES);
+        /* A tile is read by one unit (two when q_len > 8, side by side):
+         * its lines go first from L2, so the stream does not push out the
+         * unions, the plan and the partial rows that the attention and the
+         * merge read next.  On the H200 this took 1-8% off steps of 10K to
+         * 200K context at batch 8-32 (bench/RESULTS.md, v17). */
+        const uint64_t pol = cu_l2_evict_first();
+        cu_tma_load2d_hint(kd, mk, 0, row, bar, pol);
+        cu_tma_load2d_hint(kd + ATT_HALF_BYTES / 2, mk, 64, row, bar, pol);
+        cu_tma_load2d_hint(vd, mv, 0, row, bar, pol);
+        cu_tma_load2d_hint(vd + ATT_HALF_BYTES / 2, mv, 64, row, bar, pol);
+#ifdef MSA_TIMELINE
+        if (f.first_of_cta && gs == 1)
+            CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ISSUED);
+#endif
+    }
+    (void)L;
+    (void)f;
+    (void)gs;
+}
+
+/* Issues the unit's tiles t_lo .. t_hi - 1 of its stream (those a token of
+ * the unit uses) into the ring, the tail tile (rows past kv_len) last and
+ * left pending in pend.  The turn is taken before the first slot, after
+ * the window's ids and pages have been read. */
+__device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
+                                              const CUtensorMap *mv, const cu_attt_smem &sm,
+                                              const cu_attt_feed &f, int32_t t_lo, int32_t t_hi, uint32_t &gs,
+                                              cu_attt_turn &tn, cu_attt_tail &pend)
+{
+    const int lane = threadIdx.x & 31;
+    const cu_stream &cs = f.cs;
+    const int tok0 = f.tok0, ntok = f.ntok;
+    for (int32_t c0 = t_lo; c0 < t_hi; c0 += 32) {
+        const int32_t t = c0 + lane;
+        int32_t pos0 = 0, page = 0;
+        uint32_t bits = 0u;
+        if (t < t_hi) {
+            const int32_t bi = t >> 1; /* two tiles per 128-key union entry */
+            pos0 = (cs.uid ? cs.uid[bi] : bi) * 128 + (t & 1) * ATT_TILE;
+            bits = (cs.uid ? cs.umk[bi] : 0xffffffffu) & cu_causal_bits(pos0, cs.base, cs.ql) & f.mine;
+            if (bits)
+                page = f.pt[pos0 >> 7];
+        }
+        /* At most one tile of a stream reaches past kv_len (the one holding
+         * position kv_len - 1; a tile wholly past it has no token that
+         * sees it), and it comes in the last window. */
+        const bool tail = bits != 0u && pos0 + ATT_TILE > cs.kl;
+        const uint32_t tail_lane = __ballot_sync(0xffffffffu, tail);
+        /* Issue order: round robin over the unit's tokens, each turn the
+         * next tile its token uses.  Most tiles serve one token, and only
+         * that token's warp computes them; in id order a token's tiles come
+         * in runs, and the other warps, the ring full, wait.  Interleaved,
+         * the ring holds tiles of several tokens and their warps overlap.
+         * (Online softmax may take a token's keys in any order.) */
+        uint32_t todo = __ballot_sync(0xffffffffu, bits != 0u) & ~tail_lane;
+        uint32_t tok_tiles = 0u; /* lane q: this window's tiles of token q */
+        for (int q = 0; q < ntok; ++q) {
+            const uint32_t b = __ballot_sync(0xffffffffu, (bits >> (tok0 + q)) & 1u);
+            if (lane == q)
+                tok_tiles = b;
+        }
+        if (todo | tail_lane)
+            cu_attt_take_turn(sm, tn, gs);
+        int q = 0;
+        while (todo) {
+            uint32_t cand = 0u;
+            for (int k = 0; k < ntok; ++k) {
+                cand = __shfl_sync(0xffffffffu, tok_tiles, q) & todo;
+                q = q + 1 == ntok ? 0 : q + 1;
+                if (cand)
+                    break;
+            }
+            const int j = __ffs(cand) - 1;
+            todo &= ~(1u << j);
+            const int32_t p0 = __shfl_sync(0xffffffffu, pos0, j);
+            const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
+            const int32_t pg = __shfl_sync(0xffffffffu, page, j);
+            const int s = cu_attt_claim(sm, gs, p0, b);
+            const int32_t row = (int32_t)((int64_t)pg * A.hkv * L.P + f.prow_base + (p0 & 127));
+            cu_attt_copy(L, mk, mv, sm, f, s, row, &sm.full[s], gs);
+            __syncwarp();
+        }
+        if (tail_lane) {
+            /* It lands on the producer's own barrier: its V rows past
+             * kv_len become zeros (see the header) before a plain arrival
+             * hands the slot over (cu_attt_tail_finish). */
+            const int j = __ffs(tail_lane) - 1;
+            const int32_t p0 = __shfl_sync(0xffffffffu, pos0, j);
+            const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
+            const int32_t pg = __shfl_sync(0xffffffffu, page, j);
+            const int s = cu_attt_claim(sm, gs, p0, b);
+            const int32_t row = (int32_t)((int64_t)pg * A.hkv * L.P + f.prow_base + (p0 & 127));
+            cu_attt_copy(L, mk, mv, sm, f, s, row, &sm.tail[tn.j], gs);
+            pend.s = s;
+            pend.valid = cs.kl - p0;
+            __syncwarp();
+        }
+    }
+}
+
+/* Producer j's part of a unit: its tiles, its end, the turn passed on
+ * when the CTA has a next unit (`next`), then its pending tail tile.  The
+ * turn is taken first unless the unit is the CTA's first (`first`).  Not
+ * inlined: the producer's registers stay apart from the consumers'. */
+__device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &A,
+                                              const CUtensorMap *mk, const CUtensorMap *mv,
+                                              const cu_attt_smem &sm, const cu_attt_unit &un,
+                                              uint32_t &gs, uint32_t &tail_par, int j, bool first,
+                                              bool next)
+{
+    cu_attt_turn tn;
+    tn.j = j;
+    tn.pending = !first;
+    cu_attt_tail pend;
+    pend.s = -1;
+    pend.valid = 0;
+    const int lane = threadIdx.x & 31;
+    const cu_att_item it = L.m.att[CU_KIND_SPARSE][un.first];
+    cu_attt_feed f;
+    /* The request's page-table row into L2 while the selection still runs
+     * (plan data): the page lookups after the wait then skip a DRAM round
+     * trip between the union and the first copy. */
+    f.pt = L.m.page_table + (int64_t)it.r * L.cap_pages;
+    const int32_t pages = (it.kl + 127) >> 7;
+    for (int32_t i = lane * 32; i < pages; i += 32 * 32)
+        cu_prefetch_l2(f.pt + i);
+    f.prow_base = (int64_t)it.group * L.P;
+    f.tok0 = it.row0 / 16;
+    f.ntok = un.ntok[0] + un.ntok[1];
+    f.mine = cu_attt_item_bits(f.tok0, f.ntok);
+#ifdef MSA_TIMELINE
+    f.first_of_cta = un.first_of_cta;
+#endif
+    /* A request that reaches at most K blocks selects all of them, whatever
+     * the scores (SPEC 4): its union is blocks 0 .. N-1, known from the
+     * plan.  Its tiles wholly before the step's first new position hold no
+     * key this step writes, so they are issued before the launch wait and
+     * stream while the indexer and the selection still run. */
+    const int32_t nblk = pages; /* B == P == 128 on this path */
+    const bool known = nblk <= L.K;
+    int32_t t_hi = 0; /* end of the tiles issued before the wait */
+    /* One copy of the issue loop for both phases (code size). */
+#pragma unroll 1
+    for (int phase = 0; phase < 2; ++phase) {
+        if (phase == 1) {
+            cu_pdl_wait(); /* the union's count and ids (at once after the first unit) */
+#ifdef MSA_TIMELINE
+            if (lane == 0 && un.first_of_cta)
+                CU_TL_MARK(L, CU_TL_ATTN, CU_TL_WAITED);
+#endif
+        }
+        if (phase == (known ? 0 : 1))
+            f.cs = cu_stream_of(L, A, it, known);
+        else if (phase == 0)
+            continue; /* nothing known before the wait */
+        int32_t t_lo = max(f.cs.u0 / ATT_TILE, t_hi);
+        if (phase == 0) /* tiles wholly before the step's first new position */
+            t_hi = max(t_lo, min(f.cs.base / ATT_TILE, f.cs.u1 / ATT_TILE));
+        else
+            t_hi = (f.cs.u1 + ATT_TILE - 1) / ATT_TILE;
+        cu_attt_issue(L, A, mk, mv, sm, f, t_lo, t_hi, gs, tn, pend);
+    }
+    /* End of the item. */
+    cu_attt_take_turn(sm, tn, gs); /* a stream without tiles */
+    const int s = cu_attt_claim(sm, gs, -1, 0u);
+    if (lane == 0)
+        cu_mbar_arrive(&sm.full[s]);
+    __syncwarp();
+    if (next)
+        cu_attt_pass_turn(sm, j, gs);
+    cu_attt_tail_finish(sm, pend, j, tail_par);
+}
+
+#endif /* CU_HAVE_WGMMA */
+
+#endif /* MSA_CU_ATTT_PRODUCER_CUH */
