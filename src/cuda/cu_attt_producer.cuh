@@ -10,6 +10,13 @@
 #include "cu_launch.cuh"
 #include "cu_timeline.cuh"
 
+/* MSA_ATT_TURN_SYNC=1 (build-time, for a measurement): the producers hand
+ * over their turn with bar.sync on both sides instead of bar.arrive and
+ * bar.sync, which racecheck reports (bench/RESULTS.md, v20). */
+#ifndef MSA_ATT_TURN_SYNC
+#define MSA_ATT_TURN_SYNC 0
+#endif
+
 #ifdef CU_HAVE_WGMMA
 
 /* The producers' turns.  Producer j issues the CTA's units k with k % 2 ==

@@ -36,14 +36,9 @@ __device__ __forceinline__ uint32_t cu_tswz(int rows, int row, int chunk)
  * lanes read it and lane 0 arrives on the slot's empty barrier after a
  * warp barrier; that is ordered under the PTX memory model, but racecheck
  * reports it, an mbarrier arrival releasing the executing thread's own
- * accesses (bench/RESULTS.md, v20).  MSA_ATT_TURN_SYNC=1: the attention's
- * producers hand over their turn with bar.sync on both sides instead of
- * bar.arrive and bar.sync, racecheck's other report there. */
+ * accesses (bench/RESULTS.md, v20). */
 #ifndef MSA_RING_META_LANE0
 #define MSA_RING_META_LANE0 0
-#endif
-#ifndef MSA_ATT_TURN_SYNC
-#define MSA_ATT_TURN_SYNC 0
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
