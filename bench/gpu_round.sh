@@ -337,13 +337,27 @@ if has_step sanitize; then
     run_logged sanitize_memcheck_sweep "$CS" --tool memcheck --error-exitcode 3 "$T/cuda/test_cuda_sweep" --quick
     run_logged sanitize_racecheck_graph "$CS" --tool racecheck --error-exitcode 3 "$T/cuda/test_cuda_graph"
     # The graph test's model (8 query heads per KV head) never takes the
-    # Hopper attention: one sweep case of M3's shape does, on grids for 8
-    # SMs so that its CTAs take several units (the producers in turns).
+    # Hopper attention: sweep cases of M3's shape do, on grids for 8 SMs so
+    # that their CTAs take several units (the producers in turns).
+    # RACE_FEW_SMS: ';'-separated sweep filters run so (units of one item,
+    # of pairs, of one token); RACE_FULL: filters run on full grids (a
+    # context long enough to wrap the indexer's ring).
     MSA_CUDA_SMS=8 run_logged sanitize_memcheck_sweep_few_sms "$CS" --tool memcheck --error-exitcode 3 \
         "$T/cuda/test_cuda_sweep" --filter "q8/1/3/16"
-    MSA_CUDA_SMS=8 run_logged sanitize_racecheck_sweep_few_sms "$CS" --tool racecheck --error-exitcode 3 \
-        "$T/cuda/test_cuda_sweep" --filter "q8/1/3/16"
-    grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS"/sanitize_*.log >>"$SUMMARY"
+    IFS=';' read -ra RFEW <<<"${RACE_FEW_SMS:-q8/1/3/16;q16/5;q1 30K}"
+    for i in "${!RFEW[@]}"; do
+        MSA_CUDA_SMS=8 run_logged "sanitize_racecheck_sweep_few_sms_$((i + 1))" "$CS" --tool racecheck \
+            --error-exitcode 3 "$T/cuda/test_cuda_sweep" --filter "${RFEW[$i]}"
+    done
+    IFS=';' read -ra RFULL <<<"${RACE_FULL:-b1 q1 200K}"
+    for i in "${!RFULL[@]}"; do
+        run_logged "sanitize_racecheck_sweep_$((i + 1))" "$CS" --tool racecheck --error-exitcode 3 \
+            "$T/cuda/test_cuda_sweep" --filter "${RFULL[$i]}"
+    done
+    for f in "$LOGS"/sanitize_*.log; do
+        echo "$(basename "$f" .log): $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$f" | tail -1)" >>"$SUMMARY"
+        grep -hE "^m3 .*(ok|FAIL|SKIP)" "$f" | head -4 >>"$SUMMARY"
+    done
 fi
 
 # Per-kernel times of the profiles, compact: kernel, metric, value.

@@ -124,6 +124,18 @@ __device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], 
     cu_wgmma_hold(o);
 }
 
+/* A consumer warp is done with slot s: the producer may refill it. */
+__device__ __forceinline__ void cu_attt_release(const cu_attt_smem &sm, int s)
+{
+#if MSA_ATT_META_LANE0
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0)
+        cu_mbar_arrive(&sm.empty[s]);
+#else
+    cu_mbar_arrive(&sm.empty[s]);
+#endif
+}
+
 /* One consumer warpgroup (h = 0 or 1) of a unit.  Warp w of the group
  * holds rows 16w .. 16w + 15 of its item: token w, its 16 heads.  Of a
  * pair, group h serves item h and takes every tile one of its tokens uses;
@@ -168,8 +180,8 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         if (threadIdx.x == 0) /* overwritten by every tile: the last one stays */
             CU_TL_MARK(L, CU_TL_ATTN, CU_TL_LAST);
 #endif
-#if MSA_RING_META_LANE0
-        /* Lane 0 alone reads what the slot holds (see cu_tma.cuh). */
+#if MSA_ATT_META_LANE0
+        /* Lane 0 alone reads what the slot holds and passes it on. */
         cu_attt_meta mt;
         {
             int32_t p = 0;
@@ -185,9 +197,7 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         const cu_attt_meta mt = sm.meta[s];
 #endif
         if (mt.pos0 < 0) {
-            __syncwarp();
-            if (lane == 0)
-                cu_mbar_arrive(&sm.empty[s]);
+            cu_attt_release(sm, s);
             break;
         }
         /* Group-uniform: whether this group computes the tile. */
@@ -203,9 +213,7 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
                 cu_attt_softmax(sc, last - mt.pos0, sl2, o, m_lo, m_hi, l_lo, l_hi);
             cu_attt_pv<Tag>(va, sc, member, o);
         }
-        __syncwarp();
-        if (lane == 0)
-            cu_mbar_arrive(&sm.empty[s]);
+        cu_attt_release(sm, s);
     }
     cu_rows_sum_quads(l_lo, l_hi);
 
@@ -245,7 +253,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
         CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ENTRY);
         for (int s = 0; s < ATT_STAGES; ++s) {
             cu_mbar_init(&sm.full[s], 1);
-            cu_mbar_init(&sm.empty[s], ATT_CONSUMERS);
+            cu_mbar_init(&sm.empty[s], ATT_EMPTY_ARRIVALS);
         }
         for (int j = 0; j < ATT_PRODUCERS; ++j)
             cu_mbar_init(&sm.tail[j], 1);

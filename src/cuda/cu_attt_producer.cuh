@@ -10,13 +10,6 @@
 #include "cu_launch.cuh"
 #include "cu_timeline.cuh"
 
-/* MSA_ATT_TURN_SYNC=1 (build-time, for a measurement): the producers hand
- * over their turn with bar.sync on both sides instead of bar.arrive and
- * bar.sync, which racecheck reports (bench/RESULTS.md, v20). */
-#ifndef MSA_ATT_TURN_SYNC
-#define MSA_ATT_TURN_SYNC 0
-#endif
-
 #ifdef CU_HAVE_WGMMA
 
 /* The producers' turns.  Producer j issues the CTA's units k with k % 2 ==
@@ -51,18 +44,14 @@ __device__ __forceinline__ void cu_attt_pass_turn(const cu_attt_smem &sm, int j,
         *(volatile uint32_t *)sm.handoff = gs;
     __threadfence_block();
     __syncwarp();
-#if MSA_ATT_TURN_SYNC
-    /* The passing producer waits for the taker too (a full rendezvous). */
+    /* The passing producer waits for the taker too (a rendezvous): with
+     * bar.arrive on this side the hand-over is ordered as well, but
+     * racecheck reports the next write of the count against the taker's
+     * read; the rendezvous cost nothing measurable (bench/RESULTS.md, v21). */
     if (j)
         asm volatile("bar.sync 2, 64;\n" ::: "memory");
     else
         asm volatile("bar.sync 3, 64;\n" ::: "memory");
-#else
-    if (j)
-        asm volatile("bar.arrive 2, 64;\n" ::: "memory");
-    else
-        asm volatile("bar.arrive 3, 64;\n" ::: "memory");
-#endif
 }
 
 /* A unit's tail tile (rows past kv_len) lands on its producer's own
@@ -156,6 +145,26 @@ __device__ __forceinline__ void cu_attt_copy(const cu_layer &L, const CUtensorMa
     (void)gs;
 }
 
+/* Issues the tile that lane j of the window holds (its first key's
+ * position, token bits and page) into the next ring slot, which it
+ * returns.  A tail tile lands on producer pj's own barrier (its V rows
+ * past kv_len are zeroed before the slot is handed over), any other on the
+ * slot's full barrier. */
+__device__ __forceinline__ int cu_attt_issue_tile(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
+                                                  const CUtensorMap *mv, const cu_attt_smem &sm,
+                                                  const cu_attt_feed &f, int j, int32_t pos0, uint32_t bits,
+                                                  int32_t page, uint32_t &gs, bool tail, int pj)
+{
+    const int32_t p0 = __shfl_sync(0xffffffffu, pos0, j);
+    const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
+    const int32_t pg = __shfl_sync(0xffffffffu, page, j);
+    const int s = cu_attt_claim(sm, gs, p0, b);
+    const int32_t row = (int32_t)((int64_t)pg * A.hkv * L.P + f.prow_base + (p0 & 127));
+    cu_attt_copy(L, mk, mv, sm, f, s, row, tail ? &sm.tail[pj] : &sm.full[s], gs);
+    __syncwarp();
+    return s;
+}
+
 /* Issues the unit's tiles t_lo .. t_hi - 1 of its stream (those a token of
  * the unit uses) into the ring, the tail tile (rows past kv_len) last and
  * left pending in pend.  The turn is taken before the first slot, after
@@ -210,28 +219,15 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
             }
             const int j = __ffs(cand) - 1;
             todo &= ~(1u << j);
-            const int32_t p0 = __shfl_sync(0xffffffffu, pos0, j);
-            const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
-            const int32_t pg = __shfl_sync(0xffffffffu, page, j);
-            const int s = cu_attt_claim(sm, gs, p0, b);
-            const int32_t row = (int32_t)((int64_t)pg * A.hkv * L.P + f.prow_base + (p0 & 127));
-            cu_attt_copy(L, mk, mv, sm, f, s, row, &sm.full[s], gs);
-            __syncwarp();
+            cu_attt_issue_tile(L, A, mk, mv, sm, f, j, pos0, bits, page, gs, false, tn.j);
         }
         if (tail_lane) {
             /* It lands on the producer's own barrier: its V rows past
              * kv_len become zeros (see the header) before a plain arrival
              * hands the slot over (cu_attt_tail_finish). */
             const int j = __ffs(tail_lane) - 1;
-            const int32_t p0 = __shfl_sync(0xffffffffu, pos0, j);
-            const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
-            const int32_t pg = __shfl_sync(0xffffffffu, page, j);
-            const int s = cu_attt_claim(sm, gs, p0, b);
-            const int32_t row = (int32_t)((int64_t)pg * A.hkv * L.P + f.prow_base + (p0 & 127));
-            cu_attt_copy(L, mk, mv, sm, f, s, row, &sm.tail[tn.j], gs);
-            pend.s = s;
-            pend.valid = cs.kl - p0;
-            __syncwarp();
+            pend.s = cu_attt_issue_tile(L, A, mk, mv, sm, f, j, pos0, bits, page, gs, true, tn.j);
+            pend.valid = cs.kl - __shfl_sync(0xffffffffu, pos0, j);
         }
     }
 }

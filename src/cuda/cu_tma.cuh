@@ -30,17 +30,6 @@ __device__ __forceinline__ uint32_t cu_tswz(int rows, int row, int chunk)
     return (uint32_t)((chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
-/* MSA_RING_META_LANE0=1 (build-time, for a measurement): in the Hopper
- * indexer and attention, only lane 0 of a consumer warp reads what a ring
- * slot holds and passes it on by shuffle.  As built by default, all 32
- * lanes read it and lane 0 arrives on the slot's empty barrier after a
- * warp barrier; that is ordered under the PTX memory model, but racecheck
- * reports it, an mbarrier arrival releasing the executing thread's own
- * accesses (bench/RESULTS.md, v20). */
-#ifndef MSA_RING_META_LANE0
-#define MSA_RING_META_LANE0 0
-#endif
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 __device__ __forceinline__ void cu_mbar_init(uint64_t *bar, uint32_t count)

@@ -214,16 +214,15 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
         }
         const int s = i % IDXT_STAGES;
         cu_mbar_wait(&full[s], (uint32_t)(i / IDXT_STAGES) & 1u);
-#if MSA_RING_META_LANE0
-        /* Lane 0 alone reads what the slot holds: the release of its
-         * arrival on the empty barrier then covers every read of it. */
+        /* Lane 0 alone reads what the slot holds and passes it on: its
+         * arrival on the empty barrier then releases every read of the
+         * slot (a read by all lanes is ordered too, through the warp
+         * barrier before that arrival, but racecheck reports it; lane 0
+         * alone costs nothing measurable here: bench/RESULTS.md, v21). */
         int32_t gb = 0;
         if (lane == 0)
             gb = slot_gb[s];
         gb = __shfl_sync(0xffffffffu, gb, 0);
-#else
-        const int32_t gb = slot_gb[s];
-#endif
         if (gb < 0)
             break;
         if (gb >= di.blk1) {
