@@ -126,12 +126,15 @@ if has_step ctest; then
 fi
 if has_step gputest; then
     run_logged test_cuda_graph "$T/cuda/test_cuda_graph"
-    run_logged test_cuda_sweep "$T/cuda/test_cuda_sweep" ${SWEEP_ARGS:-}
-    # The selection's warp-per-row mode on the sweep's small steps too.
-    MSA_CUDA_SEL_WARP_ROWS=1 run_logged test_cuda_sweep_warp_rows "$T/cuda/test_cuda_sweep" --quick
     # Grids for 8 SMs: CTAs of the one-CTA-per-SM kernels take several units.
     MSA_CUDA_SMS=8 run_logged test_cuda_graph_few_sms "$T/cuda/test_cuda_graph"
-    MSA_CUDA_SMS=8 run_logged test_cuda_sweep_few_sms "$T/cuda/test_cuda_sweep" --quick
+    # The sweeps side by side: most of their time is the CPU oracle's, one
+    # core each.
+    run_logged test_cuda_sweep "$T/cuda/test_cuda_sweep" ${SWEEP_ARGS:-} &
+    # The selection's warp-per-row mode on the sweep's small steps too.
+    MSA_CUDA_SEL_WARP_ROWS=1 run_logged test_cuda_sweep_warp_rows "$T/cuda/test_cuda_sweep" --quick &
+    MSA_CUDA_SMS=8 run_logged test_cuda_sweep_few_sms "$T/cuda/test_cuda_sweep" --quick &
+    wait
     grep -E "FAIL|passed" "$LOGS/test_cuda_graph.log" | tail -8 >>"$SUMMARY"
     grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep.log" | tail -12 >>"$SUMMARY"
     grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_warp_rows.log" | tail -12 >>"$SUMMARY"

@@ -127,13 +127,7 @@ __device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], 
 /* A consumer warp is done with slot s: the producer may refill it. */
 __device__ __forceinline__ void cu_attt_release(const cu_attt_smem &sm, int s)
 {
-#if MSA_ATT_META_LANE0
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0)
-        cu_mbar_arrive(&sm.empty[s]);
-#else
-    cu_mbar_arrive(&sm.empty[s]);
-#endif
+    cu_mbar_arrive(&sm.empty[s]); /* every lane: see ATT_EMPTY_ARRIVALS */
 }
 
 /* One consumer warpgroup (h = 0 or 1) of a unit.  Warp w of the group
@@ -180,22 +174,7 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         if (threadIdx.x == 0) /* overwritten by every tile: the last one stays */
             CU_TL_MARK(L, CU_TL_ATTN, CU_TL_LAST);
 #endif
-#if MSA_ATT_META_LANE0
-        /* Lane 0 alone reads what the slot holds and passes it on. */
-        cu_attt_meta mt;
-        {
-            int32_t p = 0;
-            uint32_t b = 0u;
-            if (lane == 0) {
-                p = sm.meta[s].pos0;
-                b = sm.meta[s].bits;
-            }
-            mt.pos0 = __shfl_sync(0xffffffffu, p, 0);
-            mt.bits = __shfl_sync(0xffffffffu, b, 0);
-        }
-#else
         const cu_attt_meta mt = sm.meta[s];
-#endif
         if (mt.pos0 < 0) {
             cu_attt_release(sm, s);
             break;

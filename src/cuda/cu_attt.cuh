@@ -47,21 +47,14 @@ static_assert(ATT_PRODUCERS == 1 || ATT_PRODUCERS == 2, "one or two producer war
 
 static_assert(ATT_SMEM_BYTES <= 227 * 1024, "attention ring and scratch exceed shared memory");
 
-/* How a consumer warp reads a slot's meta (below) and releases the slot.
- * Every lane reads it and every lane arrives on the slot's empty barrier
- * (the default): each lane's arrival releases its own reads, as racecheck
- * requires.  MSA_ATT_META_LANE0=1: lane 0 alone reads it, passes it on by
- * shuffle and alone arrives, after a warp barrier.  (All lanes reading
- * and lane 0 alone arriving is ordered as well under the PTX memory model,
- * but racecheck reports it: bench/RESULTS.md, v20.) */
-#ifndef MSA_ATT_META_LANE0
-#define MSA_ATT_META_LANE0 0
-#endif
-#if MSA_ATT_META_LANE0
-#define ATT_EMPTY_ARRIVALS ATT_CONSUMERS
-#else
+/* Every lane of a consumer warp reads a slot's meta (below) and every
+ * lane arrives on the slot's empty barrier: each lane's arrival releases
+ * its own reads, as racecheck requires.  (All lanes reading and lane 0
+ * alone arriving after a warp barrier is ordered as well under the PTX
+ * memory model, but racecheck reports it; lane 0 alone reading, passing
+ * the meta on by shuffle and arriving was 1-2% slower on the H200:
+ * bench/RESULTS.md, v21.) */
 #define ATT_EMPTY_ARRIVALS (ATT_CONSUMERS * 32)
-#endif
 
 /* What the producer tells the consumers about a ring slot. */
 typedef struct cu_attt_meta {

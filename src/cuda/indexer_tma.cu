@@ -214,15 +214,7 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
         }
         const int s = i % IDXT_STAGES;
         cu_mbar_wait(&full[s], (uint32_t)(i / IDXT_STAGES) & 1u);
-        /* Lane 0 alone reads what the slot holds and passes it on: its
-         * arrival on the empty barrier then releases every read of the
-         * slot (a read by all lanes is ordered too, through the warp
-         * barrier before that arrival, but racecheck reports it; lane 0
-         * alone costs nothing measurable here: bench/RESULTS.md, v21). */
-        int32_t gb = 0;
-        if (lane == 0)
-            gb = slot_gb[s];
-        gb = __shfl_sync(0xffffffffu, gb, 0);
+        const int32_t gb = slot_gb[s];
         if (gb < 0)
             break;
         if (gb >= di.blk1) {
@@ -250,11 +242,11 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
         cu_wgmma_commit();
         cu_wgmma_wait_all();
         cu_wgmma_hold(d);
-        /* The group's reads of the slot are done: hand it back (one
-         * arrival per warp). */
-        __syncwarp();
-        if (lane == 0)
-            cu_mbar_arrive(&empty[s]);
+        /* The group's reads of the slot are done: hand it back.  Every
+         * lane arrives, each releasing its own reads of the slot (one
+         * arrival per warp after a warp barrier is ordered too, but
+         * racecheck reports it: bench/RESULTS.md, v20). */
+        cu_mbar_arrive(&empty[s]);
         const int32_t n = gb - di.blk0;
         const int32_t key0 = n * 128;
         float s_lo, s_hi;
@@ -419,7 +411,7 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
         CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_ENTRY);
         for (int s = 0; s < IDXT_STAGES; ++s) {
             cu_mbar_init(&full[s], 1);
-            cu_mbar_init(&empty[s], 4); /* the four warps of the slot's group */
+            cu_mbar_init(&empty[s], 4 * 32); /* every lane of the slot's group */
         }
         cu_mbar_fence_init();
         cu_tma_prefetch_map(&map);
