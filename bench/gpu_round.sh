@@ -121,7 +121,9 @@ T="$BUILD/tests"
 
 # ---- tests -------------------------------------------------------------------
 if has_step ctest; then
-    (cd "$BUILD" && run_logged ctest_quick ctest -L quick --output-on-failure --timeout 600)
+    # CTEST_JOBS tests side by side (the GPU sweeps spend most of their time
+    # in the CPU oracle, one core each).
+    (cd "$BUILD" && run_logged ctest_quick ctest -L quick -j "${CTEST_JOBS:-4}" --output-on-failure --timeout 600)
     grep -E "tests passed|Skipped|Failed|\*\*\*" "$LOGS/ctest_quick.log" | head -20 >>"$SUMMARY"
 fi
 if has_step gputest; then
@@ -134,12 +136,15 @@ if has_step gputest; then
     # The selection's warp-per-row mode on the sweep's small steps too.
     MSA_CUDA_SEL_WARP_ROWS=1 run_logged test_cuda_sweep_warp_rows "$T/cuda/test_cuda_sweep" --quick &
     MSA_CUDA_SMS=8 run_logged test_cuda_sweep_few_sms "$T/cuda/test_cuda_sweep" --quick &
+    # `msa replay DIR --backend cuda` on the replay test's cases.
+    run_logged replay_cuda sh "$ROOT/tests/replay/run_replay_test.sh" "$MSA" /tmp/msa-replay-cuda cuda &
     wait
     grep -E "FAIL|passed" "$LOGS/test_cuda_graph.log" | tail -8 >>"$SUMMARY"
     grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep.log" | tail -12 >>"$SUMMARY"
     grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_warp_rows.log" | tail -12 >>"$SUMMARY"
     grep -E "FAIL|passed" "$LOGS/test_cuda_graph_few_sms.log" | tail -8 >>"$SUMMARY"
     grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_few_sms.log" | tail -12 >>"$SUMMARY"
+    grep -E "FAIL|passed|skipped" "$LOGS/replay_cuda.log" | tail -6 >>"$SUMMARY"
 fi
 
 # ---- msa check -----------------------------------------------------------------

@@ -6,6 +6,15 @@ if(Python3_Interpreter_FOUND)
                    $<TARGET_FILE:msa_cli> ${CMAKE_CURRENT_BINARY_DIR}/replay_work)
   set_tests_properties(msa_replay PROPERTIES LABELS quick
                        ENVIRONMENT "PYTHON=${Python3_EXECUTABLE}")
+  if(MSA_HAVE_CUDA)
+    # The same cases on the GPU (SPEC's replay contract on both backends);
+    # "skipped" without a device.
+    add_test(NAME msa_replay_cuda
+             COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/tests/replay/run_replay_test.sh
+                     $<TARGET_FILE:msa_cli> ${CMAKE_CURRENT_BINARY_DIR}/replay_work_cuda cuda)
+    set_tests_properties(msa_replay_cuda PROPERTIES LABELS "quick;cuda" SKIP_RETURN_CODE 77
+                         ENVIRONMENT "PYTHON=${Python3_EXECUTABLE}")
+  endif()
 endif()
 add_test(NAME msa_info COMMAND msa_cli info)
 add_test(NAME msa_check_quick COMMAND msa_cli check --quick)
