@@ -72,11 +72,6 @@ static_assert(IDXT_STAGES % IDXT_GROUPS == 0, "indexer stages: a multiple of the
 #define MSA_IDX_CHUNKED_MIN 8
 #endif
 #define IDXT_CHUNKED_MIN MSA_IDX_CHUNKED_MIN
-/* MSA_IDX_WAIT_FIRST=1 (build-time, for measurements): wait for the
- * prologue before the first copy, as if every block held a new key. */
-#ifndef MSA_IDX_WAIT_FIRST
-#define MSA_IDX_WAIT_FIRST 0
-#endif
 
 #ifdef CU_HAVE_WGMMA
 
@@ -297,45 +292,28 @@ __device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned cha
     cu_tma_load2d_hint(dst + IDXT_BLOCK_BYTES / 2, map, 64, pg * 128, &full[s], pol);
 }
 
-/* Waits for the prologue (once): from then on this step's index keys
- * are in the cache. */
-__device__ __forceinline__ void cu_idxt_wait_prologue(const cu_layer &L, bool &waited)
-{
-    if (waited)
-        return;
-    waited = true;
-    cu_pdl_wait();
-    if ((threadIdx.x & 31) == 0)
-        CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_WAITED);
-}
-
 /* Blocks gb0 .. gb0 + cnt - 1 (cnt <= 32) into the ring from use x on:
  * their pages looked up one per lane (k: the decode slot of gb0 or an
- * earlier one), then the copies issued in order.  A block wholly before
- * its request's first new position holds no key the prologue writes (and
- * the layer's first kernel, the prologue, is launched plainly: every
- * earlier write is in place), so it is copied and scored before the
- * launch wait; the wait comes before the first block that holds a new
- * key.  The memory then streams while the prologue runs. */
+ * earlier one), then the copies issued in order. */
 __device__ __forceinline__ void cu_idxt_stream(const cu_layer &L, const CUtensorMap *map, unsigned char *ring,
                                                uint64_t *full, uint64_t *empty, volatile int32_t *slot_gb,
                                                int32_t &x, int32_t k, int32_t n_dec, int32_t gb0, int32_t cnt,
-                                               bool &waited)
+                                               bool wait_first)
 {
     const int lane = threadIdx.x & 31;
     int32_t page = 0;
-    bool fresh = false; /* the block holds a key of this step */
     if (lane < cnt) {
         const int32_t gb = gb0 + lane;
         const int32_t kk = cu_idxt_slot(L, k, n_dec, gb);
         const cu_dec_info di = L.m.dec_info[kk];
         page = L.m.page_table[(int64_t)di.r * L.cap_pages + (gb - di.blk0)];
-        fresh = MSA_IDX_WAIT_FIRST || (gb - di.blk0 + 1) * 128 > di.kl - di.ql;
     }
-    const uint32_t fresh_lanes = __ballot_sync(0xffffffffu, fresh);
+    if (wait_first) {
+        cu_pdl_wait(); /* the prologue's index keys, before the first copy */
+        if (lane == 0)
+            CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_WAITED);
+    }
     for (int32_t j = 0; j < cnt; ++j) {
-        if ((fresh_lanes >> j) & 1u)
-            cu_idxt_wait_prologue(L, waited);
         const int32_t pg = __shfl_sync(0xffffffffu, page, j);
         if (lane == 0) {
             cu_idxt_put(map, ring, full, empty, slot_gb, x, gb0 + j, pg);
@@ -355,12 +333,16 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
 {
     const int lane = threadIdx.x & 31;
     int32_t x = 0;
-    bool waited = false;
     int32_t k = F > 0 ? cu_dec_of_block(L.m.dec_blk0, n_dec, gb_begin) : 0;
     for (int32_t c0 = 0; c0 < F; c0 += 32) {
         const int32_t cnt = min(32, F - c0);
-        cu_idxt_stream(L, map, ring, full, empty, slot_gb, x, k, n_dec, gb_begin + c0, cnt, waited);
+        cu_idxt_stream(L, map, ring, full, empty, slot_gb, x, k, n_dec, gb_begin + c0, cnt, c0 == 0);
         k = cu_idxt_slot(L, k, n_dec, gb_begin + c0 + cnt - 1);
+    }
+    if (F == 0) {
+        cu_pdl_wait(); /* the prologue's index keys, before any copy */
+        if (lane == 0)
+            CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_WAITED);
     }
     if (stat < total) {
         /* Chunk numbers: the next one is asked for before the current
@@ -381,10 +363,9 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
             if (lane == 0)
                 next = atomicAdd(L.idx_next, 1);
             cu_idxt_stream(L, map, ring, full, empty, slot_gb, x, cu_dec_of_block(L.m.dec_blk0, n_dec, gb0),
-                           n_dec, gb0, min(IDXT_CHUNK, total - gb0), waited);
+                           n_dec, gb0, min(IDXT_CHUNK, total - gb0), false);
         }
     }
-    cu_idxt_wait_prologue(L, waited); /* for the timeline; the kernel waits before it ends */
     if (lane == 0)
         for (int e = 0; e < IDXT_GROUPS; ++e)
             cu_idxt_put(map, ring, full, empty, slot_gb, x + e, -1, 0);
@@ -437,8 +418,7 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
     }
     __syncthreads();
     /* The prologue writes this step's index keys: the producer waits for
-     * it before the first block that holds one (cu_idxt_stream); the plan,
-     * the queries and older keys are read at once. */
+     * it before its first copy; the plan and the queries are read at once. */
     cu_pdl_trigger();
     if (warp == 0)
         cu_idxt_prefetch_att_plan(L);
