@@ -24,6 +24,14 @@ static int cu_env_starts(const char *name, char c)
     return v && v[0] == c;
 }
 
+/* The integer value of environment variable `name` (the aids that take a
+ * count), 0 when it is not set. */
+static int cu_env_int(const char *name)
+{
+    const char *v = getenv(name);
+    return v ? atoi(v) : 0;
+}
+
 static msa_status cu_init(msa_context *ctx, const msa_context_params *params, char *err,
                           size_t err_size)
 {
@@ -53,12 +61,9 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
     e = cudaSetDevice(dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&cs->num_sms, cudaDevAttrMultiProcessorCount, dev);
-    const char *sms_env = getenv("MSA_CUDA_SMS");
-    if (e == cudaSuccess && sms_env) {
-        const int n = atoi(sms_env);
-        if (n >= 1 && n < cs->num_sms)
-            cs->num_sms = n;
-    }
+    const int sms = cu_env_int("MSA_CUDA_SMS");
+    if (e == cudaSuccess && sms >= 1 && sms < cs->num_sms)
+        cs->num_sms = sms;
     int major = 0;
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -67,8 +72,7 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
     /* wgmma exists in the sm_90a code only: later chips run the portable
      * PTX, where the Hopper indexer has no body. */
     cs->wgmma = cs->tma && major == 9;
-    const char *stop_env = getenv("MSA_CUDA_STOP_AFTER");
-    cs->stop_after = stop_env ? atoi(stop_env) : 0;
+    cs->stop_after = cu_env_int("MSA_CUDA_STOP_AFTER");
     if (cs->stop_after < 0)
         cs->stop_after = 0;
     cs->sel_warp_rows = cu_env_starts("MSA_CUDA_SEL_WARP_ROWS", '1');
