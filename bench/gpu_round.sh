@@ -127,24 +127,34 @@ if has_step ctest; then
     grep -E "tests passed|Skipped|Failed|\*\*\*" "$LOGS/ctest_quick.log" | head -20 >>"$SUMMARY"
 fi
 if has_step gputest; then
-    run_logged test_cuda_graph "$T/cuda/test_cuda_graph"
-    # Grids for 8 SMs: CTAs of the one-CTA-per-SM kernels take several units.
-    MSA_CUDA_SMS=8 run_logged test_cuda_graph_few_sms "$T/cuda/test_cuda_graph"
+    # The quick GPU tests are CTest's quick set: here only when the ctest
+    # step did not just run them.  The full sweep always.
+    quick=1
+    has_step ctest && quick=0
+    if [ $quick = 1 ]; then
+        run_logged test_cuda_graph "$T/cuda/test_cuda_graph"
+        # Grids for 8 SMs: CTAs of the one-CTA-per-SM kernels take several units.
+        MSA_CUDA_SMS=8 run_logged test_cuda_graph_few_sms "$T/cuda/test_cuda_graph"
+    fi
     # The sweeps side by side: most of their time is the CPU oracle's, one
     # core each.
     run_logged test_cuda_sweep "$T/cuda/test_cuda_sweep" ${SWEEP_ARGS:-} &
-    # The selection's warp-per-row mode on the sweep's small steps too.
-    MSA_CUDA_SEL_WARP_ROWS=1 run_logged test_cuda_sweep_warp_rows "$T/cuda/test_cuda_sweep" --quick &
-    MSA_CUDA_SMS=8 run_logged test_cuda_sweep_few_sms "$T/cuda/test_cuda_sweep" --quick &
-    # `msa replay DIR --backend cuda` on the replay test's cases.
-    run_logged replay_cuda sh "$ROOT/tests/replay/run_replay_test.sh" "$MSA" /tmp/msa-replay-cuda cuda &
+    if [ $quick = 1 ]; then
+        # The selection's warp-per-row mode on the sweep's small steps too.
+        MSA_CUDA_SEL_WARP_ROWS=1 run_logged test_cuda_sweep_warp_rows "$T/cuda/test_cuda_sweep" --quick &
+        MSA_CUDA_SMS=8 run_logged test_cuda_sweep_few_sms "$T/cuda/test_cuda_sweep" --quick &
+        # `msa replay DIR --backend cuda` on the replay test's cases.
+        run_logged replay_cuda sh "$ROOT/tests/replay/run_replay_test.sh" "$MSA" /tmp/msa-replay-cuda cuda &
+    fi
     wait
-    grep -E "FAIL|passed" "$LOGS/test_cuda_graph.log" | tail -8 >>"$SUMMARY"
     grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep.log" | tail -12 >>"$SUMMARY"
-    grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_warp_rows.log" | tail -12 >>"$SUMMARY"
-    grep -E "FAIL|passed" "$LOGS/test_cuda_graph_few_sms.log" | tail -8 >>"$SUMMARY"
-    grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_few_sms.log" | tail -12 >>"$SUMMARY"
-    grep -E "FAIL|passed|skipped" "$LOGS/replay_cuda.log" | tail -6 >>"$SUMMARY"
+    if [ $quick = 1 ]; then
+        grep -E "FAIL|passed" "$LOGS/test_cuda_graph.log" | tail -8 >>"$SUMMARY"
+        grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_warp_rows.log" | tail -12 >>"$SUMMARY"
+        grep -E "FAIL|passed" "$LOGS/test_cuda_graph_few_sms.log" | tail -8 >>"$SUMMARY"
+        grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_few_sms.log" | tail -12 >>"$SUMMARY"
+        grep -E "FAIL|passed|skipped" "$LOGS/replay_cuda.log" | tail -6 >>"$SUMMARY"
+    fi
 fi
 
 # ---- msa check -----------------------------------------------------------------
