@@ -42,12 +42,13 @@ __device__ __forceinline__ void cu_attt_pass_turn(const cu_attt_smem &sm, int j,
         return;
     if ((threadIdx.x & 31) == 0)
         *(volatile uint32_t *)sm.handoff = gs;
-    __threadfence_block();
     __syncwarp();
-    /* The passing producer waits for the taker too (a rendezvous): with
-     * bar.arrive on this side the hand-over is ordered as well, but
-     * racecheck reports the next write of the count against the taker's
-     * read; the rendezvous cost nothing measurable (bench/RESULTS.md, v21). */
+    /* The barrier orders the count's write before the taker's read (no
+     * fence needed).  The passing producer waits for the taker too (a
+     * rendezvous): with bar.arrive on this side the hand-over is ordered
+     * as well, but racecheck reports the next write of the count against
+     * the taker's read; the rendezvous cost nothing measurable
+     * (bench/RESULTS.md, v21). */
     if (j)
         asm volatile("bar.sync 2, 64;\n" ::: "memory");
     else
