@@ -88,14 +88,18 @@ json_median() {
 
 # Median µs of 40 graph replays of shape batch $3, context $4, q_len $5 with
 # binary $1 (its output appended to $LOGS/$2.log); further arguments are
-# environment assignments for that run.  "?" when the run failed or
-# outlasted SHAPE_TIMEOUT seconds (default 120).
+# environment assignments for that run.  A batch given as a case id of the
+# decode workload (e.g. decode_b128_kv4000, context ignored) times that case
+# with its own request lengths.  "?" when the run failed or outlasted
+# SHAPE_TIMEOUT seconds (default 120).
 shape_median() {
     local bin=$1 log=$2 b=$3 l=$4 q=$5
     shift 5
+    local shape=(--decode-context "$l" --batch "$b")
+    [[ "$b" == decode_* ]] && shape=(--workload decode --cases "$b")
     rm -f /tmp/msa-shape.json
-    timeout -k 5 "${SHAPE_TIMEOUT:-120}" env "$@" "$bin" bench --backend cuda --decode-context "$l" \
-        --batch "$b" --q-len "$q" --reps 40 --json /tmp/msa-shape.json >>"$LOGS/$log.log" 2>&1
+    timeout -k 5 "${SHAPE_TIMEOUT:-120}" env "$@" "$bin" bench --backend cuda "${shape[@]}" \
+        --q-len "$q" --reps 40 --json /tmp/msa-shape.json >>"$LOGS/$log.log" 2>&1
     json_median /tmp/msa-shape.json
 }
 
@@ -259,7 +263,8 @@ fi
 # (graph test and quick sweep: a variant may change results; VARIANT_TESTS=0
 # skips them, e.g. for a variant that restores measured code; VARIANT_TEST_ONLY
 # lists the variants to test, e.g. "1 3", the others being measurement-only), and
-# VARIANT_CASES shapes are timed on the main build and on every variant in
+# VARIANT_CASES shapes (batch:context:q_len, or case-id:0:q_len for a case
+# of the decode workload) are timed on the main build and on every variant in
 # turns, VARIANT_ROUNDS times (default 2) (step "variants", not in the
 # default list; needs the main build).
 if has_step variants; then

@@ -3,9 +3,10 @@
  * the same type, D = 128, B = P = 128, G = 16 query heads per KV head (one
  * token's heads fill one m16 tile: a "unit").
  *
- * One CTA per SM walks the work units (up to eight tokens of one request and
+ * One CTA per SM walks its work units (up to eight tokens of one request and
  * KV head, one split of the union of the request's selected blocks: one or
- * two plan items of four tokens, see att_units).  A producer warp streams
+ * two plan items of four tokens, see att_units; the plan deals them to the
+ * CTAs by estimated cost, att_cta).  A producer warp streams
  * the union's 64-key tiles that any of the unit's tokens uses, K and V,
  * through a ring of ATT_STAGES tensor-map copies; tiles no token of the unit
  * uses are never loaded, and the others are read once for all its tokens.
@@ -245,17 +246,17 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
      * producer waits for them before it reads a union; the consumers read
      * only the plan, the queries and the ring. */
     cu_pdl_trigger();
-    /* The sparse pass only (the units are built for it). */
-    const int32_t n_units = L.m.hdr->n_att_units;
+    /* The sparse pass only (the units are built for it); this CTA's units
+     * are a contiguous run of them, dealt by the plan. */
+    const int32_t u_begin = L.m.att_cta[blockIdx.x], u_end = L.m.att_cta[blockIdx.x + 1];
     uint32_t gs = 0, tail_par = 0;
     int k = 0; /* the unit's place among the CTA's units */
-    for (int32_t ui = blockIdx.x; ui < n_units; ui += gridDim.x, ++k) {
-        const cu_attt_unit un = cu_attt_unit_of(L, ui);
+    for (int32_t ui = u_begin; ui < u_end; ++ui, ++k) {
+        const cu_attt_unit un = cu_attt_unit_of(L, ui, k == 0);
         if (warp >= ATT_CONSUMERS) {
             const int j = warp - ATT_CONSUMERS;
             if (k % ATT_PRODUCERS == j)
-                cu_attt_producer(L, A, &map_k, &map_v, sm, un, gs, tail_par, j, k == 0,
-                                 ui + (int32_t)gridDim.x < n_units);
+                cu_attt_producer(L, A, &map_k, &map_v, sm, un, gs, tail_par, j, k == 0, ui + 1 < u_end);
         } else {
             cu_attt_consumer<Tag>(L, A, sm, un, gs);
         }

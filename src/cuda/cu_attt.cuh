@@ -92,7 +92,7 @@ typedef struct cu_attt_unit {
 #endif
 } cu_attt_unit;
 
-__device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32_t u)
+__device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32_t u, bool first_of_cta)
 {
     cu_attt_unit un;
     const cu_att_item *items = L.m.att[CU_KIND_SPARSE];
@@ -101,7 +101,9 @@ __device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32
     un.ntok[0] = (it.nrows + 15) / 16;
     un.ntok[1] = it.unit_len == 2 ? (items[un.first + 1].nrows + 15) / 16 : 0;
 #ifdef MSA_TIMELINE
-    un.first_of_cta = u == (int32_t)blockIdx.x;
+    un.first_of_cta = first_of_cta;
+#else
+    (void)first_of_cta;
 #endif
     return un;
 }

@@ -117,7 +117,14 @@ typedef struct cu_meta {
      * whose rows follow each other (8 tokens of 16 heads): the kernel
      * streams the union tiles once for both. */
     int32_t *att_units;  /* [att_cap] */
-    int32_t *page_table; /* [cap_req][cap_pages]; last, so uploads copy a prefix */
+    /* The units of the Hopper kernel's CTA c: att_units[att_cta[c] ..
+     * att_cta[c + 1]), balanced by estimated cost (cu_balance_units). */
+    int32_t *att_cta;    /* [num_sms + 1] */
+    int32_t *page_table; /* [cap_req][cap_pages]; the last uploaded, so uploads copy a prefix */
+    /* Host-only scratch of the schedule, after the page table: never
+     * uploaded (the device copy of the blob leaves it unused). */
+    uint64_t *sched_heap; /* [num_sms] */
+    int32_t *sched_i32;   /* [4 * att_cap + num_sms + sched_costs] */
 } cu_meta;
 
 typedef struct cu_plan_state {
@@ -135,6 +142,7 @@ typedef struct cu_plan_state {
     int32_t merge_cap;
     int32_t part_rows_cap;
     int32_t part_stride;   /* floats per partial row */
+    int32_t sched_costs;   /* distinct unit costs of the balancing (cu_balance_units) */
 
     /* Grids (fixed by device and capacities). */
     int grid_tok, grid_idx, grid_idx_fast, grid_pf, grid_att, grid_att_fast;

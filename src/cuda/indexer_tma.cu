@@ -389,6 +389,10 @@ __device__ __forceinline__ void cu_idxt_prefetch_att_plan(const cu_layer &L)
     const int64_t ub = (int64_t)L.m.hdr->n_att_units * (int64_t)sizeof(int32_t);
     for (int64_t off = first; off < ub; off += stride)
         cu_prefetch_l2(units + off);
+    /* The attention CTAs' unit bounds (its grid is this one's). */
+    const int64_t cb = ((int64_t)gridDim.x + 1) * (int64_t)sizeof(int32_t);
+    for (int64_t off = first; off < cb; off += stride)
+        cu_prefetch_l2((const char *)L.m.att_cta + off);
     const char *items = (const char *)L.m.att[CU_KIND_SPARSE];
     const int64_t ib = (int64_t)L.m.hdr->n_att[CU_KIND_SPARSE] * (int64_t)sizeof(cu_att_item);
     for (int64_t off = first; off < ib; off += stride)

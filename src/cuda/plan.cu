@@ -58,7 +58,10 @@ size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m)
         CARVE(merge[k], cu_merge_item, st->merge_cap);
     }
     CARVE(att_units, int32_t, st->att_cap);
+    CARVE(att_cta, int32_t, (int64_t)st->num_sms + 1);
     CARVE(page_table, int32_t, (int64_t)st->cap_req * st->cap_pages);
+    CARVE(sched_heap, uint64_t, st->num_sms);
+    CARVE(sched_i32, int32_t, 4 * (int64_t)st->att_cap + st->num_sms + st->sched_costs);
 #undef CARVE
     return off;
 }
@@ -146,6 +149,9 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
                                      ? st->cap_tok
                                      : CU_DEC_MAX_Q * st->cap_req);
     st->cap_union = any_sparse ? cu_min32(CU_DEC_MAX_Q * W, st->cap_blocks) : 1;
+    /* A unit's estimated cost is at most its union's tiles + 2 (see
+     * cu_build_items). */
+    st->sched_costs = cu_ceil_div32((int64_t)st->cap_union * cfg->block_size, CU_TILE_KEYS) + 3;
     st->num_sms = num_sms;
 
     const int sms = num_sms;
@@ -370,6 +376,97 @@ static int cu_sparse_on_tma(const msa_plan *plan, const cu_plan_state *st)
     return kv16 && cu_attn_tma_shape(plan, st);
 }
 
+/* Min-heap of CTA loads, keyed (load << 32 | CTA): the least loaded CTA,
+ * the lower index among equals, on top. */
+static void cu_heap_sift_down(uint64_t *hp, int32_t n, int32_t i)
+{
+    for (;;) {
+        const int32_t l = 2 * i + 1, r = l + 1;
+        int32_t m = i;
+        if (l < n && hp[l] < hp[m])
+            m = l;
+        if (r < n && hp[r] < hp[m])
+            m = r;
+        if (m == i)
+            return;
+        const uint64_t t = hp[i];
+        hp[i] = hp[m];
+        hp[m] = t;
+        i = m;
+    }
+}
+
+/* Deals the sparse pass's n units (costs in the scratch, each below
+ * st->sched_costs) to the Hopper kernel's st->num_sms CTAs, largest first,
+ * each to the CTA with the least cost so far (longest processing time
+ * first), and reorders att_units so that each CTA's units are contiguous,
+ * largest first, with att_cta their bounds.  Each CTA walks its units one
+ * after another, so the step lasts as long as its most loaded CTA: dealt
+ * in plan order, batches of requests whose contexts differ by +-25% left
+ * the most loaded CTA 13-25% above the mean at 1K-10K context and 8 tokens
+ * (the decode workload's lengths); this way 3-5%.  With equal costs (one
+ * token per request past K blocks) it deals as before: unit u to CTA u mod
+ * num_sms.  Counting sort and a heap: O(n log num_sms) host work. */
+/* Measuring aid: MSA_ATT_DEAL_IN_ORDER at build time deals unit u to CTA
+ * u mod num_sms, in plan order, as before the balancing. */
+#ifndef MSA_ATT_DEAL_IN_ORDER
+#define MSA_ATT_DEAL_IN_ORDER 0
+#endif
+static void cu_balance_units(const cu_plan_state *st, cu_meta *h, int32_t n)
+{
+    const int32_t S = st->num_sms, C = st->sched_costs;
+    int32_t *cost = h->sched_i32;
+    int32_t *order = cost + st->att_cap;
+    int32_t *cta_of = order + st->att_cap;
+    int32_t *placed = cta_of + st->att_cap;
+    int32_t *fill = placed + st->att_cap; /* [S] */
+    int32_t *bucket = fill + S;           /* [C] */
+    uint64_t *hp = h->sched_heap;
+    /* Units by decreasing cost, plan order among equals. */
+    memset(bucket, 0, sizeof(int32_t) * (size_t)C);
+    for (int32_t u = 0; u < n; ++u)
+        ++bucket[cost[u]];
+    for (int32_t c = C - 1, pos = 0; c >= 0; --c) {
+        const int32_t k = bucket[c];
+        bucket[c] = pos;
+        pos += k;
+    }
+    for (int32_t u = 0; u < n; ++u)
+        order[bucket[cost[u]]++] = u;
+    /* Each unit to the least loaded CTA. */
+    for (int32_t c = 0; c < S; ++c) {
+        hp[c] = (uint64_t)c;
+        fill[c] = 0;
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        if (MSA_ATT_DEAL_IN_ORDER) {
+            order[i] = i;
+            cta_of[i] = i % S;
+            ++fill[i % S];
+            continue;
+        }
+        const int32_t u = order[i];
+        const int32_t c = (int32_t)(hp[0] & 0xffffffffu);
+        cta_of[u] = c;
+        ++fill[c];
+        hp[0] += (uint64_t)cost[u] << 32;
+        cu_heap_sift_down(hp, S, 0);
+    }
+    /* Contiguous per CTA, in dealing order. */
+    int32_t pos = 0;
+    for (int32_t c = 0; c < S; ++c) {
+        h->att_cta[c] = pos;
+        pos += fill[c];
+        fill[c] = h->att_cta[c];
+    }
+    h->att_cta[S] = pos;
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t u = order[i];
+        placed[fill[cta_of[u]]++] = h->att_units[u];
+    }
+    memcpy(h->att_units, placed, sizeof(int32_t) * (size_t)n);
+}
+
 static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_meta *h,
                            const cu_sched_kind *sk, int32_t *part_used)
 {
@@ -445,9 +542,24 @@ static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_met
                     mi->t0 = (int32_t)plan->q_start[r];
                     mi->pad1 = 0;
                 }
+                /* The unit's cost for the balancing: the tiles of its
+                 * tokens' union at most (each token selects W blocks),
+                 * its share of them when split, and two tiles' worth for
+                 * its fixed costs (queries, partial rows, the ring's
+                 * fill). */
+                int32_t unit_cost = 0;
+                if (sk->kind == CU_KIND_SPARSE) {
+                    const int64_t utok = cu_ceil_div32(urows, sk->g);
+                    const int64_t reach = (kl + m->cfg.block_size - 1) / m->cfg.block_size;
+                    const int64_t ublk = reach < utok * m->topk_width ? reach : utok * m->topk_width;
+                    const int32_t tiles = cu_ceil_div32(ublk * m->cfg.block_size, CU_TILE_KEYS);
+                    unit_cost = cu_min32(cu_ceil_div32(tiles, S) + 2, st->sched_costs - 1);
+                }
                 for (int32_t s = 0; s < S; ++s) {
-                    if (sk->kind == CU_KIND_SPARSE)
+                    if (sk->kind == CU_KIND_SPARSE) {
+                        h->sched_i32[n_att_units] = unit_cost;
                         h->att_units[n_att_units++] = n_items;
+                    }
                     for (int32_t c = 0; c < nch; ++c) {
                         const int32_t row0 = urow0 + c * CU_ROWS_PER_ITEM;
                         cu_att_item *it = &items[n_items++];
@@ -468,8 +580,10 @@ static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_met
             }
         }
     }
-    if (sk->kind == CU_KIND_SPARSE)
+    if (sk->kind == CU_KIND_SPARSE) {
         h->hdr->n_att_units = n_att_units;
+        cu_balance_units(st, h, n_att_units);
+    }
     h->hdr->n_att[sk->kind] = n_items;
     h->hdr->n_merge[sk->kind] = n_merge;
 }

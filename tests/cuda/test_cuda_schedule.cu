@@ -7,9 +7,11 @@
  *     0 .. S-1 exactly once, with the request's lengths in every item;
  *   - a chunk with S > 1 has one merge item with the same rows and splits,
  *     and the partial-row ranges of all chunks are disjoint and in bounds;
- *   - the Hopper units (att_units) cover every sparse item once, in order,
- *     a pair being two chunks of one (request, KV head, split) whose rows
- *     follow each other; pairs are all or none per step;
+ *   - the Hopper units (att_units) cover every sparse item once, a pair
+ *     being two chunks of one (request, KV head, split) whose rows follow
+ *     each other; pairs are all or none per step;
+ *   - the units' runs per CTA (att_cta) partition them, largest first,
+ *     and no CTA's estimated cost exceeds the mean by more than one unit;
  *   - with split units on the Hopper path, at most one unit per SM;
  *   - no list exceeds its capacity;
  *   - the per-row facts the kernels load in one piece (tok_info, dec_row,
@@ -203,21 +205,37 @@ static void check_rows(const msa_plan *plan, const cu_meta *h)
            h->hdr->max_dec_nblk, max_nblk);
 }
 
+/* Estimated cost of a unit as the balancing takes it: its tokens' union
+ * tiles at most, shared by the splits, and two more (cu_build_items). */
+static int64_t unit_cost(const msa_model *model, const cu_att_item *a)
+{
+    const int64_t rows = a->nrows + (a->unit_len == 2 ? a[1].nrows : 0);
+    const int64_t utok = (rows + model->group - 1) / model->group;
+    const int64_t B = model->cfg.block_size;
+    const int64_t reach = (a->kl + B - 1) / B;
+    const int64_t blk = reach < utok * model->topk_width ? reach : utok * model->topk_width;
+    const int64_t tiles = (blk * B + 63) / 64;
+    return (tiles + a->nsplit - 1) / a->nsplit + 2;
+}
+
 /* The Hopper units of the sparse pass. */
-static void check_units(const cu_plan_state *st, const cu_meta *h, int on_tma)
+static void check_units(const msa_model *model, const cu_plan_state *st, const cu_meta *h, int on_tma)
 {
     const int32_t n_items = h->hdr->n_att[CU_KIND_SPARSE];
     const int32_t n_units = h->hdr->n_att_units;
     const cu_att_item *items = h->att[CU_KIND_SPARSE];
-    int32_t next = 0, pairs = 0, pairable = 0, split_units = 0;
+    int32_t pairs = 0, pairable = 0, split_units = 0, covered = 0;
+    int32_t *seen = (int32_t *)calloc(n_items ? (size_t)n_items : 1, sizeof(int32_t));
     for (int32_t u = 0; u < n_units; ++u) {
         const int32_t first = h->att_units[u];
-        EXPECT(first == next, "unit %d starts at item %d, want %d", u, first, next);
-        if (first != next || first >= n_items)
+        EXPECT(first >= 0 && first < n_items, "unit %d starts at item %d of %d", u, first, n_items);
+        if (first < 0 || first >= n_items)
             break;
         const cu_att_item *a = &items[first];
         EXPECT(a->unit_len == 1 || a->unit_len == 2, "unit %d length %d", u, a->unit_len);
         split_units += a->nsplit > 1;
+        ++seen[first];
+        ++covered;
         if (a->unit_len == 2) {
             EXPECT(first + 1 < n_items, "unit %d pair past the items", u);
             if (first + 1 >= n_items)
@@ -227,19 +245,55 @@ static void check_units(const cu_plan_state *st, const cu_meta *h, int on_tma)
                        b->split == a->split && b->nsplit == a->nsplit && a->nrows == 64 &&
                        b->row0 == a->row0 + 64,
                    "unit %d: items %d and %d do not form a pair", u, first, first + 1);
+            ++seen[first + 1];
+            ++covered;
             ++pairs;
         } else if (a->nrows == 64 && a->row0 + 64 < a->ql * 16 && (a->row0 / 64) % 2 == 0) {
             ++pairable; /* a chunk left alone though a second one follows it */
         }
-        next = first + (a->unit_len == 2 ? 2 : 1);
     }
-    EXPECT(next == n_items, "units cover %d of %d items", next, n_items);
+    int32_t once = 0;
+    for (int32_t i = 0; i < n_items; ++i)
+        once += seen[i] == 1;
+    EXPECT(covered == n_items && once == n_items, "units cover %d of %d items (%d once)", covered,
+           n_items, once);
+    free(seen);
     EXPECT(pairs == 0 || pairable == 0, "step mixes pairs (%d) and pairable singles (%d)", pairs,
            pairable);
     if (on_tma && split_units > 0)
         EXPECT(n_units <= st->num_sms, "%d split units on %d SMs", n_units, st->num_sms);
     if (!on_tma)
         EXPECT(pairs == 0, "pairs without the Hopper kernel");
+
+    /* The CTAs' runs partition the units; each run is in decreasing cost;
+     * no CTA carries more than the mean plus one unit (what dealing the
+     * largest first to the least loaded CTA guarantees). */
+    const int32_t S = st->num_sms;
+    EXPECT(h->att_cta[0] == 0 && h->att_cta[S] == n_units, "CTA runs span %d .. %d of %d units",
+           h->att_cta[0], h->att_cta[S], n_units);
+    int64_t total = 0, largest = 0, most = 0;
+    for (int32_t u = 0; u < n_units; ++u) {
+        const int64_t c = unit_cost(model, &items[h->att_units[u]]);
+        total += c;
+        largest = c > largest ? c : largest;
+    }
+    for (int32_t c = 0; c < S; ++c) {
+        const int32_t b = h->att_cta[c], e = h->att_cta[c + 1];
+        EXPECT(b <= e && e <= n_units, "CTA %d run %d .. %d", c, b, e);
+        if (!(b <= e && e <= n_units))
+            return;
+        int64_t load = 0, prev = INT64_MAX;
+        for (int32_t u = b; u < e; ++u) {
+            const int64_t cost = unit_cost(model, &items[h->att_units[u]]);
+            EXPECT(cost <= prev, "CTA %d: unit %d costs %lld after %lld", c, u, (long long)cost,
+                   (long long)prev);
+            prev = cost;
+            load += cost;
+        }
+        most = load > most ? load : most;
+    }
+    EXPECT(most * S <= total + largest * S, "most loaded CTA %lld, mean %.1f, largest unit %lld",
+           (long long)most, (double)total / S, (long long)largest);
 }
 
 static void run_case(msa_model *model, const sched_case *sc, unsigned seed)
@@ -315,7 +369,7 @@ static void run_case(msa_model *model, const sched_case *sc, unsigned seed)
     EXPECT(h.hdr->n_pf == (sc->prefill ? 40 : 0), "prefill tokens %d", h.hdr->n_pf);
     check_kind(&plan, &st, &h, CU_KIND_SPARSE, cfg->num_kv_heads, model->group, "sparse");
     const int on_tma = sc->tma && model->group == 16;
-    check_units(&st, &h, on_tma);
+    check_units(model, &st, &h, on_tma);
     check_rows(&plan, &h);
     if (model->layer_index_value[0] || (cfg->num_layers > 1 && model->layer_index_value[1]))
         check_kind(&plan, &st, &h, CU_KIND_IV, 1, cfg->num_index_heads, "index value");
