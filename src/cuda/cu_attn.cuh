@@ -15,10 +15,6 @@
 
 #include "cu_plan.cuh"
 
-#ifndef MSA_ATT_LOAD_COUNT
-#define MSA_ATT_LOAD_COUNT 0
-#endif
-
 typedef struct cu_stream {
     int32_t r, ql, kl, base, t0;
     int32_t u0, u1;         /* this split's keys */
@@ -62,16 +58,7 @@ __device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_at
         const int64_t w = (int64_t)it.dec * L.Hkv + it.group;
         s.uid = L.uids + w * L.cap_union;
         s.umk = L.umask + w * L.cap_union;
-        /* A one-token request's union is its row, which holds exactly
-         * min(K, N) blocks (SPEC 4) when one index head selects for the KV
-         * head (W == K): known from the plan, so the stream starts without
-         * waiting for a load of the count (the first link of the chain
-         * before the first copy).  (MSA_ATT_LOAD_COUNT=1 at build time
-         * loads it anyway, for measurements.) */
-        if (!MSA_ATT_LOAD_COUNT && s.ql == 1 && L.W == L.K)
-            len = min(L.K, (s.kl + A.B - 1) / A.B) * A.B;
-        else
-            len = L.ucnt[w] * A.B;
+        len = L.ucnt[w] * A.B;
     } else {
         s.uid = NULL;
         s.umk = NULL;
