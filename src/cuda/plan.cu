@@ -396,6 +396,12 @@ static void cu_heap_sift_down(uint64_t *hp, int32_t n, int32_t i)
     }
 }
 
+/* Measuring aid: MSA_ATT_DEAL_IN_ORDER at build time deals unit u to CTA
+ * u mod num_sms, in plan order, as before the balancing. */
+#ifndef MSA_ATT_DEAL_IN_ORDER
+#define MSA_ATT_DEAL_IN_ORDER 0
+#endif
+
 /* Deals the sparse pass's n units (costs in the scratch, each below
  * st->sched_costs) to the Hopper kernel's st->num_sms CTAs, largest first,
  * each to the CTA with the least cost so far (longest processing time
@@ -404,14 +410,11 @@ static void cu_heap_sift_down(uint64_t *hp, int32_t n, int32_t i)
  * after another, so the step lasts as long as its most loaded CTA: dealt
  * in plan order, batches of requests whose contexts differ by +-25% left
  * the most loaded CTA 13-25% above the mean at 1K-10K context and 8 tokens
- * (the decode workload's lengths); this way 3-5%.  With equal costs (one
+ * (the decode workload's lengths, by the estimate of bench/unit_balance.py);
+ * this way 3-5%, and on the H200 such steps ran 3-10% faster (bench/
+ * RESULTS.md, v23).  With equal costs (one
  * token per request past K blocks) it deals as before: unit u to CTA u mod
  * num_sms.  Counting sort and a heap: O(n log num_sms) host work. */
-/* Measuring aid: MSA_ATT_DEAL_IN_ORDER at build time deals unit u to CTA
- * u mod num_sms, in plan order, as before the balancing. */
-#ifndef MSA_ATT_DEAL_IN_ORDER
-#define MSA_ATT_DEAL_IN_ORDER 0
-#endif
 static void cu_balance_units(const cu_plan_state *st, cu_meta *h, int32_t n)
 {
     const int32_t S = st->num_sms, C = st->sched_costs;
