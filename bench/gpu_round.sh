@@ -86,6 +86,13 @@ json_median() {
     python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["results"][0]["time_us"]["median"])' "$1" 2>/dev/null || echo "?"
 }
 
+# The bench arguments of a step shape: batch $1 and context $2, or a case of
+# the decode workload when $1 is its id (decode_..., context ignored).
+shape_args() {
+    if [[ "$1" == decode_* ]]; then echo "--workload decode --cases $1"
+    else echo "--decode-context $2 --batch $1"; fi
+}
+
 # Median µs of 40 graph replays of shape batch $3, context $4, q_len $5 with
 # binary $1 (its output appended to $LOGS/$2.log); further arguments are
 # environment assignments for that run.  A batch given as a case id of the
@@ -95,10 +102,9 @@ json_median() {
 shape_median() {
     local bin=$1 log=$2 b=$3 l=$4 q=$5
     shift 5
-    local shape=(--decode-context "$l" --batch "$b")
-    [[ "$b" == decode_* ]] && shape=(--workload decode --cases "$b")
     rm -f /tmp/msa-shape.json
-    timeout -k 5 "${SHAPE_TIMEOUT:-120}" env "$@" "$bin" bench --backend cuda "${shape[@]}" \
+    # shellcheck disable=SC2046  # shape_args prints separate words
+    timeout -k 5 "${SHAPE_TIMEOUT:-120}" env "$@" "$bin" bench --backend cuda $(shape_args "$b" "$l") \
         --q-len "$q" --reps 40 --json /tmp/msa-shape.json >>"$LOGS/$log.log" 2>&1
     json_median /tmp/msa-shape.json
 }
@@ -224,13 +230,15 @@ fi
 # the step, PDL overlap included (step "ladder", not in the default list).
 if has_step ladder; then
     echo "---- ladder: median µs of the first n kernels (1 prologue, 2 indexer, 3 select, 4 attention, all)" >>"$SUMMARY"
+    # LADDER_CASES: batch:context:q_len, or case-id:0:q_len (a decode workload case).
     for lc in ${LADDER_CASES:-1:1000:1 1:131072:1 8:1000:1 8:10000:8 128:10000:8}; do
         IFS=: read -r lb ll lq <<<"$lc"
         line="b${lb} ctx ${ll} q${lq}:"
         for n in 1 2 3 4 0; do
             rm -f /tmp/msa-ladder.json
+            # shellcheck disable=SC2046  # shape_args prints separate words
             MSA_CUDA_STOP_AFTER=$n run_logged "ladder_b${lb}_l${ll}_q${lq}_n$n" "$MSA" bench --backend cuda \
-                --decode-context "$ll" --batch "$lb" --q-len "$lq" --reps 40 \
+                $(shape_args "$lb" "$ll") --q-len "$lq" --reps 40 \
                 --json "/tmp/msa-ladder.json" >/dev/null
             line="$line $(json_median /tmp/msa-ladder.json)"
         done
