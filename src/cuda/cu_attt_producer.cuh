@@ -172,7 +172,7 @@ __device__ __forceinline__ int cu_attt_issue_tile(const cu_layer &L, const cu_at
  * that consecutive tiles go to the two consumer groups in turn, instead of
  * in token order (0, 1, 2, ...). */
 #ifndef MSA_ATT_ISSUE_ALTERNATE
-#define MSA_ATT_ISSUE_ALTERNATE 1
+#define MSA_ATT_ISSUE_ALTERNATE 0
 #endif
 
 /* The unit token (0 .. ntok - 1) at place k of the issue round; n0 tokens
