@@ -111,7 +111,6 @@ typedef struct cu_attt_feed {
     int64_t prow_base;  /* the KV head's first row in a page */
     uint32_t mine;      /* the unit's tokens (request-local bits) */
     int tok0, ntok;
-    int ntok0;          /* tokens of the unit's first item (the rest: its second) */
 #ifdef MSA_TIMELINE
     bool first_of_cta;  /* the CTA's first unit (timeline marks) */
 #endif
@@ -167,27 +166,6 @@ __device__ __forceinline__ int cu_attt_issue_tile(const cu_layer &L, const cu_at
     return s;
 }
 
-/* Measuring aid: MSA_ATT_ISSUE_ALTERNATE=1 at build time takes a pair's
- * tokens in the round alternately from its two items (0, 4, 1, 5, ...), so
- * that consecutive tiles go to the two consumer groups in turn, instead of
- * in token order (0, 1, 2, ...). */
-#ifndef MSA_ATT_ISSUE_ALTERNATE
-#define MSA_ATT_ISSUE_ALTERNATE 0
-#endif
-
-/* The unit token (0 .. ntok - 1) at place k of the issue round; n0 tokens
- * belong to the first item. */
-__device__ __forceinline__ int cu_attt_issue_token(int k, int n0, int ntok)
-{
-    const int n1 = ntok - n0;
-    if (!MSA_ATT_ISSUE_ALTERNATE || n1 == 0)
-        return k;
-    const int m = min(n0, n1);
-    if (k < 2 * m)
-        return (k & 1) ? n0 + (k >> 1) : (k >> 1);
-    return n0 > n1 ? k - m : k; /* the longer item's last tokens, in order */
-}
-
 /* Issues the unit's tiles t_lo .. t_hi - 1 of its stream (those a token of
  * the unit uses) into the ring, the tail tile (rows past kv_len) last and
  * left pending in pend.  The turn is taken before the first slot, after
@@ -231,12 +209,12 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
         }
         if (todo | tail_lane)
             cu_attt_take_turn(sm, tn, gs);
-        int k = 0; /* place in the round of tokens */
+        int q = 0;
         while (todo) {
             uint32_t cand = 0u;
-            for (int i = 0; i < ntok; ++i) {
-                cand = __shfl_sync(0xffffffffu, tok_tiles, cu_attt_issue_token(k, f.ntok0, ntok)) & todo;
-                k = k + 1 == ntok ? 0 : k + 1;
+            for (int k = 0; k < ntok; ++k) {
+                cand = __shfl_sync(0xffffffffu, tok_tiles, q) & todo;
+                q = q + 1 == ntok ? 0 : q + 1;
                 if (cand)
                     break;
             }
@@ -284,7 +262,6 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     f.prow_base = (int64_t)it.group * L.P;
     f.tok0 = it.row0 / 16;
     f.ntok = un.ntok[0] + un.ntok[1];
-    f.ntok0 = un.ntok[0];
     f.mine = cu_attt_item_bits(f.tok0, f.ntok);
 #ifdef MSA_TIMELINE
     f.first_of_cta = un.first_of_cta;
