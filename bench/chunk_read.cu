@@ -13,16 +13,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+
 #include <cuda_runtime.h>
 
-#define CHECK(x)                                                                 \
-    do {                                                                         \
-        cudaError_t e_ = (x);                                                    \
-        if (e_ != cudaSuccess) {                                                 \
-            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));             \
-            return 1;                                                            \
-        }                                                                        \
-    } while (0)
+#include "probe_common.h"
 
 __global__ void read_chunks(const uint4 *buf, const uint32_t *order, int64_t nchunks, int64_t chunk_vec,
                             uint4 *sink)
@@ -48,12 +42,6 @@ __global__ void read_chunks(const uint4 *buf, const uint32_t *order, int64_t nch
     }
     if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x12345678u) /* never, in practice: keeps the loads */
         sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
-}
-
-static int cmp_f(const void *a, const void *b)
-{
-    const float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
 }
 
 int main(int argc, char **argv)

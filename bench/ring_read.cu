@@ -15,16 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cu_tma.cuh"
+#include "probe_common.h"
 
-#define CHECK(x)                                                                 \
-    do {                                                                         \
-        cudaError_t e_ = (x);                                                    \
-        if (e_ != cudaSuccess) {                                                 \
-            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));             \
-            return 1;                                                            \
-        }                                                                        \
-    } while (0)
+#include "cu_tma.cuh"
 
 #define SLOT_BYTES 32768
 #define CONSUMER_WARPS 8
@@ -87,12 +80,6 @@ __global__ void __launch_bounds__(32 * (1 + CONSUMER_WARPS))
     (void)stages;
     (void)hold_cycles;
 #endif
-}
-
-static int cmp_f(const void *a, const void *b)
-{
-    const float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
 }
 
 int main(void)
