@@ -506,9 +506,9 @@ static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_met
         const int32_t kl = plan->kv_len[r];
         const int32_t rows = ql * sk->g;
         int64_t est_keys;
+        const int32_t B = m->cfg.block_size;
+        const int64_t reach = (kl + B - 1) / B; /* blocks of a sparse request */
         if (sk->kind == CU_KIND_SPARSE) {
-            const int32_t B = m->cfg.block_size;
-            const int64_t reach = (kl + B - 1) / B;
             const int64_t sel = (int64_t)ql * m->topk_width;
             est_keys = (reach < sel ? reach : sel) * B;
         } else {
@@ -553,9 +553,8 @@ static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_met
                 int32_t unit_cost = 0;
                 if (sk->kind == CU_KIND_SPARSE) {
                     const int64_t utok = cu_ceil_div32(urows, sk->g);
-                    const int64_t reach = (kl + m->cfg.block_size - 1) / m->cfg.block_size;
                     const int64_t ublk = reach < utok * m->topk_width ? reach : utok * m->topk_width;
-                    const int32_t tiles = cu_ceil_div32(ublk * m->cfg.block_size, CU_TILE_KEYS);
+                    const int32_t tiles = cu_ceil_div32(ublk * B, CU_TILE_KEYS);
                     unit_cost = cu_min32(cu_ceil_div32(tiles, S) + 2, st->sched_costs - 1);
                 }
                 for (int32_t s = 0; s < S; ++s) {

@@ -214,7 +214,7 @@ static int64_t unit_cost(const msa_model *model, const cu_att_item *a)
     const int64_t B = model->cfg.block_size;
     const int64_t reach = (a->kl + B - 1) / B;
     const int64_t blk = reach < utok * model->topk_width ? reach : utok * model->topk_width;
-    const int64_t tiles = (blk * B + 63) / 64;
+    const int64_t tiles = (blk * B + CU_TILE_KEYS - 1) / CU_TILE_KEYS;
     return (tiles + a->nsplit - 1) / a->nsplit + 2;
 }
 
