@@ -374,6 +374,15 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
 
 #endif /* CU_HAVE_WGMMA */
 
+/* Asks L2 for `bytes` of plan data at p, this lane's lines from `first`
+ * on, every `stride` bytes. */
+__device__ __forceinline__ void cu_idxt_prefetch_span(const void *p, int64_t bytes, int64_t first,
+                                                      int64_t stride)
+{
+    for (int64_t off = first; off < bytes; off += stride)
+        cu_prefetch_l2((const char *)p + off);
+}
+
 /* The sparse attention starts with a chain of dependent loads of plan data
  * that only it reads (its unit, the unit's items, then the page row); a
  * request whose union is known from the plan copies its first tiles right
@@ -385,18 +394,13 @@ __device__ __forceinline__ void cu_idxt_prefetch_att_plan(const cu_layer &L)
     const int lane = threadIdx.x & 31;
     const int64_t stride = (int64_t)gridDim.x * 32 * 128;
     const int64_t first = ((int64_t)blockIdx.x * 32 + lane) * 128;
-    const char *units = (const char *)L.m.att_units;
-    const int64_t ub = (int64_t)L.m.hdr->n_att_units * (int64_t)sizeof(int32_t);
-    for (int64_t off = first; off < ub; off += stride)
-        cu_prefetch_l2(units + off);
+    cu_idxt_prefetch_span(L.m.att_units, (int64_t)L.m.hdr->n_att_units * (int64_t)sizeof(int32_t), first,
+                          stride);
     /* The attention CTAs' unit bounds (its grid is this one's). */
-    const int64_t cb = ((int64_t)gridDim.x + 1) * (int64_t)sizeof(int32_t);
-    for (int64_t off = first; off < cb; off += stride)
-        cu_prefetch_l2((const char *)L.m.att_cta + off);
-    const char *items = (const char *)L.m.att[CU_KIND_SPARSE];
-    const int64_t ib = (int64_t)L.m.hdr->n_att[CU_KIND_SPARSE] * (int64_t)sizeof(cu_att_item);
-    for (int64_t off = first; off < ib; off += stride)
-        cu_prefetch_l2(items + off);
+    cu_idxt_prefetch_span(L.m.att_cta, ((int64_t)gridDim.x + 1) * (int64_t)sizeof(int32_t), first, stride);
+    cu_idxt_prefetch_span(L.m.att[CU_KIND_SPARSE],
+                          (int64_t)L.m.hdr->n_att[CU_KIND_SPARSE] * (int64_t)sizeof(cu_att_item), first,
+                          stride);
 }
 
 template <typename Tag>
