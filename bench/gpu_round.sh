@@ -152,6 +152,9 @@ if has_step gputest; then
     if [ $quick = 1 ]; then
         # The selection's warp-per-row mode on the sweep's small steps too.
         MSA_CUDA_SEL_WARP_ROWS=1 run_logged test_cuda_sweep_warp_rows "$T/cuda/test_cuda_sweep" --quick &
+        # The unions built by the selection, as for contexts beyond the
+        # Hopper attention's own unions.
+        MSA_CUDA_SEL_UNIONS=1 run_logged test_cuda_sweep_sel_unions "$T/cuda/test_cuda_sweep" --quick &
         MSA_CUDA_SMS=8 run_logged test_cuda_sweep_few_sms "$T/cuda/test_cuda_sweep" --quick &
         # `msa replay DIR --backend cuda` on the replay test's cases.
         run_logged replay_cuda sh "$ROOT/tests/replay/run_replay_test.sh" "$MSA" /tmp/msa-replay-cuda cuda &

@@ -170,10 +170,14 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         cu_mbar_wait(&sm.full[s], (gs / ATT_STAGES) & 1u);
         ++gs;
 #ifdef MSA_TIMELINE
+#ifndef MSA_TL_ATT_UNION
         if (c == 0 && threadIdx.x == 0 && un.first_of_cta)
             CU_TL_MARK(L, CU_TL_ATTN, CU_TL_FIRST);
+#endif
+#ifndef MSA_TL_ATT_UNION
         if (threadIdx.x == 0) /* overwritten by every tile: the last one stays */
             CU_TL_MARK(L, CU_TL_ATTN, CU_TL_LAST);
+#endif
 #endif
         const cu_attt_meta mt = sm.meta[s];
         if (mt.pos0 < 0) {
@@ -228,6 +232,10 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     sm.empty = sm.full + ATT_STAGES;
     sm.tail = sm.empty + ATT_STAGES;
     sm.handoff = (uint32_t *)(sm.tail + ATT_PRODUCERS);
+    sm.uwords = cu_attt_union_words(L);
+    sm.ubits = (uint32_t *)(sm.ring + (ATT_SMEM_BYTES - 1024));
+    sm.uid = (int32_t *)(sm.ubits + ATT_PRODUCERS * sm.uwords);
+    sm.umk = (uint32_t *)(sm.uid + ATT_PRODUCERS * CU_ATT_UNION_LIST);
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ENTRY);
@@ -242,7 +250,10 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
         cu_tma_prefetch_map(&map_v);
     }
     __syncthreads();
-    /* The selection writes the unions, the prologue the cache rows: the
+    if (warp >= ATT_CONSUMERS)
+        cu_attt_union_clear(sm, warp - ATT_CONSUMERS);
+    /* The selection writes the unions (or the rows the producers build
+     * them from), the prologue the cache rows: the
      * producer waits for them before it reads a union; the consumers read
      * only the plan, the queries and the ring. */
     cu_pdl_trigger();
@@ -275,16 +286,17 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
 void cu_launch_attn_tma(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
                         const CUtensorMap *map_k, const CUtensorMap *map_v, cudaStream_t s)
 {
+    const size_t smem = ATT_SMEM_BYTES + cu_attt_union_bytes(*L);
     if (A->act == MSA_DTYPE_BF16)
-        cu_launch(cu_attn_tma_kernel<cu_bf16_tag>, st->num_sms, ATT_THREADS, ATT_SMEM_BYTES, s,
-                  st->pdl, *L, *A, *map_k, *map_v);
+        cu_launch(cu_attn_tma_kernel<cu_bf16_tag>, st->num_sms, ATT_THREADS, smem, s, st->pdl, *L, *A,
+                  *map_k, *map_v);
     else
-        cu_launch(cu_attn_tma_kernel<cu_f16_tag>, st->num_sms, ATT_THREADS, ATT_SMEM_BYTES, s,
-                  st->pdl, *L, *A, *map_k, *map_v);
+        cu_launch(cu_attn_tma_kernel<cu_f16_tag>, st->num_sms, ATT_THREADS, smem, s, st->pdl, *L, *A,
+                  *map_k, *map_v);
 }
 
 cudaError_t cu_attn_tma_setup(void)
 {
-    return cu_allow_smem(ATT_SMEM_BYTES, cu_attn_tma_kernel<cu_bf16_tag>,
+    return cu_allow_smem(ATT_SMEM_BYTES + ATT_UNION_MAX_BYTES, cu_attn_tma_kernel<cu_bf16_tag>,
                          cu_attn_tma_kernel<cu_f16_tag>);
 }

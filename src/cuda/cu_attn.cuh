@@ -37,9 +37,13 @@ __device__ __forceinline__ void cu_stream_split(cu_stream &s, const cu_att_item 
 /* all_blocks (sparse pass, Hopper kernel only): the request reaches at
  * most K blocks, so its union is all of them (SPEC 4), known without the
  * selection's results: uid and umk stay NULL (blocks 0, 1, ..., every
- * token a member). */
+ * token a member).  own_uid, own_umk, own_cnt (sparse pass, Hopper kernel
+ * only): the union the kernel built itself (cu_attt_union), in place of
+ * the selection's. */
 __device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_attn &A,
-                                                  const cu_att_item &it, bool all_blocks = false)
+                                                  const cu_att_item &it, bool all_blocks = false,
+                                                  const int32_t *own_uid = NULL,
+                                                  const uint32_t *own_umk = NULL, int32_t own_cnt = 0)
 {
     cu_stream s;
     s.r = it.r;
@@ -54,6 +58,10 @@ __device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_at
         s.uid = NULL;
         s.umk = NULL;
         len = (s.kl + A.B - 1) / A.B * A.B;
+    } else if (A.sparse && own_uid) {
+        s.uid = own_uid;
+        s.umk = own_umk;
+        len = own_cnt * A.B;
     } else if (A.sparse) {
         const int64_t w = (int64_t)it.dec * L.Hkv + it.group;
         s.uid = L.uids + w * L.cap_union;

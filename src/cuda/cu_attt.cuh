@@ -45,7 +45,23 @@ static_assert(ATT_PRODUCERS == 1 || ATT_PRODUCERS == 2, "one or two producer war
     (1024 + ATT_STAGES * ATT_STAGE_BYTES + ATT_SCR_SLOTS * ATT_SCR_FLOATS * 4 +            \
      ATT_STAGES * 16 + (2 * ATT_STAGES + ATT_PRODUCERS) * 8 + 16)
 
-static_assert(ATT_SMEM_BYTES <= 227 * 1024, "attention ring and scratch exceed shared memory");
+/* Beyond ATT_SMEM_BYTES, when the kernel builds its own unions
+ * (cu_layer.att_union): per producer a bitmap of a request's blocks (the
+ * plan's cap_blocks, rounded up to 32) and a list of CU_ATT_UNION_LIST
+ * ids and membership masks. */
+#define ATT_UNION_MAX_BYTES (ATT_PRODUCERS * (CU_ATT_UNION_BLOCKS * 4 + CU_ATT_UNION_LIST * 8))
+__host__ __device__ __forceinline__ int32_t cu_attt_union_words(const cu_layer &L)
+{
+    return L.att_union ? (L.cap_blocks + 31) & ~31 : 0;
+}
+__host__ __device__ __forceinline__ size_t cu_attt_union_bytes(const cu_layer &L)
+{
+    return (size_t)ATT_PRODUCERS * ((size_t)cu_attt_union_words(L) * 4 + (L.att_union ? CU_ATT_UNION_LIST * 8 : 0));
+}
+
+static_assert(ATT_SMEM_BYTES + ATT_UNION_MAX_BYTES <= 227 * 1024,
+              "attention ring, scratch and unions exceed shared memory");
+static_assert((ATT_SMEM_BYTES - 1024) % 16 == 0, "the union area after the ring's is 16-byte aligned");
 
 /* Every lane of a consumer warp reads a slot's meta (below) and every
  * lane arrives on the slot's empty barrier: each lane's arrival releases
@@ -72,6 +88,12 @@ typedef struct cu_attt_smem {
     uint64_t *full, *empty;
     uint64_t *tail;  /* a barrier per producer for the tiles it finishes itself */
     uint32_t *handoff; /* the ring's slot count, from one producer to the next */
+    /* Producer j's own union (cu_layer.att_union): ubits + j * uwords (a
+     * bitmap, all zero between uses), uid and umk + j * CU_ATT_UNION_LIST. */
+    uint32_t *ubits;
+    int32_t *uid;
+    uint32_t *umk;
+    int32_t uwords;
 } cu_attt_smem;
 
 /* Tokens of an item: bits [tok0, tok0 + units). */

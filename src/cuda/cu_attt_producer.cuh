@@ -104,12 +104,120 @@ __device__ __forceinline__ int cu_attt_claim(const cu_attt_smem &sm, uint32_t &g
     return s;
 }
 
+/* Shared-memory words by their 32-bit shared addresses.  The producer
+ * reaches shared memory through pointers the compiler cannot place (the
+ * layout is passed by reference), so plain accesses compile to generic
+ * loads, stores and GPU-scope atomics: in the union below they took 4 µs
+ * of the first unit's start on the H200 (bench/RESULTS.md, v24). */
+__device__ __forceinline__ uint32_t cu_lds32(uint32_t a)
+{
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ void cu_sts32(uint32_t a, uint32_t v)
+{
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ void cu_reds_or32(uint32_t a, uint32_t v)
+{
+    asm volatile("red.shared.or.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
+
+/* Producer j's union bitmap to zero (once, at the kernel's start; each
+ * use leaves it zero again). */
+__device__ __forceinline__ void cu_attt_union_clear(const cu_attt_smem &sm, int j)
+{
+    const uint32_t bm = cu_smem_addr(sm.ubits + j * sm.uwords);
+    for (int32_t n = threadIdx.x & 31; n < sm.uwords; n += 32)
+        cu_sts32(bm + 4u * (uint32_t)n, 0u);
+    __syncwarp();
+}
+
+/* The union of a request's selected blocks for one KV head, built by
+ * producer j from the selection's rows (rows: its first token's row;
+ * tok_stride: the distance between its tokens' rows; tot: ids in all;
+ * written by the selection kernel, so read with .cg loads): each id sets
+ * its token's bit in the bitmap of the request's N blocks, which is then
+ * compacted into ascending ids and membership masks (and left zero).  The
+ * same union the selection would build (cu_request_union), without the
+ * selection's completion count and the dependent loads and stores on the
+ * way from the last row to the first copy.  Returns its length. */
+__device__ __forceinline__ int32_t cu_attt_union(const cu_layer &L, const cu_attt_smem &sm, int j,
+                                                 const int32_t *rows, int64_t tok_stride, int32_t tot,
+                                                 int32_t N, bool tl_first)
+{
+    const int lane = threadIdx.x & 31;
+    const uint32_t bm = cu_smem_addr(sm.ubits + j * sm.uwords);
+    const uint32_t uid = cu_smem_addr(sm.uid + j * CU_ATT_UNION_LIST);
+    const uint32_t umk = cu_smem_addr(sm.umk + j * CU_ATT_UNION_LIST);
+    for (int32_t e0 = 0; e0 < tot; e0 += 128) {
+        int32_t id[4], tok[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int32_t e = e0 + 32 * q + lane;
+            tok[q] = e / L.W;
+            id[q] = e < tot ? __ldcg(rows + tok[q] * tok_stride + (e - tok[q] * L.W)) : -1;
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            if (id[q] >= 0 && id[q] < N)
+                cu_reds_or32(bm + 4u * (uint32_t)id[q], 1u << tok[q]);
+    }
+    __syncwarp();
+#ifdef MSA_TL_ATT_UNION
+    if (lane == 0 && tl_first) /* measuring aid: "last" = the rows are in */
+        CU_TL_MARK(L, CU_TL_ATTN, CU_TL_LAST);
+#endif
+    /* Compaction in lane-contiguous chunks (an odd length: the lanes'
+     * words fall in distinct banks): each lane counts its chunk's blocks,
+     * a warp scan places the chunks, each lane writes its own.  Two short
+     * passes of independent loads instead of a dependent ballot chain of
+     * N / 32 steps. */
+    const int32_t c = ((N + 31) / 32) | 1;
+    const int32_t n0 = lane * c, n1 = min(n0 + c, N);
+    int32_t mine = 0;
+#pragma unroll 4
+    for (int32_t n = n0; n < n1; ++n)
+        mine += cu_lds32(bm + 4u * (uint32_t)n) != 0u;
+    int32_t pos = mine; /* inclusive scan over the lanes */
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int32_t v = __shfl_up_sync(0xffffffffu, pos, o);
+        if (lane >= o)
+            pos += v;
+    }
+    const int32_t count = __shfl_sync(0xffffffffu, pos, 31);
+    pos -= mine;
+#pragma unroll 4
+    for (int32_t n = n0; n < n1; ++n) {
+        const uint32_t m = cu_lds32(bm + 4u * (uint32_t)n);
+        if (m) {
+            cu_sts32(bm + 4u * (uint32_t)n, 0u);
+            if (pos < CU_ATT_UNION_LIST) {
+                cu_sts32(uid + 4u * (uint32_t)pos, (uint32_t)n);
+                cu_sts32(umk + 4u * (uint32_t)pos, m);
+            }
+            ++pos;
+        }
+    }
+    __syncwarp();
+#ifdef MSA_TL_ATT_UNION
+    if (lane == 0 && tl_first) /* measuring aid: "first" = the union is built */
+        CU_TL_MARK(L, CU_TL_ATTN, CU_TL_FIRST);
+#else
+    (void)tl_first;
+#endif
+    return min(count, (int32_t)CU_ATT_UNION_LIST);
+}
+
 /* What the producer needs to issue an item's tiles. */
 typedef struct cu_attt_feed {
     cu_stream cs;       /* the item's split of its key stream; cs.uid NULL: blocks 0, 1, ... */
     const int32_t *pt;  /* the request's page-table row */
     int64_t prow_base;  /* the KV head's first row in a page */
     uint32_t mine;      /* the unit's tokens (request-local bits) */
+    bool own;           /* cs.uid, cs.umk: the producer's own union (shared memory) */
     int tok0, ntok;
 #ifdef MSA_TIMELINE
     bool first_of_cta;  /* the CTA's first unit (timeline marks) */
@@ -184,8 +292,17 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
         uint32_t bits = 0u;
         if (t < t_hi) {
             const int32_t bi = t >> 1; /* two tiles per 128-key union entry */
-            pos0 = (cs.uid ? cs.uid[bi] : bi) * 128 + (t & 1) * ATT_TILE;
-            bits = (cs.uid ? cs.umk[bi] : 0xffffffffu) & cu_causal_bits(pos0, cs.base, cs.ql) & f.mine;
+            int32_t id = bi;
+            uint32_t mk = 0xffffffffu;
+            if (f.own) {
+                id = (int32_t)cu_lds32(cu_smem_addr(cs.uid + bi));
+                mk = cu_lds32(cu_smem_addr(cs.umk + bi));
+            } else if (cs.uid) {
+                id = cs.uid[bi];
+                mk = cs.umk[bi];
+            }
+            pos0 = id * 128 + (t & 1) * ATT_TILE;
+            bits = mk & cu_causal_bits(pos0, cs.base, cs.ql) & f.mine;
             if (bits)
                 page = f.pt[pos0 >> 7];
         }
@@ -273,6 +390,14 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
      * stream while the indexer and the selection still run. */
     const int32_t nblk = pages; /* B == P == 128 on this path */
     const bool known = nblk <= L.K;
+    /* The union of a request of several tokens is built here (after the
+     * wait) unless the selection builds it (contexts beyond the bitmap). */
+    f.own = !known && L.att_union && it.ql > 1;
+#ifdef MSA_TIMELINE
+    const bool tl_first = un.first_of_cta;
+#else
+    const bool tl_first = false;
+#endif
     int32_t t_hi = 0; /* end of the tiles issued before the wait */
     /* One copy of the issue loop for both phases (code size). */
 #pragma unroll 1
@@ -284,7 +409,12 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
                 CU_TL_MARK(L, CU_TL_ATTN, CU_TL_WAITED);
 #endif
         }
-        if (phase == (known ? 0 : 1))
+        if (phase == 1 && f.own) {
+            const int32_t cnt = cu_attt_union(L, sm, j, L.sel + ((int64_t)it.t0 * L.Hkv + it.group) * L.W,
+                                              (int64_t)L.Hkv * L.W, it.ql * L.W, nblk, tl_first);
+            f.cs = cu_stream_of(L, A, it, false, sm.uid + j * CU_ATT_UNION_LIST,
+                                sm.umk + j * CU_ATT_UNION_LIST, cnt);
+        } else if (phase == (known ? 0 : 1))
             f.cs = cu_stream_of(L, A, it, known);
         else if (phase == 0)
             continue; /* nothing known before the wait */

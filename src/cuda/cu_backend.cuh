@@ -24,6 +24,8 @@ typedef struct cu_ctx_state {
     int sel_warp_rows;  /* test aid (MSA_CUDA_SEL_WARP_ROWS=1): the selection gives every
                          * decode row one warp, as it does at large batches, however few
                          * rows a step has */
+    int sel_unions;     /* test and measuring aid (MSA_CUDA_SEL_UNIONS=1): the selection builds
+                         * every union, also where the Hopper attention would build it */
     int idx_fixed;      /* measuring aid (MSA_CUDA_IDX_FIXED=1): the Hopper indexer keeps its equal
                          * fixed shares only, with no chunks taken on demand */
     unsigned long long *tl; /* profiling aid (MSA_CUDA_TIMELINE=path): kernel timeline stamps

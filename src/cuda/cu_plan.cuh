@@ -198,6 +198,13 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
 size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m);
 void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h);
 
+/* A Hopper attention producer builds a union of several tokens in shared
+ * memory: a bitmap of the request's blocks (a plan of at most this many
+ * blocks per request, 512K keys; beyond, the selection builds the unions)
+ * and a list of at most CU_ATT_UNION_LIST entries (cap_union at most). */
+#define CU_ATT_UNION_BLOCKS 4096
+#define CU_ATT_UNION_LIST 256
+
 /* Everything a kernel needs for one layer, passed by value. */
 typedef struct cu_layer {
     /* Shapes. */
@@ -231,6 +238,9 @@ typedef struct cu_layer {
     uint32_t *umask;
     int32_t *ucnt;
     int32_t *sel_done;
+    int32_t att_union;       /* the Hopper attention builds the unions of requests of several
+                              * tokens from the rows in sel (cu_attt_union); the selection
+                              * builds only those of one-token requests */
     int32_t *idx_next;       /* NULL: the indexer's shares are all fixed (indexer_tma.cu) */
     float *pf_scratch;
     float *part;

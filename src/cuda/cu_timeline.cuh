@@ -18,6 +18,13 @@
  *            last row written);
  *   exit     the CTA's last wait returned, it is about to end.
  *
+ * Two build flags move marks to finer steps, for measurements:
+ * MSA_TL_SEL_STEPS (selection: a CTA's first row stamps "issued" when
+ * selected and written, "first" when its completion count came back, "last"
+ * when it built unions) and MSA_TL_ATT_UNION (attention: the first unit's
+ * producer stamps "last" when its union's rows are in, "first" when the
+ * union is built; cu_attt_union).
+ *
  * Every forward overwrites the stamps; when the context is destroyed the
  * last forward's stamps are written to `path` as CSV (bench/timeline.py
  * summarizes them).  Without the variable the layer's pointer is NULL and

@@ -344,6 +344,11 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     const unsigned kv_bits = (1u << CU_MAP_K) | (1u << CU_MAP_V);
     if (paths.attn_tma && (map_ok & kv_bits) != kv_bits)
         paths.attn_tma = 0;
+    /* The Hopper attention builds the unions of requests of several tokens
+     * itself when they fit its shared memory: the selection then ends with
+     * its last row, without a completion count and a union pass. */
+    L.att_union = paths.attn_tma && !cs->sel_unions && st->cap_blocks <= CU_ATT_UNION_BLOCKS &&
+                  st->cap_union <= CU_ATT_UNION_LIST;
 
     int left = cs->stop_after > 0 ? cs->stop_after : -1;
     if (cs->tl) /* profiling aid: the timeline holds this forward's stamps only */

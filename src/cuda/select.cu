@@ -5,8 +5,10 @@
  *                 indexer left in the workspace; the warp that finishes the
  *                 last token of a (request, unit) also builds the request's
  *                 union for the unit's KV heads (a completion counter, reset
- *                 by that warp, so graph replays start from zero); a
- *                 one-token request's union is its row, written at once;
+ *                 by that warp, so graph replays start from zero), unless
+ *                 the Hopper attention builds it from the rows itself
+ *                 (cu_layer.att_union); a one-token request's union is its
+ *                 row, written at once;
  *   prefill items (the simple path) one CTA per (prefill token, unit): block
  *                 scores into a per-CTA scratch row, then warp 0 selects.
  *
@@ -237,8 +239,9 @@ __device__ __forceinline__ void cu_select_prefill_role(const cu_layer &L, int ct
 /* Decode row w (token row d, unit u) by the whole CTA (cta) or one warp:
  * the row, then, in the first warp, the union(s) it completes. */
 __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int64_t w, uint32_t *wsm, bool cta,
-                                                     const cu_sel_grp &g, bool mark)
+                                                     const cu_sel_grp &g, bool first_row)
 {
+    const bool mark = first_row && threadIdx.x == 0; /* the CTA's timeline marks */
     const int lane = threadIdx.x & 31;
     const int32_t d = (int32_t)(w / L.units);
     const int32_t u = (int32_t)(w - (int64_t)d * L.units);
@@ -251,10 +254,18 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int64_t 
     const int32_t *row = cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm, cta, g);
     if (!row)
         return;
+#ifdef MSA_TL_SEL_STEPS
+    /* Measuring aid (with MSA_TIMELINE): the CTA's first row stamps
+     * "issued" when selected and written, "first" when its completion count
+     * came back, "last" when it built the unions (if it did); no other
+     * selection marks but entry, waited and exit. */
+    if (mark && lane == 0)
+        CU_TL_MARK(L, CU_TL_SELECT, CU_TL_ISSUED);
+#endif
     if (ql == 1) {
         for (int gl = 0; gl < L.mk; ++gl)
             cu_single_union(L, k, u * L.mk + gl, row);
-    } else {
+    } else if (!L.att_union) { /* else the attention builds them from the rows */
         /* Completion count of (request, unit); the last token's warp
          * builds the unions of the unit's KV heads. */
         int32_t *done = L.sel_done + (int64_t)k * L.units + u;
@@ -263,20 +274,31 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int64_t 
         if (lane == 0)
             prev = atomicAdd(done, 1);
         prev = __shfl_sync(0xffffffffu, prev, 0);
+#ifdef MSA_TL_SEL_STEPS
+        if (mark && lane == 0)
+            CU_TL_MARK(L, CU_TL_SELECT, CU_TL_FIRST);
+#endif
         if (prev == ql - 1) {
             __threadfence();
             for (int gl = 0; gl < L.mk; ++gl)
                 cu_request_union(L, k, u * L.mk + gl, wsm);
             if (lane == 0) {
                 *done = 0;
+#ifdef MSA_TL_SEL_STEPS
+                if (mark)
+                    CU_TL_MARK(L, CU_TL_SELECT, CU_TL_LAST);
+#else
                 CU_TL_MARK(L, CU_TL_SELECT, CU_TL_ISSUED); /* a request's unions built */
+#endif
             }
         }
     }
+#ifndef MSA_TL_SEL_STEPS
     if (mark)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_FIRST);
     if (threadIdx.x == 0) /* overwritten by every row: the last one stays */
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_LAST);
+#endif
 }
 
 /* Few rows (at most L.sel_cta_rows, e.g. batch 1-8 or one token per
@@ -296,7 +318,7 @@ __device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta
     const int64_t w0 = by_cta ? cta : (int64_t)cta * SEL_WARPS + warp;
     const int64_t step = by_cta ? nctas : (int64_t)nctas * SEL_WARPS;
     for (int64_t w = w0; w < total; w += step) {
-        cu_select_decode_row(L, w, wsm, by_cta, g, threadIdx.x == 0 && w == w0);
+        cu_select_decode_row(L, w, wsm, by_cta, g, w == w0);
         if (by_cta)
             __syncthreads(); /* the first warp's union read the shared row */
     }
