@@ -232,10 +232,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     sm.empty = sm.full + ATT_STAGES;
     sm.tail = sm.empty + ATT_STAGES;
     sm.handoff = (uint32_t *)(sm.tail + ATT_PRODUCERS);
-    sm.uwords = cu_attt_union_words(L);
-    sm.ubits = (uint32_t *)(sm.ring + (ATT_SMEM_BYTES - 1024));
-    sm.uid = (int32_t *)(sm.ubits + ATT_PRODUCERS * sm.uwords);
-    sm.umk = (uint32_t *)(sm.uid + ATT_PRODUCERS * CU_ATT_UNION_LIST);
+    sm.uwords = cu_attt_union_words(L.att_union);
+    sm.uarea = (uint32_t *)(sm.ring + (ATT_SMEM_BYTES - 1024));
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ENTRY);
@@ -251,7 +249,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     }
     __syncthreads();
     if (warp >= ATT_CONSUMERS)
-        cu_attt_union_clear(sm, warp - ATT_CONSUMERS);
+        cu_attt_union_clear(L, sm, warp - ATT_CONSUMERS);
     /* The selection writes the unions (or the rows the producers build
      * them from), the prologue the cache rows: the
      * producer waits for them before it reads a union; the consumers read

@@ -46,17 +46,18 @@ static_assert(ATT_PRODUCERS == 1 || ATT_PRODUCERS == 2, "one or two producer war
      ATT_STAGES * 16 + (2 * ATT_STAGES + ATT_PRODUCERS) * 8 + 16)
 
 /* Beyond ATT_SMEM_BYTES, when the kernel builds its own unions
- * (cu_layer.att_union): per producer a bitmap of a request's blocks (the
- * plan's cap_blocks, rounded up to 32) and a list of CU_ATT_UNION_LIST
- * ids and membership masks. */
-#define ATT_UNION_MAX_BYTES (ATT_PRODUCERS * (CU_ATT_UNION_BLOCKS * 4 + CU_ATT_UNION_LIST * 8))
-__host__ __device__ __forceinline__ int32_t cu_attt_union_words(const cu_layer &L)
+ * (cu_layer.att_union = U blocks, a multiple of 32): per producer a bitmap
+ * of a request's blocks (U words), its summary (a bit per bitmap word in
+ * use, U / 32 words), the request's page-table row (U words) and a list of
+ * CU_ATT_UNION_LIST ids and membership masks. */
+__host__ __device__ constexpr int32_t cu_attt_union_words(int32_t U)
 {
-    return L.att_union ? (L.cap_blocks + 31) & ~31 : 0;
+    return U > 0 ? 2 * U + U / 32 + 2 * CU_ATT_UNION_LIST : 0;
 }
+#define ATT_UNION_MAX_BYTES (ATT_PRODUCERS * 4 * cu_attt_union_words(CU_ATT_UNION_BLOCKS))
 __host__ __device__ __forceinline__ size_t cu_attt_union_bytes(const cu_layer &L)
 {
-    return (size_t)ATT_PRODUCERS * ((size_t)cu_attt_union_words(L) * 4 + (L.att_union ? CU_ATT_UNION_LIST * 8 : 0));
+    return (size_t)ATT_PRODUCERS * 4 * (size_t)cu_attt_union_words(L.att_union);
 }
 
 static_assert(ATT_SMEM_BYTES + ATT_UNION_MAX_BYTES <= 227 * 1024,
@@ -88,11 +89,10 @@ typedef struct cu_attt_smem {
     uint64_t *full, *empty;
     uint64_t *tail;  /* a barrier per producer for the tiles it finishes itself */
     uint32_t *handoff; /* the ring's slot count, from one producer to the next */
-    /* Producer j's own union (cu_layer.att_union): ubits + j * uwords (a
-     * bitmap, all zero between uses), uid and umk + j * CU_ATT_UNION_LIST. */
-    uint32_t *ubits;
-    int32_t *uid;
-    uint32_t *umk;
+    /* Producer j's own union (cu_layer.att_union): its area, uwords words
+     * from uarea + j * uwords: bitmap, summary (both all zero between
+     * uses), pages, ids, masks (cu_attt_union_words). */
+    uint32_t *uarea;
     int32_t uwords;
 } cu_attt_smem;
 

@@ -124,33 +124,74 @@ __device__ __forceinline__ void cu_reds_or32(uint32_t a, uint32_t v)
     asm volatile("red.shared.or.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
 }
 
-/* Producer j's union bitmap to zero (once, at the kernel's start; each
- * use leaves it zero again). */
-__device__ __forceinline__ void cu_attt_union_clear(const cu_attt_smem &sm, int j)
+/* Producer j's area of shared memory for its own unions (32-bit shared
+ * addresses; cu_attt_union_words). */
+typedef struct cu_attt_uarea {
+    uint32_t bm;    /* bitmap: a word per block, its tokens' bits */
+    uint32_t sum;   /* summary: a bit per bitmap word in use */
+    uint32_t pages; /* the request's page-table row */
+    uint32_t uid, umk;
+} cu_attt_uarea;
+
+__device__ __forceinline__ cu_attt_uarea cu_attt_uarea_of(const cu_attt_smem &sm, int32_t U, int j)
 {
-    const uint32_t bm = cu_smem_addr(sm.ubits + j * sm.uwords);
-    for (int32_t n = threadIdx.x & 31; n < sm.uwords; n += 32)
-        cu_sts32(bm + 4u * (uint32_t)n, 0u);
+    cu_attt_uarea a;
+    a.bm = cu_smem_addr(sm.uarea + j * sm.uwords);
+    a.sum = a.bm + 4u * (uint32_t)U;
+    a.pages = a.sum + 4u * (uint32_t)(U / 32);
+    a.uid = a.pages + 4u * (uint32_t)U;
+    a.umk = a.uid + 4u * CU_ATT_UNION_LIST;
+    return a;
+}
+
+/* Producer j's bitmap and summary to zero (once, at the kernel's start;
+ * each use leaves them zero again). */
+__device__ __forceinline__ void cu_attt_union_clear(const cu_layer &L, const cu_attt_smem &sm, int j)
+{
+    const cu_attt_uarea a = cu_attt_uarea_of(sm, L.att_union, j);
+    for (int32_t n = threadIdx.x & 31; n < L.att_union + L.att_union / 32; n += 32)
+        cu_sts32(a.bm + 4u * (uint32_t)n, 0u);
     __syncwarp();
 }
 
-/* The union of a request's selected blocks for one KV head, built by
- * producer j from the selection's rows (rows: its first token's row;
+/* The request's page-table row (N pages) into producer j's area, before
+ * the launch wait: plan data, so the page of each tile is a shared-memory
+ * load on the way from the union to the first copy, not a trip to L2. */
+__device__ __forceinline__ void cu_attt_stage_pages(const cu_attt_uarea &a, const int32_t *pt, int32_t N)
+{
+    for (int32_t n0 = 0; n0 < N; n0 += 32 * 8) {
+        int32_t v[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            const int32_t n = n0 + 32 * q + (threadIdx.x & 31);
+            v[q] = n < N ? pt[n] : 0;
+        }
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            const int32_t n = n0 + 32 * q + (threadIdx.x & 31);
+            if (n < N)
+                cu_sts32(a.pages + 4u * (uint32_t)n, (uint32_t)v[q]);
+        }
+    }
+    __syncwarp();
+}
+
+/* The union of a request's selected blocks for one KV head, built by a
+ * producer from the selection's rows (rows: its first token's row;
  * tok_stride: the distance between its tokens' rows; tot: ids in all;
  * written by the selection kernel, so read with .cg loads): each id sets
- * its token's bit in the bitmap of the request's N blocks, which is then
- * compacted into ascending ids and membership masks (and left zero).  The
- * same union the selection would build (cu_request_union), without the
- * selection's completion count and the dependent loads and stores on the
- * way from the last row to the first copy.  Returns its length. */
-__device__ __forceinline__ int32_t cu_attt_union(const cu_layer &L, const cu_attt_smem &sm, int j,
+ * its token's bit in the bitmap of the request's N blocks and the word's
+ * bit in the summary; the words the summary marks are then compacted into
+ * ascending ids and membership masks (and left zero), 32 summary bits per
+ * lane and round, placed by a warp scan.  The same union the selection
+ * would build (cu_request_union), without the selection's completion
+ * count and the dependent loads and stores on the way from the last row to
+ * the first copy.  Returns its length. */
+__device__ __forceinline__ int32_t cu_attt_union(const cu_layer &L, const cu_attt_uarea &a,
                                                  const int32_t *rows, int64_t tok_stride, int32_t tot,
                                                  int32_t N, bool tl_first)
 {
     const int lane = threadIdx.x & 31;
-    const uint32_t bm = cu_smem_addr(sm.ubits + j * sm.uwords);
-    const uint32_t uid = cu_smem_addr(sm.uid + j * CU_ATT_UNION_LIST);
-    const uint32_t umk = cu_smem_addr(sm.umk + j * CU_ATT_UNION_LIST);
     for (int32_t e0 = 0; e0 < tot; e0 += 128) {
         int32_t id[4], tok[4];
 #pragma unroll
@@ -161,45 +202,44 @@ __device__ __forceinline__ int32_t cu_attt_union(const cu_layer &L, const cu_att
         }
 #pragma unroll
         for (int q = 0; q < 4; ++q)
-            if (id[q] >= 0 && id[q] < N)
-                cu_reds_or32(bm + 4u * (uint32_t)id[q], 1u << tok[q]);
+            if (id[q] >= 0 && id[q] < N) {
+                cu_reds_or32(a.bm + 4u * (uint32_t)id[q], 1u << tok[q]);
+                cu_reds_or32(a.sum + 4u * (uint32_t)(id[q] >> 5), 1u << (id[q] & 31));
+            }
     }
     __syncwarp();
 #ifdef MSA_TL_ATT_UNION
     if (lane == 0 && tl_first) /* measuring aid: "last" = the rows are in */
         CU_TL_MARK(L, CU_TL_ATTN, CU_TL_LAST);
 #endif
-    /* Compaction in lane-contiguous chunks (an odd length: the lanes'
-     * words fall in distinct banks): each lane counts its chunk's blocks,
-     * a warp scan places the chunks, each lane writes its own.  Two short
-     * passes of independent loads instead of a dependent ballot chain of
-     * N / 32 steps. */
-    const int32_t c = ((N + 31) / 32) | 1;
-    const int32_t n0 = lane * c, n1 = min(n0 + c, N);
-    int32_t mine = 0;
-#pragma unroll 4
-    for (int32_t n = n0; n < n1; ++n)
-        mine += cu_lds32(bm + 4u * (uint32_t)n) != 0u;
-    int32_t pos = mine; /* inclusive scan over the lanes */
+    int32_t base = 0;
+    for (int32_t g0 = 0; g0 < (N + 31) / 32; g0 += 32) {
+        const int32_t g = g0 + lane; /* this lane's 32 blocks */
+        uint32_t s = g < (N + 31) / 32 ? cu_lds32(a.sum + 4u * (uint32_t)g) : 0u;
+        const int32_t mine = __popc(s);
+        int32_t pos = mine; /* inclusive scan over the lanes */
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int32_t v = __shfl_up_sync(0xffffffffu, pos, o);
-        if (lane >= o)
-            pos += v;
-    }
-    const int32_t count = __shfl_sync(0xffffffffu, pos, 31);
-    pos -= mine;
-#pragma unroll 4
-    for (int32_t n = n0; n < n1; ++n) {
-        const uint32_t m = cu_lds32(bm + 4u * (uint32_t)n);
-        if (m) {
-            cu_sts32(bm + 4u * (uint32_t)n, 0u);
+        for (int o = 1; o < 32; o <<= 1) {
+            const int32_t v = __shfl_up_sync(0xffffffffu, pos, o);
+            if (lane >= o)
+                pos += v;
+        }
+        const int32_t total = __shfl_sync(0xffffffffu, pos, 31);
+        pos += base - mine;
+        if (s)
+            cu_sts32(a.sum + 4u * (uint32_t)g, 0u);
+        while (s) {
+            const int32_t n = g * 32 + __ffs(s) - 1;
+            s &= s - 1u;
+            const uint32_t m = cu_lds32(a.bm + 4u * (uint32_t)n);
+            cu_sts32(a.bm + 4u * (uint32_t)n, 0u);
             if (pos < CU_ATT_UNION_LIST) {
-                cu_sts32(uid + 4u * (uint32_t)pos, (uint32_t)n);
-                cu_sts32(umk + 4u * (uint32_t)pos, m);
+                cu_sts32(a.uid + 4u * (uint32_t)pos, (uint32_t)n);
+                cu_sts32(a.umk + 4u * (uint32_t)pos, m);
             }
             ++pos;
         }
+        base += total;
     }
     __syncwarp();
 #ifdef MSA_TL_ATT_UNION
@@ -208,7 +248,7 @@ __device__ __forceinline__ int32_t cu_attt_union(const cu_layer &L, const cu_att
 #else
     (void)tl_first;
 #endif
-    return min(count, (int32_t)CU_ATT_UNION_LIST);
+    return min(base, (int32_t)CU_ATT_UNION_LIST);
 }
 
 /* What the producer needs to issue an item's tiles. */
@@ -218,6 +258,8 @@ typedef struct cu_attt_feed {
     int64_t prow_base;  /* the KV head's first row in a page */
     uint32_t mine;      /* the unit's tokens (request-local bits) */
     bool own;           /* cs.uid, cs.umk: the producer's own union (shared memory) */
+    bool staged;        /* the pages are in area.pages, not only in pt */
+    cu_attt_uarea area; /* the producer's shared memory for both */
     int tok0, ntok;
 #ifdef MSA_TIMELINE
     bool first_of_cta;  /* the CTA's first unit (timeline marks) */
@@ -295,8 +337,8 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
             int32_t id = bi;
             uint32_t mk = 0xffffffffu;
             if (f.own) {
-                id = (int32_t)cu_lds32(cu_smem_addr(cs.uid + bi));
-                mk = cu_lds32(cu_smem_addr(cs.umk + bi));
+                id = (int32_t)cu_lds32(f.area.uid + 4u * (uint32_t)bi);
+                mk = cu_lds32(f.area.umk + 4u * (uint32_t)bi);
             } else if (cs.uid) {
                 id = cs.uid[bi];
                 mk = cs.umk[bi];
@@ -304,7 +346,7 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
             pos0 = id * 128 + (t & 1) * ATT_TILE;
             bits = mk & cu_causal_bits(pos0, cs.base, cs.ql) & f.mine;
             if (bits)
-                page = f.pt[pos0 >> 7];
+                page = f.staged ? (int32_t)cu_lds32(f.area.pages + 4u * (uint32_t)(pos0 >> 7)) : f.pt[pos0 >> 7];
         }
         /* At most one tile of a stream reaches past kv_len (the one holding
          * position kv_len - 1; a tile wholly past it has no token that
@@ -370,12 +412,14 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     const cu_att_item it = L.m.att[CU_KIND_SPARSE][un.first];
     cu_attt_feed f;
     /* The request's page-table row into L2 while the selection still runs
-     * (plan data): the page lookups after the wait then skip a DRAM round
-     * trip between the union and the first copy. */
+     * (plan data), unless it is staged in shared memory below: the page
+     * lookups after the wait then skip a DRAM round trip between the union
+     * and the first copy. */
     f.pt = L.m.page_table + (int64_t)it.r * L.cap_pages;
     const int32_t pages = (it.kl + 127) >> 7;
-    for (int32_t i = lane * 32; i < pages; i += 32 * 32)
-        cu_prefetch_l2(f.pt + i);
+    if (pages > L.att_union) /* else staged below */
+        for (int32_t i = lane * 32; i < pages; i += 32 * 32)
+            cu_prefetch_l2(f.pt + i);
     f.prow_base = (int64_t)it.group * L.P;
     f.tok0 = it.row0 / 16;
     f.ntok = un.ntok[0] + un.ntok[1];
@@ -390,9 +434,14 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
      * stream while the indexer and the selection still run. */
     const int32_t nblk = pages; /* B == P == 128 on this path */
     const bool known = nblk <= L.K;
-    /* The union of a request of several tokens is built here (after the
-     * wait) unless the selection builds it (contexts beyond the bitmap). */
-    f.own = !known && L.att_union && it.ql > 1;
+    /* A request of at most att_union blocks: its pages are staged in
+     * shared memory now, and, of several tokens, its union is built here
+     * after the wait (the selection's test is the same: select.cu). */
+    f.staged = nblk <= L.att_union;
+    f.own = f.staged && !known && it.ql > 1;
+    f.area = cu_attt_uarea_of(sm, L.att_union, j);
+    if (f.staged)
+        cu_attt_stage_pages(f.area, f.pt, nblk);
 #ifdef MSA_TIMELINE
     const bool tl_first = un.first_of_cta;
 #else
@@ -410,10 +459,11 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
 #endif
         }
         if (phase == 1 && f.own) {
-            const int32_t cnt = cu_attt_union(L, sm, j, L.sel + ((int64_t)it.t0 * L.Hkv + it.group) * L.W,
+            const int32_t cnt = cu_attt_union(L, f.area, L.sel + ((int64_t)it.t0 * L.Hkv + it.group) * L.W,
                                               (int64_t)L.Hkv * L.W, it.ql * L.W, nblk, tl_first);
-            f.cs = cu_stream_of(L, A, it, false, sm.uid + j * CU_ATT_UNION_LIST,
-                                sm.umk + j * CU_ATT_UNION_LIST, cnt);
+            /* The issue loop reads them by their shared addresses (f.own). */
+            const uint32_t *ua = sm.uarea + j * sm.uwords + 2 * L.att_union + L.att_union / 32;
+            f.cs = cu_stream_of(L, A, it, false, (const int32_t *)ua, ua + CU_ATT_UNION_LIST, cnt);
         } else if (phase == (known ? 0 : 1))
             f.cs = cu_stream_of(L, A, it, known);
         else if (phase == 0)

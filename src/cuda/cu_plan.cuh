@@ -198,11 +198,12 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
 size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m);
 void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h);
 
-/* A Hopper attention producer builds a union of several tokens in shared
- * memory: a bitmap of the request's blocks (a plan of at most this many
- * blocks per request, 512K keys; beyond, the selection builds the unions)
- * and a list of at most CU_ATT_UNION_LIST entries (cap_union at most). */
-#define CU_ATT_UNION_BLOCKS 4096
+/* A Hopper attention producer stages a request's page-table row and
+ * builds a union of several tokens in shared memory, for requests of at
+ * most this many blocks (256K keys; longer ones: the selection builds the
+ * union, the pages come from the table) and unions of at most
+ * CU_ATT_UNION_LIST entries (cap_union at most). */
+#define CU_ATT_UNION_BLOCKS 2048
 #define CU_ATT_UNION_LIST 256
 
 /* Everything a kernel needs for one layer, passed by value. */
@@ -238,9 +239,10 @@ typedef struct cu_layer {
     uint32_t *umask;
     int32_t *ucnt;
     int32_t *sel_done;
-    int32_t att_union;       /* the Hopper attention builds the unions of requests of several
-                              * tokens from the rows in sel (cu_attt_union); the selection
-                              * builds only those of one-token requests */
+    int32_t att_union;       /* > 0: the Hopper attention builds the unions of requests of
+                              * several tokens and at most this many blocks from the rows in
+                              * sel (cu_attt_union), the selection the others; 0: the
+                              * selection builds every union */
     int32_t *idx_next;       /* NULL: the indexer's shares are all fixed (indexer_tma.cu) */
     float *pf_scratch;
     float *part;

@@ -345,10 +345,12 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     if (paths.attn_tma && (map_ok & kv_bits) != kv_bits)
         paths.attn_tma = 0;
     /* The Hopper attention builds the unions of requests of several tokens
-     * itself when they fit its shared memory: the selection then ends with
-     * its last row, without a completion count and a union pass. */
-    L.att_union = paths.attn_tma && !cs->sel_unions && st->cap_blocks <= CU_ATT_UNION_BLOCKS &&
-                  st->cap_union <= CU_ATT_UNION_LIST;
+     * (up to CU_ATT_UNION_BLOCKS blocks) itself: the selection then ends
+     * with its last row, without a completion count and a union pass. */
+    const int32_t union_blocks = (st->cap_blocks + 31) & ~31;
+    L.att_union = 0;
+    if (paths.attn_tma && !cs->sel_unions && st->cap_union <= CU_ATT_UNION_LIST)
+        L.att_union = union_blocks < CU_ATT_UNION_BLOCKS ? union_blocks : CU_ATT_UNION_BLOCKS;
 
     int left = cs->stop_after > 0 ? cs->stop_after : -1;
     if (cs->tl) /* profiling aid: the timeline holds this forward's stamps only */

@@ -248,6 +248,9 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int64_t 
     const cu_dec_row dr = L.m.dec_row[d];
     const int32_t t = dr.t, N = dr.nblk, k = dr.slot, ql = dr.ql;
     const float *scores = L.scores + ((int64_t)d * L.Hi + (int64_t)u * L.mi) * L.cap_blocks;
+    /* Whether the attention builds this request's unions (plan data, read
+     * before the wait): the same test as its producer's (cu_attt_producer). */
+    const bool att_builds = ql > 1 && L.att_union > 0 && (L.m.dec_info[k].kl - 1) / L.B + 1 <= L.att_union;
     cu_pdl_wait(); /* the indexer's scores (at once after the first row) */
     if (mark)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_WAITED);
@@ -265,7 +268,7 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int64_t 
     if (ql == 1) {
         for (int gl = 0; gl < L.mk; ++gl)
             cu_single_union(L, k, u * L.mk + gl, row);
-    } else if (!L.att_union) { /* else the attention builds them from the rows */
+    } else if (!att_builds) {
         /* Completion count of (request, unit); the last token's warp
          * builds the unions of the unit's KV heads. */
         int32_t *done = L.sel_done + (int64_t)k * L.units + u;

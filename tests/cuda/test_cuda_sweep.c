@@ -55,6 +55,12 @@ static const long_case LONG_CASES[] = {
     {"m3 bf16 P128 b4 q8/1/3/16 2048/30K/200/2049 x2", MSA_DTYPE_BF16, 128, 0, 0, 1, 4, {8, 1, 3, 16},
      {2048, 30000, 200, 2049}, 0, 0, 2},
     {"m3 bf16 P128 b2 q1 30K ties+NaN", MSA_DTYPE_BF16, 128, 1, 0, 1, 2, {1, 2}, {30000, 9000}, 20, 40, 1},
+    /* The Hopper attention builds the unions of requests of at most 2048
+     * blocks itself and stages their pages; the selection builds those of
+     * longer ones (here 2345 blocks), in the same step (and the one-token
+     * request's pages come from the table). */
+    {"m3 bf16 P128 b3 q8/3/1 300K/20K/270K", MSA_DTYPE_BF16, 128, 0, 0, 0, 3, {8, 3, 1},
+     {300000, 20000, 270000}, 0, 0, 1},
 };
 
 static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *failed)
