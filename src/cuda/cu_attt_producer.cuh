@@ -417,7 +417,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
      * and the first copy. */
     f.pt = L.m.page_table + (int64_t)it.r * L.cap_pages;
     const int32_t pages = (it.kl + 127) >> 7;
-    if (pages > L.att_union) /* else staged below */
+    if (pages <= L.K || pages > L.att_union) /* else staged below */
         for (int32_t i = lane * 32; i < pages; i += 32 * 32)
             cu_prefetch_l2(f.pt + i);
     f.prow_base = (int64_t)it.group * L.P;
@@ -434,11 +434,13 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
      * stream while the indexer and the selection still run. */
     const int32_t nblk = pages; /* B == P == 128 on this path */
     const bool known = nblk <= L.K;
-    /* A request of at most att_union blocks: its pages are staged in
-     * shared memory now, and, of several tokens, its union is built here
-     * after the wait (the selection's test is the same: select.cu). */
-    f.staged = nblk <= L.att_union;
-    f.own = f.staged && !known && it.ql > 1;
+    /* A request of more than K and at most att_union blocks: its pages are
+     * staged in shared memory now, for the lookups after the wait, and, of
+     * several tokens, its union is built here after the wait (the
+     * selection's test is the same: select.cu).  (A known request's tiles
+     * are mostly issued before the wait, looking their pages up in L2.) */
+    f.staged = !known && nblk <= L.att_union;
+    f.own = f.staged && it.ql > 1;
     f.area = cu_attt_uarea_of(sm, L.att_union, j);
     if (f.staged)
         cu_attt_stage_pages(f.area, f.pt, nblk);
