@@ -169,15 +169,11 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         const int s = gs % ATT_STAGES;
         cu_mbar_wait(&sm.full[s], (gs / ATT_STAGES) & 1u);
         ++gs;
-#ifdef MSA_TIMELINE
-#ifndef MSA_TL_ATT_UNION
+#if defined(MSA_TIMELINE) && !defined(MSA_TL_ATT_UNION) /* that aid takes both marks */
         if (c == 0 && threadIdx.x == 0 && un.first_of_cta)
             CU_TL_MARK(L, CU_TL_ATTN, CU_TL_FIRST);
-#endif
-#ifndef MSA_TL_ATT_UNION
         if (threadIdx.x == 0) /* overwritten by every tile: the last one stays */
             CU_TL_MARK(L, CU_TL_ATTN, CU_TL_LAST);
-#endif
 #endif
         const cu_attt_meta mt = sm.meta[s];
         if (mt.pos0 < 0) {
