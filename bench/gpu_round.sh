@@ -147,8 +147,12 @@ if has_step gputest; then
         MSA_CUDA_SMS=8 run_logged test_cuda_graph_few_sms "$T/cuda/test_cuda_graph"
     fi
     # The sweeps side by side: most of their time is the CPU oracle's, one
-    # core each.
-    run_logged test_cuda_sweep "$T/cuda/test_cuda_sweep" ${SWEEP_ARGS:-} &
+    # core each; the full sweep in SWEEP_SHARDS processes (default 4), each
+    # taking every N-th case (its longest case then bounds the step).
+    NSH=${SWEEP_SHARDS:-4}
+    for ((sh = 0; sh < NSH; sh++)); do
+        run_logged "test_cuda_sweep_s$sh" "$T/cuda/test_cuda_sweep" ${SWEEP_ARGS:-} --shard "$sh/$NSH" &
+    done
     if [ $quick = 1 ]; then
         # The selection's warp-per-row mode on the sweep's small steps too.
         MSA_CUDA_SEL_WARP_ROWS=1 run_logged test_cuda_sweep_warp_rows "$T/cuda/test_cuda_sweep" --quick &
@@ -160,10 +164,17 @@ if has_step gputest; then
         run_logged replay_cuda sh "$ROOT/tests/replay/run_replay_test.sh" "$MSA" /tmp/msa-replay-cuda cuda &
     fi
     wait
-    grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep.log" | tail -12 >>"$SUMMARY"
+    # The shards' counts, summed; their failures listed.
+    for ((sh = 0; sh < NSH; sh++)); do cat "$LOGS/test_cuda_sweep_s$sh.log"; done >"$LOGS/test_cuda_sweep.log"
+    grep -E "FAIL" "$LOGS/test_cuda_sweep.log" | head -12 >>"$SUMMARY"
+    grep -E "^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped" "$LOGS/test_cuda_sweep.log" |
+        awk -v n="$NSH" '{p += $1; f += $3; s += $5; k++}
+            END {printf "test_cuda_sweep, %d of %d shards reported: %d passed, %d failed, %d skipped\n", k, n, p, f, s}' \
+        >>"$SUMMARY"
     if [ $quick = 1 ]; then
         grep -E "FAIL|passed" "$LOGS/test_cuda_graph.log" | tail -8 >>"$SUMMARY"
         grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_warp_rows.log" | tail -12 >>"$SUMMARY"
+        grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_sel_unions.log" | tail -12 >>"$SUMMARY"
         grep -E "FAIL|passed" "$LOGS/test_cuda_graph_few_sms.log" | tail -8 >>"$SUMMARY"
         grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_few_sms.log" | tail -12 >>"$SUMMARY"
         grep -E "FAIL|passed|skipped" "$LOGS/replay_cuda.log" | tail -6 >>"$SUMMARY"
@@ -365,11 +376,18 @@ fi
 # ---- sanitizers ----------------------------------------------------------------
 if has_step sanitize; then
     CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    # memcheck on both GPU tests (quick subset), racecheck on the graph test:
-    # it runs every kernel of both paths at small sizes.
-    run_logged sanitize_memcheck_graph "$CS" --tool memcheck --error-exitcode 3 "$T/cuda/test_cuda_graph"
-    run_logged sanitize_memcheck_sweep "$CS" --tool memcheck --error-exitcode 3 "$T/cuda/test_cuda_sweep" --quick
-    run_logged sanitize_racecheck_graph "$CS" --tool racecheck --error-exitcode 3 "$T/cuda/test_cuda_graph"
+    # Every run below in its own process, all side by side (each is bound by
+    # the sanitizer's instrumented kernels or the test's oracle, not by the
+    # GPU's capacity): the step lasts as long as the longest run.
+    # memcheck on both GPU tests (quick subset; the sweep in two shards),
+    # racecheck on the graph test: it runs every kernel of both paths at
+    # small sizes.
+    run_logged sanitize_memcheck_graph "$CS" --tool memcheck --error-exitcode 3 "$T/cuda/test_cuda_graph" &
+    for sh in 0 1; do
+        run_logged "sanitize_memcheck_sweep_s$sh" "$CS" --tool memcheck --error-exitcode 3 \
+            "$T/cuda/test_cuda_sweep" --quick --shard "$sh/2" &
+    done
+    run_logged sanitize_racecheck_graph "$CS" --tool racecheck --error-exitcode 3 "$T/cuda/test_cuda_graph" &
     # The graph test's model (8 query heads per KV head) never takes the
     # Hopper attention: sweep cases of M3's shape do, on grids for 8 SMs so
     # that their CTAs take several units (the producers in turns).
@@ -377,17 +395,18 @@ if has_step sanitize; then
     # of pairs, of one token); RACE_FULL: filters run on full grids (a
     # context long enough to wrap the indexer's ring).
     MSA_CUDA_SMS=8 run_logged sanitize_memcheck_sweep_few_sms "$CS" --tool memcheck --error-exitcode 3 \
-        "$T/cuda/test_cuda_sweep" --filter "q8/1/3/16"
+        "$T/cuda/test_cuda_sweep" --filter "q8/1/3/16" &
     IFS=';' read -ra RFEW <<<"${RACE_FEW_SMS:-q8/1/3/16;q16/5;q1 30K}"
     for i in "${!RFEW[@]}"; do
         MSA_CUDA_SMS=8 run_logged "sanitize_racecheck_sweep_few_sms_$((i + 1))" "$CS" --tool racecheck \
-            --error-exitcode 3 "$T/cuda/test_cuda_sweep" --filter "${RFEW[$i]}"
+            --error-exitcode 3 "$T/cuda/test_cuda_sweep" --filter "${RFEW[$i]}" &
     done
     IFS=';' read -ra RFULL <<<"${RACE_FULL:-b1 q1 200K}"
     for i in "${!RFULL[@]}"; do
         run_logged "sanitize_racecheck_sweep_$((i + 1))" "$CS" --tool racecheck --error-exitcode 3 \
-            "$T/cuda/test_cuda_sweep" --filter "${RFULL[$i]}"
+            "$T/cuda/test_cuda_sweep" --filter "${RFULL[$i]}" &
     done
+    wait
     for f in "$LOGS"/sanitize_*.log; do
         echo "$(basename "$f" .log): $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$f" | tail -1)" >>"$SUMMARY"
         grep -hE "^m3 .*(ok|FAIL|SKIP)" "$f" | head -4 >>"$SUMMARY"

@@ -70,6 +70,8 @@ typedef struct msa_sweep_options {
     FILE *log;          /* one line per case; NULL = silent */
     /* Additions. */
     int num_threads;    /* CPU worker threads of the sweep's context; 0 = all cores */
+    int shard, shards;  /* shards > 1: only the selected cases i with i % shards == shard,
+                         * so that several processes can share a sweep */
 } msa_sweep_options;
 
 /* Runs the oracle sweep; counts go to *passed / *failed / *skipped.

@@ -527,6 +527,7 @@ int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *
         fprintf(opts->log, "backend %s not usable (%s: %s): every case skipped\n",
                 msa_backend_name(opts->backend), msa_status_name(st), err);
 
+    int selected = 0;
     for (int i = 0; i < list.n; i++) {
         const tk_entry *e = &list.e[i];
         const msa_case *c = &e->c[0];
@@ -535,6 +536,8 @@ int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *
         if (opts->decode_only && !decode_like(e))
             continue;
         if (opts->filter && !strstr(c->name, opts->filter))
+            continue;
+        if (opts->shards > 1 && selected++ % opts->shards != opts->shard)
             continue;
         msa_case_result res;
         memset(&res, 0, sizeof res);

@@ -2,15 +2,18 @@
  * The CUDA backend against the oracle:
  *   1. the sweep's decode/verify cases (q_len <= 16 per request), every
  *      shape, head mapping, dtype and page size of the sweep;
- *   2. long contexts in the real M3 layer shape (up to 200K tokens), where
+ *   2. long contexts in the real M3 layer shape (up to 300K tokens), where
  *      the split indexer, the union attention and the merges do real work:
  *      batch 1 and small batches, 1 to 16 tokens per request, every page
  *      size of the fast path and the portable fp32 path, plus a step that
  *      mixes decode requests with a prefill request.
- *   test_cuda_sweep [--quick] [--filter TEXT] [--cpu]
+ *   test_cuda_sweep [--quick] [--filter TEXT] [--cpu] [--shard I/N]
  * Without a GPU it prints "skipped" and exits 77.  --cpu runs the same
  * cases on the CPU backend instead: a check of the cases themselves (and
  * of the CPU backend at these lengths) on a machine without a GPU.
+ * --shard I/N runs every N-th selected case from the I-th on (of each
+ * part), so that N processes share the sweep (most of its time is the
+ * single-threaded oracle's).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,18 +120,23 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
 
 int main(int argc, char **argv)
 {
-    int quick = 0;
+    int quick = 0, shard = 0, shards = 1;
     const char *filter = NULL;
     msa_backend backend = MSA_BACKEND_CUDA;
     for (int i = 1; i < argc; i++) {
+        char end = 0;
         if (!strcmp(argv[i], "--quick")) {
             quick = 1;
         } else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
             filter = argv[++i];
         } else if (!strcmp(argv[i], "--cpu")) {
             backend = MSA_BACKEND_CPU;
+        } else if (!strcmp(argv[i], "--shard") && i + 1 < argc &&
+                   sscanf(argv[i + 1], "%d/%d%c", &shard, &shards, &end) == 2 && shards >= 1 &&
+                   shard >= 0 && shard < shards) {
+            ++i;
         } else {
-            fprintf(stderr, "usage: test_cuda_sweep [--quick] [--filter TEXT] [--cpu]\n");
+            fprintf(stderr, "usage: test_cuda_sweep [--quick] [--filter TEXT] [--cpu] [--shard I/N]\n");
             return 2;
         }
     }
@@ -144,6 +152,8 @@ int main(int argc, char **argv)
     opts.quick = quick;
     opts.decode_only = 1;
     opts.filter = filter;
+    opts.shard = shard;
+    opts.shards = shards;
     opts.log = stdout;
     int passed = 0, failed = 0, skipped = 0;
     msa_sweep_run(&opts, &passed, &failed, &skipped);
@@ -157,9 +167,12 @@ int main(int argc, char **argv)
         printf("FAIL: %s context: %s\n", msa_backend_name(backend), err);
         ++failed;
     } else {
+        int selected = 0;
         for (size_t i = 0; i < sizeof LONG_CASES / sizeof LONG_CASES[0]; ++i) {
             const long_case *lc = &LONG_CASES[i];
             if ((quick && !lc->quick) || (filter && !strstr(lc->name, filter)))
+                continue;
+            if (selected++ % shards != shard)
                 continue;
             if (!run_long(ctx, lc, &passed, &failed))
                 ++skipped;
