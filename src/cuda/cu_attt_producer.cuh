@@ -131,15 +131,18 @@ typedef struct cu_attt_uarea {
     uint32_t sum;   /* summary: a bit per bitmap word in use */
     uint32_t pages; /* the request's page-table row */
     uint32_t uid, umk;
+    const uint32_t *list; /* the ids, then the masks, as a generic pointer (the stream's) */
 } cu_attt_uarea;
 
 __device__ __forceinline__ cu_attt_uarea cu_attt_uarea_of(const cu_attt_smem &sm, int32_t U, int j)
 {
     cu_attt_uarea a;
-    a.bm = cu_smem_addr(sm.uarea + j * sm.uwords);
+    const uint32_t *base = sm.uarea + j * sm.uwords;
+    a.list = base + 2 * U + U / 32;
+    a.bm = cu_smem_addr(base);
     a.sum = a.bm + 4u * (uint32_t)U;
     a.pages = a.sum + 4u * (uint32_t)(U / 32);
-    a.uid = a.pages + 4u * (uint32_t)U;
+    a.uid = cu_smem_addr(a.list);
     a.umk = a.uid + 4u * CU_ATT_UNION_LIST;
     return a;
 }
@@ -464,8 +467,8 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
             const int32_t cnt = cu_attt_union(L, f.area, L.sel + ((int64_t)it.t0 * L.Hkv + it.group) * L.W,
                                               (int64_t)L.Hkv * L.W, it.ql * L.W, nblk, tl_first);
             /* The issue loop reads them by their shared addresses (f.own). */
-            const uint32_t *ua = sm.uarea + j * sm.uwords + 2 * L.att_union + L.att_union / 32;
-            f.cs = cu_stream_of(L, A, it, false, (const int32_t *)ua, ua + CU_ATT_UNION_LIST, cnt);
+            f.cs = cu_stream_of(L, A, it, false, (const int32_t *)f.area.list,
+                                f.area.list + CU_ATT_UNION_LIST, cnt);
         } else if (phase == (known ? 0 : 1))
             f.cs = cu_stream_of(L, A, it, known);
         else if (phase == 0)
