@@ -349,7 +349,9 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
      * with its last row, without a completion count and a union pass. */
     const int32_t union_blocks = (st->cap_blocks + 31) & ~31;
     L.att_union = 0;
-    if (paths.attn_tma && !cs->sel_unions && st->cap_union <= CU_ATT_UNION_LIST)
+    /* A plan whose requests reach at most K blocks has no union to build
+     * (each selects all its blocks): no shared memory is set aside for one. */
+    if (paths.attn_tma && !cs->sel_unions && st->cap_union <= CU_ATT_UNION_LIST && st->cap_blocks > L.K)
         L.att_union = union_blocks < CU_ATT_UNION_BLOCKS ? union_blocks : CU_ATT_UNION_BLOCKS;
 
     int left = cs->stop_after > 0 ? cs->stop_after : -1;
