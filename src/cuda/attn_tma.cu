@@ -131,6 +131,46 @@ __device__ __forceinline__ void cu_attt_release(const cu_attt_smem &sm, int s)
     cu_mbar_arrive(&sm.empty[s]); /* every lane: see ATT_EMPTY_ARRIVALS */
 }
 
+/* A warp's 16 finished rows of a single-split item (one token's heads:
+ * 4 KB in a row of the output), normalized and rounded: staged in shared
+ * memory at `stage` (16-byte chunks XOR-swizzled by row, so the fragment's
+ * 4-byte writes meet no bank twice), then stored as 16-byte pieces.  Eight
+ * whole-line stores per lane instead of 32 scattered 4-byte ones, which
+ * filled the store queue at every unit's end (stall profile, batch 128,
+ * 1K, 8 tokens: bench/RESULTS.md, v25).  MSA_ATT_STAGED_STORES=0 at build
+ * time keeps the direct stores, for measurements. */
+#ifndef MSA_ATT_STAGED_STORES
+#define MSA_ATT_STAGED_STORES 1
+#endif
+template <typename Tag>
+__device__ __forceinline__ void cu_attt_write_rows(const cu_attn &A, int64_t q_lo, uint32_t stage,
+                                                   const float (&o)[16][4], float m_lo, float m_hi,
+                                                   float l_lo, float l_hi)
+{
+    const int lane = threadIdx.x & 31;
+    const uint32_t r_lo = (uint32_t)lane >> 2, r_hi = r_lo + 8u, cb = (uint32_t)(lane & 3) * 4u;
+    const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
+    const float inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+    __syncwarp(); /* the warp's lanes have read the slot (cu_rows_absorb) */
+#pragma unroll
+    for (uint32_t n = 0; n < 16; ++n) {
+        cu_sts32(stage + r_lo * 256u + ((n ^ r_lo) << 4) + cb, cu_pack2(o[n][0] * inv_lo, o[n][1] * inv_lo, Tag()));
+        cu_sts32(stage + r_hi * 256u + ((n ^ r_hi) << 4) + cb, cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag()));
+    }
+    __syncwarp();
+    uint4 *dst = (uint4 *)((char *)A.o + (q_lo - r_lo) * 256); /* the warp's first row */
+#pragma unroll
+    for (uint32_t i = 0; i < 8; ++i) {
+        const uint32_t e = i * 32u + (uint32_t)lane; /* 16-byte piece: row e / 16, chunk e % 16 */
+        dst[e] = cu_lds128(stage + (e >> 4) * 256u + (((e & 15u) ^ (e >> 4)) << 4));
+    }
+    __syncwarp();
+    if (A.lse && (lane & 3) == 0) {
+        A.lse[q_lo] = l_lo > 0.0f ? m_lo * CU_LN2 + logf(l_lo) : -INFINITY;
+        A.lse[q_lo + 8] = l_hi > 0.0f ? m_hi * CU_LN2 + logf(l_hi) : -INFINITY;
+    }
+}
+
 /* One consumer warpgroup (h = 0 or 1) of a unit.  Warp w of the group
  * holds rows 16w .. 16w + 15 of its item: token w, its 16 heads.  Of a
  * pair, group h serves item h and takes every tile one of its tokens uses;
@@ -175,7 +215,10 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         if (threadIdx.x == 0) /* overwritten by every tile: the last one stays */
             CU_TL_MARK(L, CU_TL_ATTN, CU_TL_LAST);
 #endif
-        const cu_attt_meta mt = sm.meta[s];
+        const uint2 meta = cu_lds64(cu_smem_addr(sm.meta + s));
+        cu_attt_meta mt;
+        mt.pos0 = (int32_t)meta.x;
+        mt.bits = meta.y;
         if (mt.pos0 < 0) {
             cu_attt_release(sm, s);
             break;
@@ -204,8 +247,12 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
     if (active && (pair || h == 0)) {
         if (!pair)
             cu_rows_absorb(sm.scr + w * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
-        cu_rows_write<Tag>(L, A, *itp, w * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,
-                           l_lo, l_hi);
+        if (MSA_ATT_STAGED_STORES && it.nsplit == 1 && ((uintptr_t)A.o & 15u) == 0u)
+            cu_attt_write_rows<Tag>(A, q_lo, cu_smem_addr(sm.scr + w * ATT_SCR_FLOATS) + (pair ? h : 0) * 4096u,
+                                    o, m_lo, m_hi, l_lo, l_hi);
+        else
+            cu_rows_write<Tag>(L, A, *itp, w * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,
+                               l_lo, l_hi);
     }
     cu_named_sync(1, ATT_CONSUMERS * 32); /* the scratch is reused by the next unit */
 }

@@ -73,6 +73,42 @@ static_assert((ATT_SMEM_BYTES - 1024) % 16 == 0, "the union area after the ring'
  * bench/RESULTS.md, v21.) */
 #define ATT_EMPTY_ARRIVALS (ATT_CONSUMERS * 32)
 
+/* Shared memory by 32-bit shared addresses.  The kernel reaches shared
+ * memory through pointers the compiler cannot place (the layout is passed
+ * by reference), so plain accesses compile to generic loads, stores and
+ * GPU-scope atomics: in the producer's union they took 4 µs of the first
+ * unit's start on the H200 (bench/RESULTS.md, v24), and the consumers'
+ * per-tile read of the slot's meta was a generic load. */
+__device__ __forceinline__ uint32_t cu_lds32(uint32_t a)
+{
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ void cu_sts32(uint32_t a, uint32_t v)
+{
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ void cu_reds_or32(uint32_t a, uint32_t v)
+{
+    asm volatile("red.shared.or.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint2 cu_lds64(uint32_t a)
+{
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ uint4 cu_lds128(uint32_t a)
+{
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(a)
+                 : "memory");
+    return v;
+}
+
 /* What the producer tells the consumers about a ring slot. */
 typedef struct cu_attt_meta {
     int32_t pos0;   /* position of the tile's first key; -1: end of the item */

@@ -97,32 +97,14 @@ __device__ __forceinline__ int cu_attt_claim(const cu_attt_smem &sm, uint32_t &g
     if ((threadIdx.x & 31) == 0) {
         if (gs > ATT_STAGES)
             cu_mbar_wait(&sm.empty[s], par ^ 1u);
-        sm.meta[s].pos0 = pos0;
-        sm.meta[s].bits = bits;
+        const uint32_t ma = cu_smem_addr(sm.meta + s);
+        cu_sts32(ma, (uint32_t)pos0);
+        cu_sts32(ma + 4u, bits);
     }
     __syncwarp();
     return s;
 }
 
-/* Shared-memory words by their 32-bit shared addresses.  The producer
- * reaches shared memory through pointers the compiler cannot place (the
- * layout is passed by reference), so plain accesses compile to generic
- * loads, stores and GPU-scope atomics: in the union below they took 4 µs
- * of the first unit's start on the H200 (bench/RESULTS.md, v24). */
-__device__ __forceinline__ uint32_t cu_lds32(uint32_t a)
-{
-    uint32_t v;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ void cu_sts32(uint32_t a, uint32_t v)
-{
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
-}
-__device__ __forceinline__ void cu_reds_or32(uint32_t a, uint32_t v)
-{
-    asm volatile("red.shared.or.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
-}
 
 /* Producer j's area of shared memory for its own unions (32-bit shared
  * addresses; cu_attt_union_words). */
