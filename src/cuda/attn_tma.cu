@@ -171,6 +171,52 @@ __device__ __forceinline__ void cu_attt_write_rows(const cu_attn &A, int64_t q_l
     }
 }
 
+/* The same for a split's partial rows (fp32, normalized, the LSE after
+ * the 128 values; rows part_stride floats apart, 16-byte aligned): the 16
+ * rows in two halves of eight (4 KB each in the staging area; 16-byte
+ * chunks XOR-swizzled by row so the fragment's 8-byte writes take the
+ * fewest wavefronts), each row then stored whole, 512 bytes per warp
+ * store.  For pairs only, where eight warps write at once: batch 8, 50K,
+ * 8 tokens 1.5% faster; a single item's one or few warps were 1-2% slower
+ * so (batch 8 and 32, 10K and batch 1, 128K, 1 token: the round trip
+ * through shared memory at the end of the step's critical path;
+ * bench/RESULTS.md, v25). */
+__device__ __forceinline__ void cu_attt_write_part(const cu_layer &L, const cu_att_item &it, int32_t row0,
+                                                   uint32_t stage, const float (&o)[16][4], float m_lo,
+                                                   float m_hi, float l_lo, float l_hi)
+{
+    const int lane = threadIdx.x & 31;
+    const uint32_t r = (uint32_t)lane >> 2, q = (uint32_t)(lane & 3);
+    const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
+    const float inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+    /* Row row0 + i of the item's partials of this split. */
+    float *pb = L.part + ((int64_t)it.part_base + (int64_t)it.split * it.nrows + row0) * L.part_stride;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const float inv = half ? inv_hi : inv_lo;
+        __syncwarp(); /* the area is free: absorbed (cu_rows_absorb) or stored */
+#pragma unroll
+        for (uint32_t n = 0; n < 16; ++n) {
+            /* floats 8n + 2q, +1 of row r: chunk 2n + q / 2, bytes 8 (q & 1) in it */
+            const uint32_t c = (2u * n + (q >> 1)) ^ ((r & 3u) << 1);
+            const uint32_t a = stage + r * 512u + c * 16u + (q & 1u) * 8u;
+            const float x = o[n][2 * half] * inv, y = o[n][2 * half + 1] * inv;
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
+        }
+        __syncwarp();
+#pragma unroll
+        for (uint32_t i = 0; i < 8; ++i) { /* row i of the half, chunk `lane` */
+            const uint32_t c = (uint32_t)lane ^ ((i & 3u) << 1);
+            *(uint4 *)(pb + (int64_t)(8 * half + i) * L.part_stride + 4 * lane) = cu_lds128(stage + i * 512u + c * 16u);
+        }
+    }
+    __syncwarp();
+    if (q == 0) {
+        pb[(int64_t)r * L.part_stride + 128] = l_lo > 0.0f ? m_lo * CU_LN2 + logf(l_lo) : -INFINITY;
+        pb[(int64_t)(r + 8) * L.part_stride + 128] = l_hi > 0.0f ? m_hi * CU_LN2 + logf(l_hi) : -INFINITY;
+    }
+}
+
 /* One consumer warpgroup (h = 0 or 1) of a unit.  Warp w of the group
  * holds rows 16w .. 16w + 15 of its item: token w, its 16 heads.  Of a
  * pair, group h serves item h and takes every tile one of its tokens uses;
@@ -247,11 +293,18 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
     if (active && (pair || h == 0)) {
         if (!pair)
             cu_rows_absorb(sm.scr + w * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
-        if (MSA_ATT_STAGED_STORES && it.nsplit == 1 && ((uintptr_t)A.o & 15u) == 0u)
-            cu_attt_write_rows<Tag>(A, q_lo, cu_smem_addr(sm.scr + w * ATT_SCR_FLOATS) + (pair ? h : 0) * 4096u,
-                                    o, m_lo, m_hi, l_lo, l_hi);
+        /* The warp's staging area: its slot of the scratch, half h of it
+         * for a pair (the slot's own state is absorbed by then). */
+        const uint32_t stage = cu_smem_addr(sm.scr + w * ATT_SCR_FLOATS) + (pair ? h : 0) * 4096u;
+        /* The item's split fields from memory again (*itp), not kept in
+         * registers through the tile loop. */
+        const cu_att_item wi = *itp;
+        if (MSA_ATT_STAGED_STORES && wi.nsplit == 1 && ((uintptr_t)A.o & 15u) == 0u)
+            cu_attt_write_rows<Tag>(A, q_lo, stage, o, m_lo, m_hi, l_lo, l_hi);
+        else if (MSA_ATT_STAGED_STORES && wi.nsplit > 1 && pair)
+            cu_attt_write_part(L, wi, w * 16, stage, o, m_lo, m_hi, l_lo, l_hi);
         else
-            cu_rows_write<Tag>(L, A, *itp, w * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,
+            cu_rows_write<Tag>(L, A, wi, w * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,
                                l_lo, l_hi);
     }
     cu_named_sync(1, ATT_CONSUMERS * 32); /* the scratch is reused by the next unit */
