@@ -11,6 +11,10 @@
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+if [ $# -lt 2 ] || [ ! -f "$1" ]; then
+    echo "usage: bench/ab_patch.sh PATCH CASE...  (CASE: batch:context:q_len or case-id:0:q_len)" >&2
+    exit 2
+fi
 PATCH=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 shift
 BUILD=${BUILD:-/tmp/msa-gpu-build}

@@ -105,7 +105,6 @@ __device__ __forceinline__ int cu_attt_claim(const cu_attt_smem &sm, uint32_t &g
     return s;
 }
 
-
 /* Producer j's area of shared memory for its own unions (32-bit shared
  * addresses; cu_attt_union_words). */
 typedef struct cu_attt_uarea {
