@@ -66,19 +66,27 @@ static size_t act_size(msa_dtype dtype)
 
 /* Backend buffer holding `bytes` of host data (never a zero-size request,
  * so every tensor pointer is valid even for an empty step). */
-static void *upload(tk_run *run, const void *host, size_t bytes, msa_status *st)
+/* A buffer holding `bytes` from host, starting `offset` bytes after the
+ * allocation's start (the kept pointer, freed at the end, is the start). */
+static void *upload_at(tk_run *run, const void *host, size_t bytes, size_t offset, msa_status *st)
 {
     void *p = NULL;
-    size_t n = bytes < 64 ? 64 : bytes;
+    size_t n = bytes + offset < 64 ? 64 : bytes + offset;
     if (*st != MSA_OK)
         return NULL;
     *st = msa_buffer_alloc(run->ctx, n, &p);
     if (*st != MSA_OK)
         return NULL;
     run->buf[run->nbuf++] = p;
+    p = (char *)p + offset;
     if (bytes)
         *st = msa_copy_to_buffer(run->ctx, p, host, bytes);
     return p;
+}
+
+static void *upload(tk_run *run, const void *host, size_t bytes, msa_status *st)
+{
+    return upload_at(run, host, bytes, 0, st);
 }
 
 static void *act_tensor(tk_run *run, msa_dtype act, const float *x, size_t n, msa_status *st)
@@ -231,7 +239,7 @@ static msa_status forward(tk_run *run, const msa_case *c, const tk_step *s,
 
     out->o = calloc(n_o ? n_o : 1, act_size(act));
     tk_poison_act(out->o, act, n_o);
-    io.o = upload(run, out->o, n_o * act_size(act), &st);
+    io.o = upload_at(run, out->o, n_o * act_size(act), (size_t)c->out_offset, &st);
     if (L->index_value) {
         out->idx_o = calloc(n_io ? n_io : 1, act_size(act));
         tk_poison_act(out->idx_o, act, n_io);

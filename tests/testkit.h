@@ -35,6 +35,8 @@ typedef struct msa_case {
     int nan_blocks;     /* >0: this many cached blocks whose index keys are NaN */
     int fixed_limits;   /* plan created with exact capacity limits (no growth) */
     int omit_optional;  /* lse and topk outputs not requested */
+    int out_offset;     /* bytes (a multiple of 4, < 64) the output `o` starts after its
+                         * buffer's start: 4 keeps 4-byte alignment but not 16 */
     float k_scale, v_scale, index_k_scale, index_v_scale; /* quantized planes; 0 = 1.0 */
 } msa_case;
 
