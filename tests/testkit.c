@@ -64,10 +64,10 @@ static size_t act_size(msa_dtype dtype)
     return dtype == MSA_DTYPE_FP32 ? 4 : 2;
 }
 
-/* Backend buffer holding `bytes` of host data (never a zero-size request,
- * so every tensor pointer is valid even for an empty step). */
-/* A buffer holding `bytes` from host, starting `offset` bytes after the
- * allocation's start (the kept pointer, freed at the end, is the start). */
+/* Backend buffer holding `bytes` of host data, starting `offset` bytes after
+ * the allocation's start (the start is what is kept and freed at the end);
+ * never a zero-size request, so every tensor pointer is valid even for an
+ * empty step. */
 static void *upload_at(tk_run *run, const void *host, size_t bytes, size_t offset, msa_status *st)
 {
     void *p = NULL;

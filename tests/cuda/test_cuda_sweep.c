@@ -63,7 +63,7 @@ static const long_case LONG_CASES[] = {
      * blocks itself and stages their pages; the selection builds those of
      * longer ones (here 2345 blocks), in the same step (and the one-token
      * request's pages come from the table). */
-    {"m3 bf16 P128 b3 q8/3/1 300K/20K/270K", MSA_DTYPE_BF16, 128, 0, 0, 0, 3, {8, 3, 1, 0},
+    {"m3 bf16 P128 b3 q8/3/1 300K/20K/270K", MSA_DTYPE_BF16, 128, 0, 0, 0, 3, {8, 3, 1},
      {300000, 20000, 270000}, 0, 0, 1, 0},
     /* An output 4-byte but not 16-byte aligned: on grids for 8 SMs the 12
      * units (a pair, single items of 1 and 3 tokens) are not split, and the
