@@ -149,8 +149,7 @@ __device__ __forceinline__ void cu_attt_write_rows(const cu_attn &A, int64_t q_l
 {
     const int lane = threadIdx.x & 31;
     const uint32_t r_lo = (uint32_t)lane >> 2, r_hi = r_lo + 8u, cb = (uint32_t)(lane & 3) * 4u;
-    const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
-    const float inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+    const float inv_lo = cu_rows_inv(l_lo), inv_hi = cu_rows_inv(l_hi);
     __syncwarp(); /* the warp's lanes have read the slot (cu_rows_absorb) */
 #pragma unroll
     for (uint32_t n = 0; n < 16; ++n) {
@@ -166,8 +165,8 @@ __device__ __forceinline__ void cu_attt_write_rows(const cu_attn &A, int64_t q_l
     }
     __syncwarp();
     if (A.lse && (lane & 3) == 0) {
-        A.lse[q_lo] = l_lo > 0.0f ? m_lo * CU_LN2 + logf(l_lo) : -INFINITY;
-        A.lse[q_lo + 8] = l_hi > 0.0f ? m_hi * CU_LN2 + logf(l_hi) : -INFINITY;
+        A.lse[q_lo] = cu_rows_lse(m_lo, l_lo);
+        A.lse[q_lo + 8] = cu_rows_lse(m_hi, l_hi);
     }
 }
 
@@ -187,8 +186,7 @@ __device__ __forceinline__ void cu_attt_write_part(const cu_layer &L, const cu_a
 {
     const int lane = threadIdx.x & 31;
     const uint32_t r = (uint32_t)lane >> 2, q = (uint32_t)(lane & 3);
-    const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
-    const float inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+    const float inv_lo = cu_rows_inv(l_lo), inv_hi = cu_rows_inv(l_hi);
     /* Row row0 + i of the item's partials of this split. */
     float *pb = L.part + ((int64_t)it.part_base + (int64_t)it.split * it.nrows + row0) * L.part_stride;
 #pragma unroll
@@ -212,8 +210,8 @@ __device__ __forceinline__ void cu_attt_write_part(const cu_layer &L, const cu_a
     }
     __syncwarp();
     if (q == 0) {
-        pb[(int64_t)r * L.part_stride + 128] = l_lo > 0.0f ? m_lo * CU_LN2 + logf(l_lo) : -INFINITY;
-        pb[(int64_t)(r + 8) * L.part_stride + 128] = l_hi > 0.0f ? m_hi * CU_LN2 + logf(l_hi) : -INFINITY;
+        pb[(int64_t)r * L.part_stride + 128] = cu_rows_lse(m_lo, l_lo);
+        pb[(int64_t)(r + 8) * L.part_stride + 128] = cu_rows_lse(m_hi, l_hi);
     }
 }
 

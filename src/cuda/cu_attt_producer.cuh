@@ -395,13 +395,26 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     const int lane = threadIdx.x & 31;
     const cu_att_item it = L.m.att[CU_KIND_SPARSE][un.first];
     cu_attt_feed f;
-    /* The request's page-table row into L2 while the selection still runs
-     * (plan data), unless it is staged in shared memory below: the page
-     * lookups after the wait then skip a DRAM round trip between the union
-     * and the first copy. */
     f.pt = L.m.page_table + (int64_t)it.r * L.cap_pages;
     const int32_t pages = (it.kl + 127) >> 7;
-    if (pages <= L.K || pages > L.att_union) /* else staged below */
+    /* A request that reaches at most K blocks selects all of them, whatever
+     * the scores (SPEC 4): its union is blocks 0 .. N-1, known from the
+     * plan.  Its tiles wholly before the step's first new position hold no
+     * key this step writes, so they are issued before the launch wait and
+     * stream while the indexer and the selection still run. */
+    const int32_t nblk = pages; /* B == P == 128 on this path */
+    const bool known = nblk <= L.K;
+    /* A request of more than K and at most att_union blocks: its pages are
+     * staged in shared memory below, for the lookups after the wait, and, of
+     * several tokens, its union is built here after the wait (the
+     * selection's test is the same: select.cu).  (A known request's tiles
+     * are mostly issued before the wait, looking their pages up in L2.) */
+    f.staged = !known && nblk <= L.att_union;
+    f.own = f.staged && it.ql > 1;
+    /* Otherwise the request's page-table row into L2 while the selection
+     * still runs (plan data): the page lookups after the wait then skip a
+     * DRAM round trip between the union and the first copy. */
+    if (!f.staged)
         for (int32_t i = lane * 32; i < pages; i += 32 * 32)
             cu_prefetch_l2(f.pt + i);
     f.prow_base = (int64_t)it.group * L.P;
@@ -411,20 +424,6 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
 #ifdef MSA_TIMELINE
     f.first_of_cta = un.first_of_cta;
 #endif
-    /* A request that reaches at most K blocks selects all of them, whatever
-     * the scores (SPEC 4): its union is blocks 0 .. N-1, known from the
-     * plan.  Its tiles wholly before the step's first new position hold no
-     * key this step writes, so they are issued before the launch wait and
-     * stream while the indexer and the selection still run. */
-    const int32_t nblk = pages; /* B == P == 128 on this path */
-    const bool known = nblk <= L.K;
-    /* A request of more than K and at most att_union blocks: its pages are
-     * staged in shared memory now, for the lookups after the wait, and, of
-     * several tokens, its union is built here after the wait (the
-     * selection's test is the same: select.cu).  (A known request's tiles
-     * are mostly issued before the wait, looking their pages up in L2.) */
-    f.staged = !known && nblk <= L.att_union;
-    f.own = f.staged && it.ql > 1;
     f.area = cu_attt_uarea_of(sm, L.att_union, j);
     if (f.staged)
         cu_attt_stage_pages(f.area, f.pt, nblk);

@@ -220,6 +220,18 @@ __device__ __forceinline__ void cu_rows_absorb(const float *sl, float (&o)[16][4
     m_hi = M_hi;
 }
 
+/* A finished row's normalizer (1 / l; 0 for a row that saw no key) and
+ * its LSE (natural log; m in log2 units; -inf for a row that saw no key):
+ * shared by every way the rows are stored. */
+__device__ __forceinline__ float cu_rows_inv(float l)
+{
+    return l > 0.0f ? 1.0f / l : 0.0f;
+}
+__device__ __forceinline__ float cu_rows_lse(float m, float l)
+{
+    return l > 0.0f ? m * CU_LN2 + logf(l) : -INFINITY;
+}
+
 /* Final rows of an item: the normalized output and its LSE (one split), or
  * a normalized partial row and its LSE for the merge (several splits).
  * row_lo: the thread's first row within the item; q_lo / q_hi: its rows of
@@ -232,10 +244,8 @@ __device__ __forceinline__ void cu_rows_write(const cu_layer &L, const cu_attn &
                                               float l_lo, float l_hi)
 {
     const int lane = threadIdx.x & 31;
-    const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
-    const float inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
-    const float lse_lo = l_lo > 0.0f ? m_lo * CU_LN2 + logf(l_lo) : -INFINITY;
-    const float lse_hi = l_hi > 0.0f ? m_hi * CU_LN2 + logf(l_hi) : -INFINITY;
+    const float inv_lo = cu_rows_inv(l_lo), inv_hi = cu_rows_inv(l_hi);
+    const float lse_lo = cu_rows_lse(m_lo, l_lo), lse_hi = cu_rows_lse(m_hi, l_hi);
     if (it.nsplit == 1) {
         uint32_t *op = (uint32_t *)A.o;
 #pragma unroll
