@@ -260,20 +260,37 @@ if has_step ladder; then
     done
 fi
 
-# ---- A/B of a runtime switch (graph replay) ----------------------------------
+# ---- A/B of a runtime switch or a patch (graph replay) ------------------------
 # AB_ENV: an environment assignment (e.g. MSA_CUDA_IDX_FIXED=1); AB_CASES:
 # batch:context:q_len shapes, each timed without and with it, in turns
 # (AB_ROUNDS times, default 3), so drift of the machine hits both alike
-# (step "ab", not in the default list).
+# (step "ab", not in the default list).  AB_PATCH: a patch (patch -p1, path
+# from the repository root) in place of AB_ENV, for a change that has no
+# switch: "with" is then a build of a copy of the tree with it applied, in
+# $BUILD-patch.
 if has_step ab; then
-    echo "---- A/B: median µs per round, without | with ${AB_ENV:-?}" >>"$SUMMARY"
+    AB_BIN="$MSA"
+    AB_WITH=("${AB_ENV:-MSA_AB=1}")
+    AB_LABEL=${AB_ENV:-?}
+    if [ -n "${AB_PATCH:-}" ]; then
+        AB_SRC=/tmp/msa-ab-patch-src
+        AB_BIN="$BUILD-patch/msa"
+        AB_WITH=()
+        AB_LABEL=$(basename "$AB_PATCH")
+        rm -rf "$AB_SRC" && mkdir -p "$AB_SRC"
+        (cd "$ROOT" && tar --exclude=./.git -cf - .) | (cd "$AB_SRC" && tar -xf -)
+        run_logged ab_patch_apply patch -s -p1 -d "$AB_SRC" -i "$(realpath "$AB_PATCH")" &&
+            (ROOT=$AB_SRC && configure_cuda configure_patch "$BUILD-patch" &&
+                run_logged build_patch cmake --build "$BUILD-patch" -j "$JOBS" --target msa_cli)
+    fi
+    echo "---- A/B: median µs per round, without | with $AB_LABEL" >>"$SUMMARY"
     for ac in ${AB_CASES:-8:100000:8}; do
         IFS=: read -r ab al aq <<<"$ac"
         line_a="b${ab} ctx ${al} q${aq}:"
         line_b=""
         for _round in $(seq "${AB_ROUNDS:-3}"); do
             line_a="$line_a $(shape_median "$MSA" ab "$ab" "$al" "$aq")"
-            line_b="$line_b $(shape_median "$MSA" ab "$ab" "$al" "$aq" "${AB_ENV:-MSA_AB=1}")"
+            line_b="$line_b $(shape_median "$AB_BIN" ab "$ab" "$al" "$aq" "${AB_WITH[@]}")"
         done
         echo "$line_a |$line_b" >>"$SUMMARY"
     done
