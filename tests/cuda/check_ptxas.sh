@@ -3,9 +3,9 @@
 # local memory or when ptxas serializes warpgroup products ("Potential
 # Performance Loss", e.g. a wgmma in a branch it cannot prove uniform).
 # Neither shows in the results, only in the time: the Hopper attention runs
-# at its 168-register limit, and a trial build whose products ptxas
-# serialized was 14% slower even on steps that never reached the new code
-# (other changes beside it; bench/RESULTS.md, v26).
+# at its 168-register limit, and trial builds whose products ptxas
+# serialized were 14-24% slower even on steps that never reached the new
+# code (other changes beside them; bench/RESULTS.md, v26).
 #
 #   check_ptxas.sh NVCC ROOT ARCH FILE...
 # compiles each FILE (relative to ROOT) as the library's Release build
