@@ -30,7 +30,7 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
  * strided candidates in registers, as keys (score key << 32 | ~id) that are
  * all distinct and order exactly as SPEC 4 ranks (ties to the lower id);
  * then `need` rounds of a warp maximum pop the winners.  The K ids (chosen
- * and forced) sit one per lane and are ranked into ascending order.  About
+ * and forced) sit one per lane and are sorted into ascending order.  About
  * a tenth of the radix passes' time at a few thousand blocks.
  *
  * The insertion is a serial chain per candidate, so the candidates are first
@@ -38,26 +38,42 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
  * need-th largest of those 64 values at least `need` candidates have a key
  * >= T, so every winner does too.  Only those (usually need plus a few)
  * enter the list; when more than CU_SEL_LIST pass the filter (many equal
- * scores), all candidates do.  When at most 32 pass, each lane ranks one of
- * them against the others instead (independent shuffles in place of the
- * `need` dependent maximum rounds).  (With a lane's maximum alone, 32
+ * scores), all candidates do.  When at most 32 pass, a warp sort of them,
+ * one per lane, takes the place of the `need` dependent maximum rounds.
+ * (With a lane's maximum alone, 32
  * values, more than 32 candidates passed on the benchmark's 1024-block
  * rows, and the rounds took most of the selection's instructions.) */
 #define CU_SEL_SMALL 16
-/* Unrolling of the 32-step shuffle loops (ranks, thresholds): by 4, less
- * code to fetch against a few more loop instructions (selection kernel
- * code 255 -> 158 KB, 0.3-2% faster steps on the H200: bench/RESULTS.md,
- * v18).  MSA_SEL_UNROLL overrides it at build time, for measurements. */
-#ifndef MSA_SEL_UNROLL
-#define MSA_SEL_UNROLL 4
-#endif
-static constexpr int cu_sel_shfl_unroll = MSA_SEL_UNROLL;
+/* Bitonic sort of one value per lane across the warp (15 compare-exchange
+ * steps, unrolled): lane 0 ends with the largest (DESC) or the smallest.
+ * The selection's thresholds and ranks come from such sorts: the 32-step
+ * loops they replace (each lane counting, by shuffles, the values above
+ * its own) were 60% of the selection's instructions at batch 128, 5K, 8
+ * tokens (per-instruction counts on the H200, bench/RESULTS.md, v27), and
+ * at many rows per SM the kernel is bound by its instruction issue. */
+template <bool DESC, typename T>
+__device__ __forceinline__ T cu_warp_bitonic(T x)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            const T y = __shfl_xor_sync(0xffffffffu, x, j);
+            /* Runs of k lanes alternate direction; the last (k = 32) is DESC. */
+            const bool keep_max = (((lane & j) == 0) == ((lane & k) == 0)) == DESC;
+            x = keep_max ? (x > y ? x : y) : (x < y ? x : y);
+        }
+    }
+    return x;
+}
+
 #define CU_SEL_LIST 256
 
 /* Candidates [I, c_end) whose score key is >= the need-th largest of the
  * lanes' two largest keys, ascending, into list[] (CU_SEL_LIST entries);
  * returns how many passed (more than CU_SEL_LIST: the list is incomplete,
- * do not use it).  need <= 64. */
+ * do not use it).  1 <= need <= 32. */
 __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int32_t I, int32_t c_end,
                                                        int32_t need, int32_t *list)
 {
@@ -72,22 +88,16 @@ __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int3
         b = max(b, min(a, k));
         a = max(a, k);
     }
-    /* T = the need-th largest of the 64 values: fewer than `need` above it,
-     * at least `need` at or above it (independent shuffles, no chain). */
-    int32_t gta = 0, gea = 0, gtb = 0, geb = 0;
-#pragma unroll (cu_sel_shfl_unroll)
-    for (int j = 0; j < 32; ++j) {
-        const uint32_t ya = __shfl_sync(0xffffffffu, a, j);
-        const uint32_t yb = __shfl_sync(0xffffffffu, b, j);
-        gta += (ya > a) + (yb > a);
-        gea += (ya >= a) + (yb >= a);
-        gtb += (ya > b) + (yb > b);
-        geb += (ya >= b) + (yb >= b);
+    /* T = the need-th largest of the 64 values.  With the a's sorted
+     * descending and the b's ascending, the lane-wise maxima are the 32
+     * largest of the 64 as a bitonic sequence; five merge steps sort them. */
+    uint32_t c = max(cu_warp_bitonic<true>(a), cu_warp_bitonic<false>(b));
+#pragma unroll
+    for (int j = 16; j > 0; j >>= 1) {
+        const uint32_t y = __shfl_xor_sync(0xffffffffu, c, j);
+        c = (lane & j) == 0 ? max(c, y) : min(c, y);
     }
-    const uint32_t hit_a = __ballot_sync(0xffffffffu, gta < need && need <= gea);
-    const uint32_t hit_b = __ballot_sync(0xffffffffu, gtb < need && need <= geb);
-    const uint32_t T = hit_a ? __shfl_sync(0xffffffffu, a, __ffs(hit_a) - 1)
-                             : __shfl_sync(0xffffffffu, b, __ffs(hit_b) - 1);
+    const uint32_t T = __shfl_sync(0xffffffffu, c, need - 1);
     int32_t count = 0;
     for (int32_t b0 = I; b0 < c_end; b0 += 32) {
         const int32_t n = b0 + lane;
@@ -115,23 +125,17 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
     if (need > 0) {
         const int32_t count = cu_select_prefilter(scores, I, c_end, need, list);
         if (count <= 32) {
-            /* One candidate per lane: its rank among them picks it. */
+            /* One candidate per lane (keys distinct, empty lanes 0): sorted,
+             * the first `need` lanes hold the winners. */
             unsigned long long x = 0ull;
             if (lane < count) {
                 const int32_t n = list[lane];
                 x = ((unsigned long long)cu_score_key(scores[n]) << 32) |
                     (uint32_t)(0xffffffffu - (uint32_t)n);
             }
-            int32_t rk = 0;
-#pragma unroll (cu_sel_shfl_unroll)
-            for (int j = 0; j < 32; ++j)
-                rk += __shfl_sync(0xffffffffu, x, j) > x;
-            if (lane < count && rk < need)
-                out[rk] = (int32_t)(0xffffffffu - (uint32_t)(x & 0xffffffffull));
-            __syncwarp();
+            x = cu_warp_bitonic<true>(x);
             if (lane < need)
-                mine = out[lane];
-            __syncwarp();
+                mine = (int32_t)(0xffffffffu - (uint32_t)(x & 0xffffffffull));
             ranked = true;
         } else if (count <= CU_SEL_LIST) {
             i_begin = lane;
@@ -175,15 +179,10 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
     const int32_t f = lane - need;
     if (f >= 0 && lane < K)
         mine = f < I ? f : (N - Lc) + (f - I);
-    /* Rank among the K ids (distinct) = number of smaller ones. */
-    int32_t rank = 0;
-#pragma unroll (cu_sel_shfl_unroll)
-    for (int j = 0; j < 32; ++j) {
-        const int32_t y = __shfl_sync(0xffffffffu, mine, j);
-        rank += y < mine;
-    }
+    /* The K ids (distinct; INT32_MAX on lanes K..31) ascending. */
+    const int32_t sorted = cu_warp_bitonic<false>(mine);
     if (lane < K)
-        out[rank] = mine;
+        out[lane] = sorted;
     __syncwarp();
 }
 
@@ -258,18 +257,9 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
             }
         }
     }
-    /* 2. T_w: fewer than `need` of the warp's 32 values above it, at least
-     * `need` at or above it (independent shuffles). */
+    /* 2. T_w: the need-th largest of the warp's 32 values. */
     const int lane = tid & 31, warp = tid >> 5;
-    int32_t gt = 0, ge = 0;
-#pragma unroll (cu_sel_shfl_unroll)
-    for (int j = 0; j < 32; ++j) {
-        const uint32_t y = __shfl_sync(0xffffffffu, a, j);
-        gt += y > a;
-        ge += y >= a;
-    }
-    const uint32_t hit = __ballot_sync(0xffffffffu, gt < need && need <= ge);
-    uint32_t T = __shfl_sync(0xffffffffu, a, __ffs(hit) - 1);
+    uint32_t T = __shfl_sync(0xffffffffu, cu_warp_bitonic<true>(a), need - 1);
     if (lane == 0)
         g.tw[warp] = T;
     if (tid == 0)
@@ -328,25 +318,37 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
     return true;
 }
 
-/* Copies a score row into this warp's shared memory, 32 loads in flight
- * per lane: the row sits in L2 (the indexer just wrote it), and one load per
- * loop iteration would pay an L2 round trip per 32 blocks (a 128K context
- * is one round). */
-__device__ __forceinline__ void cu_stage_scores(const float *scores, int32_t N, float *cache)
+/* Copies n scores of a row from src to dst (shared), W loads in flight per
+ * lane, then stores them. */
+template <int W>
+__device__ __forceinline__ void cu_stage_chunk(const float *src, int32_t n, float *dst)
 {
     const int lane = threadIdx.x & 31;
-    for (int32_t n0 = 0; n0 < N; n0 += 1024) {
-        float v[32];
+    float v[W];
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            const int32_t n = n0 + 32 * j + lane;
-            v[j] = n < N ? scores[n] : 0.0f;
-        }
+    for (int j = 0; j < W; ++j)
+        v[j] = 32 * j + lane < n ? src[32 * j + lane] : 0.0f;
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            const int32_t n = n0 + 32 * j + lane;
-            if (n < N)
-                cache[n] = v[j];
+    for (int j = 0; j < W; ++j)
+        if (32 * j + lane < n)
+            dst[32 * j + lane] = v[j];
+}
+
+/* Copies a score row into this warp's shared memory, up to 32 loads in
+ * flight per lane: the row sits in L2 (the indexer just wrote it), and one
+ * load per loop iteration would pay an L2 round trip per 32 blocks (a 128K
+ * context is one round).  Rows of at most 256 blocks (32K context) take 8
+ * per lane: the predicated-off loads of a 32-wide pass were 7% of the
+ * selection's instructions at 5K context. */
+__device__ __forceinline__ void cu_stage_scores(const float *scores, int32_t N, float *cache)
+{
+    for (int32_t n0 = 0; n0 < N;) {
+        if (N - n0 > 256) {
+            cu_stage_chunk<32>(scores + n0, N - n0, cache + n0);
+            n0 += 1024;
+        } else {
+            cu_stage_chunk<8>(scores + n0, N - n0, cache + n0);
+            n0 += 256;
         }
     }
     __syncwarp();
