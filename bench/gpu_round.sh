@@ -9,7 +9,11 @@
 # in $OUT: it is meant to be copied back whole), JSON results and the
 # summary stay beside it; a short table is printed last.  Steps can be chosen with ROUND_STEPS (comma list of
 # build,ctest,gputest,sanitize,check,bench,profile,source,ladder,ab,variants,timeline,sass;
-# default all but source, ladder, ab, variants, timeline and sass), the decode suite
+# default all but source, ladder, ab, variants, timeline and sass; they run in
+# this script's order, build, ctest, gputest, check, bench, profile, source,
+# ladder, ab, variants, sass, timeline, sanitize, whatever the order given: a
+# change that may hang the GPU tests is better timed first in a round without
+# them, or with a low STEP_TIMEOUT), the decode suite
 # with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS,
 # extra CMake arguments with ROUND_CMAKE_ARGS (e.g. a build-time tuning
 # define in -DCMAKE_CUDA_FLAGS=...; use another BUILD directory per variant),
@@ -372,7 +376,8 @@ fi
 # with the stamps compiled in (-DMSA_TIMELINE, in $BUILD-timeline) runs each
 # with MSA_CUDA_TIMELINE set, and the last replay's per-CTA stamps (entry,
 # back from the launch wait, first copy issued, first and last work in hand,
-# exit) are summarized per kernel into the summary (bench/timeline.py; step
+# exit) are summarized per kernel into the summary (bench/timeline.py) and
+# copied to $OUT as msa-timeline-b<batch>-l<context>-q<q_len>.csv (step
 # "timeline", not in the default list).  TIMELINE_FLAGS: more CUDA flags of
 # that build (e.g. a variant's, to see its timeline).
 if has_step timeline; then
@@ -387,6 +392,8 @@ if has_step timeline; then
         { echo "---- timeline b${tb} ctx ${tlen} q${tq} (µs after the first stamp)"
           if [ -s "$csv" ]; then python3 "$ROOT/bench/timeline.py" "$csv" 2>&1; else echo "no timeline written"; fi
         } >>"$SUMMARY"
+        # The per-CTA stamps too (small), for the spread between CTAs.
+        [ -s "$csv" ] && cp "$csv" "$OUT/"
     done
 fi
 
