@@ -40,9 +40,9 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
  * enter the list; when more than CU_SEL_LIST pass the filter (many equal
  * scores), all candidates do.  When at most 32 pass, a warp sort of them,
  * one per lane, takes the place of the `need` dependent maximum rounds.
- * (With a lane's maximum alone, 32
- * values, more than 32 candidates passed on the benchmark's 1024-block
- * rows, and the rounds took most of the selection's instructions.) */
+ * (With a lane's maximum alone, 32 values, more than 32 candidates passed
+ * on the benchmark's 1024-block rows, and the rounds took most of the
+ * selection's instructions.) */
 #define CU_SEL_SMALL 16
 /* Bitonic sort of one value per lane across the warp (15 compare-exchange
  * steps, unrolled): lane 0 ends with the largest (DESC) or the smallest.
@@ -338,8 +338,9 @@ __device__ __forceinline__ void cu_stage_chunk(const float *src, int32_t n, floa
  * flight per lane: the row sits in L2 (the indexer just wrote it), and one
  * load per loop iteration would pay an L2 round trip per 32 blocks (a 128K
  * context is one round).  Rows of at most 256 blocks (32K context) take 8
- * per lane: the predicated-off loads of a 32-wide pass were 7% of the
- * selection's instructions at 5K context. */
+ * per lane: the predicated-off loads of a 32-wide pass were most of the
+ * staging's 10% of the selection's instructions at 5K context
+ * (bench/RESULTS.md, v27). */
 __device__ __forceinline__ void cu_stage_scores(const float *scores, int32_t N, float *cache)
 {
     for (int32_t n0 = 0; n0 < N;) {
