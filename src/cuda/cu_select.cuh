@@ -44,11 +44,27 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
  * on the benchmark's 1024-block rows, and the rounds took most of the
  * selection's instructions.) */
 #define CU_SEL_SMALL 16
+/* Bitonic merge across the warp, one value per lane: a bitonic sequence
+ * over the 32 lanes comes out sorted, lane 0 the largest (DESC) or the
+ * smallest.  Five compare-exchange steps. */
+template <bool DESC, typename T>
+__device__ __forceinline__ T cu_warp_bitonic_merge(T x)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 16; j > 0; j >>= 1) {
+        const T y = __shfl_xor_sync(0xffffffffu, x, j);
+        const bool keep_max = ((lane & j) == 0) == DESC;
+        x = keep_max ? (x > y ? x : y) : (x < y ? x : y);
+    }
+    return x;
+}
+
 /* Bitonic sort of one value per lane across the warp (15 compare-exchange
  * steps, unrolled): lane 0 ends with the largest (DESC) or the smallest.
  * The selection's thresholds and ranks come from such sorts: the 32-step
  * loops they replace (each lane counting, by shuffles, the values above
- * its own) were 60% of the selection's instructions at batch 128, 5K, 8
+ * its own) were 63% of the selection's instructions at batch 128, 5K, 8
  * tokens (per-instruction counts on the H200, bench/RESULTS.md, v27), and
  * at many rows per SM the kernel is bound by its instruction issue. */
 template <bool DESC, typename T>
@@ -56,16 +72,16 @@ __device__ __forceinline__ T cu_warp_bitonic(T x)
 {
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int k = 2; k <= 32; k <<= 1) {
+    for (int k = 2; k < 32; k <<= 1) {
 #pragma unroll
         for (int j = k >> 1; j > 0; j >>= 1) {
             const T y = __shfl_xor_sync(0xffffffffu, x, j);
-            /* Runs of k lanes alternate direction; the last (k = 32) is DESC. */
+            /* Runs of k lanes alternate direction, the last merge's DESC. */
             const bool keep_max = (((lane & j) == 0) == ((lane & k) == 0)) == DESC;
             x = keep_max ? (x > y ? x : y) : (x < y ? x : y);
         }
     }
-    return x;
+    return cu_warp_bitonic_merge<DESC>(x);
 }
 
 #define CU_SEL_LIST 256
@@ -91,12 +107,7 @@ __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int3
     /* T = the need-th largest of the 64 values.  With the a's sorted
      * descending and the b's ascending, the lane-wise maxima are the 32
      * largest of the 64 as a bitonic sequence; five merge steps sort them. */
-    uint32_t c = max(cu_warp_bitonic<true>(a), cu_warp_bitonic<false>(b));
-#pragma unroll
-    for (int j = 16; j > 0; j >>= 1) {
-        const uint32_t y = __shfl_xor_sync(0xffffffffu, c, j);
-        c = (lane & j) == 0 ? max(c, y) : min(c, y);
-    }
+    const uint32_t c = cu_warp_bitonic_merge<true>(max(cu_warp_bitonic<true>(a), cu_warp_bitonic<false>(b)));
     const uint32_t T = __shfl_sync(0xffffffffu, c, need - 1);
     int32_t count = 0;
     for (int32_t b0 = I; b0 < c_end; b0 += 32) {
