@@ -47,7 +47,7 @@ typedef struct __align__(16) cu_dec_info {
     int32_t d0;         /* first compact decode row */
     int32_t blk0, blk1; /* its blocks in the end-to-end block sequence (none
                          * when it has at most K: nothing to score) */
-    int32_t pad;
+    int32_t nblk;       /* blocks its last token reaches: ceil(kl / B) */
 } cu_dec_info;
 
 typedef struct cu_merge_item {

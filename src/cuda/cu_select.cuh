@@ -38,8 +38,10 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
  * need-th largest of those 64 values at least `need` candidates have a key
  * >= T, so every winner does too.  Only those (usually need plus a few)
  * enter the list; when more than CU_SEL_LIST pass the filter (many equal
- * scores), all candidates do.  When at most 32 pass, a warp sort of them,
- * one per lane, takes the place of the `need` dependent maximum rounds.
+ * scores), all candidates do.  When at most 32 pass (nearly always), one
+ * sort of their score keys, one per lane, gives the threshold, and the
+ * winners go out in the list's id order: no insertion, no maximum rounds,
+ * no sort of the ids.
  * (With a lane's maximum alone, 32 values, more than 32 candidates passed
  * on the benchmark's 1024-block rows, and the rounds took most of the
  * selection's instructions.) */
@@ -127,27 +129,43 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
                                                     int32_t I, int32_t Lc, int32_t *out, int32_t *list)
 {
     const int lane = threadIdx.x & 31;
+    const uint32_t below = (1u << lane) - 1u;
     const int32_t need = K - I - Lc;
     const int32_t c_end = N - Lc;
     int32_t i_begin = I + lane, i_end = c_end;
     const int32_t *ids = NULL; /* candidate i is block ids[i] (or i itself) */
     int32_t mine = INT32_MAX;
-    bool ranked = false; /* warp-uniform: the winners are already in `mine` */
     if (need > 0) {
         const int32_t count = cu_select_prefilter(scores, I, c_end, need, list);
         if (count <= 32) {
-            /* One candidate per lane (keys distinct, empty lanes 0): sorted,
-             * the first `need` lanes hold the winners. */
-            unsigned long long x = 0ull;
-            if (lane < count) {
-                const int32_t n = list[lane];
-                x = ((unsigned long long)cu_score_key(scores[n]) << 32) |
-                    (uint32_t)(0xffffffffu - (uint32_t)n);
-            }
-            x = cu_warp_bitonic<true>(x);
-            if (lane < need)
-                mine = (int32_t)(0xffffffffu - (uint32_t)(x & 0xffffffffull));
-            ranked = true;
+            /* One candidate per lane, in the list's (ascending id) order.
+             * The need-th largest score key, kth, from one 32-bit sort (the
+             * empty lanes' 0 is below or equal to every key, and at least
+             * `need` candidates passed: N > K); the winners are the keys
+             * above kth and, of those equal to it, the lowest ids, as many
+             * as are missing.  They stay in id order, so their place in the
+             * row is a count of the winners on lower lanes, between the
+             * init blocks (below every candidate) and the local ones
+             * (above): no ranking sort and no sort of the ids (those were
+             * a third of the instructions left after v27's sorts).  Every
+             * lane takes part in every ballot. */
+            const bool valid = lane < count;
+            const int32_t n = valid ? list[lane] : 0;
+            const uint32_t key = valid ? cu_score_key(scores[n]) : 0u;
+            const uint32_t kth = __shfl_sync(0xffffffffu, cu_warp_bitonic<true>(key), need - 1);
+            const uint32_t above = __ballot_sync(0xffffffffu, valid && key > kth);
+            const uint32_t equal = __ballot_sync(0xffffffffu, valid && key == kth);
+            const int32_t missing = need - __popc(above);
+            const bool win = valid && (key > kth || (key == kth && __popc(equal & below) < missing));
+            const uint32_t wins = __ballot_sync(0xffffffffu, win);
+            if (win)
+                out[I + __popc(wins & below)] = n;
+            if (lane < I)
+                out[lane] = lane;
+            if (lane < Lc)
+                out[I + need + lane] = c_end + lane;
+            __syncwarp();
+            return;
         } else if (count <= CU_SEL_LIST) {
             i_begin = lane;
             i_end = count;
@@ -158,7 +176,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
 #pragma unroll
     for (int i = 0; i < CU_SEL_SMALL; ++i)
         t[i] = 0ull; /* below every candidate (their low word is never 0) */
-    for (int32_t i = i_begin; !ranked && i < i_end; i += 32) {
+    for (int32_t i = i_begin; i < i_end; i += 32) {
         const int32_t n = ids ? ids[i] : i;
         const unsigned long long x =
             ((unsigned long long)cu_score_key(scores[n]) << 32) | (uint32_t)(0xffffffffu - (uint32_t)n);
@@ -170,7 +188,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
             t[0] = t[0] > x ? t[0] : x;
         }
     }
-    for (int32_t r = 0; !ranked && r < need; ++r) {
+    for (int32_t r = 0; r < need; ++r) {
         unsigned long long m = t[0];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {

@@ -639,7 +639,7 @@ void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h)
             if (any_sparse && req_blocks > m->cfg.topk_blocks)
                 blocks += req_blocks;
             di->blk1 = blocks;
-            di->pad = 0;
+            di->nblk = req_blocks;
             ++n_dec;
         } else {
             for (int32_t i = 0; i < ql; ++i)

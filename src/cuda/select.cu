@@ -236,23 +236,19 @@ __device__ __forceinline__ void cu_select_prefill_role(const cu_layer &L, int ct
     }
 }
 
-/* Decode row w (token row d, unit u) by the whole CTA (cta) or one warp:
+/* Decode row (token row d, unit u) by the whole CTA (cta) or one warp:
  * the row, then, in the first warp, the union(s) it completes. */
-__device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int64_t w, uint32_t *wsm, bool cta,
-                                                     const cu_sel_grp &g, bool first_row)
+__device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int32_t d, int32_t u, uint32_t *wsm,
+                                                     bool cta, const cu_sel_grp &g, bool first_row)
 {
     const bool mark = first_row && threadIdx.x == 0; /* the CTA's timeline marks */
     const int lane = threadIdx.x & 31;
-    /* 32-bit: rows x units fit (plan capacities), and a 64-bit division
-     * was 6% of the selection's instructions at batch 128, 5K, 8 tokens. */
-    const int32_t d = (int32_t)w / L.units;
-    const int32_t u = (int32_t)w - d * L.units;
     const cu_dec_row dr = L.m.dec_row[d];
     const int32_t t = dr.t, N = dr.nblk, k = dr.slot, ql = dr.ql;
     const float *scores = L.scores + ((int64_t)d * L.Hi + (int64_t)u * L.mi) * L.cap_blocks;
     /* Whether the attention builds this request's unions (plan data, read
      * before the wait): the same test as its producer's (cu_attt_producer). */
-    const bool att_builds = ql > 1 && L.att_union > 0 && (L.m.dec_info[k].kl - 1) / L.B + 1 <= L.att_union;
+    const bool att_builds = ql > 1 && L.att_union > 0 && L.m.dec_info[k].nblk <= L.att_union;
     cu_pdl_wait(); /* the indexer's scores (at once after the first row) */
     if (mark)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_WAITED);
@@ -320,12 +316,24 @@ __device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta
     const bool by_cta = total <= L.sel_cta_rows && L.m.hdr->max_dec_nblk > L.K; /* CTA-uniform */
     uint32_t *wsm = by_cta ? smem : smem + warp * cu_sel_warp_words(L.mi, L.K, L.W, L.sel_cache);
     const cu_sel_grp g = cu_sel_grp_of(L, smem);
-    const int64_t w0 = by_cta ? cta : (int64_t)cta * SEL_WARPS + warp;
-    const int64_t step = by_cta ? nctas : (int64_t)nctas * SEL_WARPS;
-    for (int64_t w = w0; w < total; w += step) {
-        cu_select_decode_row(L, w, wsm, by_cta, g, w == w0);
+    /* Row w is token row w / units, unit w % units; both are carried along
+     * from the first row's, not divided again for every row (divisions were
+     * a tenth of a lone warp's instructions at batch 128, 5K, 8 tokens).
+     * 32-bit: rows x units fit (plan capacities). */
+    const int32_t w0 = by_cta ? cta : cta * SEL_WARPS + warp;
+    const int32_t step = by_cta ? nctas : nctas * SEL_WARPS;
+    const int32_t d_step = step / L.units, u_step = step - d_step * L.units;
+    int32_t d = w0 / L.units, u = w0 - d * L.units;
+    for (int32_t w = w0; w < total; w += step) {
+        cu_select_decode_row(L, d, u, wsm, by_cta, g, w == w0);
         if (by_cta)
             __syncthreads(); /* the first warp's union read the shared row */
+        d += d_step;
+        u += u_step;
+        if (u >= L.units) {
+            u -= L.units;
+            ++d;
+        }
     }
 }
 
