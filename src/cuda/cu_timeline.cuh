@@ -3,7 +3,7 @@
  * -DMSA_TIMELINE, e.g. CMAKE_CUDA_FLAGS; otherwise every mark compiles to
  * nothing).  With MSA_CUDA_TIMELINE=path in the environment the context
  * owns a device buffer, and one thread per CTA stamps the global timer (ns)
- * at up to six events of its kernel:
+ * at up to six events of its kernel (three more for the aids below):
  *
  *   entry    the CTA started;
  *   waited   its working thread came back from the launch wait (the kernel
@@ -23,7 +23,11 @@
  * selected and written, "first" when its completion count came back, "last"
  * when it built unions) and MSA_TL_ATT_UNION (attention: the first unit's
  * producer stamps "last" when its union's rows are in, "first" when the
- * union is built; cu_attt_union).
+ * union is built; cu_attt_union).  MSA_TL_ATT_STEPS (attention, the CTA's
+ * first unit) stamps the three aux events: aux1 when the producer has its
+ * stream after the wait (the union's length known), aux2 when it has read
+ * its first window of ids and pages (just before its first slot), aux3
+ * when the consumers' first tile is computed (thread 0's group).
  *
  * Every forward overwrites the stamps; when the context is destroyed the
  * last forward's stamps are written to `path` as CSV (bench/timeline.py
@@ -37,9 +41,13 @@
 #include <stdint.h>
 
 enum { CU_TL_PROLOGUE, CU_TL_INDEXER, CU_TL_SELECT, CU_TL_ATTN, CU_TL_MERGE, CU_TL_KERNELS };
-enum { CU_TL_ENTRY, CU_TL_WAITED, CU_TL_ISSUED, CU_TL_FIRST, CU_TL_LAST, CU_TL_EXIT, CU_TL_EVENTS };
+enum {
+    CU_TL_ENTRY, CU_TL_WAITED, CU_TL_ISSUED, CU_TL_FIRST, CU_TL_LAST, CU_TL_EXIT,
+    CU_TL_AUX1, CU_TL_AUX2, CU_TL_AUX3, /* finer steps of a measuring aid (below) */
+    CU_TL_EVENTS
+};
 /* The CSV columns of the events, in enum order. */
-#define CU_TL_EVENT_COLUMNS "entry_ns,waited_ns,issued_ns,first_ns,last_ns,exit_ns"
+#define CU_TL_EVENT_COLUMNS "entry_ns,waited_ns,issued_ns,first_ns,last_ns,exit_ns,aux1_ns,aux2_ns,aux3_ns"
 #define CU_TL_MAX_CTAS 4096
 #define CU_TL_WORDS ((size_t)CU_TL_KERNELS * CU_TL_MAX_CTAS * CU_TL_EVENTS)
 
