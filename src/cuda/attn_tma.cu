@@ -280,6 +280,10 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
                 cu_attt_softmax(sc, last - mt.pos0, sl2, o, m_lo, m_hi, l_lo, l_hi);
             cu_attt_pv<Tag>(va, sc, member, o);
         }
+#if defined(MSA_TIMELINE) && defined(MSA_TL_ATT_STEPS)
+        if (c == 0 && threadIdx.x == 0 && un.first_of_cta)
+            CU_TL_MARK(L, CU_TL_ATTN, CU_TL_AUX3);
+#endif
         cu_attt_release(sm, s);
     }
     cu_rows_sum_quads(l_lo, l_hi);

@@ -247,6 +247,7 @@ typedef struct cu_attt_feed {
     int tok0, ntok;
 #ifdef MSA_TIMELINE
     bool first_of_cta;  /* the CTA's first unit (timeline marks) */
+    uint32_t gs_first;  /* the slot count before its first tile's claim */
 #endif
 } cu_attt_feed;
 
@@ -271,7 +272,7 @@ __device__ __forceinline__ void cu_attt_copy(const cu_layer &L, const CUtensorMa
         cu_tma_load2d_hint(vd, mv, 0, row, bar, pol);
         cu_tma_load2d_hint(vd + ATT_HALF_BYTES / 2, mv, 64, row, bar, pol);
 #ifdef MSA_TIMELINE
-        if (f.first_of_cta && gs == 1)
+        if (f.first_of_cta && gs == f.gs_first + 1u)
             CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ISSUED);
 #endif
     }
@@ -350,6 +351,10 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
             if (lane == q)
                 tok_tiles = b;
         }
+#if defined(MSA_TIMELINE) && defined(MSA_TL_ATT_STEPS)
+        if (lane == 0 && f.first_of_cta && gs == f.gs_first)
+            CU_TL_MARK(L, CU_TL_ATTN, CU_TL_AUX2);
+#endif
         if (todo | tail_lane)
             cu_attt_take_turn(sm, tn, gs);
         int q = 0;
@@ -404,6 +409,24 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
      * stream while the indexer and the selection still run. */
     const int32_t nblk = pages; /* B == P == 128 on this path */
     const bool known = nblk <= L.K;
+    if (MSA_ATT_WARM && first && known) {
+        /* The warm-up tile (ATT_WARM_POS, cu_attt.cuh) ahead of a known
+         * union's tiles, which are issued at once and reach the consumers
+         * early: its V rows zeroed (no copy has targeted the ring yet), K
+         * left as it is (every score is masked), handed back by the
+         * consumers like any other slot.  (Ahead of a union read after the
+         * wait it gained nothing, and batch 8 and 32, 10K, 1 token were
+         * 1.1-1.6 µs slower: bench/RESULTS.md, v28.) */
+        const int s = cu_attt_claim(sm, gs, ATT_WARM_POS, 0xffffffffu);
+        unsigned char *vd = sm.ring + s * ATT_STAGE_BYTES + ATT_HALF_BYTES;
+        for (int e = lane; e < ATT_HALF_BYTES / 16; e += 32)
+            *(uint4 *)(vd + 16 * e) = make_uint4(0u, 0u, 0u, 0u);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* seen by the products */
+        __syncwarp();
+        if (lane == 0)
+            cu_mbar_arrive(&sm.full[s]);
+        __syncwarp();
+    }
     /* A request of more than K and at most att_union blocks: its pages are
      * staged in shared memory below, for the lookups after the wait, and, of
      * several tokens, its union is built here after the wait (the
@@ -423,6 +446,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     f.mine = cu_attt_item_bits(f.tok0, f.ntok);
 #ifdef MSA_TIMELINE
     f.first_of_cta = un.first_of_cta;
+    f.gs_first = gs;
 #endif
     f.area = cu_attt_uarea_of(sm, L.att_union, j);
     if (f.staged)
@@ -453,6 +477,10 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
             f.cs = cu_stream_of(L, A, it, known);
         else if (phase == 0)
             continue; /* nothing known before the wait */
+#if defined(MSA_TIMELINE) && defined(MSA_TL_ATT_STEPS)
+        if (phase == 1 && lane == 0 && un.first_of_cta)
+            CU_TL_MARK(L, CU_TL_ATTN, CU_TL_AUX1);
+#endif
         int32_t t_lo = max(f.cs.u0 / ATT_TILE, t_hi);
         if (phase == 0) /* tiles wholly before the step's first new position */
             t_hi = max(t_lo, min(f.cs.base / ATT_TILE, f.cs.u1 / ATT_TILE));
