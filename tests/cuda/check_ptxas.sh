@@ -7,18 +7,21 @@
 # serialized were 14-24% slower even on steps that never reached the new
 # code (other changes beside them; bench/RESULTS.md, v26).
 #
-#   check_ptxas.sh NVCC ROOT ARCH FILE...
-# compiles each FILE (relative to ROOT) as the library's Release build
-# does, for ARCH (e.g. sm_90a), device code only.
+#   check_ptxas.sh NVCC ROOT ARCH FLAGS FILE...
+# compiles each FILE (relative to ROOT) for ARCH (e.g. sm_90a), device code
+# only, with FLAGS (one argument, split at spaces): the library's Release
+# build flags, which CMake passes (tests/cuda/CMakeLists.txt), so a build
+# configured with extra CUDA flags checks the code it builds.
 set -u
-nvcc=$1 root=$2 arch=$3
-shift 3
+nvcc=$1 root=$2 arch=$3 flags=$4
+shift 4
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 bad=0
 for f in "$@"; do
     rep="$tmp/report.txt"
-    if ! "$nvcc" -O3 -DNDEBUG -lineinfo -DMSA_HAVE_CUDA -arch="$arch" -I"$root/include" -I"$root/src" \
+    # shellcheck disable=SC2086  # FLAGS: separate words
+    if ! "$nvcc" $flags -arch="$arch" -I"$root/include" -I"$root/src" \
         -Xptxas -v -cubin -o "$tmp/out.cubin" "$root/$f" >"$rep" 2>&1; then
         echo "FAIL $f: does not compile"
         cat "$rep"
