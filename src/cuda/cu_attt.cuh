@@ -61,13 +61,17 @@ static_assert(ATT_PRODUCERS == 1 || ATT_PRODUCERS == 2, "one or two producer war
      ATT_STAGES * 16 + (2 * ATT_STAGES + ATT_PRODUCERS) * 8 + 16)
 
 /* Beyond ATT_SMEM_BYTES, when the kernel builds its own unions
- * (cu_layer.att_union = U blocks, a multiple of 32): per producer a bitmap
- * of a request's blocks (U words), its summary (a bit per bitmap word in
- * use, U / 32 words), the request's page-table row (U words) and a list of
- * CU_ATT_UNION_LIST ids and membership masks. */
+ * (cu_layer.att_union = U blocks, a multiple of 32): per producer, in this
+ * order, a bitmap of a request's blocks (U words), its summary (a bit per
+ * bitmap word in use, U / 32 words), the request's page-table row (U
+ * words) and a list of CU_ATT_UNION_LIST ids, then as many membership
+ * masks.  The offsets in words (cu_attt_uarea_of) and the size: */
+__host__ __device__ constexpr int32_t cu_attt_union_sum_off(int32_t U) { return U; }
+__host__ __device__ constexpr int32_t cu_attt_union_pages_off(int32_t U) { return U + U / 32; }
+__host__ __device__ constexpr int32_t cu_attt_union_list_off(int32_t U) { return 2 * U + U / 32; }
 __host__ __device__ constexpr int32_t cu_attt_union_words(int32_t U)
 {
-    return U > 0 ? 2 * U + U / 32 + 2 * CU_ATT_UNION_LIST : 0;
+    return U > 0 ? cu_attt_union_list_off(U) + 2 * CU_ATT_UNION_LIST : 0;
 }
 #define ATT_UNION_MAX_BYTES (ATT_PRODUCERS * 4 * cu_attt_union_words(CU_ATT_UNION_BLOCKS))
 __host__ __device__ __forceinline__ size_t cu_attt_union_bytes(const cu_layer &L)

@@ -119,10 +119,10 @@ __device__ __forceinline__ cu_attt_uarea cu_attt_uarea_of(const cu_attt_smem &sm
 {
     cu_attt_uarea a;
     const uint32_t *base = sm.uarea + j * sm.uwords;
-    a.list = base + 2 * U + U / 32;
+    a.list = base + cu_attt_union_list_off(U);
     a.bm = cu_smem_addr(base);
-    a.sum = a.bm + 4u * (uint32_t)U;
-    a.pages = a.sum + 4u * (uint32_t)(U / 32);
+    a.sum = a.bm + 4u * (uint32_t)cu_attt_union_sum_off(U);
+    a.pages = a.bm + 4u * (uint32_t)cu_attt_union_pages_off(U);
     a.uid = cu_smem_addr(a.list);
     a.umk = a.uid + 4u * CU_ATT_UNION_LIST;
     return a;
@@ -433,7 +433,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
      * selection's test is the same: select.cu).  (A known request's tiles
      * are mostly issued before the wait, looking their pages up in L2.) */
     f.staged = !known && nblk <= L.att_union;
-    f.own = f.staged && it.ql > 1;
+    f.own = !known && cu_att_builds_union(L, it.ql, nblk);
     /* Otherwise the request's page-table row into L2 while the selection
      * still runs (plan data): the page lookups after the wait then skip a
      * DRAM round trip between the union and the first copy. */

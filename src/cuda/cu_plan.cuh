@@ -251,6 +251,17 @@ typedef struct cu_layer {
 #endif
 } cu_layer;
 
+/* Whether the Hopper attention builds the union of a decode request of ql
+ * tokens that reaches nblk >= 1 blocks, from the selection's rows
+ * (cu_attt_union), so that the selection does not (cu_request_union): the
+ * one test both kernels ask (att_union 0: never).  (A request of at most K
+ * blocks needs no union, all its blocks being selected; the attention
+ * tests that first.) */
+__device__ __forceinline__ bool cu_att_builds_union(const cu_layer &L, int32_t ql, int32_t nblk)
+{
+    return ql > 1 && nblk <= L.att_union;
+}
+
 /* One attention pass (main sparse, main dense or index value) seen as
  * generic paged attention: rows of `q` with `hq_total` heads, KV planes of
  * `hkv` heads, `g` query heads per KV head. */

@@ -247,8 +247,8 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int32_t 
     const int32_t t = dr.t, N = dr.nblk, k = dr.slot, ql = dr.ql;
     const float *scores = L.scores + ((int64_t)d * L.Hi + (int64_t)u * L.mi) * L.cap_blocks;
     /* Whether the attention builds this request's unions (plan data, read
-     * before the wait): the same test as its producer's (cu_attt_producer). */
-    const bool att_builds = ql > 1 && L.att_union > 0 && L.m.dec_info[k].nblk <= L.att_union;
+     * before the wait). */
+    const bool att_builds = cu_att_builds_union(L, ql, L.m.dec_info[k].nblk);
     cu_pdl_wait(); /* the indexer's scores (at once after the first row) */
     if (mark)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_WAITED);
