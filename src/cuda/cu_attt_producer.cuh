@@ -429,9 +429,10 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     }
     /* A request of more than K and at most att_union blocks: its pages are
      * staged in shared memory below, for the lookups after the wait, and, of
-     * several tokens, its union is built here after the wait (the
-     * selection's test is the same: select.cu).  (A known request's tiles
-     * are mostly issued before the wait, looking their pages up in L2.) */
+     * several tokens, its union is built here after the wait
+     * (cu_att_builds_union: the selection asks the same).  (A known
+     * request's tiles are mostly issued before the wait, looking their
+     * pages up in L2.) */
     f.staged = !known && nblk <= L.att_union;
     f.own = !known && cu_att_builds_union(L, it.ql, nblk);
     /* Otherwise the request's page-table row into L2 while the selection
