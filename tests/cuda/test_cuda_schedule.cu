@@ -195,6 +195,8 @@ static void check_rows(const msa_plan *plan, const cu_meta *h)
         EXPECT(h->dec_blk0[k] == blocks && di->blk0 == blocks && di->blk1 == blocks + want,
                "decode slot %d (%d blocks): indexer blocks [%d, %d), prefix %d, want [%d, %d)", k, nb,
                di->blk0, di->blk1, h->dec_blk0[k], blocks, blocks + want);
+        /* Its reach, for the selection's test of who builds its unions. */
+        EXPECT(di->nblk == nb, "decode slot %d: reach %d blocks, want %d", k, di->nblk, nb);
         blocks += want;
     }
     EXPECT(h->dec_blk0[h->hdr->n_dec] == blocks && h->hdr->total_dec_blocks == blocks,
