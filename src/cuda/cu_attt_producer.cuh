@@ -65,24 +65,40 @@ typedef struct cu_attt_tail {
     int32_t valid; /* rows of the tile before kv_len */
 } cu_attt_tail;
 
+/* A ring slot's V half. */
+__device__ __forceinline__ unsigned char *cu_attt_slot_v(const cu_attt_smem &sm, int s)
+{
+    return sm.ring + s * ATT_STAGE_BYTES + ATT_HALF_BYTES;
+}
+
+/* Zeroes the V rows `from` .. ATT_TILE - 1 of slot s (V half vd), then
+ * hands the slot to the consumers (a plain arrival on its full barrier): a
+ * tail tile's rows past kv_len, or all of a warm-up tile's. */
+__device__ __forceinline__ void cu_attt_zero_v_publish(const cu_attt_smem &sm, int s, unsigned char *vd,
+                                                       int32_t from)
+{
+    const int lane = threadIdx.x & 31;
+    for (int e = from * 16 + lane; e < ATT_TILE * 16; e += 32) {
+        const int r = e >> 4, c = e & 15;
+        *(uint4 *)(vd + cu_tswz(ATT_TILE, r, c)) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    /* Seen by the products, and a later tensor copy into this slot must
+     * land after these. */
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncwarp();
+    if (lane == 0)
+        cu_mbar_arrive(&sm.full[s]);
+}
+
 __device__ __forceinline__ void cu_attt_tail_finish(const cu_attt_smem &sm, cu_attt_tail &pend, int j,
                                                     uint32_t &tail_par)
 {
     if (pend.s < 0)
         return;
-    const int lane = threadIdx.x & 31;
-    unsigned char *vd = sm.ring + pend.s * ATT_STAGE_BYTES + ATT_HALF_BYTES;
+    unsigned char *vd = cu_attt_slot_v(sm, pend.s);
     cu_mbar_wait(&sm.tail[j], tail_par);
     tail_par ^= 1u;
-    for (int e = pend.valid * 16 + lane; e < ATT_TILE * 16; e += 32) {
-        const int r = e >> 4, c = e & 15;
-        *(uint4 *)(vd + cu_tswz(ATT_TILE, r, c)) = make_uint4(0u, 0u, 0u, 0u);
-    }
-    /* A later tensor copy into this slot must land after these. */
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncwarp();
-    if (lane == 0)
-        cu_mbar_arrive(&sm.full[pend.s]);
+    cu_attt_zero_v_publish(sm, pend.s, vd, pend.valid);
     pend.s = -1;
 }
 
@@ -418,13 +434,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
          * wait it gained nothing, and batch 8 and 32, 10K, 1 token were
          * 1.1-1.6 µs slower: bench/RESULTS.md, v28.) */
         const int s = cu_attt_claim(sm, gs, ATT_WARM_POS, 0xffffffffu);
-        unsigned char *vd = sm.ring + s * ATT_STAGE_BYTES + ATT_HALF_BYTES;
-        for (int e = lane; e < ATT_HALF_BYTES / 16; e += 32)
-            *(uint4 *)(vd + 16 * e) = make_uint4(0u, 0u, 0u, 0u);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* seen by the products */
-        __syncwarp();
-        if (lane == 0)
-            cu_mbar_arrive(&sm.full[s]);
+        cu_attt_zero_v_publish(sm, s, cu_attt_slot_v(sm, s), 0);
         __syncwarp();
     }
     /* A request of more than K and at most att_union blocks: its pages are
