@@ -109,7 +109,15 @@ shape_median() {
     rm -f /tmp/msa-shape.json
     # shellcheck disable=SC2046  # shape_args prints separate words
     timeout -k 5 "${SHAPE_TIMEOUT:-120}" env "$@" "$bin" bench --backend cuda $(shape_args "$b" "$l") \
-        --q-len "$q" --reps 40 --json /tmp/msa-shape.json >>"$LOGS/$log.log" 2>&1
+        --q-len "$q" --reps 40 --json /tmp/msa-shape.json >/tmp/msa-shape.log 2>&1
+    local rc=$?
+    cat /tmp/msa-shape.log >>"$LOGS/$log.log"
+    # A failed run's output goes to all.log (the step's log is not copied back).
+    [ $rc -ne 0 ] && { echo "==== $log: $bin b$b ctx $l q$q (rc $rc)"; tail -20 /tmp/msa-shape.log; } >>"$OUT/all.log"
+    # A build with -DMSA_ATT_HELP_TRACE prints the help events of each step.
+    grep -q "msa help events" /tmp/msa-shape.log &&
+        { echo "==== $log: $bin b$b ctx $l q$q help events (count, line)";
+          grep -h "msa help events" /tmp/msa-shape.log | sort | uniq -c | sort -rn | head -4; } >>"$OUT/all.log"
     json_median /tmp/msa-shape.json
 }
 
