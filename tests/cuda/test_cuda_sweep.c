@@ -23,12 +23,14 @@
 
 #define EXIT_SKIPPED 77
 
+#define CASE_REQS 4 /* requests a case lists (before its copies) */
+
 typedef struct long_case {
     const char *name;
     msa_dtype act;
     int page, lse, index_value, quick;
     int nreq;
-    int q[4], kv[4];
+    int q[CASE_REQS], kv[CASE_REQS];
     int tie_blocks, nan_blocks; /* exact ties and NaN blocks (msa_case) */
     int steps; /* 2: a second step (new seed) on the same plan, else 1 */
     int out_offset; /* msa_case.out_offset */
@@ -105,9 +107,9 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
     c.act_dtype = lc->act;
     c.kv_dtype = lc->act;
     c.index_dtype = lc->act;
-    int q[4 * MAX_COPIES], kv[4 * MAX_COPIES];
+    int q[CASE_REQS * MAX_COPIES], kv[CASE_REQS * MAX_COPIES];
     const int copies = lc->copies > 0 ? lc->copies : 1;
-    if (copies > MAX_COPIES || lc->nreq > 4) {
+    if (copies > MAX_COPIES || lc->nreq > CASE_REQS) {
         printf("%-40s FAIL  the case table asks for more requests than it holds\n", lc->name);
         ++*failed;
         return 1;
