@@ -17,7 +17,10 @@
 # with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS,
 # extra CMake arguments with ROUND_CMAKE_ARGS (e.g. a build-time tuning
 # define in -DCMAKE_CUDA_FLAGS=...; use another BUILD directory per variant),
-# test_cuda_sweep arguments with SWEEP_ARGS (e.g. --quick).
+# test_cuda_sweep arguments with SWEEP_ARGS (e.g. --quick), its processes
+# with SWEEP_SHARDS (the gputest step's sweep, default 4), QUICK_SHARDS (each
+# of its quick modes, default 3) and VARIANT_SHARDS (a variant's quick
+# sweep, default 4).
 #
 # Usage (repository root):  bench/gpu_round.sh
 set -u -o pipefail
@@ -57,6 +60,30 @@ run_logged() {
         note "$name" "FAIL rc=$rc (${dt}s)"
     fi
     return $rc
+}
+
+# Runs a sweep command (the arguments after NAME and N, an `env` prefix
+# allowed) in N shards side by side, in the background (the caller
+# waits): most of a sweep's time is the single-threaded CPU oracle's, and
+# the shards' longest case then bounds it.  Logs NAME_s0 .. NAME_s<N-1>.
+sweep_shards() {
+    local name=$1 n=$2
+    shift 2
+    for ((sh = 0; sh < n; sh++)); do
+        run_logged "${name}_s$sh" "$@" --shard "$sh/$n" &
+    done
+}
+
+# After the caller's wait: the shards' logs joined into $LOGS/NAME.log,
+# their failures and their summed counts into the summary.
+sweep_sum() {
+    local name=$1 n=$2
+    for ((sh = 0; sh < n; sh++)); do cat "$LOGS/${name}_s$sh.log"; done >"$LOGS/$name.log"
+    grep -E "FAIL" "$LOGS/$name.log" | head -12 >>"$SUMMARY"
+    grep -E "^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped" "$LOGS/$name.log" |
+        awk -v n="$n" -v name="$name" '{p += $1; f += $3; s += $5; k++}
+            END {printf "%s, %d of %d shards reported: %d passed, %d failed, %d skipped\n", name, k, n, p, f, s}' \
+        >>"$SUMMARY"
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem \
@@ -158,37 +185,32 @@ if has_step gputest; then
         # Grids for 8 SMs: CTAs of the one-CTA-per-SM kernels take several units.
         MSA_CUDA_SMS=8 run_logged test_cuda_graph_few_sms "$T/cuda/test_cuda_graph"
     fi
-    # The sweeps side by side: most of their time is the CPU oracle's, one
-    # core each; the full sweep in SWEEP_SHARDS processes (default 4), each
-    # taking every N-th case (its longest case then bounds the step).
+    # The sweeps side by side, each in shards: the full sweep in
+    # SWEEP_SHARDS processes (default 4), each quick mode in QUICK_SHARDS
+    # (default 3): 14 processes with the replay test, within the GPU
+    # machine's 16 cores.
     NSH=${SWEEP_SHARDS:-4}
-    for ((sh = 0; sh < NSH; sh++)); do
-        run_logged "test_cuda_sweep_s$sh" "$T/cuda/test_cuda_sweep" ${SWEEP_ARGS:-} --shard "$sh/$NSH" &
-    done
+    QSH=${QUICK_SHARDS:-3}
+    # shellcheck disable=SC2086  # SWEEP_ARGS: separate words
+    sweep_shards test_cuda_sweep "$NSH" "$T/cuda/test_cuda_sweep" ${SWEEP_ARGS:-}
     if [ $quick = 1 ]; then
         # The selection's warp-per-row mode on the sweep's small steps too.
-        MSA_CUDA_SEL_WARP_ROWS=1 run_logged test_cuda_sweep_warp_rows "$T/cuda/test_cuda_sweep" --quick &
+        sweep_shards test_cuda_sweep_warp_rows "$QSH" env MSA_CUDA_SEL_WARP_ROWS=1 "$T/cuda/test_cuda_sweep" --quick
         # The unions built by the selection, as for contexts beyond the
         # Hopper attention's own unions.
-        MSA_CUDA_SEL_UNIONS=1 run_logged test_cuda_sweep_sel_unions "$T/cuda/test_cuda_sweep" --quick &
-        MSA_CUDA_SMS=8 run_logged test_cuda_sweep_few_sms "$T/cuda/test_cuda_sweep" --quick &
+        sweep_shards test_cuda_sweep_sel_unions "$QSH" env MSA_CUDA_SEL_UNIONS=1 "$T/cuda/test_cuda_sweep" --quick
+        sweep_shards test_cuda_sweep_few_sms "$QSH" env MSA_CUDA_SMS=8 "$T/cuda/test_cuda_sweep" --quick
         # `msa replay DIR --backend cuda` on the replay test's cases.
         run_logged replay_cuda sh "$ROOT/tests/replay/run_replay_test.sh" "$MSA" /tmp/msa-replay-cuda cuda &
     fi
     wait
-    # The shards' counts, summed; their failures listed.
-    for ((sh = 0; sh < NSH; sh++)); do cat "$LOGS/test_cuda_sweep_s$sh.log"; done >"$LOGS/test_cuda_sweep.log"
-    grep -E "FAIL" "$LOGS/test_cuda_sweep.log" | head -12 >>"$SUMMARY"
-    grep -E "^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped" "$LOGS/test_cuda_sweep.log" |
-        awk -v n="$NSH" '{p += $1; f += $3; s += $5; k++}
-            END {printf "test_cuda_sweep, %d of %d shards reported: %d passed, %d failed, %d skipped\n", k, n, p, f, s}' \
-        >>"$SUMMARY"
+    sweep_sum test_cuda_sweep "$NSH"
     if [ $quick = 1 ]; then
         grep -E "FAIL|passed" "$LOGS/test_cuda_graph.log" | tail -8 >>"$SUMMARY"
-        grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_warp_rows.log" | tail -12 >>"$SUMMARY"
-        grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_sel_unions.log" | tail -12 >>"$SUMMARY"
+        sweep_sum test_cuda_sweep_warp_rows "$QSH"
+        sweep_sum test_cuda_sweep_sel_unions "$QSH"
         grep -E "FAIL|passed" "$LOGS/test_cuda_graph_few_sms.log" | tail -8 >>"$SUMMARY"
-        grep -E "FAIL|passed, " "$LOGS/test_cuda_sweep_few_sms.log" | tail -12 >>"$SUMMARY"
+        sweep_sum test_cuda_sweep_few_sms "$QSH"
         grep -E "FAIL|passed|skipped" "$LOGS/replay_cuda.log" | tail -6 >>"$SUMMARY"
     fi
 fi
@@ -335,9 +357,11 @@ if has_step variants; then
         # VARIANT_TEST_ONLY: the numbers (1-based) of the variants to test.
         [ -n "${VARIANT_TEST_ONLY:-}" ] && [[ " $VARIANT_TEST_ONLY " != *" $((i + 1)) "* ]] && continue
         run_logged "test_cuda_graph_v$((i + 1))" "$vb/tests/cuda/test_cuda_graph"
-        run_logged "test_cuda_sweep_v$((i + 1))" "$vb/tests/cuda/test_cuda_sweep" --quick
-        grep -hE "FAIL|passed, " "$LOGS/test_cuda_graph_v$((i + 1)).log" "$LOGS/test_cuda_sweep_v$((i + 1)).log" |
-            tail -4 >>"$SUMMARY"
+        grep -hE "FAIL|passed, " "$LOGS/test_cuda_graph_v$((i + 1)).log" | tail -4 >>"$SUMMARY"
+        # The quick sweep in VARIANT_SHARDS processes (default 4).
+        sweep_shards "test_cuda_sweep_v$((i + 1))" "${VARIANT_SHARDS:-4}" "$vb/tests/cuda/test_cuda_sweep" --quick
+        wait
+        sweep_sum "test_cuda_sweep_v$((i + 1))" "${VARIANT_SHARDS:-4}"
     done
     echo "---- variants: median µs per round, main | v1 | v2 ..." >>"$SUMMARY"
     for vc in ${VARIANT_CASES:-8:100000:8 8:10000:1}; do
