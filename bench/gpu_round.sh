@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One whole GPU round on a machine with an NVIDIA GPU (the H200 of the device
-# tool): configure and build with the CUDA backend for sm_90a, run the CTest
+# One whole GPU round on a machine with an NVIDIA GPU (an H200 here): configure
+# and build with the CUDA backend for sm_90a, run the CTest
 # suite (CPU and GPU tests), `msa check --backend cuda`, `msa bench --backend
 # cuda --workload decode` with 8 and with 1 query token per request, and
 # compute-sanitizer memcheck and racecheck on the GPU tests (last: slowest).
