@@ -20,7 +20,8 @@
 # test_cuda_sweep arguments with SWEEP_ARGS (e.g. --quick), its processes
 # with SWEEP_SHARDS (the gputest step's sweep, default 4), QUICK_SHARDS (each
 # of its quick modes, default 3) and VARIANT_SHARDS (a variant's quick
-# sweep, default 4).
+# sweep, default 3: the quick set's three long cases, 62, 49 and 26 s of
+# oracle time on the H200's host, then fall into different shards).
 #
 # Usage (repository root):  bench/gpu_round.sh
 set -u -o pipefail
@@ -358,10 +359,10 @@ if has_step variants; then
         [ -n "${VARIANT_TEST_ONLY:-}" ] && [[ " $VARIANT_TEST_ONLY " != *" $((i + 1)) "* ]] && continue
         run_logged "test_cuda_graph_v$((i + 1))" "$vb/tests/cuda/test_cuda_graph"
         grep -hE "FAIL|passed, " "$LOGS/test_cuda_graph_v$((i + 1)).log" | tail -4 >>"$SUMMARY"
-        # The quick sweep in VARIANT_SHARDS processes (default 4).
-        sweep_shards "test_cuda_sweep_v$((i + 1))" "${VARIANT_SHARDS:-4}" "$vb/tests/cuda/test_cuda_sweep" --quick
+        # The quick sweep in VARIANT_SHARDS processes.
+        sweep_shards "test_cuda_sweep_v$((i + 1))" "${VARIANT_SHARDS:-3}" "$vb/tests/cuda/test_cuda_sweep" --quick
         wait
-        sweep_sum "test_cuda_sweep_v$((i + 1))" "${VARIANT_SHARDS:-4}"
+        sweep_sum "test_cuda_sweep_v$((i + 1))" "${VARIANT_SHARDS:-3}"
     done
     echo "---- variants: median µs per round, main | v1 | v2 ..." >>"$SUMMARY"
     for vc in ${VARIANT_CASES:-8:100000:8 8:10000:1}; do
