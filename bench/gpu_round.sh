@@ -8,10 +8,10 @@
 # Every step's log is appended to $OUT/all.log as the step ends (few files
 # in $OUT: it is meant to be copied back whole), JSON results and the
 # summary stay beside it; a short table is printed last.  Steps can be chosen with ROUND_STEPS (comma list of
-# build,ctest,gputest,sanitize,check,bench,profile,source,ladder,ab,variants,timeline,sass;
-# default all but source, ladder, ab, variants, timeline and sass; they run in
+# build,ctest,gputest,sanitize,check,bench,profile,source,ladder,ab,variants,probe,timeline,sass;
+# default all but source, ladder, ab, variants, probe, timeline and sass; they run in
 # this script's order, build, ctest, gputest, check, bench, profile, source,
-# ladder, ab, variants, sass, timeline, sanitize, whatever the order given: a
+# ladder, ab, variants, probe, sass, timeline, sanitize, whatever the order given: a
 # change that may hang the GPU tests is better timed first in a round without
 # them, or with a low STEP_TIMEOUT), the decode suite
 # with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS,
@@ -378,6 +378,18 @@ if has_step variants; then
         for i in $(seq 0 "${#VFLAGS[@]}"); do line="$line${vline[$i]} |"; done
         echo "${line% |}" >>"$SUMMARY"
         unset vline
+    done
+fi
+
+# ---- measurement probes --------------------------------------------------------
+# PROBES: space-separated names of the stand-alone probes of bench/ that the
+# main build compiles (probe_<name>: chunk_read, ring_read, sel_row), each
+# run once, its output in the summary (step "probe", not in the default
+# list; needs the main build).
+if has_step probe; then
+    for pr in ${PROBES:-sel_row}; do
+        run_logged "probe_$pr" "$BUILD/probe_$pr"
+        tail -40 "$LOGS/probe_$pr.log" >>"$SUMMARY"
     done
 fi
 

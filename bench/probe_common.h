@@ -15,7 +15,7 @@
         }                                                                        \
     } while (0)
 
-static int cmp_f(const void *a, const void *b)
+static inline int cmp_f(const void *a, const void *b)
 {
     const float x = *(const float *)a, y = *(const float *)b;
     return x < y ? -1 : x > y;

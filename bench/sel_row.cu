@@ -1,0 +1,225 @@
+/*
+ * Latency of one selection row (SPEC 4: the K block ids of a row of N
+ * block scores) by the selection kernel's two paths, outside the step's
+ * chain of kernels: a whole CTA of 128 threads (cu_select_row_list, the
+ * path of steps with few rows) and a lone warp (cu_select_row, the path
+ * of steps with many).  Inside a step the CTA's row of 1024 blocks takes
+ * 5.3 µs from its launch wait to its ids written, 3.5 µs for 78 blocks,
+ * and a warm instruction cache saves only 0.7 of them (bench/RESULTS.md,
+ * v30).  This times the same device code alone, every CTA selecting its
+ * own row from scores just copied (so in L2, as the indexer leaves them),
+ * to tell the row's own cost from the chain's: the launch after a module
+ * load (code not yet fetched) and the median of later launches, in SM
+ * cycles from the first score load to the ids in shared memory (the
+ * slowest CTA, and the median one).  Every row's ids are checked against
+ * a top-K computed here.  A measurement tool, not part of the library:
+ *   nvcc -std=c++17 -O3 -arch=sm_90a -Iinclude -Isrc -Isrc/cuda \
+ *        bench/sel_row.cu -o sel_row && ./sel_row
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "probe_common.h"
+
+#include "cu_select.cuh"
+
+#define NT 128                    /* the selection kernel's CTA (SEL_WARPS = 4) */
+#define XS_CAP (4 * CU_SEL_XS)    /* its list entries */
+#define K_SEL 16                  /* M3: K 16, no init block, one local block */
+#define I_SEL 0
+#define LC_SEL 1
+#define ROWS 132                  /* one CTA per SM of an H200 */
+#define REPS 20
+
+/* Shared words: the ids (32), the lone warp's histogram (256), the scores
+ * or keys (n, rounded up to even), then the CTA path's list scratch. */
+static size_t smem_words(int32_t n)
+{
+    return 32 + 256 + (size_t)((n + 1) & ~1) + 2 * XS_CAP + 4 + 2 + 32;
+}
+
+template <bool CTA>
+__global__ void __launch_bounds__(NT) sel_row(const float *scores, int32_t n, int32_t *ids, long long *cycles)
+{
+    extern __shared__ __align__(8) uint32_t smem[];
+    int32_t *out = (int32_t *)smem;
+    uint32_t *hist = smem + 32;
+    uint32_t *cache = hist + 256;
+    uint32_t *grp = cache + ((n + 1) & ~1);
+    cu_sel_grp g;
+    g.xs = (unsigned long long *)grp;
+    g.cap = XS_CAP;
+    g.tw = grp + 2 * XS_CAP;
+    g.cnt = g.tw + 4;
+    g.win = (int32_t *)(g.cnt + 2);
+    const float *row = scores + (int64_t)blockIdx.x * n;
+    __syncthreads();
+    const long long t0 = clock64();
+    if (CTA) {
+        if (!cu_select_row_list<NT>(row, n, K_SEL, I_SEL, LC_SEL, out, cache, g)) {
+            if (threadIdx.x < 32)
+                cu_select_row(row, n, K_SEL, I_SEL, LC_SEL, out, hist, (float *)cache, n);
+            __syncthreads();
+        }
+    } else {
+        cu_select_row(row, n, K_SEL, I_SEL, LC_SEL, out, hist, (float *)cache, n);
+    }
+    const long long t1 = clock64();
+    if (threadIdx.x < K_SEL)
+        ids[blockIdx.x * K_SEL + threadIdx.x] = out[threadIdx.x];
+    if (threadIdx.x == 0)
+        cycles[blockIdx.x] = t1 - t0;
+}
+
+/* cu_score_key on the host: larger score, larger key; NaN lowest; -0 == +0. */
+static uint32_t host_key(float f)
+{
+    if (isnan(f))
+        return 0u;
+    if (f == 0.0f)
+        f = 0.0f;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+static const float *g_row; /* the row qsort ranks (by key descending, id ascending) */
+static int cmp_rank(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    const uint32_t kx = host_key(g_row[x]), ky = host_key(g_row[y]);
+    if (kx != ky)
+        return kx > ky ? -1 : 1;
+    return (x > y) - (x < y);
+}
+static int cmp_int(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* SPEC 4's row: the forced blocks, the best of the others, ascending. */
+static void host_topk(const float *row, int32_t n, int32_t *want)
+{
+    const int32_t c_end = n - LC_SEL, need = K_SEL - I_SEL - LC_SEL;
+    int32_t *cand = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+    int32_t m = 0;
+    for (int32_t i = I_SEL; i < c_end; ++i)
+        cand[m++] = i;
+    g_row = row;
+    qsort(cand, (size_t)m, sizeof(int32_t), cmp_rank);
+    int32_t k = 0;
+    for (int32_t i = 0; i < I_SEL; ++i)
+        want[k++] = i;
+    for (int32_t i = 0; i < need; ++i)
+        want[k++] = cand[i];
+    for (int32_t i = c_end; i < n; ++i)
+        want[k++] = i;
+    qsort(want, (size_t)K_SEL, sizeof(int32_t), cmp_int);
+    free(cand);
+}
+
+static long long median_ll(long long *v, int n)
+{
+    for (int i = 1; i < n; ++i) /* insertion sort: n is small */
+        for (int j = i; j > 0 && v[j - 1] > v[j]; --j) {
+            const long long t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return v[n / 2];
+}
+
+/* One launch: the rows' ids checked; the slowest and the median CTA's
+ * cycles into *slow, *mid.  Returns 1 on a CUDA error, 2 on a wrong row. */
+template <bool CTA>
+static int run_once(const float *d_src, float *d_scores, int32_t n, int32_t *d_ids, long long *d_cyc,
+                    const int32_t *want, long long *slow, long long *mid)
+{
+    const size_t bytes = sizeof(float) * (size_t)n * ROWS;
+    CHECK(cudaMemcpy(d_scores, d_src, bytes, cudaMemcpyDeviceToDevice)); /* into L2 */
+    const size_t smem = smem_words(n) * 4;
+    CHECK(cudaFuncSetAttribute(sel_row<CTA>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    sel_row<CTA><<<ROWS, CTA ? NT : 32, smem>>>(d_scores, n, d_ids, d_cyc);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    int32_t got[ROWS * K_SEL];
+    long long cyc[ROWS];
+    CHECK(cudaMemcpy(got, d_ids, sizeof got, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(cyc, d_cyc, sizeof cyc, cudaMemcpyDeviceToHost));
+    if (memcmp(got, want, sizeof got) != 0) {
+        fprintf(stderr, "wrong ids: %s path, %d blocks\n", CTA ? "CTA" : "warp", n);
+        return 2;
+    }
+    long long mx = 0;
+    for (int r = 0; r < ROWS; ++r)
+        mx = cyc[r] > mx ? cyc[r] : mx;
+    *slow = mx;
+    *mid = median_ll(cyc, ROWS);
+    return 0;
+}
+
+template <bool CTA>
+static int measure(const float *d_src, float *d_scores, int32_t n, int32_t *d_ids, long long *d_cyc,
+                   const int32_t *want)
+{
+    long long cold_slow, cold_mid, slow[REPS], mid[REPS];
+    int rc = run_once<CTA>(d_src, d_scores, n, d_ids, d_cyc, want, &cold_slow, &cold_mid);
+    for (int i = 0; rc == 0 && i < REPS; ++i)
+        rc = run_once<CTA>(d_src, d_scores, n, d_ids, d_cyc, want, &slow[i], &mid[i]);
+    if (rc)
+        return rc;
+    printf("%-5s %6d %12lld %12lld %12lld %12lld\n", CTA ? "CTA" : "warp", n, cold_mid, cold_slow,
+           median_ll(mid, REPS), median_ll(slow, REPS));
+    return 0;
+}
+
+int main(void)
+{
+    static const int32_t sizes[] = {78, 256, 782, 1024};
+    const int32_t nmax = 1024;
+    float *h = (float *)malloc(sizeof(float) * (size_t)nmax * ROWS);
+    int32_t *want = (int32_t *)malloc(sizeof(int32_t) * ROWS * K_SEL);
+    float *d_src = NULL, *d_scores = NULL;
+    int32_t *d_ids = NULL;
+    long long *d_cyc = NULL;
+    CHECK(cudaMalloc((void **)&d_src, sizeof(float) * (size_t)nmax * ROWS));
+    CHECK(cudaMalloc((void **)&d_scores, sizeof(float) * (size_t)nmax * ROWS));
+    CHECK(cudaMalloc((void **)&d_ids, sizeof(int32_t) * ROWS * K_SEL));
+    CHECK(cudaMalloc((void **)&d_cyc, sizeof(long long) * ROWS));
+    int clock_khz = 0;
+    CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+    printf("one row per CTA, %d CTAs, K %d; SM cycles (%.2f GHz max) from the first load to the ids\n", ROWS,
+           K_SEL, clock_khz * 1e-6);
+    printf("%-5s %6s %12s %12s %12s %12s\n", "path", "blocks", "first mid", "first max", "later mid",
+           "later max");
+    uint64_t s = 0x5e1ec7ull;
+    int rc = 0;
+    for (size_t si = 0; rc == 0 && si < sizeof sizes / sizeof sizes[0]; ++si) {
+        const int32_t n = sizes[si];
+        /* Scores like the indexer's block maxima: random, ties rare. */
+        for (int64_t i = 0; i < (int64_t)n * ROWS; ++i) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            h[i] = (float)((double)(s >> 11) * (1.0 / 9007199254740992.0)) * 8.0f - 4.0f;
+        }
+        for (int r = 0; r < ROWS; ++r)
+            host_topk(h + (int64_t)r * n, n, want + r * K_SEL);
+        if (cudaMemcpy(d_src, h, sizeof(float) * (size_t)n * ROWS, cudaMemcpyHostToDevice) != cudaSuccess) {
+            rc = 1;
+            break;
+        }
+        rc = measure<true>(d_src, d_scores, n, d_ids, d_cyc, want);
+        if (rc == 0)
+            rc = measure<false>(d_src, d_scores, n, d_ids, d_cyc, want);
+    }
+    cudaFree(d_src);
+    cudaFree(d_scores);
+    cudaFree(d_ids);
+    cudaFree(d_cyc);
+    free(h);
+    free(want);
+    return rc;
+}
