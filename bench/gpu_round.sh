@@ -20,8 +20,8 @@
 # test_cuda_sweep arguments with SWEEP_ARGS (e.g. --quick), its processes
 # with SWEEP_SHARDS (the gputest step's sweep, default 4), QUICK_SHARDS (each
 # of its quick modes, default 3) and VARIANT_SHARDS (a variant's quick
-# sweep, default 3: the quick set's three long cases, 62, 49 and 26 s of
-# oracle time on the H200's host, then fall into different shards).
+# sweep, default 3: the quick set's three long cases, 62, 49 and 26 s each
+# on the GPU machine, mostly the oracle's, then fall into different shards).
 #
 # Usage (repository root):  bench/gpu_round.sh
 set -u -o pipefail
