@@ -1,18 +1,20 @@
 /*
  * Latency of one selection row (SPEC 4: the K block ids of a row of N
  * block scores) by the selection kernel's two paths, outside the step's
- * chain of kernels: a whole CTA of 128 threads (cu_select_row_list, the
- * path of steps with few rows) and a lone warp (cu_select_row, the path
- * of steps with many).  Inside a step the CTA's row of 1024 blocks takes
- * 5.3 µs from its launch wait to its ids written, 3.5 µs for 78 blocks,
- * and a warm instruction cache saves only 0.7 of them (bench/RESULTS.md,
- * v30).  This times the same device code alone, every CTA selecting its
- * own row from scores just copied (so in L2, as the indexer leaves them),
- * to tell the row's own cost from the chain's: the launch after a module
- * load (code not yet fetched) and the median of later launches, in SM
- * cycles from the first score load to the ids in shared memory (the
- * slowest CTA, and the median one).  Every row's ids are checked against
- * a top-K computed here.  A measurement tool, not part of the library:
+ * chain of kernels: a whole CTA (cu_select_row_list, the path of steps
+ * with few rows; the kernel's 128 threads, and 256 and 512 to see whether
+ * more threads on a row would shorten it) and a lone warp (cu_select_row,
+ * the path of steps with many).  Inside a step the CTA's row of 1024
+ * blocks takes 5.3 µs from its launch wait to its ids written, 3.5 µs for
+ * 78 blocks, and a warm instruction cache saves only 0.7 of them
+ * (bench/RESULTS.md, v30).  This times the same device code alone, every
+ * CTA selecting its own row from scores just copied (so in L2, as the
+ * indexer leaves them), to tell the row's own cost from the chain's: a
+ * size's first launch (for the first size, the code not yet fetched) and
+ * the median of 20 later ones, in SM cycles from the first score load to
+ * the ids in shared memory (the median CTA's and the slowest's).  Every
+ * row's ids are checked against a top-K computed here.  A measurement
+ * tool, not part of the library (the build compiles it as probe_sel_row):
  *   nvcc -std=c++17 -O3 -arch=sm_90a -Iinclude -Isrc -Isrc/cuda \
  *        bench/sel_row.cu -o sel_row && ./sel_row
  */
@@ -26,8 +28,8 @@
 
 #include "cu_select.cuh"
 
-#define NT 128                    /* the selection kernel's CTA (SEL_WARPS = 4) */
-#define XS_CAP (4 * CU_SEL_XS)    /* its list entries */
+#define NT_MAX 512                /* the widest CTA timed */
+#define XS_CAP (4 * CU_SEL_XS)    /* the selection kernel's list entries (SEL_WARPS = 4) */
 #define K_SEL 16                  /* M3: K 16, no init block, one local block */
 #define I_SEL 0
 #define LC_SEL 1
@@ -35,14 +37,17 @@
 #define REPS 20
 
 /* Shared words: the ids (32), the lone warp's histogram (256), the scores
- * or keys (n, rounded up to even), then the CTA path's list scratch. */
+ * or keys (n, rounded up to even), then the CTA path's list scratch (a
+ * threshold per warp). */
 static size_t smem_words(int32_t n)
 {
-    return 32 + 256 + (size_t)((n + 1) & ~1) + 2 * XS_CAP + 4 + 2 + 32;
+    return 32 + 256 + (size_t)((n + 1) & ~1) + 2 * XS_CAP + NT_MAX / 32 + 2 + 32;
 }
 
-template <bool CTA>
-__global__ void __launch_bounds__(NT) sel_row(const float *scores, int32_t n, int32_t *ids, long long *cycles)
+/* NT threads select each CTA's row: NT = 32 the lone warp's path, more the
+ * CTA's list path (its fallback, many equal scores, by the first warp). */
+template <int NT>
+__global__ void __launch_bounds__(NT_MAX) sel_row(const float *scores, int32_t n, int32_t *ids, long long *cycles)
 {
     extern __shared__ __align__(8) uint32_t smem[];
     int32_t *out = (int32_t *)smem;
@@ -53,12 +58,12 @@ __global__ void __launch_bounds__(NT) sel_row(const float *scores, int32_t n, in
     g.xs = (unsigned long long *)grp;
     g.cap = XS_CAP;
     g.tw = grp + 2 * XS_CAP;
-    g.cnt = g.tw + 4;
+    g.cnt = g.tw + NT_MAX / 32;
     g.win = (int32_t *)(g.cnt + 2);
     const float *row = scores + (int64_t)blockIdx.x * n;
     __syncthreads();
     const long long t0 = clock64();
-    if (CTA) {
+    if (NT > 32) {
         if (!cu_select_row_list<NT>(row, n, K_SEL, I_SEL, LC_SEL, out, cache, g)) {
             if (threadIdx.x < 32)
                 cu_select_row(row, n, K_SEL, I_SEL, LC_SEL, out, hist, (float *)cache, n);
@@ -135,15 +140,15 @@ static long long median_ll(long long *v, int n)
 
 /* One launch: the rows' ids checked; the slowest and the median CTA's
  * cycles into *slow, *mid.  Returns 1 on a CUDA error, 2 on a wrong row. */
-template <bool CTA>
+template <int NT>
 static int run_once(const float *d_src, float *d_scores, int32_t n, int32_t *d_ids, long long *d_cyc,
                     const int32_t *want, long long *slow, long long *mid)
 {
     const size_t bytes = sizeof(float) * (size_t)n * ROWS;
     CHECK(cudaMemcpy(d_scores, d_src, bytes, cudaMemcpyDeviceToDevice)); /* into L2 */
     const size_t smem = smem_words(n) * 4;
-    CHECK(cudaFuncSetAttribute(sel_row<CTA>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    sel_row<CTA><<<ROWS, CTA ? NT : 32, smem>>>(d_scores, n, d_ids, d_cyc);
+    CHECK(cudaFuncSetAttribute(sel_row<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    sel_row<NT><<<ROWS, NT, smem>>>(d_scores, n, d_ids, d_cyc);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
     int32_t got[ROWS * K_SEL];
@@ -151,7 +156,7 @@ static int run_once(const float *d_src, float *d_scores, int32_t n, int32_t *d_i
     CHECK(cudaMemcpy(got, d_ids, sizeof got, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(cyc, d_cyc, sizeof cyc, cudaMemcpyDeviceToHost));
     if (memcmp(got, want, sizeof got) != 0) {
-        fprintf(stderr, "wrong ids: %s path, %d blocks\n", CTA ? "CTA" : "warp", n);
+        fprintf(stderr, "wrong ids: %d threads, %d blocks\n", NT, n);
         return 2;
     }
     long long mx = 0;
@@ -162,18 +167,18 @@ static int run_once(const float *d_src, float *d_scores, int32_t n, int32_t *d_i
     return 0;
 }
 
-template <bool CTA>
+template <int NT>
 static int measure(const float *d_src, float *d_scores, int32_t n, int32_t *d_ids, long long *d_cyc,
                    const int32_t *want)
 {
     long long cold_slow, cold_mid, slow[REPS], mid[REPS];
-    int rc = run_once<CTA>(d_src, d_scores, n, d_ids, d_cyc, want, &cold_slow, &cold_mid);
+    int rc = run_once<NT>(d_src, d_scores, n, d_ids, d_cyc, want, &cold_slow, &cold_mid);
     for (int i = 0; rc == 0 && i < REPS; ++i)
-        rc = run_once<CTA>(d_src, d_scores, n, d_ids, d_cyc, want, &slow[i], &mid[i]);
+        rc = run_once<NT>(d_src, d_scores, n, d_ids, d_cyc, want, &slow[i], &mid[i]);
     if (rc)
         return rc;
-    printf("%-5s %6d %12lld %12lld %12lld %12lld\n", CTA ? "CTA" : "warp", n, cold_mid, cold_slow,
-           median_ll(mid, REPS), median_ll(slow, REPS));
+    printf("%7d %6d %12lld %12lld %12lld %12lld\n", NT, n, cold_mid, cold_slow, median_ll(mid, REPS),
+           median_ll(slow, REPS));
     return 0;
 }
 
@@ -194,7 +199,7 @@ int main(void)
     CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
     printf("one row per CTA, %d CTAs, K %d; SM cycles (%.2f GHz max) from the first load to the ids\n", ROWS,
            K_SEL, clock_khz * 1e-6);
-    printf("%-5s %6s %12s %12s %12s %12s\n", "path", "blocks", "first mid", "first max", "later mid",
+    printf("%7s %6s %12s %12s %12s %12s\n", "threads", "blocks", "first mid", "first max", "later mid",
            "later max");
     uint64_t s = 0x5e1ec7ull;
     int rc = 0;
@@ -211,9 +216,13 @@ int main(void)
             rc = 1;
             break;
         }
-        rc = measure<true>(d_src, d_scores, n, d_ids, d_cyc, want);
+        rc = measure<128>(d_src, d_scores, n, d_ids, d_cyc, want);
         if (rc == 0)
-            rc = measure<false>(d_src, d_scores, n, d_ids, d_cyc, want);
+            rc = measure<32>(d_src, d_scores, n, d_ids, d_cyc, want);
+        if (rc == 0)
+            rc = measure<256>(d_src, d_scores, n, d_ids, d_cyc, want);
+        if (rc == 0)
+            rc = measure<512>(d_src, d_scores, n, d_ids, d_cyc, want);
     }
     cudaFree(d_src);
     cudaFree(d_scores);
