@@ -34,21 +34,6 @@ static_assert(ATT_STAGES >= 2, "the attention ring needs two stages");
 #define ATT_PRODUCERS MSA_ATT_PRODUCERS
 static_assert(ATT_PRODUCERS == 1 || ATT_PRODUCERS == 2, "one or two producer warps");
 #define ATT_THREADS ((ATT_CONSUMERS + ATT_PRODUCERS) * 32)
-/* MSA_ATT_WARM=1 at build time (a measured option, off by default): the
- * CTA's first slot, ahead of a known union's tiles, is a warm-up tile
- * (cu_attt_producer) whose keys lie past every token's position, so all
- * its scores are masked, and whose V rows are zeros.  The consumers run
- * the tile code on it and their state comes out as it went in (the row
- * max stays -inf, the weights and sums 0, O += 0 x 0): the code's
- * instructions are fetched before the first real tile lands instead of
- * after.  On the H200 it took 0.6-1.1 µs off batch 8-128, 1K, 1 token and
- * 0.5 off batch 8, 1K, 8 tokens, left batch 64-128, 1K, 8 tokens level,
- * and batch 8, 10K, 1 token, which never runs it, read 0.5 µs slower (the
- * code's layout?); bench/RESULTS.md, v28. */
-#ifndef MSA_ATT_WARM
-#define MSA_ATT_WARM 0
-#endif
-#define ATT_WARM_POS 0x40000000
 #define ATT_TILE 64
 #define ATT_HALF_BYTES (ATT_TILE * 256)          /* K or V of one tile */
 #define ATT_STAGE_BYTES (2 * ATT_HALF_BYTES)

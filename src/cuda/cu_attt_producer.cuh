@@ -65,20 +65,16 @@ typedef struct cu_attt_tail {
     int32_t valid; /* rows of the tile before kv_len */
 } cu_attt_tail;
 
-/* A ring slot's V half. */
-__device__ __forceinline__ unsigned char *cu_attt_slot_v(const cu_attt_smem &sm, int s)
+__device__ __forceinline__ void cu_attt_tail_finish(const cu_attt_smem &sm, cu_attt_tail &pend, int j,
+                                                    uint32_t &tail_par)
 {
-    return sm.ring + s * ATT_STAGE_BYTES + ATT_HALF_BYTES;
-}
-
-/* Zeroes the V rows `from` .. ATT_TILE - 1 of slot s (V half vd), then
- * hands the slot to the consumers (a plain arrival on its full barrier): a
- * tail tile's rows past kv_len, or all of a warm-up tile's. */
-__device__ __forceinline__ void cu_attt_zero_v_publish(const cu_attt_smem &sm, int s, unsigned char *vd,
-                                                       int32_t from)
-{
+    if (pend.s < 0)
+        return;
     const int lane = threadIdx.x & 31;
-    for (int e = from * 16 + lane; e < ATT_TILE * 16; e += 32) {
+    unsigned char *vd = sm.ring + pend.s * ATT_STAGE_BYTES + ATT_HALF_BYTES;
+    cu_mbar_wait(&sm.tail[j], tail_par);
+    tail_par ^= 1u;
+    for (int e = pend.valid * 16 + lane; e < ATT_TILE * 16; e += 32) {
         const int r = e >> 4, c = e & 15;
         *(uint4 *)(vd + cu_tswz(ATT_TILE, r, c)) = make_uint4(0u, 0u, 0u, 0u);
     }
@@ -87,18 +83,7 @@ __device__ __forceinline__ void cu_attt_zero_v_publish(const cu_attt_smem &sm, i
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncwarp();
     if (lane == 0)
-        cu_mbar_arrive(&sm.full[s]);
-}
-
-__device__ __forceinline__ void cu_attt_tail_finish(const cu_attt_smem &sm, cu_attt_tail &pend, int j,
-                                                    uint32_t &tail_par)
-{
-    if (pend.s < 0)
-        return;
-    unsigned char *vd = cu_attt_slot_v(sm, pend.s);
-    cu_mbar_wait(&sm.tail[j], tail_par);
-    tail_par ^= 1u;
-    cu_attt_zero_v_publish(sm, pend.s, vd, pend.valid);
+        cu_mbar_arrive(&sm.full[pend.s]);
     pend.s = -1;
 }
 
@@ -425,18 +410,6 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
      * stream while the indexer and the selection still run. */
     const int32_t nblk = pages; /* B == P == 128 on this path */
     const bool known = nblk <= L.K;
-    if (MSA_ATT_WARM && first && known) {
-        /* The warm-up tile (ATT_WARM_POS, cu_attt.cuh) ahead of a known
-         * union's tiles, which are issued at once and reach the consumers
-         * early: its V rows zeroed (no copy has targeted the ring yet), K
-         * left as it is (every score is masked), handed back by the
-         * consumers like any other slot.  (Ahead of a union read after the
-         * wait it gained nothing, and batch 8 and 32, 10K, 1 token were
-         * 1.1-1.6 µs slower: bench/RESULTS.md, v28.) */
-        const int s = cu_attt_claim(sm, gs, ATT_WARM_POS, 0xffffffffu);
-        cu_attt_zero_v_publish(sm, s, cu_attt_slot_v(sm, s), 0);
-        __syncwarp();
-    }
     /* A request of more than K and at most att_union blocks: its pages are
      * staged in shared memory below, for the lookups after the wait, and, of
      * several tokens, its union is built here after the wait
