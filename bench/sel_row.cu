@@ -12,8 +12,11 @@
  * indexer leaves them), to tell the row's own cost from the chain's: a
  * size's first launch (for the first size, the code not yet fetched) and
  * the median of 20 later ones, in SM cycles from the first score load to
- * the ids in shared memory (the median CTA's and the slowest's).  Every
- * row's ids are checked against a top-K computed here.  A measurement
+ * the ids in shared memory (the median CTA's and the slowest's), and the
+ * list path's steps.  Rows of random scores, then rows longer than 512
+ * blocks whose scores repeat every 512 blocks, as the index keys `msa
+ * bench` writes do (pairs of equal block scores).  Every row's ids are
+ * checked against a top-K computed here.  A measurement
  * tool, not part of the library (the build compiles it as probe_sel_row):
  *   nvcc -std=c++17 -O3 -arch=sm_90a -Iinclude -Isrc -Isrc/cuda \
  *        bench/sel_row.cu -o sel_row && ./sel_row
@@ -26,6 +29,7 @@
 
 #include "probe_common.h"
 
+#define MSA_SEL_STAMPS /* the list path's steps timed, as in a timeline build */
 #include "cu_select.cuh"
 
 #define NT_MAX 512                /* the widest CTA timed */
@@ -35,20 +39,23 @@
 #define LC_SEL 1
 #define ROWS 132                  /* one CTA per SM of an H200 */
 #define REPS 20
+#define PERIOD 512                /* blocks after which `msa bench`'s index keys repeat */
 
 /* Shared words: the ids (32), the lone warp's histogram (256), the scores
- * or keys (n, rounded up to even), then the CTA path's list scratch (a
- * threshold per warp). */
+ * or keys (n, rounded up to even), then the CTA path's list scratch (its
+ * warps' CU_SEL_TOP keys each). */
 static size_t smem_words(int32_t n)
 {
-    return 32 + 256 + (size_t)((n + 1) & ~1) + 2 * XS_CAP + NT_MAX / 32 + 2 + 32;
+    return 32 + 256 + (size_t)((n + 1) & ~1) + 2 * XS_CAP + NT_MAX / 32 * CU_SEL_TOP + 2 + 32;
 }
 
 /* NT threads select each CTA's row: NT = 32 the lone warp's path, more the
  * CTA's list path (its fallback, many equal scores, by the first warp). */
 template <int NT>
-__global__ void __launch_bounds__(NT_MAX) sel_row(const float *scores, int32_t n, int32_t *ids, long long *cycles)
+__global__ void __launch_bounds__(NT_MAX) sel_row(const float *scores, int32_t n, int32_t *ids, long long *cycles,
+                                                  long long *steps)
 {
+    __shared__ long long stamps[CU_SEL_STAMPS];
     extern __shared__ __align__(8) uint32_t smem[];
     int32_t *out = (int32_t *)smem;
     uint32_t *hist = smem + 32;
@@ -58,8 +65,9 @@ __global__ void __launch_bounds__(NT_MAX) sel_row(const float *scores, int32_t n
     g.xs = (unsigned long long *)grp;
     g.cap = XS_CAP;
     g.tw = grp + 2 * XS_CAP;
-    g.cnt = g.tw + NT_MAX / 32;
+    g.cnt = g.tw + NT_MAX / 32 * CU_SEL_TOP;
     g.win = (int32_t *)(g.cnt + 2);
+    g.stamps = stamps;
     const float *row = scores + (int64_t)blockIdx.x * n;
     __syncthreads();
     const long long t0 = clock64();
@@ -75,8 +83,13 @@ __global__ void __launch_bounds__(NT_MAX) sel_row(const float *scores, int32_t n
     const long long t1 = clock64();
     if (threadIdx.x < K_SEL)
         ids[blockIdx.x * K_SEL + threadIdx.x] = out[threadIdx.x];
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         cycles[blockIdx.x] = t1 - t0;
+        /* The list path's steps, cycles after t0 (not written by the lone
+         * warp's path). */
+        for (int i = 0; i < CU_SEL_STAMPS; ++i)
+            steps[blockIdx.x * CU_SEL_STAMPS + i] = NT > 32 ? stamps[i] - t0 : 0;
+    }
 }
 
 /* cu_score_key on the host: larger score, larger key; NaN lowest; -0 == +0. */
@@ -139,22 +152,25 @@ static long long median_ll(long long *v, int n)
 }
 
 /* One launch: the rows' ids checked; the slowest and the median CTA's
- * cycles into *slow, *mid.  Returns 1 on a CUDA error, 2 on a wrong row. */
+ * cycles into *slow, *mid, the median CTA's cycles to each step of the list
+ * path into step_mid[CU_SEL_STAMPS].  d_cyc: ROWS counts, then ROWS x
+ * CU_SEL_STAMPS steps.  Returns 1 on a CUDA error, 2 on a wrong row. */
 template <int NT>
 static int run_once(const float *d_src, float *d_scores, int32_t n, int32_t *d_ids, long long *d_cyc,
-                    const int32_t *want, long long *slow, long long *mid)
+                    const int32_t *want, long long *slow, long long *mid, long long *step_mid)
 {
     const size_t bytes = sizeof(float) * (size_t)n * ROWS;
     CHECK(cudaMemcpy(d_scores, d_src, bytes, cudaMemcpyDeviceToDevice)); /* into L2 */
     const size_t smem = smem_words(n) * 4;
     CHECK(cudaFuncSetAttribute(sel_row<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    sel_row<NT><<<ROWS, NT, smem>>>(d_scores, n, d_ids, d_cyc);
+    sel_row<NT><<<ROWS, NT, smem>>>(d_scores, n, d_ids, d_cyc, d_cyc + ROWS);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
     int32_t got[ROWS * K_SEL];
-    long long cyc[ROWS];
+    long long cyc[ROWS], steps[ROWS * CU_SEL_STAMPS];
     CHECK(cudaMemcpy(got, d_ids, sizeof got, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(cyc, d_cyc, sizeof cyc, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(steps, d_cyc + ROWS, sizeof steps, cudaMemcpyDeviceToHost));
     if (memcmp(got, want, sizeof got) != 0) {
         fprintf(stderr, "wrong ids: %d threads, %d blocks\n", NT, n);
         return 2;
@@ -164,6 +180,12 @@ static int run_once(const float *d_src, float *d_scores, int32_t n, int32_t *d_i
         mx = cyc[r] > mx ? cyc[r] : mx;
     *slow = mx;
     *mid = median_ll(cyc, ROWS);
+    for (int i = 0; i < CU_SEL_STAMPS; ++i) {
+        long long v[ROWS];
+        for (int r = 0; r < ROWS; ++r)
+            v[r] = steps[r * CU_SEL_STAMPS + i];
+        step_mid[i] = median_ll(v, ROWS);
+    }
     return 0;
 }
 
@@ -171,21 +193,25 @@ template <int NT>
 static int measure(const float *d_src, float *d_scores, int32_t n, int32_t *d_ids, long long *d_cyc,
                    const int32_t *want)
 {
-    long long cold_slow, cold_mid, slow[REPS], mid[REPS];
-    int rc = run_once<NT>(d_src, d_scores, n, d_ids, d_cyc, want, &cold_slow, &cold_mid);
+    long long cold_slow, cold_mid, slow[REPS], mid[REPS], cold_steps[CU_SEL_STAMPS], steps[CU_SEL_STAMPS];
+    int rc = run_once<NT>(d_src, d_scores, n, d_ids, d_cyc, want, &cold_slow, &cold_mid, cold_steps);
     for (int i = 0; rc == 0 && i < REPS; ++i)
-        rc = run_once<NT>(d_src, d_scores, n, d_ids, d_cyc, want, &slow[i], &mid[i]);
+        rc = run_once<NT>(d_src, d_scores, n, d_ids, d_cyc, want, &slow[i], &mid[i], steps);
     if (rc)
         return rc;
-    printf("%7d %6d %12lld %12lld %12lld %12lld\n", NT, n, cold_mid, cold_slow, median_ll(mid, REPS),
+    printf("%7d %6d %12lld %12lld %12lld %12lld", NT, n, cold_mid, cold_slow, median_ll(mid, REPS),
            median_ll(slow, REPS));
+    if (NT > 32) /* the list path's steps: first launch | last launch */
+        for (int i = 0; i < CU_SEL_STAMPS; ++i)
+            printf("%s%lld|%lld", i ? " " : "   steps ", cold_steps[i], steps[i]);
+    printf("\n");
     return 0;
 }
 
 int main(void)
 {
-    static const int32_t sizes[] = {78, 256, 782, 1024};
-    const int32_t nmax = 1024;
+    static const int32_t sizes[] = {78, 256, 782, 1024, 1563};
+    const int32_t nmax = 1563;
     float *h = (float *)malloc(sizeof(float) * (size_t)nmax * ROWS);
     int32_t *want = (int32_t *)malloc(sizeof(int32_t) * ROWS * K_SEL);
     float *d_src = NULL, *d_scores = NULL;
@@ -194,21 +220,34 @@ int main(void)
     CHECK(cudaMalloc((void **)&d_src, sizeof(float) * (size_t)nmax * ROWS));
     CHECK(cudaMalloc((void **)&d_scores, sizeof(float) * (size_t)nmax * ROWS));
     CHECK(cudaMalloc((void **)&d_ids, sizeof(int32_t) * ROWS * K_SEL));
-    CHECK(cudaMalloc((void **)&d_cyc, sizeof(long long) * ROWS));
+    CHECK(cudaMalloc((void **)&d_cyc, sizeof(long long) * ROWS * (1 + CU_SEL_STAMPS)));
     int clock_khz = 0;
     CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
     printf("one row per CTA, %d CTAs, K %d; SM cycles (%.2f GHz max) from the first load to the ids\n", ROWS,
            K_SEL, clock_khz * 1e-6);
     printf("%7s %6s %12s %12s %12s %12s\n", "threads", "blocks", "first mid", "first max", "later mid",
            "later max");
+    printf("steps (list path): cycles after the row's start to its entry, keys, thresholds, list, ranks, ids;\n"
+           "median CTA, first launch | last launch\n");
     uint64_t s = 0x5e1ec7ull;
     int rc = 0;
+    for (int rep = 0; rc == 0 && rep < 2; ++rep)
     for (size_t si = 0; rc == 0 && si < sizeof sizes / sizeof sizes[0]; ++si) {
         const int32_t n = sizes[si];
-        /* Scores like the indexer's block maxima: random, ties rare. */
+        if (rep && n <= PERIOD)
+            continue;
+        if (!rep && si == 0)
+            printf("random scores, ties rare (the indexer's block maxima)\n");
+        if (rep && sizes[si - 1] <= PERIOD)
+            printf("scores repeating every %d blocks (the bench's index keys: a 16 MB tile)\n", PERIOD);
+        /* Scores like the indexer's block maxima: random, ties rare; or
+         * each row's first PERIOD repeated, as `msa bench` fills the index
+         * keys (one random tile of 512 pages, repeated). */
         for (int64_t i = 0; i < (int64_t)n * ROWS; ++i) {
             s = s * 6364136223846793005ull + 1442695040888963407ull;
-            h[i] = (float)((double)(s >> 11) * (1.0 / 9007199254740992.0)) * 8.0f - 4.0f;
+            const int64_t c = i % n;
+            h[i] = rep && c >= PERIOD ? h[i - c + c % PERIOD]
+                                      : (float)((double)(s >> 11) * (1.0 / 9007199254740992.0)) * 8.0f - 4.0f;
         }
         for (int r = 0; r < ROWS; ++r)
             host_topk(h + (int64_t)r * n, n, want + r * K_SEL);

@@ -38,6 +38,9 @@ typedef struct msa_case {
     int out_offset;     /* bytes (a multiple of 4, < 64) the output `o` starts after its
                          * buffer's start: 4 keeps 4-byte alignment but not 16 */
     float k_scale, v_scale, index_k_scale, index_v_scale; /* quantized planes; 0 = 1.0 */
+    int index_period;   /* >0: the cached index keys of block n >= index_period of a
+                         * request repeat those of block n mod index_period (exact
+                         * ties in pairs or more, like `msa bench`'s repeated data) */
 } msa_case;
 
 typedef struct msa_case_result {

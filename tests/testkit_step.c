@@ -212,6 +212,21 @@ static int special_index_key(const msa_case *c, const float *tie_rows, int prefi
     return 0;
 }
 
+/* Index-key rows of a block past the first index_period blocks of its
+ * request: those of block n mod index_period (written before it), so blocks
+ * tie exactly in pairs or more, as `msa bench`'s repeated data makes them.
+ * Returns 1 when the row was produced here. */
+static int repeated_index_key(const msa_case *c, const tk_step *s, int r, int pos, int h, float *row)
+{
+    const int B = c->block, P = c->index_period, n = pos / B;
+    if (P <= 0 || n < P)
+        return 0;
+    const int src = (n % P) * B + pos % B;
+    tk_plane_get(&s->plane[MSA_PLANE_INDEX_K], s->after[MSA_PLANE_INDEX_K], phys_page(s, r, src), h,
+                 src % s->page_size, row);
+    return 1;
+}
+
 static void fill_images(const msa_case *c, tk_step *s, tk_rng *rng)
 {
     float row[1024];
@@ -251,7 +266,8 @@ static void fill_images(const msa_case *c, tk_step *s, tk_rng *rng)
                     continue;
                 const tk_plane *pl = &s->plane[p];
                 for (int h = 0; h < pl->heads; h++) {
-                    if (!(p == MSA_PLANE_INDEX_K && special_index_key(c, tie_rows, prefix, pos, row)))
+                    if (!(p == MSA_PLANE_INDEX_K && (special_index_key(c, tie_rows, prefix, pos, row) ||
+                                                     repeated_index_key(c, s, r, pos, h, row))))
                         for (int e = 0; e < pl->dim; e++)
                             row[e] = tk_rng_gauss(rng);
                     tk_plane_put(pl, s->after[p], pg, h, pos % s->page_size, row);

@@ -41,7 +41,8 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
  * scores), all candidates do.  When at most 32 pass (nearly always), one
  * sort of their score keys, one per lane, gives the threshold, and the
  * winners go out in the list's id order: no insertion, no maximum rounds,
- * no sort of the ids.
+ * no sort of the ids; up to 64 (pairs of blocks of equal scores, as
+ * repeated content gives) take two per lane the same way.
  * (With a lane's maximum alone, 32 values, more than 32 candidates passed
  * on the benchmark's 1024-block rows, and the rounds took most of the
  * selection's instructions.) */
@@ -125,6 +126,45 @@ __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int3
     return count;
 }
 
+/* cu_select_row_small's case of 33 to 64 candidates in list[] (ascending
+ * ids, at least `need` of them), two per lane: list[lane] and list[lane +
+ * 32], the second half's ids above the first's.  More than 32 pass where
+ * blocks score the same (repeated content), which before went to the
+ * insertion path.  Not inlined: the two sorts inlined into the row took
+ * the kernel from 94 to 157 registers. */
+__device__ __noinline__ void cu_select_list64(const float *scores, int32_t count, int32_t I, int32_t Lc,
+                                              int32_t need, int32_t c_end, const int32_t *list, int32_t *out)
+{
+    const int lane = threadIdx.x & 31;
+    const uint32_t below = (1u << lane) - 1u;
+    const bool valid1 = lane + 32 < count; /* every lane holds a first one */
+    const int32_t n0 = list[lane], n1 = valid1 ? list[lane + 32] : 0;
+    const uint32_t key0 = cu_score_key(scores[n0]);
+    const uint32_t key1 = valid1 ? cu_score_key(scores[n1]) : 0u;
+    /* The 32 largest of the 64 as a bitonic sequence, merged. */
+    const uint32_t top = cu_warp_bitonic_merge<true>(
+        max(cu_warp_bitonic<true>(key0), cu_warp_bitonic<false>(key1)));
+    const uint32_t kth = __shfl_sync(0xffffffffu, top, need - 1);
+    const uint32_t eq0 = __ballot_sync(0xffffffffu, key0 == kth);
+    const uint32_t eq1 = __ballot_sync(0xffffffffu, valid1 && key1 == kth);
+    const int32_t missing = need - __popc(__ballot_sync(0xffffffffu, key0 > kth)) -
+                            __popc(__ballot_sync(0xffffffffu, valid1 && key1 > kth));
+    const bool win0 = key0 > kth || (key0 == kth && __popc(eq0 & below) < missing);
+    const bool win1 =
+        valid1 && (key1 > kth || (key1 == kth && __popc(eq0) + __popc(eq1 & below) < missing));
+    const uint32_t wins0 = __ballot_sync(0xffffffffu, win0);
+    const uint32_t wins1 = __ballot_sync(0xffffffffu, win1);
+    if (win0)
+        out[I + __popc(wins0 & below)] = n0;
+    if (win1)
+        out[I + __popc(wins0) + __popc(wins1 & below)] = n1;
+    if (lane < I)
+        out[lane] = lane;
+    if (lane < Lc)
+        out[I + need + lane] = c_end + lane;
+    __syncwarp();
+}
+
 __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t N, int32_t K,
                                                     int32_t I, int32_t Lc, int32_t *out, int32_t *list)
 {
@@ -165,6 +205,9 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
             if (lane < Lc)
                 out[I + need + lane] = c_end + lane;
             __syncwarp();
+            return;
+        } else if (count <= 64) {
+            cu_select_list64(scores, count, I, Lc, need, c_end, list, out);
             return;
         } else if (count <= CU_SEL_LIST) {
             i_begin = lane;
@@ -223,10 +266,14 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
  * This path needs few dependent steps and spreads them over NT threads:
  *   1. every thread stages its strided scores as keys (shared memory),
  *      keeping its largest candidate key;
- *   2. each warp takes T_w, the need-th largest of its 32 threads' largest
- *      keys, and T = max over the warps: in that warp at least `need`
- *      threads hold a candidate key >= T, so the winners all are >= T;
- *   3. the candidates >= T go into a list (usually need + a few dozen),
+ *   2. T, the need-th largest of the NT threads' largest keys (each warp
+ *      sorts its 32, the warps' 16 largest are merged; with need > 16 or
+ *      at most 2 * NT blocks, the largest of the warps' need-th): at least
+ *      `need` threads hold a candidate key >= T, so the winners all are
+ *      >= T;
+ *   3. the candidates >= T go into a list (usually need + a few; with the
+ *      largest of the warps' thresholds, as before v31, about four times
+ *      need, and twice that again where pairs of blocks score the same),
  *      as distinct 64-bit keys (score key << 32 | ~id: SPEC 4's order,
  *      ties to the lower id);
  *   4. each list entry's rank is the number of larger entries; the
@@ -236,17 +283,64 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
  * When more than the list holds pass the filter (many equal scores) it
  * returns false with nothing written, and the caller takes the old path. */
 
-/* The CTA's shared scratch: the list (capacity `cap` 64-bit entries), one
- * threshold per warp, the list's fill counter and the winners by rank. */
+/* The CTA's shared scratch: the list (capacity `cap` 64-bit entries), the
+ * warps' CU_SEL_TOP largest keys (or thresholds), the list's fill counter
+ * and the winners by rank. */
 typedef struct cu_sel_grp {
     unsigned long long *xs;
     uint32_t *tw;
     uint32_t *cnt;
     int32_t *win;
     int32_t cap;
+#ifdef MSA_SEL_STAMPS
+    long long *stamps; /* CU_SEL_STAMPS SM clocks of the list path's steps (thread 0) */
+#endif
 } cu_sel_grp;
 
+/* Measuring aid: with MSA_SEL_STAMPS defined, thread 0 of the list path
+ * stores the SM clock at its entry, its loads' keys stored, and after each
+ * of its four barriers (thresholds, list, ranks, ids) into g.stamps[0..5],
+ * to split a row's cycles by step inside a step's chain and outside it
+ * (bench/sel_row.cu). */
+#define CU_SEL_STAMPS 6
+#ifdef MSA_SEL_STAMPS
+#define CU_SEL_STAMP(g, i)                                                                                   \
+    do {                                                                                                     \
+        if (threadIdx.x == 0)                                                                                \
+            (g).stamps[i] = clock64();                                                                       \
+    } while (0)
+#else
+#define CU_SEL_STAMP(g, i) ((void)0)
+#endif
+
 #define CU_SEL_XS 128 /* list entries per warp of the CTA */
+#define CU_SEL_TOP 16 /* keys per warp in the CTA's threshold (the list path's tw words: CU_SEL_TOP a warp) */
+/* Measuring switch: 0 takes the largest of the warps' thresholds at every
+ * `need` (the list path before v31). */
+#ifndef MSA_SEL_TOP_THRESHOLD
+#define MSA_SEL_TOP_THRESHOLD 1
+#endif
+
+/* The need-th largest (1 <= need <= CU_SEL_TOP) of the NW * CU_SEL_TOP
+ * keys in top[] (NW >= 2, a power of two: each warp's CU_SEL_TOP largest,
+ * descending), the same in every lane of the calling warp.  Two warps'
+ * lists, the second reversed, make a bitonic sequence of 32; merged, and
+ * the running 32 largest kept by a lane-wise maximum against the next pair
+ * reversed (again bitonic), five compare-exchange steps a merge. */
+template <int NW>
+__device__ __forceinline__ uint32_t cu_sel_top_threshold(const uint32_t *top, int32_t need)
+{
+    const int lane = threadIdx.x & 31;
+    const int r = lane < CU_SEL_TOP ? lane : 2 * CU_SEL_TOP - 1 - lane; /* rank in its warp's list */
+    const int half = lane < CU_SEL_TOP ? 0 : 1;
+    uint32_t best = cu_warp_bitonic_merge<true>(top[half * CU_SEL_TOP + r]);
+#pragma unroll
+    for (int w = 2; w < NW; w += 2) {
+        const uint32_t y = cu_warp_bitonic_merge<true>(top[(w + half) * CU_SEL_TOP + r]);
+        best = cu_warp_bitonic_merge<true>(max(best, __shfl_sync(0xffffffffu, y, 31 - lane)));
+    }
+    return __shfl_sync(0xffffffffu, best, need - 1);
+}
 
 /* Measuring aid: MSA_SEL_PROBE=n at build time ends the list path after
  * step n + 1 (1: keys and thresholds, 2: the list, 3: the ranks) with a
@@ -266,6 +360,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
     constexpr int PER = 1024 / NT; /* loads in flight per thread: one L2 round trip per 1024 */
     const int tid = threadIdx.x;
     const int32_t need = K - I - Lc, c_end = N - Lc;
+    CU_SEL_STAMP(g, 0);
     /* 1. keys, and this thread's largest candidate key (0, NaN's key: none). */
     uint32_t a = 0u;
     for (int32_t n0 = 0; n0 < N; n0 += 1024) {
@@ -286,19 +381,40 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
             }
         }
     }
-    /* 2. T_w: the need-th largest of the warp's 32 values. */
+    CU_SEL_STAMP(g, 1);
+    /* 2. T: the need-th largest of the CTA's NT values (need <= CU_SEL_TOP:
+     * from the warps' sorted values), else the largest of the warps'
+     * need-th.  The tighter threshold keeps the list near `need` entries:
+     * the list's fill and the ranks below cost a step per entry. */
     const int lane = tid & 31, warp = tid >> 5;
-    uint32_t T = __shfl_sync(0xffffffffu, cu_warp_bitonic<true>(a), need - 1);
-    if (lane == 0)
-        g.tw[warp] = T;
+    constexpr int NW = NT / 32;
+    /* CTA-uniform.  Rows of at most 2 * NT blocks keep the warps' largest
+     * threshold: the merge's latency (about 400 cycles) is more than its
+     * shorter list saves there (bench/sel_row.cu, v31). */
+    const bool top = MSA_SEL_TOP_THRESHOLD && need <= CU_SEL_TOP && NW >= 2 && N > 2 * NT;
+    const uint32_t sorted = cu_warp_bitonic<true>(a);
+    if (top) {
+        if (lane < CU_SEL_TOP)
+            g.tw[warp * CU_SEL_TOP + lane] = sorted;
+    } else {
+        const uint32_t tw = __shfl_sync(0xffffffffu, sorted, need - 1); /* the whole warp: `top` is uniform */
+        if (lane == 0)
+            g.tw[warp * CU_SEL_TOP] = tw;
+    }
     if (tid == 0)
         *g.cnt = 0u;
     __syncthreads(); /* keys, thresholds and the counter visible */
+    CU_SEL_STAMP(g, 2);
     if (MSA_SEL_PROBE == 1 && N > 0) /* N > 0: no unreachable-code warning */
         return true;
+    uint32_t T = 0u;
+    if (top) {
+        T = cu_sel_top_threshold<NW < 2 ? 2 : NW>(g.tw, need);
+    } else {
 #pragma unroll
-    for (int w = 0; w < NT / 32; ++w)
-        T = max(T, g.tw[w]);
+        for (int w = 0; w < NW; ++w)
+            T = max(T, g.tw[w * CU_SEL_TOP]);
+    }
     /* 3. The list, in any order. */
 #pragma unroll 4
     for (int32_t n = I + tid; n < c_end; n += NT) {
@@ -310,6 +426,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
         }
     }
     __syncthreads();
+    CU_SEL_STAMP(g, 3);
     if (MSA_SEL_PROBE == 2 && N > 0) /* N > 0: no unreachable-code warning */
         return true;
     const uint32_t count = *g.cnt;
@@ -326,6 +443,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
             g.win[rk] = (int32_t)(0xffffffffu - (uint32_t)(x & 0xffffffffull));
     }
     __syncthreads();
+    CU_SEL_STAMP(g, 4);
     if (MSA_SEL_PROBE == 3 && N > 0) /* N > 0: no unreachable-code warning */
         return true;
     /* 5. Ascending ids. */
@@ -344,6 +462,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
         out[pos] = id;
     }
     __syncthreads();
+    CU_SEL_STAMP(g, 5);
     return true;
 }
 

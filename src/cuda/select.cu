@@ -20,6 +20,9 @@
  * any of its tokens, ascending, with a bit per token that selected it: the
  * decode attention reads each such block once for all tokens and heads.
  */
+#if defined(MSA_TIMELINE) && defined(MSA_TL_SEL_CYCLES)
+#define MSA_SEL_STAMPS /* the list path's steps timed (cu_timeline.cuh) */
+#endif
 #include "cu_score.cuh"
 #include "cu_select.cuh"
 #include "cu_launch.cuh"
@@ -36,9 +39,9 @@ __host__ __device__ __forceinline__ size_t cu_sel_warp_words(int32_t mi, int32_t
 }
 
 /* Words of the CTA's list-path scratch after the warps' regions (16-byte
- * aligned): SEL_WARPS * CU_SEL_XS list entries, a threshold per warp, the
- * fill counter, a pad word and 32 winners. */
-#define SEL_GRP_WORDS (2 * SEL_WARPS * CU_SEL_XS + SEL_WARPS + 2 + 32)
+ * aligned): SEL_WARPS * CU_SEL_XS list entries, CU_SEL_TOP keys per warp,
+ * the fill counter, a pad word and 32 winners. */
+#define SEL_GRP_WORDS (2 * SEL_WARPS * CU_SEL_XS + SEL_WARPS * CU_SEL_TOP + 2 + 32)
 
 __host__ __device__ __forceinline__ size_t cu_sel_grp_offset(int32_t mi, int32_t K, int32_t W, int32_t cache)
 {
@@ -54,8 +57,12 @@ __device__ __forceinline__ cu_sel_grp cu_sel_grp_of(const cu_layer &L, uint32_t 
     g.xs = (unsigned long long *)base;
     g.cap = SEL_WARPS * CU_SEL_XS;
     g.tw = small;
-    g.cnt = small + SEL_WARPS;
-    g.win = (int32_t *)(small + SEL_WARPS + 2);
+    g.cnt = small + SEL_WARPS * CU_SEL_TOP;
+    g.win = (int32_t *)(small + SEL_WARPS * CU_SEL_TOP + 2);
+#ifdef MSA_SEL_STAMPS
+    __shared__ long long sel_stamps[CU_SEL_STAMPS];
+    g.stamps = sel_stamps;
+#endif
     return g;
 }
 
@@ -252,6 +259,10 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int32_t 
     cu_pdl_wait(); /* the indexer's scores (at once after the first row) */
     if (mark)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_WAITED);
+#if defined(MSA_TIMELINE) && defined(MSA_TL_SEL_CYCLES)
+    const unsigned long long tl_t0 = mark ? cu_tl_now() : 0ull;
+    const long long tl_c0 = clock64();
+#endif
     const int32_t *row = cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm, cta, g);
     if (!row)
         return;
@@ -294,6 +305,14 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int32_t 
             }
         }
     }
+#if defined(MSA_TIMELINE) && defined(MSA_TL_SEL_CYCLES)
+    if (mark) {
+        cu_tl_put(L.tl, CU_TL_SELECT, CU_TL_AUX1, tl_t0 + (unsigned long long)(clock64() - tl_c0));
+        if (cta && N > L.K) /* the list path's steps (its stamps are this thread's) */
+            for (int i = 0; i < CU_SEL_STAMPS; ++i)
+                cu_tl_put(L.tl, CU_TL_SELECT, CU_TL_AUX4 + i, tl_t0 + (unsigned long long)(g.stamps[i] - tl_c0));
+    }
+#endif
 #ifndef MSA_TL_SEL_STEPS
     if (mark)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_FIRST);
@@ -344,6 +363,10 @@ __global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L
     cu_pdl_trigger();
     if (threadIdx.x == 0)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_ENTRY);
+#if defined(MSA_TIMELINE) && defined(MSA_TL_SEL_CYCLES)
+    const unsigned long long tl_t0 = threadIdx.x == 0 ? cu_tl_now() : 0ull;
+    const long long tl_c0 = clock64();
+#endif
     extern __shared__ __align__(8) uint32_t sel_smem[];
     /* Every CTA takes decode rows; the first pf_ctas then take prefill items,
      * each with its own scratch row. */
@@ -351,6 +374,10 @@ __global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L
     cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
     if (threadIdx.x == 0)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_EXIT);
+#if defined(MSA_TIMELINE) && defined(MSA_TL_SEL_CYCLES)
+    if (threadIdx.x == 0)
+        cu_tl_put(L.tl, CU_TL_SELECT, CU_TL_AUX2, tl_t0 + (unsigned long long)(clock64() - tl_c0));
+#endif
     if (blockIdx.x >= L.pf_ctas)
         return;
     __syncthreads();

@@ -35,47 +35,56 @@ typedef struct long_case {
     int steps; /* 2: a second step (new seed) on the same plan, else 1 */
     int out_offset; /* msa_case.out_offset */
     int copies;     /* the nreq requests this many times over (0: once) */
+    int index_period; /* msa_case.index_period */
 } long_case;
 
 #define MAX_COPIES 12
 
 static const long_case LONG_CASES[] = {
-    {"m3 bf16 P128 b1 q1 200K", MSA_DTYPE_BF16, 128, 0, 0, 0, 1, {1}, {200000}, 0, 0, 1, 0, 0},
+    {"m3 bf16 P128 b1 q1 200K", MSA_DTYPE_BF16, 128, 0, 0, 0, 1, {1}, {200000}, 0, 0, 1, 0, 0, 0},
     /* Two steps on one plan: state a step leaves in the workspace (the
      * Hopper indexer's chunk counter, the selection's completion counts)
      * must not change the next.  Over eight blocks per SM (1149 blocks
      * here; 1056 on an H200), so the Hopper indexer takes chunks on demand. */
-    {"m3 bf16 P128 b2 q8 130K/17K x2", MSA_DTYPE_BF16, 128, 0, 0, 0, 2, {8, 8}, {130000, 17003}, 0, 0, 2, 0, 0},
-    {"m3 fp16 P64 b3 q16/3/1 lse", MSA_DTYPE_FP16, 64, 1, 0, 0, 3, {16, 3, 1}, {40000, 9001, 130}, 0, 0, 1, 0, 0},
-    {"m3 bf16 P256 b1 q4 index-value", MSA_DTYPE_BF16, 256, 0, 1, 0, 1, {4}, {65536}, 0, 0, 1, 0, 0},
-    {"m3 bf16 P16 b2 q2/1", MSA_DTYPE_BF16, 16, 0, 0, 1, 2, {2, 1}, {20000, 12345}, 0, 0, 1, 0, 0},
-    {"m3 fp32 P128 b1 q8 (portable path)", MSA_DTYPE_FP32, 128, 0, 1, 0, 1, {8}, {30000}, 0, 0, 1, 0, 0},
+    {"m3 bf16 P128 b2 q8 130K/17K x2", MSA_DTYPE_BF16, 128, 0, 0, 0, 2, {8, 8}, {130000, 17003}, 0, 0, 2, 0, 0, 0},
+    {"m3 fp16 P64 b3 q16/3/1 lse", MSA_DTYPE_FP16, 64, 1, 0, 0, 3, {16, 3, 1}, {40000, 9001, 130}, 0, 0, 1, 0, 0, 0},
+    {"m3 bf16 P256 b1 q4 index-value", MSA_DTYPE_BF16, 256, 0, 1, 0, 1, {4}, {65536}, 0, 0, 1, 0, 0, 0},
+    {"m3 bf16 P16 b2 q2/1", MSA_DTYPE_BF16, 16, 0, 0, 1, 2, {2, 1}, {20000, 12345}, 0, 0, 1, 0, 0, 0},
+    {"m3 fp32 P128 b1 q8 (portable path)", MSA_DTYPE_FP32, 128, 0, 1, 0, 1, {8}, {30000}, 0, 0, 1, 0, 0, 0},
     /* In the quick set: chunks on demand (1158 decode blocks), two steps. */
-    {"m3 bf16 P128 decode+prefill 140K x2", MSA_DTYPE_BF16, 128, 0, 1, 1, 3, {8, 40, 1}, {140000, 5000, 3000}, 0, 0, 2, 0, 0},
+    {"m3 bf16 P128 decode+prefill 140K x2", MSA_DTYPE_BF16, 128, 0, 1, 1, 3, {8, 40, 1}, {140000, 5000, 3000}, 0, 0, 2, 0, 0, 0},
     /* Hopper attention units of two items: 16 tokens (two pairs) and 5
      * tokens (a pair of 4 + 1). */
-    {"m3 bf16 P128 b2 q16/5 50K/20K lse", MSA_DTYPE_BF16, 128, 1, 0, 0, 2, {16, 5}, {50000, 20000}, 0, 0, 1, 0, 0},
+    {"m3 bf16 P128 b2 q16/5 50K/20K lse", MSA_DTYPE_BF16, 128, 1, 0, 0, 2, {16, 5}, {50000, 20000}, 0, 0, 1, 0, 0, 0},
     /* More tied winners than the selection's candidate list holds (its
      * fallback), and a few ties plus NaN blocks (its filter). */
-    {"m3 bf16 P128 b1 q4 120K 312 tied x2", MSA_DTYPE_BF16, 128, 0, 0, 1, 1, {4}, {120000}, 400, 0, 2, 0, 0},
+    {"m3 bf16 P128 b1 q4 120K 312 tied x2", MSA_DTYPE_BF16, 128, 0, 0, 1, 1, {4}, {120000}, 400, 0, 2, 0, 0, 0},
     /* Requests that reach at most K blocks (their union known from the
      * plan, its cached tiles read before the launch wait) beside one that
      * reaches more: 16 blocks exactly, 17, and a short one. */
     {"m3 bf16 P128 b4 q8/1/3/16 2048/30K/200/2049 x2", MSA_DTYPE_BF16, 128, 0, 0, 1, 4, {8, 1, 3, 16},
-     {2048, 30000, 200, 2049}, 0, 0, 2, 0, 0},
-    {"m3 bf16 P128 b2 q1 30K ties+NaN", MSA_DTYPE_BF16, 128, 1, 0, 1, 2, {1, 2}, {30000, 9000}, 20, 40, 1, 0, 0},
+     {2048, 30000, 200, 2049}, 0, 0, 2, 0, 0, 0},
+    {"m3 bf16 P128 b2 q1 30K ties+NaN", MSA_DTYPE_BF16, 128, 1, 0, 1, 2, {1, 2}, {30000, 9000}, 20, 40, 1, 0, 0, 0},
+    /* 40 tied winners: between the lone warp's one-per-lane list (32) and
+     * its insertion path (over 64), and the CTA's list past its threshold
+     * of 16 keys a warp; then index keys that repeat every 100 blocks
+     * (blocks tied in threes, as `msa bench`'s data ties them in pairs),
+     * over 256 blocks so that the CTA's merged threshold applies. */
+    {"m3 bf16 P128 b2 q2/1 20K/16K 40 tied", MSA_DTYPE_BF16, 128, 0, 0, 1, 2, {2, 1}, {20000, 16500}, 40, 0, 1, 0, 0, 0},
+    {"m3 bf16 P128 b2 q1/3 40K/35K keys every 100", MSA_DTYPE_BF16, 128, 0, 0, 1, 2, {1, 3}, {40000, 35000}, 0, 0,
+     1, 0, 0, 100},
     /* The Hopper attention builds the unions of requests of at most 2048
      * blocks itself and stages their pages; the selection builds those of
      * longer ones (here 2345 blocks), in the same step (and the one-token
      * request's pages come from the table). */
     {"m3 bf16 P128 b3 q8/3/1 300K/20K/270K", MSA_DTYPE_BF16, 128, 0, 0, 0, 3, {8, 3, 1},
-     {300000, 20000, 270000}, 0, 0, 1, 0, 0},
+     {300000, 20000, 270000}, 0, 0, 1, 0, 0, 0},
     /* An output 4-byte but not 16-byte aligned: on grids for 8 SMs the 12
      * units (a pair, single items of 1 and 3 tokens) are not split, and the
      * Hopper attention stores their rows directly instead of through shared
      * memory; on full grids they are split and the merge writes them. */
     {"m3 bf16 P128 b3 q8/1/3 20K/9K/4K o+4B", MSA_DTYPE_BF16, 128, 1, 0, 1, 3, {8, 1, 3},
-     {20000, 9000, 4000}, 0, 0, 1, 4, 0},
+     {20000, 9000, 4000}, 0, 0, 1, 4, 0, 0},
     /* 144 units of uneven length (pairs and single items), unsplit on any
      * grid: one or two per CTA on a full grid, many on grids for 8 SMs,
      * dealt by estimated cost.  Two steps on one plan.  (With the build
@@ -83,7 +92,7 @@ static const long_case LONG_CASES[] = {
      * take the backs of others' units here, and the merge combines the
      * halves.) */
     {"m3 bf16 P128 b36 q8/1/3/2 9K/3K/6K/4K x2", MSA_DTYPE_BF16, 128, 1, 0, 1, 4, {8, 1, 3, 2},
-     {9000, 3000, 6000, 4100}, 0, 0, 2, 0, 9},
+     {9000, 3000, 6000, 4100}, 0, 0, 2, 0, 9, 0},
 };
 
 static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *failed)
@@ -129,6 +138,7 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
     c.tie_blocks = lc->tie_blocks;
     c.nan_blocks = lc->nan_blocks;
     c.out_offset = lc->out_offset;
+    c.index_period = lc->index_period;
     msa_case_result res;
     memset(&res, 0, sizeof res);
     if (lc->steps == 2) {
