@@ -126,6 +126,11 @@ __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int3
     return count;
 }
 
+/* Measuring switch: 0 sends 33 to 64 candidates to the insertion path (the
+ * lone warp before v31). */
+#ifndef MSA_SEL_LIST64
+#define MSA_SEL_LIST64 1
+#endif
 /* cu_select_row_small's case of 33 to 64 candidates in list[] (ascending
  * ids, at least `need` of them), two per lane: list[lane] and list[lane +
  * 32], the second half's ids above the first's.  More than 32 pass where
@@ -206,7 +211,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
                 out[I + need + lane] = c_end + lane;
             __syncwarp();
             return;
-        } else if (count <= 64) {
+        } else if (MSA_SEL_LIST64 && count <= 64) {
             cu_select_list64(scores, count, I, Lc, need, c_end, list, out);
             return;
         } else if (count <= CU_SEL_LIST) {
