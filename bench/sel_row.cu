@@ -15,7 +15,8 @@
  * the ids in shared memory (the median CTA's and the slowest's), and the
  * list path's steps.  Rows of random scores, then rows longer than 512
  * blocks whose scores repeat every 512 blocks, as the index keys `msa
- * bench` writes do (pairs of equal block scores).  Every row's ids are
+ * bench` writes do (equal block scores in pairs, threes past 1024
+ * blocks).  Every row's ids are
  * checked against a top-K computed here.  A measurement
  * tool, not part of the library (the build compiles it as probe_sel_row):
  *   nvcc -std=c++17 -O3 -arch=sm_90a -Iinclude -Isrc -Isrc/cuda \

@@ -65,11 +65,11 @@ static const long_case LONG_CASES[] = {
     {"m3 bf16 P128 b4 q8/1/3/16 2048/30K/200/2049 x2", MSA_DTYPE_BF16, 128, 0, 0, 1, 4, {8, 1, 3, 16},
      {2048, 30000, 200, 2049}, 0, 0, 2, 0, 0, 0},
     {"m3 bf16 P128 b2 q1 30K ties+NaN", MSA_DTYPE_BF16, 128, 1, 0, 1, 2, {1, 2}, {30000, 9000}, 20, 40, 1, 0, 0, 0},
-    /* 40 tied winners: between the lone warp's one-per-lane list (32) and
-     * its insertion path (over 64), and the CTA's list past its threshold
-     * of 16 keys a warp; then index keys that repeat every 100 blocks
+    /* 40 tied winners: more than a lone warp's one-per-lane list holds
+     * (32), within its two-per-lane path (64), and a CTA's list of 40
+     * entries to rank; then index keys that repeat every 100 blocks
      * (blocks tied in threes, as `msa bench`'s data ties them in pairs),
-     * over 256 blocks so that the CTA's merged threshold applies. */
+     * rows of over 256 blocks, so that the CTA's merged threshold applies. */
     {"m3 bf16 P128 b2 q2/1 20K/16K 40 tied", MSA_DTYPE_BF16, 128, 0, 0, 1, 2, {2, 1}, {20000, 16500}, 40, 0, 1, 0, 0, 0},
     {"m3 bf16 P128 b2 q1/3 40K/35K keys every 100", MSA_DTYPE_BF16, 128, 0, 0, 1, 2, {1, 3}, {40000, 35000}, 0, 0,
      1, 0, 0, 100},
