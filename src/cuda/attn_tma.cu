@@ -31,7 +31,6 @@
  */
 #include "cu_attt.cuh"
 #include "cu_attt_producer.cuh"
-#include "cu_merge_row.cuh"
 #include "cu_launch.cuh"
 #include "cu_timeline.cuh"
 
@@ -216,33 +215,6 @@ __device__ __forceinline__ void cu_attt_write_part(const cu_layer &L, const cu_a
     }
 }
 
-/* After its last unit: the CTA's splits of the items the merge kernel
- * takes as soon as they are written (cu_att_merges) count done.  Thread 0
- * counts, after the consumers' barrier at the unit's end: the barrier
- * orders the other warps' partial rows before its fence, which makes them
- * visible at GPU scope (as a split-K semaphore does).  At the CTA's end,
- * not at each unit's: the fence holds its warp until the rows are written,
- * and the merge needs them only when the step ends. */
-__device__ __forceinline__ void cu_attt_count_splits(const cu_layer &L, const cu_attn &A, int32_t u_begin,
-                                                     int32_t u_end)
-{
-    const cu_att_item *items = L.m.att[CU_KIND_SPARSE];
-    bool fenced = false;
-    for (int32_t ui = u_begin; ui < u_end; ++ui) {
-        const cu_att_item *itp = items + L.m.att_units[ui];
-        const int nit = itp->unit_len;
-        for (int h = 0; h < nit; ++h) {
-            const cu_att_item it = itp[h];
-            if (!cu_att_merges(A, it.nsplit))
-                continue;
-            if (!fenced)
-                __threadfence();
-            fenced = true;
-            atomicAdd(L.att_done + it.part_base, 1);
-        }
-    }
-}
-
 /* One consumer warpgroup (h = 0 or 1) of a unit.  Warp w of the group
  * holds rows 16w .. 16w + 15 of its item: token w, its 16 heads.  Of a
  * pair, group h serves item h and takes every tile one of its tokens uses;
@@ -396,8 +368,6 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
             cu_attt_consumer<Tag>(L, A, sm, un, gs);
         }
     }
-    if (A.att_merge && threadIdx.x == 0)
-        cu_attt_count_splits(L, A, u_begin, u_end);
     cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
     if (threadIdx.x == 0)
         CU_TL_MARK(L, CU_TL_ATTN, CU_TL_EXIT);

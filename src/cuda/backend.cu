@@ -78,7 +78,6 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
     cs->sel_warp_rows = cu_env_starts("MSA_CUDA_SEL_WARP_ROWS", '1');
     cs->idx_fixed = cu_env_starts("MSA_CUDA_IDX_FIXED", '1');
     cs->sel_unions = cu_env_starts("MSA_CUDA_SEL_UNIONS", '1');
-    cs->att_merge_off = cu_env_starts("MSA_CUDA_ATT_MERGE", '0');
     if (e == cudaSuccess)
         e = cu_indexer_mma_setup(cs->num_sms, &cs->grid_idx_fast);
     if (e == cudaSuccess)

@@ -26,9 +26,6 @@ typedef struct cu_ctx_state {
                          * rows a step has */
     int sel_unions;     /* test and measuring aid (MSA_CUDA_SEL_UNIONS=1): the selection builds
                          * every union, also where the Hopper attention would build it */
-    int att_merge_off;  /* test and measuring aid (MSA_CUDA_ATT_MERGE=0): behind the Hopper
-                         * attention, too, the merge waits for the whole attention to end
-                         * instead of taking each split item once written */
     int idx_fixed;      /* measuring aid (MSA_CUDA_IDX_FIXED=1): the Hopper indexer keeps its equal
                          * fixed shares only, with no chunks taken on demand */
     unsigned long long *tl; /* profiling aid (MSA_CUDA_TIMELINE=path): kernel timeline stamps

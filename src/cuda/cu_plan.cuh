@@ -172,9 +172,6 @@ typedef struct cu_plan_state {
     uint32_t *umask;       /* same shape: bit i = token i selected the block */
     int32_t *ucnt;         /* [cap_req][Hkv] */
     int32_t *sel_done;     /* [cap_req][units] selection completion counters (kept 0) */
-    int32_t *att_done;     /* [part_rows_cap] split and reader counts of the split items
-                            * merged as soon as written (cu_att_merges), at their part_base
-                            * (kept 0) */
     int32_t *idx_next;     /* the Hopper indexer's next on-demand chunk (back to 0 at each end) */
     int32_t sel_cache;     /* scores cached per selecting warp (shared memory) */
     float *pf_scratch;     /* [grid_pf][mi][cap_blocks] prefill block scores */
@@ -242,7 +239,6 @@ typedef struct cu_layer {
     uint32_t *umask;
     int32_t *ucnt;
     int32_t *sel_done;
-    int32_t *att_done;
     int32_t att_union;       /* > 0: the Hopper attention builds the unions of requests of
                               * several tokens and at most this many blocks from the rows in
                               * sel (cu_attt_union), the selection the others; 0: the
@@ -281,9 +277,6 @@ typedef struct cu_attn {
     int32_t B;               /* key-stream block size (sparse unions) */
     int32_t sparse;          /* keys from the union / sel rows, else all causal keys */
     int32_t W;               /* width of sel rows */
-    int32_t att_merge;       /* the attention counts its splits done and the merge takes each
-                              * split item once written (cu_att_merges); 0: the merge waits
-                              * for the whole attention */
 } cu_attn;
 
 /* Physical page of logical position pos of request r. */

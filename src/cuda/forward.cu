@@ -214,24 +214,18 @@ static int cu_budget_take(int *left)
 /* maps: the K map, then the V map (NULL: no tensor-map kernel). */
 static_assert(CU_MAP_V == CU_MAP_K + 1, "a layer's V map follows its K map");
 static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
-                             int fast, const CUtensorMap *maps, int att_merge, cudaStream_t s, int *left)
+                             int fast, const CUtensorMap *maps, cudaStream_t s, int *left)
 {
     if (!cu_budget_take(left))
         return;
-    /* Behind the Hopper attention the merge takes each split item as soon
-     * as its splits are written (cu_att_merges): both launches see the same
-     * flag.  Not when the merge is not launched (a profiling stop): the
-     * splits' counts would not go back to 0. */
-    cu_attn Am = *A;
-    Am.att_merge = maps && att_merge && *left != 0;
     if (maps)
-        cu_launch_attn_tma(L, st, &Am, &maps[0], &maps[1], s);
+        cu_launch_attn_tma(L, st, A, &maps[0], &maps[1], s);
     else if (fast)
-        cu_launch_attn_decode_mma(L, st, &Am, s);
+        cu_launch_attn_decode_mma(L, st, A, s);
     else
-        cu_launch_attn_decode_simt(L, st, &Am, s);
+        cu_launch_attn_decode_simt(L, st, A, s);
     if (cu_budget_take(left))
-        cu_launch_merge_prefill(L, st, &Am, s);
+        cu_launch_merge_prefill(L, st, A, s);
 }
 
 /* Whether the prologue may copy the step's rows into the cache in 16-byte
@@ -328,7 +322,6 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     L.umask = st->umask;
     L.ucnt = st->ucnt;
     L.sel_done = st->sel_done;
-    L.att_done = st->att_done;
     L.idx_next = cs->idx_fixed ? NULL : st->idx_next;
     L.sel_cache = st->sel_cache;
     L.pf_ctas = st->grid_pf;
@@ -379,15 +372,14 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         if (cu_budget_take(&left))
             cu_launch_select(&L, st, s);
         cu_attn_main(&L, &A, 1);
-        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL,
-                         !cs->att_merge_off, s, &left);
+        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL, s, &left);
         if (L.iv) {
             cu_attn_index_value(&L, &A);
-            cu_run_attention(&L, st, &A, paths.iv_fast, NULL, 0, s, &left);
+            cu_run_attention(&L, st, &A, paths.iv_fast, NULL, s, &left);
         }
     } else {
         cu_attn_main(&L, &A, 0);
-        cu_run_attention(&L, st, &A, paths.attn_fast, NULL, 0, s, &left);
+        cu_run_attention(&L, st, &A, paths.attn_fast, NULL, s, &left);
     }
     CU_TRY(ctx, cudaGetLastError());
     return MSA_OK;

@@ -7,46 +7,30 @@
  *                 only on the selection, not on the decode items.
  */
 #include "cu_rows.cuh"
-#include "cu_merge_row.cuh"
 #include "cu_launch.cuh"
 #include "cu_timeline.cuh"
 
 #define MERGE_WARPS 8
+/* Splits whose rows one lane loads at once (16 was measured on the H200:
+ * no faster, bench/RESULTS.md v17). */
+#define MERGE_GROUP 8
 
-/* A warp's wait for the splits of item `it` (cu_att_merges) that the
- * attention still runs: lane 0 polls the item's count until every split
- * has counted (acquire; the warp barrier passes the rows on to the other
- * lanes), then counts itself among the item's nrows readers.  Returns, in
- * lane 0, the count before its own: the last reader's is nsplit + nrows - 1,
- * and it sets the count back to 0 for the next step (cu_merge_reset_count),
- * every reader having passed its wait by then. */
-__device__ __forceinline__ int32_t cu_merge_wait_splits(const cu_layer &L, const cu_merge_item &it)
+/* Elements lane + 32 j of the rows of splits s0 .. s0 + MERGE_GROUP - 1
+ * (zeros past nsplit or d). */
+__device__ __forceinline__ void cu_merge_load(const float *p0, int64_t step, int32_t s0,
+                                              int32_t nsplit, int32_t d, float (&x)[MERGE_GROUP][4])
 {
-    int32_t prev = 0;
-    if ((threadIdx.x & 31) == 0) {
-        const int32_t *c = L.att_done + it.part_base;
-        for (;;) {
-            int32_t v;
-            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(c) : "memory");
-            if (v >= it.nsplit)
-                break;
-            __nanosleep(64);
-        }
-    }
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0)
-        prev = atomicAdd(L.att_done + it.part_base, 1);
-    return prev;
-}
-
-__device__ __forceinline__ void cu_merge_reset_count(const cu_layer &L, const cu_merge_item &it, int32_t prev)
-{
-    if ((threadIdx.x & 31) == 0 && prev == it.nsplit + it.nrows - 1)
-        L.att_done[it.part_base] = 0;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < MERGE_GROUP; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            x[u][j] = s0 + u < nsplit && lane + 32 * j < d ? p0[(s0 + u) * step + lane + 32 * j] : 0.0f;
 }
 
 __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &A, int cta, int nctas)
 {
+    const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int32_t n_items = L.m.hdr->n_merge[A.kind];
     const cu_merge_item *items = L.m.merge[A.kind];
@@ -58,18 +42,70 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
         const cu_merge_item it = items[ii];
         if (rl >= it.nrows)
             continue;
-        const bool early = cu_att_merges(A, it.nsplit);
-        int32_t prev = 0;
-        if (early)
-            prev = cu_merge_wait_splits(L, it);
-        else
-            cu_pdl_wait(); /* the attention's partial rows (at once after the first) */
+        const int32_t t0 = it.t0;
+        const int32_t row = it.row0 + rl;
+        const int32_t i = row / A.g;
+        const int32_t hq = it.group * A.g + (row - i * A.g);
+        const int64_t qrow = (int64_t)(t0 + i) * A.hq_total + hq;
+        cu_pdl_wait(); /* the attention's partial rows (at once after the first) */
         if (threadIdx.x == 0 && w == (int64_t)cta * MERGE_WARPS)
             CU_TL_MARK(L, CU_TL_MERGE, CU_TL_WAITED);
-        cu_merge_row(L, A, it.part_base, it.nrows, it.nsplit, rl,
-                     cu_merge_qrow(A, it.t0, it.group, it.row0 + rl));
-        if (early)
-            cu_merge_reset_count(L, it, prev);
+        const float *p0 = L.part + ((int64_t)it.part_base + rl) * L.part_stride;
+        const int64_t step = (int64_t)it.nrows * L.part_stride;
+        float M, wsum;
+        if (it.nsplit <= 32 && A.d <= 128) {
+            /* One lane per split: the split LSEs load at once, and every
+             * output element's loads over the splits are independent.
+             * Eight splits' rows are loaded together before any is used,
+             * the first eight beside the LSEs (they do not depend on them):
+             * one round trip per eight splits, the first shared.  A split
+             * with no keys (weight 0) is skipped, whatever its row holds. */
+            float x[MERGE_GROUP][4];
+            cu_merge_load(p0, step, 0, it.nsplit, A.d, x);
+            const float ls = lane < it.nsplit ? p0[lane * step + A.d] : -INFINITY;
+            M = cu_warp_max(ls);
+            const float w = ls == -INFINITY ? 0.0f : expf(ls - M);
+            wsum = cu_warp_sum(w);
+            const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int32_t s0 = 0; s0 < it.nsplit; s0 += MERGE_GROUP) {
+                if (s0 > 0)
+                    cu_merge_load(p0, step, s0, it.nsplit, A.d, x);
+#pragma unroll
+                for (int u = 0; u < MERGE_GROUP; ++u) {
+                    const float ws = __shfl_sync(0xffffffffu, w, (s0 + u) & 31);
+                    if (s0 + u < it.nsplit && ws != 0.0f)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[j] = fmaf(ws, x[u][j], acc[j]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (lane + 32 * j < A.d)
+                    cu_store(A.o, A.act, qrow * A.d + lane + 32 * j, acc[j] * inv);
+        } else {
+            M = -INFINITY;
+            for (int32_t s = 0; s < it.nsplit; ++s)
+                M = fmaxf(M, p0[s * step + A.d]);
+            wsum = 0.0f;
+            for (int32_t s = 0; s < it.nsplit; ++s) {
+                const float ls = p0[s * step + A.d];
+                wsum += ls == -INFINITY ? 0.0f : expf(ls - M);
+            }
+            const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+            for (int32_t d = lane; d < A.d; d += 32) {
+                float acc = 0.0f;
+                for (int32_t s = 0; s < it.nsplit; ++s) {
+                    const float ls = p0[s * step + A.d];
+                    if (ls != -INFINITY)
+                        acc = fmaf(expf(ls - M), p0[s * step + d], acc);
+                }
+                cu_store(A.o, A.act, qrow * A.d + d, acc * inv);
+            }
+        }
+        if (A.lse && lane == 0)
+            A.lse[qrow] = wsum > 0.0f ? M + logf(wsum) : -INFINITY;
     }
 }
 

@@ -87,7 +87,6 @@ static void cu_state_release(cu_plan_state *st)
     cudaFree(st->umask);
     cudaFree(st->ucnt);
     cudaFree(st->sel_done);
-    cudaFree(st->att_done);
     cudaFree(st->idx_next);
     cudaFree(st->pf_scratch);
     cudaFree(st->part);
@@ -298,8 +297,6 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
                       sizeof(float) * (size_t)st->grid_pf * mi * st->cap_blocks);
     if (e == cudaSuccess)
         e = cu_zalloc((void **)&st->part, sizeof(float) * (size_t)st->part_rows_cap * st->part_stride);
-    if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->att_done, sizeof(int32_t) * (size_t)st->part_rows_cap);
     if (e != cudaSuccess) {
         cu_state_release(st);
         cudaGetLastError();
