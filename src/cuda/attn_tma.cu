@@ -58,6 +58,29 @@ __device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][
     cu_wgmma_hold(sc);
 }
 
+/* 2^x for the tile's weights, flushed to 0 below 2^-126 (ex2.approx.ftz).
+ * exp2f compiles to ex2.approx.f32, which keeps denormal results with a
+ * range fix-up around the MUFU instruction: three more instructions per
+ * weight, 32 per lane and tile, on the consumers' path, which at 8 tokens
+ * per request is part of the step's time (bench/RESULTS.md, v32: batch
+ * 128, 4K and 5K, 8 tokens 2.0-2.6% faster without them).  A key whose
+ * weight is below 2^-126 of its row's largest changes neither the fp32
+ * sum nor the 16-bit P it is rounded to.  MSA_ATT_EX2_FTZ=0 at build time
+ * keeps exp2f, for measurements. */
+#ifndef MSA_ATT_EX2_FTZ
+#define MSA_ATT_EX2_FTZ 1
+#endif
+__device__ __forceinline__ float cu_attt_exp2(float x)
+{
+#if MSA_ATT_EX2_FTZ
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
+
 /* A member warp's rows take one tile: raw scores sc, keys k <= lim of the
  * tile visible (lim >= 63: all).  As cu_rows_softmax, with the scale sl2
  * (log2 units, > 0) applied inside the exponent: the max of the scaled
@@ -87,8 +110,8 @@ __device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, 
     for (int n = 0; n < 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            sc[n][e] = exp2f(fmaf(sc[n][e], sl2, -ref_lo));
-            sc[n][2 + e] = exp2f(fmaf(sc[n][2 + e], sl2, -ref_hi));
+            sc[n][e] = cu_attt_exp2(fmaf(sc[n][e], sl2, -ref_lo));
+            sc[n][2 + e] = cu_attt_exp2(fmaf(sc[n][2 + e], sl2, -ref_hi));
             ps_lo += sc[n][e];
             ps_hi += sc[n][2 + e];
         }
@@ -215,6 +238,23 @@ __device__ __forceinline__ void cu_attt_write_part(const cu_layer &L, const cu_a
     }
 }
 
+/* Measuring aid (build option MSA_ATT_PROBE_COMPUTE, wrong results): how
+ * much of the attention's time its consumers' computation holds.  1: no
+ * P V product; 2: no softmax; 3: neither product (the softmax on scores
+ * read from the slot); 4: no computation at all, the tiles only streamed
+ * through the ring.  0 (the default): everything. */
+#ifndef MSA_ATT_PROBE_COMPUTE
+#define MSA_ATT_PROBE_COMPUTE 0
+#endif
+__device__ __forceinline__ void cu_attt_probe_scores(float (&sc)[8][4], uint32_t ka)
+{
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            sc[n][e] = __uint_as_float(cu_lds32(ka + (uint32_t)(n * 4 + e) * 4u) & 0x3f7fffffu);
+}
+
 /* One consumer warpgroup (h = 0 or 1) of a unit.  Warp w of the group
  * holds rows 16w .. 16w + 15 of its item: token w, its 16 heads.  Of a
  * pair, group h serves item h and takes every tile one of its tokens uses;
@@ -268,17 +308,23 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
             break;
         }
         /* Group-uniform: whether this group computes the tile. */
-        if ((mt.bits & gbits) && (pair || (c & 1) == h)) {
+        if ((mt.bits & gbits) && (pair || (c & 1) == h) && MSA_ATT_PROBE_COMPUTE != 4) {
             const uint32_t ka = cu_smem_addr(sm.ring + s * ATT_STAGE_BYTES);
             const uint32_t va = ka + ATT_HALF_BYTES;
             float sc[8][4];
-            cu_attt_qk<Tag>(ka, qa, sc);
+            if (MSA_ATT_PROBE_COMPUTE != 3)
+                cu_attt_qk<Tag>(ka, qa, sc);
+            else
+                cu_attt_probe_scores(sc, ka);
             /* The warp's token uses the tile: its keys inside the causal
              * window count (rows past kv_len are beyond every window). */
             const bool member = (mt.bits & tbit) != 0u;
-            if (member)
+            if (member && MSA_ATT_PROBE_COMPUTE != 2)
                 cu_attt_softmax(sc, last - mt.pos0, sl2, o, m_lo, m_hi, l_lo, l_hi);
-            cu_attt_pv<Tag>(va, sc, member, o);
+            if (MSA_ATT_PROBE_COMPUTE != 1 && MSA_ATT_PROBE_COMPUTE != 3)
+                cu_attt_pv<Tag>(va, sc, member, o);
+            else if (MSA_ATT_PROBE_COMPUTE == 3)
+                o[0][0] += sc[0][0]; /* keeps the softmax */
         }
 #if defined(MSA_TIMELINE) && defined(MSA_TL_ATT_STEPS)
         if (c == 0 && threadIdx.x == 0 && un.first_of_cta)
