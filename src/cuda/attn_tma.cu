@@ -64,9 +64,10 @@ __device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][
  * weight, 32 per lane and tile, on the consumers' path, which at 8 tokens
  * per request is part of the step's time (bench/RESULTS.md, v32: batch
  * 128, 4K and 5K, 8 tokens 2.0-2.6% faster without them).  A key whose
- * weight is below 2^-126 of its row's largest changes neither the fp32
- * sum nor the 16-bit P it is rounded to.  MSA_ATT_EX2_FTZ=0 at build time
- * keeps exp2f, for measurements. */
+ * weight is below 2^-126 of its row's largest would add less than 2^-126
+ * of the row's sum to l, and to O less than that times its V: nothing the
+ * fp32 sums or the 16-bit output can show.  MSA_ATT_EX2_FTZ=0 at build
+ * time keeps exp2f, for measurements. */
 #ifndef MSA_ATT_EX2_FTZ
 #define MSA_ATT_EX2_FTZ 1
 #endif
