@@ -126,6 +126,20 @@ __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int3
     return count;
 }
 
+/* The lone warp's one-sort paths, after their winners: the forced ids
+ * around them, init blocks 0 .. I-1 first and the local blocks c_end ..
+ * c_end + Lc - 1 after the `need` winners; then the row is the warp's. */
+__device__ __forceinline__ void cu_select_forced_ids(int32_t I, int32_t Lc, int32_t need, int32_t c_end,
+                                                     int32_t *out)
+{
+    const int lane = threadIdx.x & 31;
+    if (lane < I)
+        out[lane] = lane;
+    if (lane < Lc)
+        out[I + need + lane] = c_end + lane;
+    __syncwarp();
+}
+
 /* Measuring switch: 0 sends 33 to 64 candidates to the insertion path (the
  * lone warp before v31). */
 #ifndef MSA_SEL_LIST64
@@ -163,11 +177,7 @@ __device__ __noinline__ void cu_select_list64(const float *scores, int32_t count
         out[I + __popc(wins0 & below)] = n0;
     if (win1)
         out[I + __popc(wins0) + __popc(wins1 & below)] = n1;
-    if (lane < I)
-        out[lane] = lane;
-    if (lane < Lc)
-        out[I + need + lane] = c_end + lane;
-    __syncwarp();
+    cu_select_forced_ids(I, Lc, need, c_end, out);
 }
 
 __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t N, int32_t K,
@@ -205,11 +215,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
             const uint32_t wins = __ballot_sync(0xffffffffu, win);
             if (win)
                 out[I + __popc(wins & below)] = n;
-            if (lane < I)
-                out[lane] = lane;
-            if (lane < Lc)
-                out[I + need + lane] = c_end + lane;
-            __syncwarp();
+            cu_select_forced_ids(I, Lc, need, c_end, out);
             return;
         } else if (MSA_SEL_LIST64 && count <= 64) {
             cu_select_list64(scores, count, I, Lc, need, c_end, list, out);
