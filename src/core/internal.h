@@ -116,6 +116,14 @@ msa_status msa_set_error(msa_context *ctx, msa_status status, const char *fmt, .
     ;
 void msa_clear_error(msa_context *ctx);
 
+/* Allocation-failure injection (src/core/alloc_fault.c).  Code that allocates
+ * for a plan calls msa_alloc_fault() before each allocation and fails as out
+ * of memory when it returns 1.  msa_test_fail_allocation(n) makes the n-th
+ * allocation from now fail (0: the next one) and every later one succeed;
+ * a negative n turns injection off. */
+int msa_alloc_fault(void);
+void msa_test_fail_allocation(long n);
+
 /* Element conversions (exact bit-level implementations, no FPU mode tricks). */
 float msa_bf16_to_f32(uint16_t x);
 uint16_t msa_f32_to_bf16(float x);   /* round to nearest even, NaN kept */
