@@ -176,6 +176,11 @@ typedef struct cu_plan_state {
     int32_t sel_cache;     /* scores cached per selecting warp (shared memory) */
     float *pf_scratch;     /* [grid_pf][mi][cap_blocks] prefill block scores */
     float *part;           /* [part_rows_cap][part_stride] split partials */
+    /* Prefill indexer on tensor cores (kernels/indexer/indexer_prefill_mma_sm80.cu):
+     * its persistent grid and block-score workspace [grid_pfi][64][cap_blocks];
+     * NULL where no layer's shapes fit it (the selection's scalar role then). */
+    int grid_pfi;
+    float *pfi_scratch;
 
     /* Tensor maps of the sparse layers' planes for the Hopper kernels,
      * encoded once when the plan is created (the planes are fixed for the

@@ -15,6 +15,7 @@
 #include "cu_backend.cuh"
 #include "cu_tma.cuh"
 #include "cu_timeline.cuh"
+#include "kernels/indexer/indexer_prefill_mma_sm80.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -153,6 +154,10 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
     if (st->n_pf > 0)
         cu_why(why, sizeof st->why[0],
                "prefill requests (q_len > 16) in this step: simple prefill kernels");
+    if (st->n_pf > 0 && sparse)
+        cu_why(why, sizeof st->why[0],
+               p.idx_fast && st->pfi_scratch ? "prefill index scores and selection: tensor cores (mma)"
+                                             : "prefill index scores and selection: scalar (shape or dtype)");
     *kernel = names[sparse][fast];
     *reason = why;
 }
@@ -354,6 +359,18 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     if (paths.attn_tma && !cs->sel_unions && st->cap_union <= CU_ATT_UNION_LIST && st->cap_blocks > L.K)
         L.att_union = union_blocks < CU_ATT_UNION_BLOCKS ? union_blocks : CU_ATT_UNION_BLOCKS;
 
+    /* Prefill rows on the tensor-core indexer and selection (its own
+     * kernel, after the selection's), which then gives its scalar prefill
+     * role no CTAs.  Enqueued when the step has prefill rows, and always
+     * under graph capture (a replay may follow an update that adds some). */
+    int pfi = L.sparse && paths.idx_fast && st->pfi_scratch != NULL;
+    if (pfi) {
+        L.pf_ctas = 0;
+        cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+        CU_TRY(ctx, cudaStreamIsCapturing(s, &cap));
+        pfi = st->n_pf > 0 || cap != cudaStreamCaptureStatusNone;
+    }
+
     int left = cs->stop_after > 0 ? cs->stop_after : -1;
     if (cs->tl) /* profiling aid: the timeline holds this forward's stamps only */
         CU_TRY(ctx, cudaMemsetAsync(cs->tl, 0, CU_TL_WORDS * sizeof(unsigned long long), s));
@@ -371,6 +388,8 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         }
         if (cu_budget_take(&left))
             cu_launch_select(&L, st, s);
+        if (pfi && cu_budget_take(&left))
+            cu_launch_indexer_prefill_mma(&L, st, s);
         cu_attn_main(&L, &A, 1);
         cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL, s, &left);
         if (L.iv) {

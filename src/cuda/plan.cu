@@ -5,6 +5,7 @@
  */
 #include "cu_backend.cuh"
 #include "cu_tma.cuh"
+#include "kernels/indexer/indexer_prefill_mma_sm80.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,7 @@ static void cu_state_release(cu_plan_state *st)
     cudaFree(st->idx_next);
     cudaFree(st->pf_scratch);
     cudaFree(st->part);
+    cudaFree(st->pfi_scratch);
     free(st->maps);
     free(st->map_ok);
     free(st);
@@ -297,6 +299,18 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
                       sizeof(float) * (size_t)st->grid_pf * mi * st->cap_blocks);
     if (e == cudaSuccess)
         e = cu_zalloc((void **)&st->part, sizeof(float) * (size_t)st->part_rows_cap * st->part_stride);
+    /* Prefill indexer on tensor cores: shapes it covers (cu_choose_paths'
+     * idx_fast, less the activation type, known per call) and a plan that
+     * can hold a prefill request.  Its workspace: 64 rows of block scores
+     * per CTA (CU_PFI_ROWS x cap_blocks floats, 256 KB a CTA at 128K
+     * tokens). */
+    if (e == cudaSuccess && any_sparse && cu_pfidx_shape(plan) && st->cap_tok > CU_DEC_MAX_Q) {
+        st->grid_pfi = cu_pfidx_grid(st->num_sms);
+        e = cu_zalloc((void **)&st->pfi_scratch,
+                      sizeof(float) * cu_pfidx_scratch_floats(st->grid_pfi, st->cap_blocks));
+        if (e == cudaSuccess)
+            e = cu_pfidx_setup(cu_pfidx_smem(mi, cfg->topk_blocks, W, st->sel_cache));
+    }
     if (e != cudaSuccess) {
         cu_state_release(st);
         cudaGetLastError();

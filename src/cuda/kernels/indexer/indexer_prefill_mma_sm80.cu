@@ -1,0 +1,375 @@
+/*
+ * Prefill indexer and selection, tensor-core path (mma.sync m16n8k16,
+ * sm_80 and later; the Hopper build runs the same code).  Design and
+ * measurements: docs/PREFILL_INDEXER.md.
+ *
+ * Work: tiles of consecutive tokens of one prefill request, tt = 64 / Hi
+ * tokens, so that a tile's tokens x index heads fill 64 MMA rows (row =
+ * token * Hi + head, the layout of the step's idx_q: one contiguous piece).
+ * A persistent grid (two CTAs per SM) takes the tiles in a snake order over
+ * a list that puts every request's longest (last) tiles first, so the CTAs'
+ * sums of work stay even.
+ *
+ * Per tile, four warps each own 16 query rows, their A fragments held in
+ * registers for the whole tile.  The request's index keys up to the tile's
+ * last token stream through a 3-stage cp.async ring, 64 keys (16 KB) a
+ * stage, each stage read by all four warps: every key row is read from
+ * memory once per tile.  Scores are products of the stored 16-bit values,
+ * exact in fp32, summed in fp32 by the tensor cores (SPEC 4: no narrower
+ * operand, no TF32).  The causal mask, the score scale and the block's max
+ * or log-sum-exp are applied in registers: each thread reduces its keys of
+ * a row, two shuffles finish the row's 64 keys, and a running state per
+ * row carries a block's B / 64 stages.  Finished block scores go to this
+ * CTA's rows of a workspace (CU_PFI_ROWS x cap_blocks floats a CTA, sized
+ * at plan init), which stays in L2: the whole Hi x tokens x blocks matrix
+ * is never written.
+ *
+ * Then the same CTA selects: each warp takes (token, unit) items of the
+ * tile and runs the decode selection's lone-warp row (cu_select_row:
+ * forced init and local blocks, the rest by score, ties to the lower id,
+ * NaN last, ascending ids, -1 padding), unions of m index heads for
+ * Hi = m * Hkv, repeated rows for Hkv = m * Hi, written as the plan's sel
+ * rows and the caller's topk rows.
+ */
+#include "indexer_prefill_mma_sm80.cuh"
+#include "../../cu_mma.cuh"
+#include "../../cu_launch.cuh"
+#include "../../cu_select.cuh"
+
+#include <string.h>
+
+#define PFI_WARPS 4
+#define PFI_THREADS (PFI_WARPS * 32)
+#define PFI_CHUNK 64                    /* keys a stage */
+#define PFI_STAGES 3
+#define PFI_STAGE_BYTES (PFI_CHUNK * 256) /* 64 keys of 128 16-bit values */
+#define PFI_Q_BYTES (CU_PFI_ROWS * 256)
+#define PFI_SCORE_SMEM (PFI_STAGES * PFI_STAGE_BYTES + PFI_Q_BYTES)
+
+/* Shared words of one selecting warp: histogram / candidate list, mi lists
+ * of K, one row of W, the score cache (as the selection kernel's). */
+__host__ __device__ __forceinline__ size_t cu_pfi_warp_words(int32_t mi, int32_t K, int32_t W, int32_t cache)
+{
+    return 256 + (size_t)mi * K + (size_t)W + (size_t)cache;
+}
+
+/* Tiles of request r: none for a decode request. */
+__device__ __forceinline__ int32_t cu_pfi_tiles(const cu_pfidx_params &p, int32_t r)
+{
+    const int32_t ql = p.q_len[r];
+    return ql > CU_DEC_MAX_Q ? (ql + p.tt - 1) / p.tt : 0;
+}
+
+/* Copies of chunk c (keys c*64 .. c*64+63 of request r) into its ring
+ * stage: each thread half a key row, 8 pieces of 16 bytes.  Keys past the
+ * tile's last position p_last are zero-filled, never read from the cache
+ * (their page may not exist); the mask drops them. */
+__device__ __forceinline__ void cu_pfi_issue(const cu_pfidx_params &p, unsigned char *stages, int32_t c,
+                                             int32_t r, int32_t p_last)
+{
+    const int row = threadIdx.x >> 1;
+    const int half = threadIdx.x & 1;
+    const int32_t pos = c * PFI_CHUNK + row;
+    const bool valid = pos <= p_last;
+    const unsigned char *src = (const unsigned char *)p.ikp;
+    if (valid) {
+        const int32_t page = p.page_table[(int64_t)r * p.cap_pages + (pos >> p.logP)];
+        src += ((int64_t)page * p.P + (pos & (p.P - 1))) * 256;
+    }
+    const uint32_t dst = cu_smem_addr(stages + (c % PFI_STAGES) * PFI_STAGE_BYTES);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int chunk = half * 8 + i;
+        cu_cp_async16(dst + cu_swz(row, chunk), src + (valid ? chunk * 16 : 0), valid ? 16 : 0);
+    }
+}
+
+/* One row's part of a chunk (this thread's 16 scores of it, acc[nt][2h+e])
+ * reduced over the visible keys and the row's four lanes, merged into the
+ * row's running state (m, l). */
+template <bool LSE>
+__device__ __forceinline__ void cu_pfi_reduce(const float (&acc)[8][4], int h, int32_t key0, int32_t prow,
+                                              bool full, float iscale, float &rm, float &rl)
+{
+    const int lane = threadIdx.x & 31;
+    float v[16];
+    bool vis[16];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int32_t key = key0 + nt * 8 + 2 * (lane & 3) + e;
+            vis[2 * nt + e] = full || key <= prow;
+            v[2 * nt + e] = LSE ? acc[nt][2 * h + e] * iscale : acc[nt][2 * h + e];
+        }
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+        m = cu_nanmax(m, vis[i] ? v[i] : -INFINITY);
+    if (!LSE) {
+        m = cu_nanmax(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = cu_nanmax(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        rm = cu_nanmax(rm, m);
+        return;
+    }
+    /* (m, l): this thread's largest term and sum of exp(x - m); a NaN or
+     * infinite m alone is the state, -inf with l = 0 adds nothing. */
+    float l = 0.0f;
+    if (isnan(m) || isinf(m)) {
+        l = m == -INFINITY ? 0.0f : 1.0f;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+            l += vis[i] ? expf(v[i] - m) : 0.0f;
+    }
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        const float l2 = __shfl_xor_sync(0xffffffffu, l, o);
+        cu_lse_merge(m, l, m2, l2);
+    }
+    cu_lse_merge(rm, rl, m, l);
+}
+
+/* The unit's rows of token row t (block scores at scores + hl * cap_blocks
+ * for its mi index heads, N reachable blocks) selected by this warp and
+ * written as the KV heads' sel rows (and topk rows).  wsm: the warp's
+ * shared words (cu_pfi_warp_words). */
+__device__ __forceinline__ void cu_pfi_select_unit(const cu_pfidx_params &p, const float *scores, int32_t N,
+                                                   int32_t t, int32_t u, uint32_t *wsm)
+{
+    const int lane = threadIdx.x & 31;
+    uint32_t *hist = wsm;
+    int32_t *lists = (int32_t *)(wsm + 256);
+    int32_t *row = lists + p.mi * p.K;
+    float *cache = (float *)(row + p.W);
+    for (int hl = 0; hl < p.mi; ++hl)
+        cu_select_row(scores + (int64_t)hl * p.cap_blocks, N, p.K, p.I, p.Lc, lists + hl * p.K, hist, cache,
+                      p.sel_cache);
+    const int32_t *src = lists;
+    if (p.mi > 1) {
+        cu_union_lists(lists, p.mi, p.K, p.W, row);
+        src = row;
+    }
+    for (int gl = 0; gl < p.mk; ++gl) {
+        const int32_t g = u * p.mk + gl;
+        const int64_t off = ((int64_t)t * p.Hkv + g) * p.W;
+        for (int32_t j = lane; j < p.W; j += 32) {
+            p.sel[off + j] = src[j];
+            if (p.topk)
+                p.topk[off + j] = src[j];
+        }
+    }
+    __syncwarp();
+}
+
+/* Block scores of one tile's rows into the CTA's workspace rows. */
+template <typename Tag, bool LSE>
+__device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned char *smem, float *scratch,
+                                              int32_t r, int32_t t0, int32_t base, int32_t nrow, int32_t p_last)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    unsigned char *stages = smem;
+    unsigned char *qtile = smem + PFI_STAGES * PFI_STAGE_BYTES;
+
+    /* Query rows t0 * Hi .. + nrow (zeros after), then this warp's A
+     * fragments: rows warp*16 .. +15, all 128 dims. */
+    const uint4 *q = (const uint4 *)((const unsigned char *)p.iq + (int64_t)t0 * p.Hi * 256);
+    for (int i = threadIdx.x; i < CU_PFI_ROWS * 16; i += PFI_THREADS) {
+        const int row = i >> 4, chunk = i & 15;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (row < nrow)
+            v = q[row * 16 + chunk];
+        *(uint4 *)(qtile + cu_swz(row, chunk)) = v;
+    }
+    const int32_t F = p_last / PFI_CHUNK + 1; /* chunks up to the tile's last key */
+    for (int s = 0; s < PFI_STAGES - 1; ++s) {
+        if (s < F)
+            cu_pfi_issue(p, stages, s, r, p_last);
+        cu_cp_async_commit();
+    }
+    __syncthreads();
+    uint32_t a[8][4];
+    {
+        const uint32_t qa = cu_smem_addr(qtile);
+        const int row = warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks)
+            cu_ldsm_x4(qa + cu_swz(row, 2 * ks + (lane >> 4)), a[ks][0], a[ks][1], a[ks][2], a[ks][3]);
+    }
+    /* This thread's two rows: g and g + 8 of the warp's 16. */
+    const int row_lo = warp * 16 + (lane >> 2);
+    const int32_t pos_lo = base + row_lo / p.Hi;
+    const int32_t pos_hi = base + (row_lo + 8) / p.Hi;
+    const int32_t cpb = p.B / PFI_CHUNK;
+    float rm[2] = {-INFINITY, -INFINITY}, rl[2] = {0.0f, 0.0f};
+    int32_t cb = 0; /* chunk within its block */
+    for (int32_t c = 0; c < F; ++c) {
+        cu_cp_async_wait<PFI_STAGES - 2>();
+        __syncthreads(); /* stage c landed for all; stage c - 1 read by all */
+        if (c + PFI_STAGES - 1 < F)
+            cu_pfi_issue(p, stages, c + PFI_STAGES - 1, r, p_last);
+        cu_cp_async_commit();
+        float acc[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+            acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        const uint32_t ka = cu_smem_addr(stages + (c % PFI_STAGES) * PFI_STAGE_BYTES);
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+            for (int n2 = 0; n2 < 4; ++n2) {
+                uint32_t b0, b1, b2, b3;
+                const int krow = n2 * 16 + ((lane >> 4) & 1) * 8 + (lane & 7);
+                cu_ldsm_x4(ka + cu_swz(krow, 2 * ks + ((lane >> 3) & 1)), b0, b1, b2, b3);
+                cu_mma16816(acc[2 * n2], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b0, b1, Tag());
+                cu_mma16816(acc[2 * n2 + 1], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b2, b3, Tag());
+            }
+        }
+        const int32_t key0 = c * PFI_CHUNK;
+        const bool full = key0 + PFI_CHUNK - 1 <= base; /* visible to every row of the tile */
+        if (cb == 0) {
+            rm[0] = rm[1] = -INFINITY;
+            rl[0] = rl[1] = 0.0f;
+        }
+        cu_pfi_reduce<LSE>(acc, 0, key0, pos_lo, full, p.iscale, rm[0], rl[0]);
+        cu_pfi_reduce<LSE>(acc, 1, key0, pos_hi, full, p.iscale, rm[1], rl[1]);
+        if (cb == cpb - 1 || c == F - 1) {
+            const int32_t n = c / cpb;
+            if ((lane & 3) == 0) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = row_lo + 8 * h;
+                    if (row < nrow)
+                        scratch[(int64_t)row * p.cap_blocks + n] = LSE ? cu_lse_value(rm[h], rl[h]) : rm[h];
+                }
+            }
+        }
+        cb = cb + 1 == cpb ? 0 : cb + 1;
+    }
+    cu_cp_async_wait<0>();
+    __syncthreads(); /* the workspace rows written; the ring free for reuse */
+}
+
+template <typename Tag>
+__global__ void __launch_bounds__(PFI_THREADS, 2) cu_pfidx_kernel(const cu_pfidx_params p)
+{
+    /* The next kernel (the attention) may be scheduled now: it waits for
+     * this grid's end before it reads the sel rows. */
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* the step's index keys in the cache (prologue) */
+    extern __shared__ __align__(128) unsigned char smem[];
+    if (p.hdr->n_pf == 0)
+        return;
+    const int warp = threadIdx.x >> 5;
+    const int32_t R = p.hdr->num_requests;
+    float *scratch = p.scratch + (int64_t)blockIdx.x * CU_PFI_ROWS * p.cap_blocks;
+    uint32_t *wsm = (uint32_t *)smem + warp * cu_pfi_warp_words(p.mi, p.K, p.W, p.sel_cache);
+    /* Tile g of the step's list (requests in order, each from its last tile
+     * back); this CTA takes one per round, rounds alternating direction. */
+    int32_t r = 0, g0 = 0, ntr = R > 0 ? cu_pfi_tiles(p, 0) : 0;
+    for (int32_t k = 0;; ++k) {
+        const int32_t g = k * (int32_t)gridDim.x +
+                          ((k & 1) ? (int32_t)(gridDim.x - 1 - blockIdx.x) : (int32_t)blockIdx.x);
+        while (r < R && g >= g0 + ntr) {
+            g0 += ntr;
+            ++r;
+            ntr = r < R ? cu_pfi_tiles(p, r) : 0;
+        }
+        if (r >= R)
+            break;
+        const int32_t ql = p.q_len[r], kl = p.kv_len[r];
+        const int32_t i1 = ql - (g - g0) * p.tt, i0 = max(0, i1 - p.tt);
+        const int32_t base = kl - ql + i0;         /* position of the tile's first token */
+        const int32_t p_last = kl - ql + i1 - 1;   /* and of its last */
+        const int32_t t0 = p.q_start[r] + i0;      /* its first token row */
+        const int32_t ntok = i1 - i0;
+        if (p.score_lse)
+            cu_pfi_scores<Tag, true>(p, smem, scratch, r, t0, base, ntok * p.Hi, p_last);
+        else
+            cu_pfi_scores<Tag, false>(p, smem, scratch, r, t0, base, ntok * p.Hi, p_last);
+        /* Selection of the tile's (token, unit) items, a warp each. */
+        for (int32_t item = warp; item < ntok * p.units; item += PFI_WARPS) {
+            const int32_t tok = item / p.units;
+            const int32_t u = item - tok * p.units;
+            const int32_t N = (base + tok) / p.B + 1;
+            cu_pfi_select_unit(p, scratch + ((int64_t)tok * p.Hi + (int64_t)u * p.mi) * p.cap_blocks, N,
+                               t0 + tok, u, wsm);
+        }
+        __syncthreads(); /* shared memory free for the next tile's ring */
+    }
+}
+
+int cu_pfidx_shape(const msa_plan *plan)
+{
+    const msa_model_config *cfg = &plan->model->cfg;
+    const msa_dtype idt = plan->cache->cfg.index_dtype;
+    return (idt == MSA_DTYPE_BF16 || idt == MSA_DTYPE_FP16) && cfg->index_dim == 128 &&
+           cfg->block_size % PFI_CHUNK == 0 && cfg->num_index_heads >= 1 && cfg->num_index_heads <= 4;
+}
+
+void cu_pfidx_build(const cu_layer *L, const cu_plan_state *st, cu_pfidx_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->Hi = L->Hi;
+    p->Hkv = L->Hkv;
+    p->B = L->B;
+    p->K = L->K;
+    p->I = L->I;
+    p->Lc = L->Lc;
+    p->W = L->W;
+    p->mi = L->mi;
+    p->mk = L->mk;
+    p->units = L->units;
+    p->tt = CU_PFI_ROWS / L->Hi;
+    p->score_lse = L->score_lse;
+    p->iscale = L->iscale;
+    p->P = L->P;
+    p->logP = L->logP;
+    p->cap_pages = st->cap_pages;
+    p->cap_blocks = st->cap_blocks;
+    p->sel_cache = st->sel_cache;
+    p->iq = L->iq;
+    p->ikp = L->ikp;
+    p->hdr = st->dev.hdr;
+    p->q_len = st->dev.q_len;
+    p->kv_len = st->dev.kv_len;
+    p->q_start = st->dev.q_start;
+    p->page_table = st->dev.page_table;
+    p->sel = st->sel;
+    p->topk = L->topk;
+    p->scratch = st->pfi_scratch;
+}
+
+size_t cu_pfidx_smem(int32_t mi, int32_t K, int32_t W, int32_t sel_cache)
+{
+    const size_t sel = PFI_WARPS * cu_pfi_warp_words(mi, K, W, sel_cache) * sizeof(uint32_t);
+    return sel > PFI_SCORE_SMEM ? sel : PFI_SCORE_SMEM;
+}
+
+cudaError_t cu_pfidx_setup(size_t smem)
+{
+    return cu_allow_smem(smem, cu_pfidx_kernel<cu_bf16_tag>, cu_pfidx_kernel<cu_f16_tag>);
+}
+
+int cu_pfidx_grid(int num_sms)
+{
+    return 2 * num_sms;
+}
+
+size_t cu_pfidx_scratch_floats(int grid, int32_t cap_blocks)
+{
+    return (size_t)grid * CU_PFI_ROWS * (size_t)cap_blocks;
+}
+
+void cu_launch_indexer_prefill_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
+{
+    cu_pfidx_params p;
+    cu_pfidx_build(L, st, &p);
+    const size_t smem = cu_pfidx_smem(p.mi, p.K, p.W, p.sel_cache);
+    if (L->act == MSA_DTYPE_BF16)
+        cu_launch(cu_pfidx_kernel<cu_bf16_tag>, st->grid_pfi, PFI_THREADS, smem, s, st->pdl, p);
+    else
+        cu_launch(cu_pfidx_kernel<cu_f16_tag>, st->grid_pfi, PFI_THREADS, smem, s, st->pdl, p);
+}

@@ -1,0 +1,66 @@
+/*
+ * Prefill indexer and selection on tensor cores (mma.sync, sm_80 and
+ * later): index scores of prefill tokens (requests with q_len above the
+ * decode path's CU_DEC_MAX_Q) against their request's visible index keys,
+ * the causal mask, block max / log-sum-exp and the score scale fused, then
+ * the exact SPEC 4 selection of each (token, unit) written as the sel rows
+ * (and the caller's topk rows) the prefill attention reads.
+ *
+ * Covers 16-bit activations with an index plane of the same type, Di = 128,
+ * B a multiple of 64 and at most 4 index heads (cu_paths.idx_fast); other
+ * shapes keep the selection kernel's scalar prefill role.
+ *
+ * The kernel reads and writes only what its parameter struct names;
+ * cu_pfidx_build fills it from the layer and the plan.
+ */
+#ifndef MSA_INDEXER_PREFILL_MMA_SM80_CUH
+#define MSA_INDEXER_PREFILL_MMA_SM80_CUH
+
+#include "../../cu_plan.cuh"
+
+/* Rows of one tile: tokens x index heads, one 16-row MMA tile per warp. */
+#define CU_PFI_ROWS 64
+
+typedef struct cu_pfidx_params {
+    /* Shapes. */
+    int32_t Hi, Hkv, B, K, I, Lc, W;
+    int32_t mi, mk, units;     /* as in cu_layer */
+    int32_t tt;                /* tokens per tile: CU_PFI_ROWS / Hi */
+    int32_t score_lse;
+    float iscale;
+    int32_t P, logP, cap_pages, cap_blocks, sel_cache;
+    /* Inputs: index queries of the step, the layer's index-key plane, the
+     * plan's request arrays and page table. */
+    const void *iq, *ikp;
+    const cu_step_hdr *hdr;
+    const int32_t *q_len, *kv_len, *q_start, *page_table;
+    /* Outputs: the plan's sel rows, the caller's topk rows (or NULL), and
+     * this kernel's block-score workspace [grid][CU_PFI_ROWS][cap_blocks]. */
+    int32_t *sel, *topk;
+    float *scratch;
+} cu_pfidx_params;
+
+/* Whether a plan's model and cache fit the kernel: 16-bit index plane,
+ * Di = 128, B a multiple of 64, at most 4 index heads (the activations
+ * must match the plane: cu_choose_paths' idx_fast, per call). */
+int cu_pfidx_shape(const msa_plan *plan);
+
+/* Fills the kernel's parameters from the layer and the plan. */
+void cu_pfidx_build(const cu_layer *L, const cu_plan_state *st, cu_pfidx_params *p);
+
+/* Dynamic shared memory of the kernel for a plan's selection shapes. */
+size_t cu_pfidx_smem(int32_t mi, int32_t K, int32_t W, int32_t sel_cache);
+
+/* Raises the kernels' shared-memory limit to `smem` bytes (plan init). */
+cudaError_t cu_pfidx_setup(size_t smem);
+
+/* CTAs of the persistent grid (two per SM) and the floats of their
+ * block-score workspace. */
+int cu_pfidx_grid(int num_sms);
+size_t cu_pfidx_scratch_floats(int grid, int32_t cap_blocks);
+
+/* Enqueues the kernel (after the selection kernel, which then leaves the
+ * prefill rows to it: cu_layer.pf_ctas = 0). */
+void cu_launch_indexer_prefill_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
+
+#endif /* MSA_INDEXER_PREFILL_MMA_SM80_CUH */
