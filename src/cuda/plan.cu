@@ -303,8 +303,10 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
      * idx_fast, less the activation type, known per call) and a plan that
      * can hold a prefill request.  Its workspace: 64 rows of block scores
      * per CTA (CU_PFI_ROWS x cap_blocks floats, 256 KB a CTA at 128K
-     * tokens). */
-    if (e == cudaSuccess && any_sparse && cu_pfidx_shape(plan) && st->cap_tok > CU_DEC_MAX_Q) {
+     * tokens).  MSA_CUDA_PFI=0 (measuring aid) keeps the scalar role. */
+    const char *pfi_env = getenv("MSA_CUDA_PFI");
+    const int pfi_off = pfi_env && pfi_env[0] == '0';
+    if (e == cudaSuccess && any_sparse && !pfi_off && cu_pfidx_shape(plan) && st->cap_tok > CU_DEC_MAX_Q) {
         st->grid_pfi = cu_pfidx_grid(st->num_sms);
         e = cu_zalloc((void **)&st->pfi_scratch,
                       sizeof(float) * cu_pfidx_scratch_floats(st->grid_pfi, st->cap_blocks));

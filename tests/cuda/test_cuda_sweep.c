@@ -6,7 +6,9 @@
  *      the split indexer, the union attention and the merges do real work:
  *      batch 1 and small batches, 1 to 16 tokens per request, every page
  *      size of the fast path and the portable fp32 path, plus a step that
- *      mixes decode requests with a prefill request.
+ *      mixes decode requests with a prefill request;
+ *   3. prefill rows (PF_CASES): the tensor-core indexer's shapes, every
+ *      head mapping, prefixes, several requests, mixed steps.
  *   test_cuda_sweep [--quick] [--filter TEXT] [--cpu] [--shard I/N]
  * Without a GPU it prints "skipped" and exits 77.  --cpu runs the same
  * cases on the CPU backend instead: a check of the cases themselves (and
@@ -94,6 +96,96 @@ static const long_case LONG_CASES[] = {
     {"m3 bf16 P128 b36 q8/1/3/2 9K/3K/6K/4K x2", MSA_DTYPE_BF16, 128, 1, 0, 1, 4, {8, 1, 3, 2},
      {9000, 3000, 6000, 4100}, 0, 0, 2, 0, 9, 0},
 };
+
+/* Prefill rows (q_len > 16) on the tensor-core indexer and selection:
+ * index dim 128 and blocks a multiple of 64 (its shapes), every head
+ * mapping (eq, union of 2 and 4, shared), 1 to 4 index heads (tiles of 64,
+ * 32, 21 and 16 tokens), both score types, page sizes 16 to 256, several
+ * requests, prefixes, mixed steps, ties and NaN blocks, two steps on one
+ * plan.  Most use a lean main layer (few heads, head dim 32) so that the
+ * oracle spends its time on the index scores; every row's selected ids are
+ * compared with the oracle's (msa_case topk), every output too. */
+typedef struct pf_case {
+    const char *name;
+    int Hq, Hkv, D, Hi, B, K, I, Lc; /* Di = 128 */
+    msa_dtype act;
+    int page, lse, index_value, quick;
+    int nreq;
+    int q[CASE_REQS], kv[CASE_REQS];
+    int tie_blocks, nan_blocks, steps;
+} pf_case;
+
+static const pf_case PF_CASES[] = {
+    {"pfsel m3 bf16 P128 q300 after 30K", 64, 4, 128, 4, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 0, 0, 1, 1, {300}, {30300}, 0, 0, 1},
+    {"pfsel m3 bf16 P128 mixed 1/8/120/17", 64, 4, 128, 4, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 0, 1, 1, 4,
+     {1, 8, 120, 17}, {40000, 9000, 15000, 17}, 0, 0, 1},
+    {"pfsel m3 bf16 P128 q64 20K 40 tied", 64, 4, 128, 4, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 0, 0, 1, 1, {64}, {20064}, 40, 0, 1},
+    {"pfsel lean fp16 P64 lse q100/40 20K/3K", 4, 4, 32, 4, 128, 16, 0, 1, MSA_DTYPE_FP16, 64, 1, 0, 1, 2, {100, 40}, {20100, 3040}, 0, 0, 1},
+    {"pfsel union2 bf16 P128 q70/1 9K/5K", 8, 2, 32, 4, 128, 16, 1, 2, MSA_DTYPE_BF16, 128, 0, 0, 1, 2, {70, 1}, {9000, 5000}, 0, 0, 1},
+    {"pfsel union4 fp16 P16 lse q50 8K", 4, 1, 32, 4, 128, 16, 0, 2, MSA_DTYPE_FP16, 16, 1, 0, 1, 1, {50}, {8000}, 0, 0, 1},
+    {"pfsel shared bf16 P32 B64 q90 12K", 8, 4, 32, 2, 64, 16, 1, 1, MSA_DTYPE_BF16, 32, 0, 0, 1, 1, {90}, {12000}, 0, 0, 1},
+    {"pfsel hi3 bf16 P256 q100/30 6K/2K", 6, 3, 32, 3, 128, 12, 0, 1, MSA_DTYPE_BF16, 256, 1, 0, 1, 2, {100, 30}, {6000, 2000}, 0, 0, 1},
+    {"pfsel hi1 bf16 P128 q150 20K", 2, 1, 32, 1, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 0, 0, 1, 1, {150}, {20000}, 0, 0, 1},
+    {"pfsel lean bf16 P128 q80 15K ties+NaN", 4, 4, 32, 4, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 0, 0, 1, 1, {80}, {15000}, 20, 30, 1},
+    {"pfsel lean bf16 P128 q200/33 25K/33 x2", 4, 4, 32, 4, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 1, 0, 1, 2, {200, 33}, {25000, 33}, 0, 0, 2},
+    {"pfsel lean bf16 P128 fresh 8K", 4, 4, 32, 4, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 0, 0, 0, 1, {8192}, {8192}, 0, 0, 1},
+    {"pfsel lean bf16 P128 fresh 32K lse", 4, 4, 32, 4, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 1, 0, 0, 1, {32768}, {32768}, 0, 0, 1},
+    {"pfsel lean bf16 P64 q1K after 127K", 4, 4, 32, 4, 128, 16, 0, 1, MSA_DTYPE_BF16, 64, 0, 0, 0, 1, {1024}, {131072}, 0, 0, 1},
+    {"pfsel m3 bf16 P128 q2K after 30K x3", 64, 4, 128, 4, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 0, 0, 0, 3,
+     {2048, 700, 17}, {32768, 9000, 4000}, 0, 0, 1},
+};
+
+static int run_pf(msa_context *ctx, const pf_case *pc, int *passed, int *failed)
+{
+    msa_case c;
+    memset(&c, 0, sizeof c);
+    c.name = pc->name;
+    c.Hq = pc->Hq;
+    c.Hkv = pc->Hkv;
+    c.D = pc->D;
+    c.Hi = pc->Hi;
+    c.Di = 128;
+    c.block = pc->B;
+    c.topk = pc->K;
+    c.init_blocks = pc->I;
+    c.local_blocks = pc->Lc;
+    c.score_lse = pc->lse;
+    c.sparse = 1;
+    c.index_value = pc->index_value;
+    c.page_size = pc->page;
+    c.act_dtype = pc->act;
+    c.kv_dtype = pc->act;
+    c.index_dtype = pc->act;
+    c.num_requests = pc->nreq;
+    c.q_len = pc->q;
+    c.kv_len = pc->kv;
+    c.padding_rows = 3;
+    c.shuffle_pages = 1;
+    c.write_cache = 1;
+    c.seed = 0x9f11a000u + (uint64_t)pc->page * 131u + (uint64_t)pc->q[0];
+    c.tie_blocks = pc->tie_blocks;
+    c.nan_blocks = pc->nan_blocks;
+    msa_case_result res;
+    memset(&res, 0, sizeof res);
+    if (pc->steps == 2) {
+        msa_case seq[2] = {c, c};
+        seq[1].seed = c.seed + 1;
+        msa_case_run_sequence(ctx, seq, 2, &res);
+    } else {
+        msa_case_run(ctx, &c, &res);
+    }
+    printf("%-40s %s  o %.2e  lse %.2e  idx_o %.2e  ids %ld  unwritten %ld  %.1fs %s\n", pc->name,
+           res.skipped ? "SKIP" : res.passed ? "ok  " : "FAIL", res.o_err, res.lse_err,
+           res.idx_o_err, res.topk_mismatches, res.unwritten, res.seconds, res.message);
+    fflush(stdout);
+    if (res.skipped)
+        return 0;
+    if (res.passed)
+        ++*passed;
+    else
+        ++*failed;
+    return 1;
+}
 
 static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *failed)
 {
@@ -218,6 +310,15 @@ int main(int argc, char **argv)
             if (selected++ % shards != shard)
                 continue;
             if (!run_long(ctx, lc, &passed, &failed))
+                ++skipped;
+        }
+        for (size_t i = 0; i < sizeof PF_CASES / sizeof PF_CASES[0]; ++i) {
+            const pf_case *pc = &PF_CASES[i];
+            if ((quick && !pc->quick) || (filter && !strstr(pc->name, filter)))
+                continue;
+            if (selected++ % shards != shard)
+                continue;
+            if (!run_pf(ctx, pc, &passed, &failed))
                 ++skipped;
         }
         msa_context_free(ctx);
