@@ -16,10 +16,11 @@
 #             prologue, the decode indexer, the selection, the prefill
 #             indexer; no attention) against the same with the scalar role
 #             (MSA_CUDA_PFI=0, STOP_AFTER=3): single prompts of 4K new tokens
-#             after 4K and 28K, and the 66 weighted cases of the prefill
-#             workload (time-limited).
+#             after 4K and 28K; then the 66 weighted cases of the prefill
+#             workload with the new path alone (time-limited; the scalar
+#             role would not finish them in time).
 # Logs in $OUT (at most 8 files): summary.txt, build.log, sweep.log,
-# graph.log, sanitize.log, bench.log, bench_pfi.json, bench_scalar.json.
+# graph.log, sanitize.log, bench.log, bench_pfi.json.
 #
 # Steps: PFI_STEPS (comma list, default build,ptxas,sweep,graph,memcheck,bench).
 # Usage (repository root):  OUT=/some/dir bench/prefill_idx_round.sh
@@ -27,7 +28,7 @@ set -u -o pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/prefill-idx-round-out}
-BUILD=${BUILD:-/tmp/msa-pfi-build}
+BUILD=${BUILD:-$ROOT/build-pfi-gpu} # inside the tree (git-ignored): kept between calls
 STEPS=${PFI_STEPS:-build,ptxas,sweep,graph,memcheck,bench}
 SWEEP=${PFI_SWEEP:-quick}
 JOBS=$(nproc 2>/dev/null || echo 8)
@@ -124,9 +125,6 @@ if has_step bench; then
     done
     run "bench prefill workload (pfi, no attention)" bench.log 300 env MSA_CUDA_STOP_AFTER=4 \
         "$MSA" bench --backend cuda --workload prefill --suite representative --json "$OUT/bench_pfi.json"
-    run "bench prefill workload (scalar, no attention)" bench.log 200 env MSA_CUDA_STOP_AFTER=3 MSA_CUDA_PFI=0 \
-        "$MSA" bench --backend cuda --workload prefill --suite representative --reps 2 --warmup 1 \
-        --json "$OUT/bench_scalar.json"
 fi
 echo "---- summary"
 cat "$SUMMARY"

@@ -350,7 +350,16 @@ size_t cu_pfidx_smem(int32_t mi, int32_t K, int32_t W, int32_t sel_cache)
 
 cudaError_t cu_pfidx_setup(size_t smem)
 {
-    return cu_allow_smem(smem, cu_pfidx_kernel<cu_bf16_tag>, cu_pfidx_kernel<cu_f16_tag>);
+    /* The limit is the kernel's, not a plan's: only ever raised, so that a
+     * plan created later with smaller shapes does not lower it under an
+     * earlier plan that still runs. */
+    static size_t allowed = 48 * 1024;
+    if (smem <= allowed)
+        return cudaSuccess;
+    const cudaError_t e = cu_allow_smem(smem, cu_pfidx_kernel<cu_bf16_tag>, cu_pfidx_kernel<cu_f16_tag>);
+    if (e == cudaSuccess)
+        allowed = smem;
+    return e;
 }
 
 int cu_pfidx_grid(int num_sms)
