@@ -8,7 +8,9 @@
 #   sweep     the prefill selection cases of the GPU sweep (names "pfsel"):
 #             every selected id of every prefill row against the CPU oracle,
 #             and every output; PFI_SWEEP=quick (default) or full (adds the
-#             8K and 32K prompts, 1K new tokens after 127K, 2K after 30K);
+#             8K and 32K prompts, 1K new tokens after 127K, 2K after 30K),
+#             then the quick ones on grids for 8 SMs (MSA_CUDA_SMS=8: tiles
+#             without key-range splits, several tiles per CTA);
 #   graph     the graph test (steps of any mix replayed after updates);
 #   memcheck  compute-sanitizer memcheck on two small prefill cases, then
 #             racecheck on one;
@@ -99,6 +101,11 @@ if has_step sweep; then
     n=$((JOBS > 8 ? 8 : JOBS))
     for ((sh = 0; sh < n; sh++)); do
         run "sweep pfsel $SWEEP shard $sh/$n" sweep.log 540 "$SW" "${args[@]}" --shard "$sh/$n" &
+    done
+    # Grids for 8 SMs (16 CTAs): few key-range splits, many tiles per CTA.
+    for ((sh = 0; sh < 4; sh++)); do
+        run "sweep pfsel quick 8 SMs shard $sh/4" sweep.log 540 env MSA_CUDA_SMS=8 "$SW" --quick --filter pfsel \
+            --shard "$sh/4" &
     done
     wait
 fi

@@ -178,9 +178,11 @@ typedef struct cu_plan_state {
     float *part;           /* [part_rows_cap][part_stride] split partials */
     /* Prefill indexer on tensor cores (kernels/indexer/indexer_prefill_mma_sm80.cu):
      * its persistent grid and block-score workspace [grid_pfi][64][cap_blocks];
-     * NULL where no layer's shapes fit it (the selection's scalar role then). */
+     * NULL where no layer's shapes fit it (the selection's scalar role then);
+     * and its key-range splits' candidates and completion counts. */
     int grid_pfi;
     float *pfi_scratch;
+    int32_t *pfi_split;
 
     /* Tensor maps of the sparse layers' planes for the Hopper kernels,
      * encoded once when the plan is created (the planes are fixed for the

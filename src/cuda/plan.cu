@@ -92,6 +92,7 @@ static void cu_state_release(cu_plan_state *st)
     cudaFree(st->pf_scratch);
     cudaFree(st->part);
     cudaFree(st->pfi_scratch);
+    cudaFree(st->pfi_split);
     free(st->maps);
     free(st->map_ok);
     free(st);
@@ -310,6 +311,8 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
         st->grid_pfi = cu_pfidx_grid(st->num_sms);
         e = cu_zalloc((void **)&st->pfi_scratch,
                       sizeof(float) * cu_pfidx_scratch_floats(st->grid_pfi, st->cap_blocks));
+        if (e == cudaSuccess)
+            e = cu_zalloc((void **)&st->pfi_split, sizeof(int32_t) * cu_pfidx_split_words(st->grid_pfi));
         if (e == cudaSuccess)
             e = cu_pfidx_setup(cu_pfidx_smem(mi, cfg->topk_blocks, W, st->sel_cache));
     }

@@ -128,6 +128,8 @@ static const pf_case PF_CASES[] = {
     {"pfsel hi1 bf16 P128 q150 20K", 2, 1, 32, 1, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 0, 0, 1, 1, {150}, {20000}, 0, 0, 1},
     {"pfsel lean bf16 P128 q80 15K ties+NaN", 4, 4, 32, 4, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 0, 0, 1, 1, {80}, {15000}, 20, 30, 1},
     {"pfsel lean bf16 P128 q200/33 25K/33 x2", 4, 4, 32, 4, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 1, 0, 1, 2, {200, 33}, {25000, 33}, 0, 0, 2},
+    /* More tiles than half the grid of an H200 (188): no key-range splits. */
+    {"pfsel lean fp16 P128 fresh 3000 lse", 4, 4, 32, 4, 128, 16, 0, 1, MSA_DTYPE_FP16, 128, 1, 0, 1, 1, {3000}, {3000}, 0, 0, 1},
     {"pfsel lean bf16 P128 fresh 8K", 4, 4, 32, 4, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 0, 0, 0, 1, {8192}, {8192}, 0, 0, 1},
     /* One index head: a quarter of the oracle's index work (about 2.5 min). */
     {"pfsel hi1 bf16 P128 fresh 32K lse", 2, 1, 32, 1, 128, 16, 0, 1, MSA_DTYPE_BF16, 128, 1, 0, 0, 1, {32768}, {32768}, 0, 0, 1},

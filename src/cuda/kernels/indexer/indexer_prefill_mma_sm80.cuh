@@ -35,9 +35,15 @@ typedef struct cu_pfidx_params {
     const cu_step_hdr *hdr;
     const int32_t *q_len, *kv_len, *q_start, *page_table;
     /* Outputs: the plan's sel rows, the caller's topk rows (or NULL), and
-     * this kernel's block-score workspace [grid][CU_PFI_ROWS][cap_blocks]. */
+     * this kernel's workspaces: block scores [grid][CU_PFI_ROWS][cap_blocks],
+     * split candidates (ids, scores) [grid][CU_PFI_ROWS][32] and completion
+     * counts per tile [grid] (kept 0 between launches); cand_id NULL: no
+     * splits. */
     int32_t *sel, *topk;
     float *scratch;
+    int32_t *cand_id;
+    float *cand_score;
+    int32_t *split_done;
 } cu_pfidx_params;
 
 /* Whether a plan's model and cache fit the kernel: 16-bit index plane,
@@ -54,10 +60,12 @@ size_t cu_pfidx_smem(int32_t mi, int32_t K, int32_t W, int32_t sel_cache);
 /* Raises the kernels' shared-memory limit to `smem` bytes (plan init). */
 cudaError_t cu_pfidx_setup(size_t smem);
 
-/* CTAs of the persistent grid (two per SM) and the floats of their
- * block-score workspace. */
+/* CTAs of the persistent grid (two per SM), the floats of their
+ * block-score workspace and the 32-bit words of the split workspace
+ * (candidates and completion counts: 16 KB a CTA). */
 int cu_pfidx_grid(int num_sms);
 size_t cu_pfidx_scratch_floats(int grid, int32_t cap_blocks);
+size_t cu_pfidx_split_words(int grid);
 
 /* Enqueues the kernel (after the selection kernel, which then leaves the
  * prefill rows to it: cu_layer.pf_ctas = 0). */
