@@ -5,18 +5,21 @@
 #
 #   build     configure (sm_90a) and build the CLI and the CUDA tests;
 #   ptxas     ptxas' report, sm_90a and sm_80: no spills;
-#   sweep     the prefill selection cases of the GPU sweep (names "pfsel"):
+#   sweep     the prefill selection cases of the GPU sweep (names "pfsel"),
+#             Hopper products (the default on the H200):
 #             every selected id of every prefill row against the CPU oracle,
 #             and every output; PFI_SWEEP=quick (default) or full (adds the
 #             8K and 32K prompts, 1K new tokens after 127K, 2K after 30K),
 #             then the quick ones on grids for 8 SMs (MSA_CUDA_SMS=8: tiles
-#             without key-range splits, several tiles per CTA);
+#             without key-range splits, several tiles per CTA) and with
+#             the mma.sync products (MSA_CUDA_PFI_WGMMA=0);
 #   graph     the graph test (steps of any mix replayed after updates);
 #   memcheck  compute-sanitizer memcheck on two small prefill cases, then
 #             racecheck on one;
 #   bench     the indexer and selection alone (MSA_CUDA_STOP_AFTER=4: the
 #             prologue, the decode indexer, the selection, the prefill
-#             indexer; no attention) against the same with the scalar role
+#             indexer; no attention), wgmma and mma.sync, against the same
+#             with the scalar role
 #             (MSA_CUDA_PFI=0, STOP_AFTER=3): single prompts of 4K new tokens
 #             after 4K and 28K; then the 66 weighted cases of the prefill
 #             workload with the new path alone (time-limited; the scalar
@@ -102,10 +105,13 @@ if has_step sweep; then
     for ((sh = 0; sh < n; sh++)); do
         run "sweep pfsel $SWEEP shard $sh/$n" sweep.log 540 "$SW" "${args[@]}" --shard "$sh/$n" &
     done
-    # Grids for 8 SMs (16 CTAs): few key-range splits, many tiles per CTA.
+    # Grids for 8 SMs (16 CTAs): few key-range splits, many tiles per CTA;
+    # and the mma.sync products on the H200 (the sm_80 path's code).
     for ((sh = 0; sh < 4; sh++)); do
         run "sweep pfsel quick 8 SMs shard $sh/4" sweep.log 540 env MSA_CUDA_SMS=8 "$SW" --quick --filter pfsel \
             --shard "$sh/4" &
+        run "sweep pfsel quick mma.sync shard $sh/4" sweep.log 540 env MSA_CUDA_PFI_WGMMA=0 "$SW" --quick \
+            --filter pfsel --shard "$sh/4" &
     done
     wait
 fi
@@ -117,7 +123,8 @@ fi
 if has_step memcheck; then
     CS=compute-sanitizer
     run "memcheck pfsel union2" sanitize.log 400 $CS --tool memcheck --error-exitcode 9 "$SW" --filter "pfsel union2" &
-    run "memcheck pfsel hi3" sanitize.log 400 $CS --tool memcheck --error-exitcode 9 "$SW" --filter "pfsel hi3" &
+    run "memcheck pfsel hi3 (mma.sync)" sanitize.log 400 env MSA_CUDA_PFI_WGMMA=0 $CS --tool memcheck \
+        --error-exitcode 9 "$SW" --filter "pfsel hi3" &
     run "racecheck pfsel union4" sanitize.log 500 $CS --tool racecheck --error-exitcode 9 "$SW" --filter "pfsel union4" &
     wait
 fi
@@ -125,8 +132,10 @@ fi
 if has_step bench; then
     # Indexer and selection alone: the layer's first four kernels.
     for ctx in 8192 32768; do
-        run "bench 4K new after $((ctx - 4096)) (pfi)" bench.log 120 env MSA_CUDA_STOP_AFTER=4 \
+        run "bench 4K new after $((ctx - 4096)) (pfi wgmma)" bench.log 120 env MSA_CUDA_STOP_AFTER=4 \
             "$MSA" bench --backend cuda --decode-context "$ctx" --batch 1 --q-len 4096
+        run "bench 4K new after $((ctx - 4096)) (pfi mma.sync)" bench.log 120 env MSA_CUDA_STOP_AFTER=4 \
+            MSA_CUDA_PFI_WGMMA=0 "$MSA" bench --backend cuda --decode-context "$ctx" --batch 1 --q-len 4096
         run "bench 4K new after $((ctx - 4096)) (scalar)" bench.log 120 env MSA_CUDA_STOP_AFTER=3 MSA_CUDA_PFI=0 \
             "$MSA" bench --backend cuda --decode-context "$ctx" --batch 1 --q-len 4096 --reps 3 --warmup 1
     done

@@ -35,7 +35,9 @@
 #include "../../cu_mma.cuh"
 #include "../../cu_launch.cuh"
 #include "../../cu_select.cuh"
+#include "../../cu_wgmma.cuh"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define PFI_WARPS 4
@@ -44,7 +46,22 @@
 #define PFI_STAGES 3
 #define PFI_STAGE_BYTES (PFI_CHUNK * 256) /* 64 keys of 128 16-bit values */
 #define PFI_Q_BYTES (CU_PFI_ROWS * 256)
-#define PFI_SCORE_SMEM (PFI_STAGES * PFI_STAGE_BYTES + PFI_Q_BYTES)
+/* The ring and the query tile, plus room to align the ring to the
+ * 1024-byte swizzle atoms of the Hopper products. */
+#define PFI_SCORE_SMEM (PFI_STAGES * PFI_STAGE_BYTES + PFI_Q_BYTES + 1024)
+
+/* Byte offset of 16-byte piece `chunk` (0..15) of key row `row` in a stage
+ * for the Hopper products (WG): two boxes of 64 dims (64 rows of 128 bytes,
+ * 8 KB each), pieces swizzled within each 128-byte row by the row's low 3
+ * bits, as a 128-byte-swizzle tensor copy lays them out (cu_wgmma.cuh's
+ * K-major B operand); else the mma path's swizzle (cu_swz). */
+template <bool WG>
+__device__ __forceinline__ uint32_t cu_pfi_swz(int row, int chunk)
+{
+    if (WG)
+        return (uint32_t)((chunk >> 3) * (PFI_CHUNK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+    return cu_swz(row, chunk);
+}
 
 /* Key-range splits of a tile at most (when the step has few tiles), and
  * the candidates a split keeps per row: the blocks chosen by score,
@@ -72,6 +89,7 @@ __device__ __forceinline__ int32_t cu_pfi_tiles(const cu_pfidx_params &p, int32_
  * tile's range, into ring stage x % PFI_STAGES: each thread half a key row, 8 pieces of 16 bytes.  Keys past the
  * tile's last position p_last are zero-filled, never read from the cache
  * (their page may not exist); the mask drops them. */
+template <bool WG>
 __device__ __forceinline__ void cu_pfi_issue(const cu_pfidx_params &p, unsigned char *stages, int32_t c,
                                              int32_t x, int32_t r, int32_t p_last)
 {
@@ -88,7 +106,7 @@ __device__ __forceinline__ void cu_pfi_issue(const cu_pfidx_params &p, unsigned 
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int chunk = half * 8 + i;
-        cu_cp_async16(dst + cu_swz(row, chunk), src + (valid ? chunk * 16 : 0), valid ? 16 : 0);
+        cu_cp_async16(dst + cu_pfi_swz<WG>(row, chunk), src + (valid ? chunk * 16 : 0), valid ? 16 : 0);
     }
 }
 
@@ -278,15 +296,15 @@ __device__ __forceinline__ void cu_pfi_merge(const cu_pfidx_params &p, int32_t g
 /* Block scores of one tile's rows over chunks [c_begin, c_end) (whole
  * blocks, the last one possibly cut at the tile's last key) into the CTA's
  * workspace rows. */
-template <typename Tag, bool LSE>
+template <typename Tag, bool LSE, bool WG>
 __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned char *smem, float *scratch,
                                               int32_t r, int32_t t0, int32_t base, int32_t nrow, int32_t p_last,
                                               int32_t c_begin, int32_t c_end)
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    unsigned char *stages = smem;
-    unsigned char *qtile = smem + PFI_STAGES * PFI_STAGE_BYTES;
+    unsigned char *stages = (unsigned char *)(((uintptr_t)smem + 1023) & ~(uintptr_t)1023);
+    unsigned char *qtile = stages + PFI_STAGES * PFI_STAGE_BYTES;
 
     /* Query rows t0 * Hi .. + nrow (zeros after), then this warp's A
      * fragments: rows warp*16 .. +15, all 128 dims. */
@@ -301,7 +319,7 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
     const int32_t F = c_end - c_begin;
     for (int s = 0; s < PFI_STAGES - 1; ++s) {
         if (s < F)
-            cu_pfi_issue(p, stages, c_begin + s, s, r, p_last);
+            cu_pfi_issue<WG>(p, stages, c_begin + s, s, r, p_last);
         cu_cp_async_commit();
     }
     __syncthreads();
@@ -323,24 +341,50 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
     for (int32_t x = 0; x < F; ++x) {
         const int32_t c = c_begin + x;
         cu_cp_async_wait<PFI_STAGES - 2>();
+#ifdef CU_HAVE_WGMMA
+        if (WG) /* the copies' writes seen by the products' operand reads */
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
         __syncthreads(); /* stage x landed for all; stage x - 1 read by all */
         if (x + PFI_STAGES - 1 < F)
-            cu_pfi_issue(p, stages, c + PFI_STAGES - 1, x + PFI_STAGES - 1, r, p_last);
+            cu_pfi_issue<WG>(p, stages, c + PFI_STAGES - 1, x + PFI_STAGES - 1, r, p_last);
         cu_cp_async_commit();
         float acc[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-            acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
         const uint32_t ka = cu_smem_addr(stages + (x % PFI_STAGES) * PFI_STAGE_BYTES);
+        if (WG) {
+#ifdef CU_HAVE_WGMMA
+            /* One warpgroup: 64 rows x 64 keys x 128 dims in 8 products,
+             * A (the rows) from registers, B (the keys) from the stage;
+             * acc ends in the layout of the mma path's acc[nt][4]. */
+            cu_wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
+            for (int ks = 0; ks < 8; ++ks) {
+                const uint32_t at = ka + (uint32_t)(ks >> 2) * (PFI_CHUNK * 128) + (uint32_t)(ks & 3) * 32u;
+                if (ks == 0)
+                    cu_wgmma_m64n64k16_first(acc, a[ks], cu_wgmma_desc(at, 16), Tag());
+                else
+                    cu_wgmma_m64n64k16(acc, a[ks], cu_wgmma_desc(at, 16), 1, Tag());
+            }
+            cu_wgmma_commit();
+            cu_wgmma_wait_all();
+            cu_wgmma_hold(acc);
+#else
+            __trap(); /* launched only with sm_90a code (cu_launch_indexer_prefill_mma) */
+#endif
+        } else {
 #pragma unroll
-            for (int n2 = 0; n2 < 4; ++n2) {
-                uint32_t b0, b1, b2, b3;
-                const int krow = n2 * 16 + ((lane >> 4) & 1) * 8 + (lane & 7);
-                cu_ldsm_x4(ka + cu_swz(krow, 2 * ks + ((lane >> 3) & 1)), b0, b1, b2, b3);
-                cu_mma16816(acc[2 * n2], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b0, b1, Tag());
-                cu_mma16816(acc[2 * n2 + 1], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b2, b3, Tag());
+            for (int nt = 0; nt < 8; ++nt)
+                acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+                for (int n2 = 0; n2 < 4; ++n2) {
+                    uint32_t b0, b1, b2, b3;
+                    const int krow = n2 * 16 + ((lane >> 4) & 1) * 8 + (lane & 7);
+                    cu_ldsm_x4(ka + cu_swz(krow, 2 * ks + ((lane >> 3) & 1)), b0, b1, b2, b3);
+                    cu_mma16816(acc[2 * n2], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b0, b1, Tag());
+                    cu_mma16816(acc[2 * n2 + 1], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b2, b3, Tag());
+                }
             }
         }
         const int32_t key0 = c * PFI_CHUNK;
@@ -368,7 +412,9 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
     __syncthreads(); /* the workspace rows written; the ring free for reuse */
 }
 
-template <typename Tag>
+/* WG: the Hopper products (sm_90a code, launched on compute capability 9.x
+ * only); else mma.sync. */
+template <typename Tag, bool WG>
 __global__ void __launch_bounds__(PFI_THREADS, 2) cu_pfidx_kernel(const cu_pfidx_params p)
 {
     /* The next kernel (the attention) may be scheduled now: it waits for
@@ -422,9 +468,9 @@ __global__ void __launch_bounds__(PFI_THREADS, 2) cu_pfidx_kernel(const cu_pfidx
         const int32_t c_begin = b0 * cpb, c_end = min(b1 * cpb, p_last / PFI_CHUNK + 1);
         if (c_begin < c_end) {
             if (p.score_lse)
-                cu_pfi_scores<Tag, true>(p, smem, scratch, r, t0, base, ntok * p.Hi, p_last, c_begin, c_end);
+                cu_pfi_scores<Tag, true, WG>(p, smem, scratch, r, t0, base, ntok * p.Hi, p_last, c_begin, c_end);
             else
-                cu_pfi_scores<Tag, false>(p, smem, scratch, r, t0, base, ntok * p.Hi, p_last, c_begin, c_end);
+                cu_pfi_scores<Tag, false, WG>(p, smem, scratch, r, t0, base, ntok * p.Hi, p_last, c_begin, c_end);
         }
         if (S == 1) {
             /* Selection of the tile's (token, unit) items, a warp each. */
@@ -517,7 +563,8 @@ cudaError_t cu_pfidx_setup(size_t smem)
     static size_t allowed = 48 * 1024;
     if (smem <= allowed)
         return cudaSuccess;
-    const cudaError_t e = cu_allow_smem(smem, cu_pfidx_kernel<cu_bf16_tag>, cu_pfidx_kernel<cu_f16_tag>);
+    const cudaError_t e = cu_allow_smem(smem, cu_pfidx_kernel<cu_bf16_tag, false>, cu_pfidx_kernel<cu_f16_tag, false>,
+                                        cu_pfidx_kernel<cu_bf16_tag, true>, cu_pfidx_kernel<cu_f16_tag, true>);
     if (e == cudaSuccess)
         allowed = smem;
     return e;
@@ -543,8 +590,18 @@ void cu_launch_indexer_prefill_mma(const cu_layer *L, const cu_plan_state *st, c
     cu_pfidx_params p;
     cu_pfidx_build(L, st, &p);
     const size_t smem = cu_pfidx_smem(p.mi, p.K, p.W, p.sel_cache);
+    /* The Hopper products where the device runs the sm_90a code;
+     * MSA_CUDA_PFI_WGMMA=0 (measuring aid) keeps mma.sync there too. */
+    static int wg_env = -1;
+    if (wg_env < 0) {
+        const char *e = getenv("MSA_CUDA_PFI_WGMMA");
+        wg_env = !(e && e[0] == '0');
+    }
+    const bool wg = st->wgmma && wg_env;
     if (L->act == MSA_DTYPE_BF16)
-        cu_launch(cu_pfidx_kernel<cu_bf16_tag>, st->grid_pfi, PFI_THREADS, smem, s, st->pdl, p);
+        cu_launch(wg ? cu_pfidx_kernel<cu_bf16_tag, true> : cu_pfidx_kernel<cu_bf16_tag, false>, st->grid_pfi,
+                  PFI_THREADS, smem, s, st->pdl, p);
     else
-        cu_launch(cu_pfidx_kernel<cu_f16_tag>, st->grid_pfi, PFI_THREADS, smem, s, st->pdl, p);
+        cu_launch(wg ? cu_pfidx_kernel<cu_f16_tag, true> : cu_pfidx_kernel<cu_f16_tag, false>, st->grid_pfi,
+                  PFI_THREADS, smem, s, st->pdl, p);
 }
