@@ -89,11 +89,12 @@ SW="$BUILD/tests/cuda/test_cuda_sweep"
 GR=$(find "$BUILD" -name test_cuda_graph -type f -perm -u+x | head -1)
 
 if has_step ptxas; then
-    # The library's own check (tests/cuda/check_ptxas.sh) on the kernel file.
+    # The library's own check (tests/cuda/check_ptxas.sh) on the kernel files.
     for arch in sm_90a sm_80; do
         run "ptxas $arch" build.log 300 sh "$ROOT/tests/cuda/check_ptxas.sh" nvcc "$ROOT" "$arch" \
             "-O3 -lineinfo -DMSA_BUILDING_LIBRARY -DMSA_HAVE_CUDA" \
-            src/cuda/kernels/indexer/indexer_prefill_mma_sm80.cu
+            src/cuda/kernels/indexer/indexer_prefill_mma_sm80.cu \
+            src/cuda/kernels/indexer/indexer_prefill_wgmma_sm90.cu
     done
 fi
 

@@ -1,10 +1,11 @@
 /*
  * Prefill indexer and selection on tensor cores (mma.sync, sm_80 and
- * later): index scores of prefill tokens (requests with q_len above the
- * decode path's CU_DEC_MAX_Q) against their request's visible index keys,
- * the causal mask, block max / log-sum-exp and the score scale fused, then
- * the exact SPEC 4 selection of each (token, unit) written as the sel rows
- * (and the caller's topk rows) the prefill attention reads.
+ * later; wgmma on sm_90a): index scores of prefill tokens (requests with
+ * q_len above the decode path's CU_DEC_MAX_Q) against their request's
+ * visible index keys, the causal mask, block max / log-sum-exp and the
+ * score scale fused, then the exact SPEC 4 selection of each (token,
+ * unit) written as the sel rows (and the caller's topk rows) the prefill
+ * attention reads.
  *
  * Covers 16-bit activations with an index plane of the same type, Di = 128,
  * B a multiple of 64 and at most 4 index heads (cu_paths.idx_fast); other
@@ -66,6 +67,11 @@ cudaError_t cu_pfidx_setup(size_t smem);
 int cu_pfidx_grid(int num_sms);
 size_t cu_pfidx_scratch_floats(int grid, int32_t cap_blocks);
 size_t cu_pfidx_split_words(int grid);
+
+/* The wgmma variant (indexer_prefill_wgmma_sm90.cu): its shared-memory
+ * limit, and its launch with parameters p (bf16: else fp16). */
+cudaError_t cu_pfidx_wgmma_setup(size_t smem);
+void cu_pfidx_wgmma_launch(const cu_pfidx_params *p, int bf16, int grid, size_t smem, cudaStream_t s, int pdl);
 
 /* Enqueues the kernel (after the selection kernel, which then leaves the
  * prefill rows to it: cu_layer.pf_ctas = 0). */

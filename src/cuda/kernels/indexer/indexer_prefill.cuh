@@ -1,0 +1,508 @@
+/*
+ * Prefill indexer and selection on tensor cores: the kernel template,
+ * instantiated with mma.sync m16n8k16 products (sm_80 and later,
+ * indexer_prefill_mma_sm80.cu) and with wgmma products (sm_90a,
+ * indexer_prefill_wgmma_sm90.cu).  Design and measurements:
+ * docs/PREFILL_INDEXER.md.
+ *
+ * Work: tiles of consecutive tokens of one prefill request, tt = 64 / Hi
+ * tokens, so that a tile's tokens x index heads fill 64 MMA rows (row =
+ * token * Hi + head, the layout of the step's idx_q: one contiguous piece).
+ * A persistent grid (two CTAs per SM) takes the tiles in a snake order over
+ * a list that puts every request's longest (last) tiles first, so the CTAs'
+ * sums of work stay even.
+ *
+ * Per tile, four warps each own 16 query rows, their A fragments held in
+ * registers for the whole tile.  The request's index keys up to the tile's
+ * last token stream through a 3-stage cp.async ring, 64 keys (16 KB) a
+ * stage, each stage read by all four warps: every key row is read from
+ * memory once per tile.  Scores are products of the stored 16-bit values,
+ * exact in fp32, summed in fp32 by the tensor cores (SPEC 4: no narrower
+ * operand, no TF32).  The causal mask, the score scale and the block's max
+ * or log-sum-exp are applied in registers: each thread reduces its keys of
+ * a row, two shuffles finish the row's 64 keys, and a running state per
+ * row carries a block's B / 64 stages.  Finished block scores go to this
+ * CTA's rows of a workspace (CU_PFI_ROWS x cap_blocks floats a CTA, sized
+ * at plan init), which stays in L2: the whole Hi x tokens x blocks matrix
+ * is never written.
+ *
+ * Then the same CTA selects: each warp takes (token, unit) items of the
+ * tile and runs the decode selection's lone-warp row (cu_select_row:
+ * forced init and local blocks, the rest by score, ties to the lower id,
+ * NaN last, ascending ids, -1 padding), unions of m index heads for
+ * Hi = m * Hkv, repeated rows for Hkv = m * Hi, written as the plan's sel
+ * rows and the caller's topk rows.
+ */
+#ifndef MSA_INDEXER_PREFILL_CUH
+#define MSA_INDEXER_PREFILL_CUH
+
+#include "indexer_prefill_mma_sm80.cuh"
+#include "../../cu_mma.cuh"
+#include "../../cu_launch.cuh"
+#include "../../cu_select.cuh"
+#include "../../cu_wgmma.cuh"
+
+
+#define PFI_WARPS 4
+#define PFI_THREADS (PFI_WARPS * 32)
+#define PFI_CHUNK 64                    /* keys a stage */
+#define PFI_STAGES 3
+#define PFI_STAGE_BYTES (PFI_CHUNK * 256) /* 64 keys of 128 16-bit values */
+#define PFI_Q_BYTES (CU_PFI_ROWS * 256)
+/* The ring and the query tile, plus room to align the ring to the
+ * 1024-byte swizzle atoms of the Hopper products. */
+#define PFI_SCORE_SMEM (PFI_STAGES * PFI_STAGE_BYTES + PFI_Q_BYTES + 1024)
+
+/* Byte offset of 16-byte piece `chunk` (0..15) of key row `row` in a stage
+ * for the Hopper products (WG): two boxes of 64 dims (64 rows of 128 bytes,
+ * 8 KB each), pieces swizzled within each 128-byte row by the row's low 3
+ * bits, as a 128-byte-swizzle tensor copy lays them out (cu_wgmma.cuh's
+ * K-major B operand); else the mma path's swizzle (cu_swz). */
+template <bool WG>
+__device__ __forceinline__ uint32_t cu_pfi_swz(int row, int chunk)
+{
+    if (WG)
+        return (uint32_t)((chunk >> 3) * (PFI_CHUNK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+    return cu_swz(row, chunk);
+}
+
+/* Key-range splits of a tile at most (when the step has few tiles), and
+ * the candidates a split keeps per row: the blocks chosen by score,
+ * K - I - Lc, at most this many (else no splits). */
+#define PFI_SPLIT_MAX 16
+#define PFI_CAND 32
+
+/* Shared words of one selecting warp: histogram / candidate list, mi lists
+ * of K, one row of W, then the score cache (as the selection kernel's),
+ * which the merge of split candidates uses for their scores and ids. */
+__host__ __device__ __forceinline__ size_t cu_pfi_warp_words(int32_t mi, int32_t K, int32_t W, int32_t cache)
+{
+    const int32_t merge = 2 * PFI_SPLIT_MAX * PFI_CAND;
+    return 256 + (size_t)mi * K + (size_t)W + (size_t)(cache > merge ? cache : merge);
+}
+
+/* Tiles of request r: none for a decode request. */
+__device__ __forceinline__ int32_t cu_pfi_tiles(const cu_pfidx_params &p, int32_t r)
+{
+    const int32_t ql = p.q_len[r];
+    return ql > CU_DEC_MAX_Q ? (ql + p.tt - 1) / p.tt : 0;
+}
+
+/* Copies of chunk c (keys c*64 .. c*64+63 of request r), the x-th of the
+ * tile's range, into ring stage x % PFI_STAGES: each thread half a key row, 8 pieces of 16 bytes.  Keys past the
+ * tile's last position p_last are zero-filled, never read from the cache
+ * (their page may not exist); the mask drops them. */
+template <bool WG>
+__device__ __forceinline__ void cu_pfi_issue(const cu_pfidx_params &p, unsigned char *stages, int32_t c,
+                                             int32_t x, int32_t r, int32_t p_last)
+{
+    const int row = threadIdx.x >> 1;
+    const int half = threadIdx.x & 1;
+    const int32_t pos = c * PFI_CHUNK + row;
+    const bool valid = pos <= p_last;
+    const unsigned char *src = (const unsigned char *)p.ikp;
+    if (valid) {
+        const int32_t page = p.page_table[(int64_t)r * p.cap_pages + (pos >> p.logP)];
+        src += ((int64_t)page * p.P + (pos & (p.P - 1))) * 256;
+    }
+    const uint32_t dst = cu_smem_addr(stages + (x % PFI_STAGES) * PFI_STAGE_BYTES);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int chunk = half * 8 + i;
+        cu_cp_async16(dst + cu_pfi_swz<WG>(row, chunk), src + (valid ? chunk * 16 : 0), valid ? 16 : 0);
+    }
+}
+
+/* One row's part of a chunk (this thread's 16 scores of it, acc[nt][2h+e])
+ * reduced over the visible keys and the row's four lanes, merged into the
+ * row's running state (m, l). */
+template <bool LSE>
+__device__ __forceinline__ void cu_pfi_reduce(const float (&acc)[8][4], int h, int32_t key0, int32_t prow,
+                                              bool full, float iscale, float &rm, float &rl)
+{
+    const int lane = threadIdx.x & 31;
+    float v[16];
+    bool vis[16];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int32_t key = key0 + nt * 8 + 2 * (lane & 3) + e;
+            vis[2 * nt + e] = full || key <= prow;
+            v[2 * nt + e] = LSE ? acc[nt][2 * h + e] * iscale : acc[nt][2 * h + e];
+        }
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+        m = cu_nanmax(m, vis[i] ? v[i] : -INFINITY);
+    if (!LSE) {
+        m = cu_nanmax(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = cu_nanmax(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        rm = cu_nanmax(rm, m);
+        return;
+    }
+    /* (m, l): this thread's largest term and sum of exp(x - m); a NaN or
+     * infinite m alone is the state, -inf with l = 0 adds nothing. */
+    float l = 0.0f;
+    if (isnan(m) || isinf(m)) {
+        l = m == -INFINITY ? 0.0f : 1.0f;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+            l += vis[i] ? expf(v[i] - m) : 0.0f;
+    }
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        const float l2 = __shfl_xor_sync(0xffffffffu, l, o);
+        cu_lse_merge(m, l, m2, l2);
+    }
+    cu_lse_merge(rm, rl, m, l);
+}
+
+/* The unit's KV-head rows of token row t from its mi lists (lists, K ids
+ * each, ascending, -1 padded; their union into row[W] when mi > 1),
+ * written as the plan's sel rows and the caller's topk rows by one warp. */
+__device__ __forceinline__ void cu_pfi_write_rows(const cu_pfidx_params &p, const int32_t *lists, int32_t *row,
+                                                  int32_t t, int32_t u)
+{
+    const int lane = threadIdx.x & 31;
+    const int32_t *src = lists;
+    if (p.mi > 1) {
+        cu_union_lists(lists, p.mi, p.K, p.W, row);
+        src = row;
+    }
+    for (int gl = 0; gl < p.mk; ++gl) {
+        const int32_t g = u * p.mk + gl;
+        const int64_t off = ((int64_t)t * p.Hkv + g) * p.W;
+        for (int32_t j = lane; j < p.W; j += 32) {
+            p.sel[off + j] = src[j];
+            if (p.topk)
+                p.topk[off + j] = src[j];
+        }
+    }
+    __syncwarp();
+}
+
+/* The unit's rows of token row t (block scores at scores + hl * cap_blocks
+ * for its mi index heads, N reachable blocks) selected by this warp and
+ * written.  wsm: the warp's shared words (cu_pfi_warp_words). */
+__device__ __forceinline__ void cu_pfi_select_unit(const cu_pfidx_params &p, const float *scores, int32_t N,
+                                                   int32_t t, int32_t u, uint32_t *wsm)
+{
+    uint32_t *hist = wsm;
+    int32_t *lists = (int32_t *)(wsm + 256);
+    int32_t *row = lists + p.mi * p.K;
+    float *cache = (float *)(row + p.W);
+    for (int hl = 0; hl < p.mi; ++hl)
+        cu_select_row(scores + (int64_t)hl * p.cap_blocks, N, p.K, p.I, p.Lc, lists + hl * p.K, hist, cache,
+                      p.sel_cache);
+    cu_pfi_write_rows(p, lists, row, t, u);
+}
+
+/* Split item g's candidates (key-range split of a tile over blocks [b0,
+ * b1)): for each row of the tile whose token reaches more than K blocks,
+ * the `need` best of its non-forced blocks in the range (SPEC 4's order,
+ * the lone-warp row with no forced blocks), ascending, -1 padded, with
+ * their scores, into the candidate workspace.  A global winner of a row is
+ * a winner of its own split (whatever beats it there beats it overall), so
+ * the union of the splits' lists holds every winner. */
+__device__ __forceinline__ void cu_pfi_candidates(const cu_pfidx_params &p, const float *scratch, int32_t g,
+                                                  int32_t base, int32_t nrow, int32_t b0, int32_t b1,
+                                                  uint32_t *wsm)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int32_t need = p.K - p.I - p.Lc;
+    uint32_t *hist = wsm;
+    int32_t *list = (int32_t *)(wsm + 256);
+    float *cache = (float *)(list + p.mi * p.K + p.W);
+    for (int32_t row = warp; row < nrow; row += PFI_WARPS) {
+        const int32_t N = (base + row / p.Hi) / p.B + 1;
+        if (N <= p.K)
+            continue; /* every block selected: the merge needs no candidates */
+        const int32_t lo = max(p.I, b0), hi = min(b1, N - p.Lc);
+        const float *sr = scratch + (int64_t)row * p.cap_blocks;
+        if (hi > lo)
+            cu_select_row(sr + lo, hi - lo, need, 0, 0, list, hist, cache, p.sel_cache);
+        const int64_t off = ((int64_t)g * CU_PFI_ROWS + row) * PFI_CAND;
+        if (lane < need) {
+            const int32_t rel = hi > lo ? list[lane] : -1;
+            const int32_t id = rel >= 0 ? lo + rel : -1;
+            p.cand_id[off + lane] = id;
+            p.cand_score[off + lane] = id >= 0 ? sr[id] : 0.0f;
+        }
+        __syncwarp();
+    }
+}
+
+/* The merge of a tile's S splits, by the CTA that finished its last split:
+ * for each (token, unit) item a warp gathers, per index head, the splits'
+ * candidates (ascending ids: splits in block order, each list ascending),
+ * ranks them with the lone-warp row (lower position = lower id, so ties
+ * still go to the lower id), adds the forced blocks and writes the rows.
+ * Candidates of other CTAs are read with .cg loads (L2), after the fence
+ * that follows their completion count. */
+__device__ __forceinline__ void cu_pfi_merge(const cu_pfidx_params &p, int32_t g_first, int32_t S, int32_t base,
+                                             int32_t ntok, int32_t t0, uint32_t *wsm)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const uint32_t below = (1u << lane) - 1u;
+    const int32_t need = p.K - p.I - p.Lc;
+    uint32_t *hist = wsm;
+    int32_t *lists = (int32_t *)(wsm + 256);
+    int32_t *row = lists + p.mi * p.K;
+    float *cs = (float *)(row + p.W);
+    int32_t *ci = (int32_t *)(cs + PFI_SPLIT_MAX * PFI_CAND);
+    for (int32_t item = warp; item < ntok * p.units; item += PFI_WARPS) {
+        const int32_t tok = item / p.units;
+        const int32_t u = item - tok * p.units;
+        const int32_t N = (base + tok) / p.B + 1;
+        for (int hl = 0; hl < p.mi; ++hl) {
+            int32_t *out = lists + hl * p.K;
+            if (N <= p.K) {
+                for (int32_t j = lane; j < p.K; j += 32)
+                    out[j] = j < N ? j : -1;
+                __syncwarp();
+                continue;
+            }
+            const int32_t r = tok * p.Hi + u * p.mi + hl;
+            int32_t M = 0;
+            for (int32_t sp = 0; sp < S; ++sp) {
+                const int64_t off = ((int64_t)(g_first + sp) * CU_PFI_ROWS + r) * PFI_CAND;
+                const int32_t id = lane < need ? __ldcg(p.cand_id + off + lane) : -1;
+                const float sc = lane < need ? __ldcg(p.cand_score + off + lane) : 0.0f;
+                const uint32_t bal = __ballot_sync(0xffffffffu, id >= 0);
+                if (id >= 0) {
+                    cs[M + __popc(bal & below)] = sc;
+                    ci[M + __popc(bal & below)] = id;
+                }
+                M += __popc(bal);
+            }
+            __syncwarp();
+            /* M >= need: the row has N - I - Lc > need candidates, and each
+             * split kept min(need, its share). */
+            cu_select_row(cs, M, need, 0, 0, row, hist, NULL, 0);
+            if (lane < p.I)
+                out[lane] = lane;
+            if (lane < need)
+                out[p.I + lane] = ci[row[lane]];
+            if (lane < p.Lc)
+                out[p.I + need + lane] = N - p.Lc + lane;
+            __syncwarp();
+        }
+        cu_pfi_write_rows(p, lists, row, t0 + tok, u);
+    }
+}
+
+/* Block scores of one tile's rows over chunks [c_begin, c_end) (whole
+ * blocks, the last one possibly cut at the tile's last key) into the CTA's
+ * workspace rows. */
+template <typename Tag, bool LSE, bool WG>
+__device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned char *smem, float *scratch,
+                                              int32_t r, int32_t t0, int32_t base, int32_t nrow, int32_t p_last,
+                                              int32_t c_begin, int32_t c_end)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    unsigned char *stages = (unsigned char *)(((uintptr_t)smem + 1023) & ~(uintptr_t)1023);
+    unsigned char *qtile = stages + PFI_STAGES * PFI_STAGE_BYTES;
+
+    /* Query rows t0 * Hi .. + nrow (zeros after), then this warp's A
+     * fragments: rows warp*16 .. +15, all 128 dims. */
+    const uint4 *q = (const uint4 *)((const unsigned char *)p.iq + (int64_t)t0 * p.Hi * 256);
+    for (int i = threadIdx.x; i < CU_PFI_ROWS * 16; i += PFI_THREADS) {
+        const int row = i >> 4, chunk = i & 15;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (row < nrow)
+            v = q[row * 16 + chunk];
+        *(uint4 *)(qtile + cu_swz(row, chunk)) = v;
+    }
+    const int32_t F = c_end - c_begin;
+    for (int s = 0; s < PFI_STAGES - 1; ++s) {
+        if (s < F)
+            cu_pfi_issue<WG>(p, stages, c_begin + s, s, r, p_last);
+        cu_cp_async_commit();
+    }
+    __syncthreads();
+    uint32_t a[8][4];
+    {
+        const uint32_t qa = cu_smem_addr(qtile);
+        const int row = warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks)
+            cu_ldsm_x4(qa + cu_swz(row, 2 * ks + (lane >> 4)), a[ks][0], a[ks][1], a[ks][2], a[ks][3]);
+    }
+    /* This thread's two rows: g and g + 8 of the warp's 16. */
+    const int row_lo = warp * 16 + (lane >> 2);
+    const int32_t pos_lo = base + row_lo / p.Hi;
+    const int32_t pos_hi = base + (row_lo + 8) / p.Hi;
+    const int32_t cpb = p.B / PFI_CHUNK;
+    float rm[2] = {-INFINITY, -INFINITY}, rl[2] = {0.0f, 0.0f};
+    int32_t cb = 0; /* chunk within its block (c_begin starts a block) */
+    for (int32_t x = 0; x < F; ++x) {
+        const int32_t c = c_begin + x;
+        cu_cp_async_wait<PFI_STAGES - 2>();
+#ifdef CU_HAVE_WGMMA
+        if (WG) /* the copies' writes seen by the products' operand reads */
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+        __syncthreads(); /* stage x landed for all; stage x - 1 read by all */
+        if (x + PFI_STAGES - 1 < F)
+            cu_pfi_issue<WG>(p, stages, c + PFI_STAGES - 1, x + PFI_STAGES - 1, r, p_last);
+        cu_cp_async_commit();
+        float acc[8][4];
+        const uint32_t ka = cu_smem_addr(stages + (x % PFI_STAGES) * PFI_STAGE_BYTES);
+        if (WG) {
+#ifdef CU_HAVE_WGMMA
+            /* One warpgroup: 64 rows x 64 keys x 128 dims in 8 products,
+             * A (the rows) from registers, B (the keys) from the stage;
+             * acc ends in the layout of the mma path's acc[nt][4]. */
+            cu_wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks) {
+                const uint32_t at = ka + (uint32_t)(ks >> 2) * (PFI_CHUNK * 128) + (uint32_t)(ks & 3) * 32u;
+                if (ks == 0)
+                    cu_wgmma_m64n64k16_first(acc, a[ks], cu_wgmma_desc(at, 16), Tag());
+                else
+                    cu_wgmma_m64n64k16(acc, a[ks], cu_wgmma_desc(at, 16), 1, Tag());
+            }
+            cu_wgmma_commit();
+            cu_wgmma_wait_all();
+            cu_wgmma_hold(acc);
+#else
+            __trap(); /* launched only with sm_90a code (cu_launch_indexer_prefill_mma) */
+#endif
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+                acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+                for (int n2 = 0; n2 < 4; ++n2) {
+                    uint32_t b0, b1, b2, b3;
+                    const int krow = n2 * 16 + ((lane >> 4) & 1) * 8 + (lane & 7);
+                    cu_ldsm_x4(ka + cu_swz(krow, 2 * ks + ((lane >> 3) & 1)), b0, b1, b2, b3);
+                    cu_mma16816(acc[2 * n2], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b0, b1, Tag());
+                    cu_mma16816(acc[2 * n2 + 1], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b2, b3, Tag());
+                }
+            }
+        }
+        const int32_t key0 = c * PFI_CHUNK;
+        const bool full = key0 + PFI_CHUNK - 1 <= base; /* visible to every row of the tile */
+        if (cb == 0) {
+            rm[0] = rm[1] = -INFINITY;
+            rl[0] = rl[1] = 0.0f;
+        }
+        cu_pfi_reduce<LSE>(acc, 0, key0, pos_lo, full, p.iscale, rm[0], rl[0]);
+        cu_pfi_reduce<LSE>(acc, 1, key0, pos_hi, full, p.iscale, rm[1], rl[1]);
+        if (cb == cpb - 1 || x == F - 1) {
+            const int32_t n = c / cpb;
+            if ((lane & 3) == 0) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = row_lo + 8 * h;
+                    if (row < nrow)
+                        scratch[(int64_t)row * p.cap_blocks + n] = LSE ? cu_lse_value(rm[h], rl[h]) : rm[h];
+                }
+            }
+        }
+        cb = cb + 1 == cpb ? 0 : cb + 1;
+    }
+    cu_cp_async_wait<0>();
+    __syncthreads(); /* the workspace rows written; the ring free for reuse */
+}
+
+/* WG: the Hopper products (sm_90a code, launched on compute capability 9.x
+ * only); else mma.sync. */
+template <typename Tag, bool WG>
+__global__ void __launch_bounds__(PFI_THREADS, 2) cu_pfidx_kernel(const cu_pfidx_params p)
+{
+    /* The next kernel (the attention) may be scheduled now: it waits for
+     * this grid's end before it reads the sel rows. */
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* the step's index keys in the cache (prologue) */
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ int32_t last_split;
+    if (p.hdr->n_pf == 0)
+        return;
+    const int warp = threadIdx.x >> 5;
+    const int32_t R = p.hdr->num_requests;
+    const int32_t grid = (int32_t)gridDim.x;
+    float *scratch = p.scratch + (int64_t)blockIdx.x * CU_PFI_ROWS * p.cap_blocks;
+    uint32_t *wsm = (uint32_t *)smem + warp * cu_pfi_warp_words(p.mi, p.K, p.W, p.sel_cache);
+    /* Splits: with fewer tiles than half the grid, each tile's key range
+     * is cut into S parts (items g = tile * S + split < grid), so that
+     * small calls after long prefixes use the whole GPU. */
+    int32_t n_tiles = 0;
+    for (int32_t r = 0; r < R; ++r)
+        n_tiles += cu_pfi_tiles(p, r);
+    const int32_t need = p.K - p.I - p.Lc;
+    int32_t S = 1;
+    if (p.cand_id && need >= 1 && need <= PFI_CAND && n_tiles > 0)
+        S = min(PFI_SPLIT_MAX, grid / n_tiles);
+    if (S < 2)
+        S = 1;
+    const int32_t cpb = p.B / PFI_CHUNK;
+    /* Item g of the step's list (requests in order, each from its last tile
+     * back, a tile's splits in order); this CTA takes one per round, rounds
+     * alternating direction. */
+    int32_t r = 0, g0 = 0, ntr = R > 0 ? cu_pfi_tiles(p, 0) : 0;
+    for (int32_t k = 0;; ++k) {
+        const int32_t g = k * grid + ((k & 1) ? grid - 1 - (int32_t)blockIdx.x : (int32_t)blockIdx.x);
+        const int32_t tg = g / S, sp = g - tg * S;
+        while (r < R && tg >= g0 + ntr) {
+            g0 += ntr;
+            ++r;
+            ntr = r < R ? cu_pfi_tiles(p, r) : 0;
+        }
+        if (r >= R)
+            break;
+        const int32_t ql = p.q_len[r], kl = p.kv_len[r];
+        const int32_t i1 = ql - (tg - g0) * p.tt, i0 = max(0, i1 - p.tt);
+        const int32_t base = kl - ql + i0;         /* position of the tile's first token */
+        const int32_t p_last = kl - ql + i1 - 1;   /* and of its last */
+        const int32_t t0 = p.q_start[r] + i0;      /* its first token row */
+        const int32_t ntok = i1 - i0;
+        const int32_t nblk = p_last / p.B + 1;
+        const int32_t b0 = (int32_t)((int64_t)nblk * sp / S), b1 = (int32_t)((int64_t)nblk * (sp + 1) / S);
+        const int32_t c_begin = b0 * cpb, c_end = min(b1 * cpb, p_last / PFI_CHUNK + 1);
+        if (c_begin < c_end) {
+            if (p.score_lse)
+                cu_pfi_scores<Tag, true, WG>(p, smem, scratch, r, t0, base, ntok * p.Hi, p_last, c_begin, c_end);
+            else
+                cu_pfi_scores<Tag, false, WG>(p, smem, scratch, r, t0, base, ntok * p.Hi, p_last, c_begin, c_end);
+        }
+        if (S == 1) {
+            /* Selection of the tile's (token, unit) items, a warp each. */
+            for (int32_t item = warp; item < ntok * p.units; item += PFI_WARPS) {
+                const int32_t tok = item / p.units;
+                const int32_t u = item - tok * p.units;
+                const int32_t N = (base + tok) / p.B + 1;
+                cu_pfi_select_unit(p, scratch + ((int64_t)tok * p.Hi + (int64_t)u * p.mi) * p.cap_blocks, N,
+                                   t0 + tok, u, wsm);
+            }
+        } else {
+            cu_pfi_candidates(p, scratch, g, base, ntok * p.Hi, b0, b1, wsm);
+            /* Completion count of the tile: every thread's candidates
+             * visible device-wide before the count; the CTA that brings it
+             * to S merges, then returns it to 0 (graph replays). */
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0)
+                last_split = atomicAdd(p.split_done + tg, 1) == S - 1;
+            __syncthreads();
+            if (last_split) {
+                __threadfence();
+                cu_pfi_merge(p, tg * S, S, base, ntok, t0, wsm);
+                if (threadIdx.x == 0)
+                    p.split_done[tg] = 0;
+            }
+        }
+        __syncthreads(); /* shared memory free for the next item's ring */
+    }
+}
+
+#endif /* MSA_INDEXER_PREFILL_CUH */
