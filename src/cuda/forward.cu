@@ -156,7 +156,7 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
                "prefill requests (q_len > 16) in this step: simple prefill kernels");
     if (st->n_pf > 0 && sparse)
         cu_why(why, sizeof st->why[0],
-               p.idx_fast && st->pfi_scratch ? "prefill index scores and selection: tensor cores (mma)"
+               p.idx_fast && st->pfi_scratch ? "prefill index scores and selection: tensor cores"
                                              : "prefill index scores and selection: scalar (shape or dtype)");
     *kernel = names[sparse][fast];
     *reason = why;
