@@ -39,7 +39,12 @@
 #include "indexer_prefill_mma_sm80.cuh"
 #include "../../cu_mma.cuh"
 #include "../../cu_launch.cuh"
+/* cu_select.cuh defines a device function that is not inline
+ * (cu_select_list64), as select.cu does by the same header: in this
+ * kernel's files it gets internal linkage, so the library links. */
+namespace {
 #include "../../cu_select.cuh"
+}
 #include "../../cu_wgmma.cuh"
 
 
