@@ -4,8 +4,8 @@
 #   scripts/check_format.sh            every tracked *.c *.h *.cu *.cuh
 #   scripts/check_format.sh FILE...    these files only
 #
-# Exits 0 when no file needs formatting, 1 when some do (clang-format names
-# each line it would change), 2 when clang-format is missing.  CLANG_FORMAT
+# Exits 0 when no file needs formatting, 1 when some do (each is named on
+# stderr), 2 when clang-format or a named file is missing.  CLANG_FORMAT
 # names the program (default: clang-format).  The options in .clang-format
 # are known to clang-format 14 and later; another major version may place a
 # few lines differently, so CI should use one fixed version.
@@ -29,6 +29,10 @@ fi
 
 bad=0
 for f in "${files[@]}"; do
+    if [ ! -f "$f" ]; then
+        echo "check_format: no such file: $f" >&2
+        exit 2
+    fi
     if ! "$cf" --style=file --dry-run -Werror "$f" >/dev/null 2>&1; then
         echo "needs formatting: $f" >&2
         bad=$((bad + 1))
