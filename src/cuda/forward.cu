@@ -15,6 +15,7 @@
 #include "cu_backend.cuh"
 #include "cu_tma.cuh"
 #include "cu_timeline.cuh"
+#include "kernels/attention/attention_prefill_mma_sm80.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -53,6 +54,7 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
         why[0] = '\0';
     out->idx_fast = out->attn_fast = out->iv_fast = 0;
     out->idx_tma = out->attn_tma = 0;
+    out->pf_fast = out->pf_iv_fast = 0;
 
     const int act16 = cu_is16(act);
     if (!act16)
@@ -110,9 +112,27 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
         cu_why(why, why_size, buf);
     }
 
+    /* Prefill rows: the tensor-core prefill kernel where the decode path's
+     * products serve (16-bit types alike, head dim 128) and the plan set
+     * it up (a step can hold a prefill request); else the scalar rows of
+     * the merge kernel. */
+    const cu_plan_state *st = (const cu_plan_state *)plan->backend;
+    {
+        const char *pf_why = NULL;
+        const int pf_ready = st && st->grid_pfa > 0;
+        out->pf_fast = out->attn_fast && pf_ready &&
+                       cu_pfa_fits(cfg->head_dim, m->group, m->topk_width, sparse, &pf_why);
+        out->pf_iv_fast = out->iv_fast && pf_ready &&
+                          cu_pfa_fits(cfg->index_dim, cfg->num_index_heads, 0, 0, NULL);
+        if (pf_why && pf_ready && kv_ok)
+            cu_why(why, why_size, pf_why);
+        if (st && !pf_ready && st->pf_tiles_cap[0] > 0 && out->attn_fast)
+            cu_why(why, why_size,
+                   "device blocks below 160 KB of shared memory: scalar prefill rows");
+    }
+
     /* Hopper kernels: a key block is one page, streamed by tensor maps
      * whose row coordinates are 32-bit. */
-    const cu_plan_state *st = (const cu_plan_state *)plan->backend;
     const int hopper = st && st->tma;
     const int whole_pages = cc->page_size == 128 && cfg->block_size == 128;
     const int64_t rows = cc->num_pages * (int64_t)cc->page_size;
@@ -152,7 +172,8 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
         fast = 2;
     if (st->n_pf > 0)
         cu_why(why, sizeof st->why[0],
-               "prefill requests (q_len > 16) in this step: simple prefill kernels");
+               p.pf_fast ? "prefill requests (q_len > 16) in this step: tensor-core prefill kernel"
+                         : "prefill requests (q_len > 16) in this step: simple prefill kernels");
     *kernel = names[sparse][fast];
     *reason = why;
 }
@@ -226,6 +247,12 @@ static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const c
         cu_launch_attn_decode_simt(L, st, A, s);
     if (cu_budget_take(left))
         cu_launch_merge_prefill(L, st, A, s);
+    /* Prefill rows on tensor cores; the merge kernel left them (A->pf_fast). */
+    if (A->pf_fast && cu_budget_take(left)) {
+        cu_pfa_params p;
+        cu_pfa_build(L, A, &p);
+        cu_launch_attn_prefill_mma(&p, st, s);
+    }
 }
 
 /* Whether the prologue may copy the step's rows into the cache in 16-byte
@@ -372,13 +399,16 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         if (cu_budget_take(&left))
             cu_launch_select(&L, st, s);
         cu_attn_main(&L, &A, 1);
+        A.pf_fast = paths.pf_fast;
         cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL, s, &left);
         if (L.iv) {
             cu_attn_index_value(&L, &A);
+            A.pf_fast = paths.pf_iv_fast;
             cu_run_attention(&L, st, &A, paths.iv_fast, NULL, s, &left);
         }
     } else {
         cu_attn_main(&L, &A, 0);
+        A.pf_fast = paths.pf_fast;
         cu_run_attention(&L, st, &A, paths.attn_fast, NULL, s, &left);
     }
     CU_TRY(ctx, cudaGetLastError());

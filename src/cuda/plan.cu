@@ -5,6 +5,7 @@
  */
 #include "cu_backend.cuh"
 #include "cu_tma.cuh"
+#include "kernels/attention/attention_prefill_mma_sm80.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,8 @@ size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m)
     CARVE(dec_info, cu_dec_info, st->cap_req);
     CARVE(dec_row, cu_dec_row, st->dec_rows_cap);
     CARVE(pf_tok, int32_t, st->cap_tok);
+    CARVE(pf_tiles[0], cu_pf_tile, st->pf_tiles_cap[0]);
+    CARVE(pf_tiles[1], cu_pf_tile, st->pf_tiles_cap[1]);
     for (int k = 0; k < CU_KINDS; ++k) {
         CARVE(att[k], cu_att_item, st->att_cap);
     }
@@ -184,6 +187,15 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
         st->part_stride = (dmax + 1 + 3) & ~3;
     }
 
+    /* Prefill attention tiles (attention_prefill_mma_sm80): none when no
+     * request can exceed the decode path's q_len. */
+    st->pf_tiles_cap[0] = st->pf_tiles_cap[1] = 0;
+    if (st->cap_tok > CU_DEC_MAX_Q) {
+        st->pf_tiles_cap[0] = cu_pfa_tiles_cap(st->cap_tok, st->cap_req, cu_pfa_tile_tokens(G));
+        if (cu_any_layer(m, 1, 1))
+            st->pf_tiles_cap[1] = cu_pfa_tiles_cap(st->cap_tok, st->cap_req, cu_pfa_tile_tokens(Hi));
+    }
+
     {
         cu_meta offs;
         st->meta_bytes = cu_meta_carve(st, 0, &offs);
@@ -315,6 +327,17 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
         if (e != cudaSuccess) {
             cu_state_release(st);
             return msa_set_error(ctx, MSA_ERR_BACKEND, "selection kernel setup: %s",
+                                 cudaGetErrorString(e));
+        }
+    }
+    /* Prefill attention on tensor cores: its grid, when a step can hold a
+     * prefill request (else it is never launched). */
+    st->grid_pfa = 0;
+    if (st->pf_tiles_cap[0] > 0) {
+        e = cu_pfa_setup(cs->num_sms, W, &st->grid_pfa);
+        if (e != cudaSuccess) {
+            cu_state_release(st);
+            return msa_set_error(ctx, MSA_ERR_BACKEND, "prefill attention setup: %s",
                                  cudaGetErrorString(e));
         }
     }
@@ -683,6 +706,8 @@ void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h)
         part_used = 0;
         cu_build_items(plan, st, h, &sk, &part_used);
     }
+
+    cu_pfa_fill_tiles(plan, st, h);
 
     int32_t max_q = 0;
     for (int32_t r = 0; r < R; ++r)
