@@ -19,7 +19,7 @@
 #
 # Steps can be chosen with PF_STEPS (comma list of
 # build,checks,sweep,sanitize,bench; default all); the bench's time limit
-# with BENCH_TIMEOUT (seconds, default 300), its repetitions with
+# with BENCH_TIMEOUT (seconds, default 330, each of its two runs), its repetitions with
 # BENCH_REPS (default 3).
 #
 # ---- prefill-idx section --------------------------------------------------
@@ -28,14 +28,17 @@
 # ---------------------------------------------------------------------------
 #
 # Usage (repository root):  OUT=/some/dir bench/prefill_round.sh
+# Under a 10-minute limit per command, run it in four calls that share the
+# build folder (in the repository, git-ignored, so it stays between calls):
+#   PF_STEPS=build,checks  PF_STEPS=sweep  PF_STEPS=sanitize  PF_STEPS=bench
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/prefill-round-out}
-BUILD=${BUILD:-/tmp/msa-prefill-build}
+BUILD=${BUILD:-$ROOT/build-prefill-round}
 STEPS=${PF_STEPS:-build,checks,sweep,sanitize,bench}
 JOBS=$(nproc 2>/dev/null || echo 8)
-BENCH_TIMEOUT=${BENCH_TIMEOUT:-300}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-330}
 BENCH_REPS=${BENCH_REPS:-3}
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
@@ -81,7 +84,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >>"$SUMMAR
 if has_step build; then
     run configure build.log 300 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMSA_CUDA=ON \
         "-DCMAKE_CUDA_ARCHITECTURES=80-real;90a-real" "${CMAKE_EXTRA[@]}" || exit 1
-    run build build.log 900 cmake --build "$BUILD" -j "$JOBS" || { tail -40 "$OUT/build.log"; exit 1; }
+    run build build.log 540 cmake --build "$BUILD" -j "$JOBS" || { tail -40 "$OUT/build.log"; exit 1; }
 fi
 SWEEP="$BUILD/tests/cuda/test_cuda_sweep"
 MSA="$BUILD/msa"
@@ -96,14 +99,14 @@ if has_step sweep; then
     # Prefill cases (every shape named pf*), full set, 8 shards side by side:
     # the single-threaded oracle takes most of the time.
     for i in 0 1 2 3 4 5 6 7; do
-        run "sweep pf shard $i/8" "sweep_pf_$i.tmp" 1200 "$SWEEP" --filter pf --shard "$i/8" &
+        run "sweep pf shard $i/8" "sweep_pf_$i.tmp" 330 "$SWEEP" --filter pf --shard "$i/8" &
     done
     wait
     for i in 0 1 2 3 4 5 6 7; do cat "$OUT/sweep_pf_$i.tmp" >>"$OUT/sweep.log"; rm -f "$OUT/sweep_pf_$i.tmp"; done
     # The whole quick set (decode, verify, extend, mixed, sequences, random),
     # 4 shards.
     for i in 0 1 2 3; do
-        run "sweep quick shard $i/4" "sweep_q_$i.tmp" 900 "$SWEEP" --quick --shard "$i/4" &
+        run "sweep quick shard $i/4" "sweep_q_$i.tmp" 240 "$SWEEP" --quick --shard "$i/4" &
     done
     wait
     for i in 0 1 2 3; do cat "$OUT/sweep_q_$i.tmp" >>"$OUT/sweep.log"; rm -f "$OUT/sweep_q_$i.tmp"; done
@@ -111,11 +114,11 @@ if has_step sweep; then
 fi
 
 if has_step sanitize; then
-    run "memcheck pf quick" sanitize.log 900 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    run "memcheck pf quick" sanitize.log 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$SWEEP" --quick --filter pf128
-    run "racecheck pf quick" sanitize.log 900 compute-sanitizer --tool racecheck --error-exitcode 9 \
+    run "racecheck pf quick" sanitize.log 200 compute-sanitizer --tool racecheck --error-exitcode 9 \
         "$SWEEP" --quick --filter pfm3/prefill-mix
-    run "memcheck m3 prefill-small" sanitize.log 900 compute-sanitizer --tool memcheck \
+    run "memcheck m3 prefill-small" sanitize.log 120 compute-sanitizer --tool memcheck \
         --error-exitcode 9 "$SWEEP" --filter m3/prefill-small
 fi
 
@@ -131,7 +134,7 @@ if has_step bench; then
  {"id": "ext_4k_after_64k", "tags": ["single"], "weight": 1, "requests": [{"prefix": 65536, "new": 4096}]}
 ]}
 EOF
-    run "bench single prompts (+dense)" single.log "$BENCH_TIMEOUT" "$MSA" bench --backend cuda \
+    run "bench single prompts (+dense)" single.log 200 "$MSA" bench --backend cuda \
         --workload prefill --workload-file "$WL" --suite single --dense --reps "$BENCH_REPS" --warmup 1
     rm -f "$WL"
 fi

@@ -11,6 +11,10 @@
  *                 merge + prefill rows [-> index-value attention: dense MQA
  *                 over the index planes, split, merge + prefill rows]
  *   dense layer   split attention over all keys -> merge + prefill rows
+ *
+ * Where the tensor-core prefill kernel serves a pass (cu_paths.pf_fast,
+ * pf_iv_fast), its prefill rows run in that kernel, launched right after
+ * the pass's merge, and the merge kernel skips them.
  */
 #include "cu_backend.cuh"
 #include "cu_tma.cuh"
