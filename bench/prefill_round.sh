@@ -99,14 +99,15 @@ if has_step sweep; then
     # Prefill cases (every shape named pf*), full set, 8 shards side by side:
     # the single-threaded oracle takes most of the time.
     for i in 0 1 2 3 4 5 6 7; do
-        run "sweep pf shard $i/8" "sweep_pf_$i.tmp" 330 "$SWEEP" --filter pf --shard "$i/8" &
+        run "sweep pf shard $i/8" "sweep_pf_$i.tmp" 330 "$SWEEP" --prefill --filter pf --shard "$i/8" &
     done
     wait
     for i in 0 1 2 3 4 5 6 7; do cat "$OUT/sweep_pf_$i.tmp" >>"$OUT/sweep.log"; rm -f "$OUT/sweep_pf_$i.tmp"; done
-    # The whole quick set (decode, verify, extend, mixed, sequences, random),
-    # 4 shards.
+    # The whole quick set with its prefill steps (decode, verify, extend,
+    # mixed, sequences, random; prefill rows of other head dims take the
+    # scalar rows), 4 shards.
     for i in 0 1 2 3; do
-        run "sweep quick shard $i/4" "sweep_q_$i.tmp" 240 "$SWEEP" --quick --shard "$i/4" &
+        run "sweep quick shard $i/4" "sweep_q_$i.tmp" 240 "$SWEEP" --quick --prefill --shard "$i/4" &
     done
     wait
     for i in 0 1 2 3; do cat "$OUT/sweep_q_$i.tmp" >>"$OUT/sweep.log"; rm -f "$OUT/sweep_q_$i.tmp"; done
@@ -115,11 +116,11 @@ fi
 
 if has_step sanitize; then
     run "memcheck pf quick" sanitize.log 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
-        "$SWEEP" --quick --filter pf128
+        "$SWEEP" --quick --prefill --filter pf128
     run "racecheck pf quick" sanitize.log 200 compute-sanitizer --tool racecheck --error-exitcode 9 \
-        "$SWEEP" --quick --filter pfm3/prefill-mix
+        "$SWEEP" --quick --prefill --filter pfm3/prefill-mix
     run "memcheck m3 prefill-small" sanitize.log 120 compute-sanitizer --tool memcheck \
-        --error-exitcode 9 "$SWEEP" --filter m3/prefill-small
+        --error-exitcode 9 "$SWEEP" --prefill --filter m3/prefill-small
 fi
 
 if has_step bench; then

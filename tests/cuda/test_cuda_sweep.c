@@ -7,7 +7,10 @@
  *      batch 1 and small batches, 1 to 16 tokens per request, every page
  *      size of the fast path and the portable fp32 path, plus a step that
  *      mixes decode requests with a prefill request.
- *   test_cuda_sweep [--quick] [--filter TEXT] [--cpu] [--shard I/N]
+ *   3. with --prefill, also the sweep's steps with prefill requests (q_len >
+ *      16: the prefill rows' kernels), e.g. --prefill --filter pf for the
+ *      cases at head dim 128 that the tensor-core prefill kernel serves.
+ *   test_cuda_sweep [--quick] [--prefill] [--filter TEXT] [--cpu] [--shard I/N]
  * Without a GPU it prints "skipped" and exits 77.  --cpu runs the same
  * cases on the CPU backend instead: a check of the cases themselves (and
  * of the CPU backend at these lengths) on a machine without a GPU.
@@ -163,13 +166,15 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
 
 int main(int argc, char **argv)
 {
-    int quick = 0, shard = 0, shards = 1;
+    int quick = 0, prefill = 0, shard = 0, shards = 1;
     const char *filter = NULL;
     msa_backend backend = MSA_BACKEND_CUDA;
     for (int i = 1; i < argc; i++) {
         char end = 0;
         if (!strcmp(argv[i], "--quick")) {
             quick = 1;
+        } else if (!strcmp(argv[i], "--prefill")) {
+            prefill = 1;
         } else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
             filter = argv[++i];
         } else if (!strcmp(argv[i], "--cpu")) {
@@ -179,7 +184,8 @@ int main(int argc, char **argv)
                    shard >= 0 && shard < shards) {
             ++i;
         } else {
-            fprintf(stderr, "usage: test_cuda_sweep [--quick] [--filter TEXT] [--cpu] [--shard I/N]\n");
+            fprintf(stderr, "usage: test_cuda_sweep [--quick] [--prefill] [--filter TEXT] [--cpu] "
+                            "[--shard I/N]\n");
             return 2;
         }
     }
@@ -193,7 +199,7 @@ int main(int argc, char **argv)
     memset(&opts, 0, sizeof opts);
     opts.backend = backend;
     opts.quick = quick;
-    opts.decode_only = 1;
+    opts.decode_only = !prefill;
     opts.filter = filter;
     opts.shard = shard;
     opts.shards = shards;
