@@ -62,6 +62,12 @@ static msa_status validate_call(msa_context *ctx, const msa_plan *plan, int32_t 
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "plan is NULL");
     if (plan->ctx != ctx)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "the plan belongs to another context");
+    /* A fresh plan has capacities but no step: running it would compute
+     * nothing and leave the outputs unwritten, which a caller would take
+     * for results. */
+    if (!plan->has_step)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                             "the plan holds no step yet: call msa_plan_update first");
     if (layer < 0 || layer >= plan->model->cfg.num_layers)
         return msa_set_error(ctx, MSA_ERR_OUT_OF_RANGE, "layer %d out of range 0..%d", layer,
                              plan->model->cfg.num_layers - 1);
