@@ -279,8 +279,13 @@ static void test_oom_then_forward(msa_backend backend)
     msa_plan *plan = NULL;
     msa_plan_limits lim;
     msa_plan_limits_default(&lim);
-    CHECK(msa_plan_create(r.ctx, r.model, r.cache, &lim, &plan) == MSA_OK, "%s: plan: %s", r.name,
-          msa_context_last_error(r.ctx));
+    msa_status st = msa_plan_create(r.ctx, r.model, r.cache, &lim, &plan);
+    if (st == MSA_ERR_UNSUPPORTED) {
+        SKIP("%s: 4096 heads of dimension 16: %s", r.name, msa_context_last_error(r.ctx));
+        rig_free(&r);
+        return;
+    }
+    CHECK(st == MSA_OK, "%s: plan: %s", r.name, msa_context_last_error(r.ctx));
     if (!plan) {
         rig_free(&r);
         return;
@@ -296,7 +301,7 @@ static void test_oom_then_forward(msa_backend backend)
     const int32_t kv_big = 1 << 22, pages = kv_big / 256;
     int32_t *table = calloc((size_t)pages, sizeof *table); /* every page id 0 */
     msa_step b = {1, 1, &q1, &kv_big, table, pages};
-    msa_status st = msa_plan_update(plan, &b, NULL);
+    st = msa_plan_update(plan, &b, NULL);
     if (st == MSA_OK) {
         SKIP("%s: this machine holds the step of kv_len 2^22; the injection tests cover the "
              "failure path", r.name);
@@ -655,10 +660,13 @@ static void test_capacity_arithmetic(void)
     free(p);
 }
 
-int main(void)
+/* With --crash only the reported crash scenario runs (its own CTest case). */
+int main(int argc, char **argv)
 {
+    const int crash_only = argc > 1 && !strcmp(argv[1], "--crash");
     make_step_b();
-    test_capacity_arithmetic();
+    if (!crash_only)
+        test_capacity_arithmetic();
     msa_backend backends[2] = {MSA_BACKEND_CPU, MSA_BACKEND_CUDA};
     for (int b = 0; b < 2; b++) {
         if (backends[b] == MSA_BACKEND_CUDA && !msa_backend_available(MSA_BACKEND_CUDA)) {
@@ -666,10 +674,12 @@ int main(void)
             SKIP("cuda part: no CUDA backend or no device");
             continue;
         }
-        test_forward_without_step(backends[b]);
-        test_injected_growth(backends[b]);
-        test_fixed_no_alloc(backends[b]);
-        test_capacity_limits(backends[b]);
+        if (!crash_only) {
+            test_forward_without_step(backends[b]);
+            test_injected_growth(backends[b]);
+            test_fixed_no_alloc(backends[b]);
+            test_capacity_limits(backends[b]);
+        }
         test_oom_then_forward(backends[b]);
     }
     return check_finish();
