@@ -122,6 +122,10 @@ struct msa_plan {
     int has_step;           /* 1 once an msa_plan_update succeeded */
 
     void *backend;          /* backend-private plan state */
+
+    /* [ceil(num_pages / 64)] scratch of the page-collision check, all-zero
+     * between updates (src/core/step_pages.c). */
+    uint64_t *page_marks;
 };
 
 /* ---- core helpers ------------------------------------------------------ */
@@ -161,6 +165,14 @@ int64_t msa_capacity_grow(int64_t cap, int64_t need, int64_t max);
 #define MSA_PLAN_MAX_REQUESTS INT64_C(2147483647)
 #define MSA_PLAN_MAX_TOKENS (INT64_C(1) << 40)
 #define MSA_PLAN_MAX_KV_LEN (INT64_C(1) << 31)
+/* Page-collision check of a step (SPEC section 10, src/core/step_pages.c).
+ * init allocates plan->page_marks for the cache's pool; check rejects, with
+ * MSA_ERR_INVALID_ARGUMENT, a validated step in which a page that the step
+ * writes into appears more than once among the page-table entries it uses.
+ * check never allocates and changes nothing but scratch it restores. */
+msa_status msa_step_pages_init(msa_plan *plan);
+void msa_step_pages_free(msa_plan *plan);
+msa_status msa_step_pages_check(msa_plan *plan, const msa_step *step);
 
 /* Element conversions (exact bit-level implementations, no FPU mode tricks). */
 float msa_bf16_to_f32(uint16_t x);

@@ -233,6 +233,10 @@ msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *
     p->model = model;
     p->cache = cache;
     p->limits = lim;
+    if (msa_step_pages_init(p) != MSA_OK) {
+        free(p);
+        return MSA_ERR_OUT_OF_MEMORY;
+    }
     /* Growable limits start small and grow with the steps they see. */
     const int64_t reqs = lim.max_requests ? lim.max_requests : 8;
     const int64_t tokens = lim.max_tokens ? lim.max_tokens : 64;
@@ -241,6 +245,7 @@ msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *
     int64_t ppr = 0;
     msa_status st = arrays_build(p, fn, reqs, tokens, kv_len, &cur, &spare, &ppr);
     if (st != MSA_OK) {
+        msa_step_pages_free(p);
         free(p);
         return st;
     }
@@ -272,6 +277,7 @@ void msa_plan_free(msa_plan *plan)
     msa_plan_arrays a = arrays_current(plan);
     arrays_free(&a);
     arrays_free(&plan->spare);
+    msa_step_pages_free(plan);
     free(plan);
 }
 
@@ -343,6 +349,9 @@ static msa_status validate_step(msa_plan *p, const msa_step *s, int64_t *active,
         return msa_set_error(ctx, MSA_ERR_CAPACITY,
                              "%s: num_tokens %lld exceeds the largest plan capacity (2^40 rows)", fn,
                              (long long)s->num_tokens);
+    msa_status st = msa_step_pages_check(p, s);
+    if (st != MSA_OK)
+        return st;
     *active = sum;
     *max_kv = mkv;
     return MSA_OK;
