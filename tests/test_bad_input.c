@@ -463,6 +463,10 @@ static void test_collisions(void)
     small_step ok6 = {2, {1, 1}, {4, 4}, {3, -1, -1, 4, -1, -1}, 0};
     accept_step("repeated accepted updates leave no marks behind", &ok6);
     accept_step("repeated accepted updates leave no marks behind", &ok6);
+    int32_t zero[2] = {0, 0};
+    msa_step empty = {2, 0, zero, zero, NULL, 0};
+    CHECK(msa_plan_update(plan, &empty, NULL) == MSA_OK,
+          "requests with kv_len 0 and no page table: %s", msa_context_last_error(ctx));
     CHECK(msa_plan_update(plan, &good_step, NULL) == MSA_OK, "back to the valid step");
     CHECK(plan_reproduces_baseline(), "valid step reproduces the baseline after the collisions");
 }

@@ -53,6 +53,8 @@ static void clear_writes(uint64_t *marks, const msa_step *s, int32_t P)
 {
     for (int32_t r = 0; r < s->num_requests; r++) {
         int64_t need = pages_for(s->kv_len[r], P);
+        if (need == 0)
+            continue; /* no entries; page_table may be NULL */
         const int32_t *row = s->page_table + (int64_t)r * s->page_table_stride;
         for (int64_t n = first_write(s, r, P, need); n < need; n++)
             marks[row[n] >> 6] = 0;
@@ -66,6 +68,8 @@ static int find_write(const msa_step *s, int32_t P, int32_t page, int32_t skip_r
 {
     for (int32_t r = 0; r < s->num_requests; r++) {
         int64_t need = pages_for(s->kv_len[r], P);
+        if (need == 0)
+            continue; /* no entries; page_table may be NULL */
         const int32_t *row = s->page_table + (int64_t)r * s->page_table_stride;
         for (int64_t n = first_write(s, r, P, need); n < need; n++)
             if (row[n] == page && !(r == skip_r && n == skip_n)) {
@@ -88,6 +92,8 @@ msa_status msa_step_pages_check(msa_plan *p, const msa_step *s)
     /* Marks the write entries; a page marked already has two writers. */
     for (int32_t r = 0; r < s->num_requests && bad_r < 0; r++) {
         int64_t need = pages_for(s->kv_len[r], P);
+        if (need == 0)
+            continue; /* no entries; page_table may be NULL */
         const int32_t *row = s->page_table + (int64_t)r * s->page_table_stride;
         for (int64_t n = first_write(s, r, P, need); n < need; n++) {
             uint32_t pg = (uint32_t)row[n];
@@ -104,6 +110,8 @@ msa_status msa_step_pages_check(msa_plan *p, const msa_step *s)
     /* Tests the read entries against the marks. */
     for (int32_t r = 0; r < s->num_requests && bad_r < 0; r++) {
         int64_t need = pages_for(s->kv_len[r], P);
+        if (need == 0)
+            continue; /* no entries; page_table may be NULL */
         const int32_t *row = s->page_table + (int64_t)r * s->page_table_stride;
         int64_t reads = first_write(s, r, P, need);
         for (int64_t n = 0; n < reads; n++) {
