@@ -299,8 +299,12 @@ static void test_oom_then_forward(msa_backend backend)
           msa_context_last_error(r.ctx));
 
     const int32_t kv_big = 1 << 22, pages = kv_big / 256;
-    int32_t *table = calloc((size_t)pages, sizeof *table); /* every page id 0 */
-    msa_step b = {1, 1, &q1, &kv_big, table, pages};
+    /* Every page id 0.  With q_len 0 the step writes nothing, so the shared
+     * page is a valid step (SPEC section 10); it still needs the plan to grow
+     * to a context of 2^22. */
+    int32_t *table = calloc((size_t)pages, sizeof *table);
+    int32_t q0 = 0;
+    msa_step b = {1, 1, &q0, &kv_big, table, pages};
     st = msa_plan_update(plan, &b, NULL);
     if (st == MSA_OK) {
         SKIP("%s: this machine holds the step of kv_len 2^22; the injection tests cover the "

@@ -37,7 +37,10 @@ msa_status msa_step_pages_init(msa_plan *p)
     int64_t words = (p->cache->cfg.num_pages + 63) / 64;
     p->page_marks = msa_alloc_fault() ? NULL : calloc((size_t)words, sizeof *p->page_marks);
     if (!p->page_marks)
-        return msa_set_error(p->ctx, MSA_ERR_OUT_OF_MEMORY, "plan: out of memory");
+        return msa_set_error(p->ctx, MSA_ERR_OUT_OF_MEMORY,
+                             "msa_plan_create: out of memory for the page-collision bitmap "
+                             "(%lld bytes)",
+                             (long long)words * 8);
     return MSA_OK;
 }
 
@@ -137,7 +140,8 @@ msa_status msa_step_pages_check(msa_plan *p, const msa_step *s)
         first_n = bad_n;
     }
     return msa_set_error(p->ctx, MSA_ERR_INVALID_ARGUMENT,
-                         "request %d writes page %d (logical page %lld), which request %d also %s "
+                         "msa_plan_update: request %d writes page %d (logical page %lld), which "
+                         "request %d also %s "
                          "(logical page %lld); a page the step writes into must appear once among "
                          "the step's page-table entries",
                          first_r, page, (long long)first_n, bad_r, both_write ? "writes" : "uses",
