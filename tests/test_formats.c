@@ -308,6 +308,10 @@ static void test_replay_meta(void)
                  "{\"layer\": {\"type\": \"dense\", \"Hq\": 0, \"Hkv\": 2, \"D\": 16}, " META_REST
                  "}",
                  MSA_ERR_INVALID_ARGUMENT, "layer.Hq is out of range: 0 is not in [1, 2147483647]");
+    META_REFUSED("local_blocks 0",
+                 "{\"layer\": {\"type\": \"sparse\", \"Hq\": 8, \"Hkv\": 2, \"D\": 16, \"Hi\": 2, "
+                 "\"Di\": 16, \"block\": 16, \"topk\": 4, \"local_blocks\": 0}, " META_REST "}",
+                 MSA_ERR_INVALID_ARGUMENT, "layer.local_blocks is out of range: 0 is not in [1,");
     META_REFUSED("page 1.5",
                  "{" META_LAYER ", \"cache\": {\"page_size\": 16, \"num_pages\": 8}, "
                  "\"act_dtype\": \"bf16\", \"tokens\": 1, \"requests\": [{\"q_len\": 1, "

@@ -215,7 +215,7 @@ static int parse_layer(meta_err *e, const cJSON *layer, replay_meta *m)
         get_i32(e, layer, "layer", "block", 1, 0, 1, &m->block) ||
         get_i32(e, layer, "layer", "topk", 1, 0, 1, &m->topk) ||
         get_i32(e, layer, "layer", "init_blocks", 0, 0, 0, &m->init_blocks) ||
-        get_i32(e, layer, "layer", "local_blocks", 0, 1, 0, &m->local_blocks) ||
+        get_i32(e, layer, "layer", "local_blocks", 0, 1, 1, &m->local_blocks) ||
         get_bool(e, layer, "layer", "index_value", 0, &m->index_value) ||
         get_scale(e, layer, "layer", "index_scale", 0.0f, &m->index_scale))
         return -1;
