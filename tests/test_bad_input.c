@@ -656,6 +656,150 @@ static void test_forward(void)
     CHECK(same_bytes(base_o, o, o_bytes), "write_cache = 0 on the cached step gives the same o");
 }
 
+/* ---- alignment ------------------------------------------------------------- */
+
+/* Each tensor of msa_layer_io at an address that is not a multiple of its
+ * element size (bf16: 2, lse and topk: 4) is rejected with a message that
+ * names it, and nothing is written: not the misplaced tensor, not the other
+ * outputs, not the cache.  The same tensor at the next aligned address
+ * (aligned to its element size only, not to 4 or 16 bytes) gives the
+ * baseline results. */
+static void test_alignment(void)
+{
+    const msa_status IA = MSA_ERR_INVALID_ARGUMENT;
+    struct {
+        const char *name;
+        size_t field;
+        void *src;
+        size_t bytes;
+        size_t align;
+        unsigned char *base; /* expected contents afterwards, outputs */
+    } t[] = {
+        {"q", offsetof(msa_layer_io, q), q, ROWS * HQ * D * 2, 2, NULL},
+        {"k", offsetof(msa_layer_io, k), k, ROWS * HKV * D * 2, 2, NULL},
+        {"v", offsetof(msa_layer_io, v), v, ROWS * HKV * D * 2, 2, NULL},
+        {"idx_q", offsetof(msa_layer_io, idx_q), iq, ROWS * HI * DI * 2, 2, NULL},
+        {"idx_k", offsetof(msa_layer_io, idx_k), ik, ROWS * DI * 2, 2, NULL},
+        {"idx_v", offsetof(msa_layer_io, idx_v), iv, ROWS * DI * 2, 2, NULL},
+        {"o", offsetof(msa_layer_io, o), o, o_bytes, 2, base_o},
+        {"idx_o", offsetof(msa_layer_io, idx_o), io_out, idx_o_bytes, 2, base_io},
+        {"lse", offsetof(msa_layer_io, lse), lse, lse_bytes, 4, base_lse},
+        {"topk", offsetof(msa_layer_io, topk), topk, topk_bytes, 4, base_topk},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        void *mem = NULL;
+        if (msa_buffer_alloc(ctx, t[i].bytes + 64, &mem) != MSA_OK) {
+            CHECK(0, "%s: no buffer", t[i].name);
+            continue;
+        }
+        unsigned char *contents = read_back(t[i].src, t[i].bytes);
+        /* Misaligned: odd addresses, and for 4-byte elements 2 mod 4. */
+        const size_t shifts[] = {1, 3, 2};
+        const size_t nshift = t[i].align == 4 ? 3 : 2;
+        for (size_t j = 0; j < nshift; j++) {
+            char *at = (char *)mem + 64 - t[i].align + shifts[j];
+            char what[96];
+            snprintf(what, sizeof what, "%s at %zu mod 64", t[i].name, (size_t)(at - (char *)mem));
+            /* inputs keep their data, outputs hold poison */
+            if (t[i].base)
+                fill(at, t[i].bytes, 0x5a);
+            else
+                msa_copy_to_buffer(ctx, at, contents, t[i].bytes);
+            unsigned char *before = read_back(at, t[i].bytes);
+            msa_layer_io bad = good_io(1);
+            memcpy((char *)&bad + t[i].field, &at, sizeof at);
+            fill(o, o_bytes, 0x22);
+            fill(lse, lse_bytes, 0x33);
+            snapshot s;
+            snap_take(&s);
+            const char *planted = plant_message();
+            msa_status st = msa_forward(ctx, plan, 1, &bad);
+            const char *msg = msa_context_last_error(ctx);
+            char want[32];
+            snprintf(want, sizeof want, "%s at", t[i].name);
+            CHECK(st == IA, "%s: got %s, want %s", what, msa_status_name(st), msa_status_name(IA));
+            CHECK(fresh_message(planted) && strstr(msg, want) && strstr(msg, "aligned"),
+                  "%s: the message names the tensor and its alignment (\"%s\")", what, msg);
+            char need[32];
+            snprintf(need, sizeof need, "%zu bytes", t[i].align);
+            CHECK(strstr(msg, need) != NULL, "%s: the message says %s (\"%s\")", what, need, msg);
+            msa_synchronize(ctx);
+            CHECK(snap_same(&s), "%s: rejected forward wrote something", what);
+            CHECK(same_bytes(before, at, t[i].bytes), "%s: the misaligned tensor was written", what);
+            free(before);
+        }
+        /* Aligned to the element size only. */
+        char *at = (char *)mem + 64 - t[i].align;
+        if (t[i].base)
+            fill(at, t[i].bytes, 0x5a);
+        else
+            msa_copy_to_buffer(ctx, at, contents, t[i].bytes);
+        msa_layer_io good = good_io(1);
+        memcpy((char *)&good + t[i].field, &at, sizeof at);
+        msa_status st = msa_forward(ctx, plan, 1, &good);
+        if (st == MSA_OK)
+            st = msa_synchronize(ctx);
+        CHECK(st == MSA_OK, "%s aligned to %zu bytes: %s (%s)", t[i].name, t[i].align,
+              msa_status_name(st), msa_context_last_error(ctx));
+        if (st == MSA_OK && t[i].base)
+            CHECK(same_bytes(t[i].base, at, t[i].bytes), "%s aligned to %zu bytes: baseline values",
+                  t[i].name, t[i].align);
+        CHECK(plan_reproduces_baseline(), "%s: baseline after the aligned call", t[i].name);
+        free(contents);
+        msa_buffer_free(ctx, mem);
+    }
+    /* A tensor the call does not use is not checked: k at an odd address
+     * with write_cache = 0. */
+    void *mem = NULL;
+    if (msa_buffer_alloc(ctx, 64, &mem) == MSA_OK) {
+        msa_layer_io pre = good_io(1);
+        pre.write_cache = 0;
+        pre.k = (char *)mem + 1;
+        CHECK(msa_forward(ctx, plan, 1, &pre) == MSA_OK && msa_synchronize(ctx) == MSA_OK,
+              "unused k at an odd address: %s", msa_context_last_error(ctx));
+        msa_buffer_free(ctx, mem);
+    }
+
+    /* msa_cache_wrap: every plane aligned to its element size (CPU). */
+    msa_cache_config cc;
+    msa_cache_config_default(&cc);
+    cc.num_pages = 2;
+    cc.page_size = P;
+    void *planes[L * 4] = {0};
+    void *plane_mem[L * 4] = {0};
+    int ok = 1;
+    for (int i = 0; i < L * 4; i++) {
+        size_t n = msa_cache_plane_bytes(cache, i / 4, (msa_plane)(i % 4)) / (PAGES / 2);
+        if (n && msa_buffer_alloc(ctx, n + 64, &plane_mem[i]) != MSA_OK)
+            ok = 0;
+        planes[i] = plane_mem[i] ? (char *)plane_mem[i] + 64 - 2 : NULL;
+    }
+    CHECK(ok, "wrap: plane buffers");
+    msa_cache *c2 = NULL;
+    if (ok) {
+        CHECK(msa_cache_wrap(ctx, model, &cc, planes, &c2) == MSA_OK && c2,
+              "wrap: planes aligned to 2 bytes (bf16): %s", msa_context_last_error(ctx));
+        msa_cache_free(c2);
+        for (int i = 0; i < L * 4; i++) {
+            if (!planes[i])
+                continue;
+            planes[i] = (char *)planes[i] + 1;
+            c2 = NULL;
+            const char *pl = plant_message();
+            msa_status st = msa_cache_wrap(ctx, model, &cc, planes, &c2);
+            CHECK(st == IA && c2 == NULL, "wrap: plane %d at an odd address: %s", i,
+                  msa_status_name(st));
+            CHECK(fresh_message(pl) && strstr(msa_context_last_error(ctx), "aligned to 2 bytes"),
+                  "wrap: plane %d: message (\"%s\")", i, msa_context_last_error(ctx));
+            msa_cache_free(c2);
+            planes[i] = (char *)planes[i] - 1;
+        }
+    }
+    for (int i = 0; i < L * 4; i++)
+        if (plane_mem[i])
+            msa_buffer_free(ctx, plane_mem[i]);
+}
+
 /* ---- objects -------------------------------------------------------------- */
 
 static void expect_fail(const char *what, msa_status st, msa_status a, msa_status b,
@@ -805,6 +949,7 @@ int main(void)
     test_collisions();
     test_collisions_random();
     test_forward();
+    test_alignment();
     test_objects();
 
     for (int i = 0; i < L * 4; i++)
