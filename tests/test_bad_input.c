@@ -688,7 +688,7 @@ static void test_alignment(void)
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         void *mem = NULL;
-        if (msa_buffer_alloc(ctx, t[i].bytes + 64, &mem) != MSA_OK) {
+        if (msa_buffer_alloc(ctx, t[i].bytes + 128, &mem) != MSA_OK) {
             CHECK(0, "%s: no buffer", t[i].name);
             continue;
         }
