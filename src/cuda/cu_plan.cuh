@@ -157,6 +157,7 @@ typedef struct cu_plan_state {
     int grid_sel;          /* selection: decode rows on every CTA, prefill on grid_pf */
     int grid_merge;
     int grid_pfa;          /* prefill attention on tensor cores (0: not set up, scalar rows) */
+    int pfh;               /* and its Hopper kernel (attention_prefill_tma_sm90) set up */
     int num_sms;
     int pdl;               /* programmatic dependent launch between kernels */
     int tma;               /* Hopper tensor-map kernels available */
@@ -186,7 +187,8 @@ typedef struct cu_plan_state {
     float *pf_scratch;     /* [grid_pf][mi][cap_blocks] prefill block scores */
     float *part;           /* [part_rows_cap][part_stride] split partials */
 
-    /* Tensor maps of the sparse layers' planes for the Hopper kernels,
+    /* Tensor maps of the layers' planes for the Hopper kernels (index K:
+     * sparse layers; K and V: every layer, for the prefill kernel),
      * encoded once when the plan is created (the planes are fixed for the
      * cache's life): maps[layer * CU_MAPS + m], bit m of map_ok[layer] set
      * when map m could be encoded.  NULL without tensor-map kernels. */

@@ -20,6 +20,7 @@
 #include "cu_tma.cuh"
 #include "cu_timeline.cuh"
 #include "kernels/attention/attention_prefill_mma_sm80.cuh"
+#include "kernels/attention/attention_prefill_tma_sm90.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -58,7 +59,7 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
         why[0] = '\0';
     out->idx_fast = out->attn_fast = out->iv_fast = 0;
     out->idx_tma = out->attn_tma = 0;
-    out->pf_fast = out->pf_iv_fast = 0;
+    out->pf_fast = out->pf_iv_fast = out->pf_tma = 0;
 
     const int act16 = cu_is16(act);
     if (!act16)
@@ -133,6 +134,19 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
         if (st && !pf_ready && st->pf_tiles_cap[0] > 0 && out->attn_fast)
             cu_why(why, why_size,
                    "device blocks below 160 KB of shared memory: scalar prefill rows");
+        /* Its Hopper version for the main pass (the forward also needs the
+         * layer's K and V maps). */
+        pf_why = NULL;
+        if (out->pf_fast && st->pfh)
+            out->pf_tma = cu_pfh_fits(cfg->head_dim, cc->page_size, cfg->block_size, m->group,
+                                      m->topk_width, sparse, &pf_why) &&
+                          cc->num_pages * (int64_t)cc->page_size * cfg->num_kv_heads < ((int64_t)1 << 31);
+        if (pf_why)
+            cu_why(why, why_size, pf_why);
+        else if (out->pf_fast && !out->pf_tma)
+            cu_why(why, why_size,
+                   st->pfh ? "cache rows beyond tensor-map coordinates: mma.sync prefill kernel"
+                           : "no sm_90a products (or MSA_CUDA_PF_TMA=0): mma.sync prefill kernel");
     }
 
     /* Hopper kernels: a key block is one page, streamed by tensor maps
@@ -159,6 +173,10 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
     cu_plan_state *st = (cu_plan_state *)plan->backend;
     static const char *names[2][3] = {{"cuda.dense.simt", "cuda.dense.mma", "cuda.dense.mma"},
                                       {"cuda.sparse.simt", "cuda.sparse.mma", "cuda.sparse.tma"}};
+    /* Steps with prefill rows on the Hopper prefill kernel. */
+    static const char *names_pfh[2][3] = {
+        {"cuda.dense.simt", "cuda.dense.mma+pf.tma", "cuda.dense.mma+pf.tma"},
+        {"cuda.sparse.simt", "cuda.sparse.mma+pf.tma", "cuda.sparse.tma+pf.tma"}};
     const msa_model *m = plan->model;
     const int sparse = m->layer_sparse[layer] != 0;
     const msa_dtype act = plan->cache->cfg.kv_dtype;
@@ -176,9 +194,10 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
         fast = 2;
     if (st->n_pf > 0)
         cu_why(why, sizeof st->why[0],
-               p.pf_fast ? "prefill requests (q_len > 16) in this step: tensor-core prefill kernel"
-                         : "prefill requests (q_len > 16) in this step: simple prefill kernels");
-    *kernel = names[sparse][fast];
+               p.pf_tma    ? "prefill requests (q_len > 16) in this step: Hopper prefill kernel"
+               : p.pf_fast ? "prefill requests (q_len > 16) in this step: tensor-core prefill kernel"
+                           : "prefill requests (q_len > 16) in this step: simple prefill kernels");
+    *kernel = (st->n_pf > 0 && p.pf_tma ? names_pfh : names)[sparse][fast];
     *reason = why;
 }
 
@@ -236,10 +255,12 @@ static int cu_budget_take(int *left)
     return 1;
 }
 
-/* maps: the K map, then the V map (NULL: no tensor-map kernel). */
+/* maps: the K map, then the V map (NULL: no tensor-map kernel); pf_maps
+ * the same for the Hopper prefill kernel (NULL: the mma.sync one). */
 static_assert(CU_MAP_V == CU_MAP_K + 1, "a layer's V map follows its K map");
 static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
-                             int fast, const CUtensorMap *maps, cudaStream_t s, int *left)
+                             int fast, const CUtensorMap *maps, const CUtensorMap *pf_maps,
+                             cudaStream_t s, int *left)
 {
     if (!cu_budget_take(left))
         return;
@@ -253,9 +274,15 @@ static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const c
         cu_launch_merge_prefill(L, st, A, s);
     /* Prefill rows on tensor cores; the merge kernel left them (A->pf_fast). */
     if (A->pf_fast && cu_budget_take(left)) {
-        cu_pfa_params p;
-        cu_pfa_build(L, A, &p);
-        cu_launch_attn_prefill_mma(&p, st, s);
+        if (pf_maps) {
+            cu_pfh_params p;
+            cu_pfh_build(L, A, &p);
+            cu_launch_attn_prefill_tma(&p, st, pf_maps, s);
+        } else {
+            cu_pfa_params p;
+            cu_pfa_build(L, A, &p);
+            cu_launch_attn_prefill_mma(&p, st, s);
+        }
     }
 }
 
@@ -375,6 +402,8 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     const unsigned kv_bits = (1u << CU_MAP_K) | (1u << CU_MAP_V);
     if (paths.attn_tma && (map_ok & kv_bits) != kv_bits)
         paths.attn_tma = 0;
+    const CUtensorMap *pf_maps =
+        paths.pf_tma && (map_ok & kv_bits) == kv_bits ? &maps[CU_MAP_K] : NULL;
     /* The Hopper attention builds the unions of requests of several tokens
      * (up to CU_ATT_UNION_BLOCKS blocks) itself: the selection then ends
      * with its last row, without a completion count and a union pass. */
@@ -404,16 +433,17 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
             cu_launch_select(&L, st, s);
         cu_attn_main(&L, &A, 1);
         A.pf_fast = paths.pf_fast;
-        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL, s, &left);
+        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL, pf_maps, s,
+                         &left);
         if (L.iv) {
             cu_attn_index_value(&L, &A);
             A.pf_fast = paths.pf_iv_fast;
-            cu_run_attention(&L, st, &A, paths.iv_fast, NULL, s, &left);
+            cu_run_attention(&L, st, &A, paths.iv_fast, NULL, NULL, s, &left);
         }
     } else {
         cu_attn_main(&L, &A, 0);
         A.pf_fast = paths.pf_fast;
-        cu_run_attention(&L, st, &A, paths.attn_fast, NULL, s, &left);
+        cu_run_attention(&L, st, &A, paths.attn_fast, NULL, pf_maps, s, &left);
     }
     CU_TRY(ctx, cudaGetLastError());
     return MSA_OK;

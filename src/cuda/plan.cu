@@ -6,6 +6,7 @@
 #include "cu_backend.cuh"
 #include "cu_tma.cuh"
 #include "kernels/attention/attention_prefill_mma_sm80.cuh"
+#include "kernels/attention/attention_prefill_tma_sm90.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -207,7 +208,7 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
     st->plan_caps[3] = plan->cap_pages_per_request;
 }
 
-/* The sparse layers' tensor maps (cu_plan_state.maps), encoded here once
+/* The layers' tensor maps (cu_plan_state.maps), encoded here once
  * instead of three driver calls on the host at every forward of every
  * sparse layer (eager launches pay them; graph replays never did).  A map
  * that cannot be encoded (plane alignment or size, a driver without
@@ -229,12 +230,12 @@ static int cu_state_maps(const msa_plan *plan, cu_plan_state *st)
     const uint64_t prows = (uint64_t)cache->cfg.num_pages * (uint64_t)cache->cfg.page_size;
     const uint64_t hkv = (uint64_t)m->cfg.num_kv_heads;
     for (int32_t l = 0; l < layers; ++l) {
-        if (!m->layer_sparse[l])
-            continue;
+        /* Dense layers: K and V only, for the Hopper prefill kernel. */
         void *const *planes = cache->planes + (size_t)l * 4;
         CUtensorMap *mp = st->maps + (size_t)l * CU_MAPS;
         uint8_t ok = 0;
-        if (cu_tma_map_rows(&mp[CU_MAP_INDEX_K], planes[MSA_PLANE_INDEX_K], prows, 128) == 0)
+        if (m->layer_sparse[l] &&
+            cu_tma_map_rows(&mp[CU_MAP_INDEX_K], planes[MSA_PLANE_INDEX_K], prows, 128) == 0)
             ok |= 1u << CU_MAP_INDEX_K;
         if (cu_tma_map_rows(&mp[CU_MAP_K], planes[MSA_PLANE_K], prows * hkv, 64) == 0)
             ok |= 1u << CU_MAP_K;
@@ -335,13 +336,21 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     st->grid_pfa = 0;
     if (st->pf_tiles_cap[0] > 0) {
         e = cu_pfa_setup(cs->num_sms, W, &st->grid_pfa);
+        /* and its Hopper version, on devices with the sm_90a products
+         * (MSA_CUDA_PF_TMA=0 keeps the mma.sync kernel, for comparisons) */
+        const char *pf_tma_env = getenv("MSA_CUDA_PF_TMA");
+        st->pfh = 0;
+        if (e == cudaSuccess && st->wgmma && st->grid_pfa > 0 && !(pf_tma_env && pf_tma_env[0] == '0')) {
+            e = cu_pfh_setup();
+            st->pfh = e == cudaSuccess;
+        }
         if (e != cudaSuccess) {
             cu_state_release(st);
             return msa_set_error(ctx, MSA_ERR_BACKEND, "prefill attention setup: %s",
                                  cudaGetErrorString(e));
         }
     }
-    if (st->tma && any_sparse && cu_state_maps(plan, st) != 0) {
+    if (st->tma && (any_sparse || st->pfh) && cu_state_maps(plan, st) != 0) {
         cu_state_release(st);
         return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "out of host memory");
     }
