@@ -13,7 +13,9 @@
 #             cases;
 #   bench     `msa bench --backend cuda --workload prefill` (the 66 weighted
 #             cases), and single prompts of 8K and 32K new tokens, sparse
-#             and dense layer side by side, each under a time limit.
+#             and dense layer side by side, each under a time limit; the
+#             single prompts again with MSA_CUDA_PF_TMA=0 (the mma.sync
+#             prefill kernel instead of the Hopper one).
 # Logs go to $OUT (at most 8 files): summary.txt, build.log, checks.log,
 # sweep.log, sanitize.log, bench.log, bench.json, single.log.
 #
@@ -121,6 +123,12 @@ if has_step sanitize; then
         "$SWEEP" --quick --prefill --filter pfm3/prefill-mix
     run "memcheck m3 prefill-small" sanitize.log 120 compute-sanitizer --tool memcheck \
         --error-exitcode 9 "$SWEEP" --prefill --filter m3/prefill-small
+    # The Hopper prefill kernel's dense stream (pfm3 dense, several requests
+    # with ragged last pages) under both tools.
+    run "memcheck pfm3 several" sanitize.log 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$SWEEP" --quick --prefill --filter pfm3/prefill-several
+    run "racecheck pfm3 several" sanitize.log 200 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        "$SWEEP" --quick --prefill --filter pfm3/prefill-several
 fi
 
 if has_step bench; then
@@ -137,6 +145,10 @@ if has_step bench; then
 EOF
     run "bench single prompts (+dense)" single.log 200 "$MSA" bench --backend cuda \
         --workload prefill --workload-file "$WL" --suite single --dense --reps "$BENCH_REPS" --warmup 1
+    # The same with the mma.sync prefill kernel instead of the Hopper one.
+    run "bench single prompts, mma.sync prefill" single.log 200 env MSA_CUDA_PF_TMA=0 "$MSA" bench \
+        --backend cuda --workload prefill --workload-file "$WL" --suite single --dense \
+        --reps "$BENCH_REPS" --warmup 1
     rm -f "$WL"
 fi
 

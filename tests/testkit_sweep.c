@@ -531,6 +531,13 @@ static void add_prefill(tk_list *l)
     add(l, 1, &PFM3, &PF_QUICK, DTYPES[1], 128, 0, 1);
     then(l, &M3_SMALL);
     then(l, &PF_MIX);
+    /* Dense layers of 16 heads per KV head at page 128 (on Hopper, the
+     * prefill kernel's dense stream over whole pages): several requests
+     * with prefixes and ragged last pages, and a 2K prompt. */
+    c = add(l, 1, &PFM3, &PF_MIX, DTYPES[1], 128, 0, 0);
+    c->sparse = 0;
+    c = add(l, 0, &PFM3, &PF_2K, DTYPES[2], 128, 0, 0);
+    c->sparse = 0;
 }
 
 static void build(tk_list *l)

@@ -522,9 +522,12 @@ int cu_pfh_fits(int32_t d, int32_t page, int32_t block, int32_t g, int32_t W, in
             *why = "head dim != 128: mma.sync prefill kernel";
         return 0;
     }
-    if (page != 128 || block != 128) {
+    /* The dense stream walks pages whatever the block size; the sparse
+     * one walks blocks, each of which must be one page. */
+    if (page != 128 || (sparse && block != 128)) {
         if (why)
-            *why = "page or block size != 128: mma.sync prefill kernel";
+            *why = sparse ? "page or block size != 128: mma.sync prefill kernel"
+                          : "page size != 128: mma.sync prefill kernel";
         return 0;
     }
     if (cu_pfh_smem(cu_pfa_tile_tokens(g), W, sparse) > PFH_SMEM_LIMIT) {

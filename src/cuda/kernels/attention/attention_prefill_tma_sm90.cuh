@@ -4,8 +4,8 @@
  * same work as the portable kernel (attention_prefill_mma_sm80: tiles of
  * consecutive tokens of one request x KV head x chunk of query heads, the
  * key stream the union of the tile's tokens' selected blocks or every
- * causal key), for the main passes with head dim 128 and key blocks of one
- * 128-row page.  docs/PREFILL.md gives the design and its reasons.
+ * causal key), for the main passes with head dim 128 and pages of 128
+ * rows (the sparse pass: blocks of one page).  docs/PREFILL.md gives the design and its reasons.
  *
  * The kernel reads only its parameter struct (cu_pfh_params), filled by
  * cu_pfh_build from the layer and the plan, and the K and V tensor maps
@@ -43,8 +43,9 @@ typedef struct cu_pfh_params {
 } cu_pfh_params;
 
 /* Whether the kernel serves the main pass of this shape: head dim 128,
- * page size and block size 128 (a key block is one page, one copy per
- * box), and the selection rows fit its staging area.  The caller checks
+ * page size 128 and, for the sparse pass, block size 128 (a key block is
+ * one page, four copies per K or V), and the selection rows fit its
+ * staging area.  The caller checks
  * the types (16-bit activations and planes alike), the device (wgmma) and
  * the tensor maps.  why (may be NULL) receives the reason when it does not. */
 int cu_pfh_fits(int32_t d, int32_t page, int32_t block, int32_t g, int32_t W, int sparse,
