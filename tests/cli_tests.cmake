@@ -23,3 +23,10 @@ add_test(NAME msa_bench_smoke COMMAND msa_cli bench --decode-context 4096 --batc
 add_test(NAME msa_demo COMMAND msa_cli demo)
 set_tests_properties(msa_info msa_check_quick msa_demo_small msa_bench_smoke PROPERTIES LABELS quick)
 set_tests_properties(msa_demo PROPERTIES LABELS slow TIMEOUT 600)
+# A FIFO named meta.json is refused at once, not waited on (the bound turns
+# a wait into a failure).
+add_test(NAME msa_replay_fifo
+         COMMAND sh -c "d=$(mktemp -d) && mkfifo \"$d/meta.json\" && \"$0\" replay \"$d\"; rc=$?; rm -rf \"$d\"; exit $rc"
+                 $<TARGET_FILE:msa_cli>)
+set_tests_properties(msa_replay_fifo PROPERTIES LABELS quick TIMEOUT 30
+                     PASS_REGULAR_EXPRESSION "meta.json: not a regular file \\(a FIFO\\)")

@@ -2,7 +2,9 @@
  * Bad input (SPEC 10): every entry point rejects it with a status and a
  * message, writes nothing (cache planes and outputs byte-identical
  * afterwards), and a rejected msa_plan_update leaves the previous plan
- * usable (the next forward reproduces the baseline bit for bit).
+ * usable (the next forward reproduces the baseline bit for bit).  Steps
+ * whose cache writes could collide are rejected like any other bad step;
+ * a randomized cross-check compares that check with a naive reference.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -362,6 +364,207 @@ static void test_plan_update(void)
     msa_plan_free(fixed);
 }
 
+/* ---- colliding cache writes (SPEC 10, last paragraph) -------------------- */
+
+/* A step of up to 3 requests with its own table rows (stride 3). */
+typedef struct small_step {
+    int32_t n, ql[3], kl[3], tb[3 * STRIDE];
+    int64_t rows;
+} small_step;
+
+static msa_step as_step(small_step *t)
+{
+    int64_t rows = 0;
+    for (int32_t r = 0; r < t->n; r++)
+        rows += t->ql[r];
+    msa_step s = {t->n, t->rows > rows ? t->rows : rows, t->ql, t->kl, t->tb, STRIDE};
+    return s;
+}
+
+/* Rejected with MSA_ERR_INVALID_ARGUMENT, nothing written, previous step
+ * intact, and a message that names every part of `names`. */
+static void reject_collision(const char *what, small_step *t, const char *const *names)
+{
+    msa_step s = as_step(t);
+    reject_step(what, &s, MSA_ERR_INVALID_ARGUMENT, MSA_ERR_INVALID_ARGUMENT);
+    msa_plan_update(plan, &s, NULL); /* once more for the message */
+    const char *msg = msa_context_last_error(ctx);
+    for (int i = 0; names[i]; i++)
+        CHECK(strstr(msg, names[i]) != NULL, "%s: message \"%s\" does not say \"%s\"", what, msg,
+              names[i]);
+}
+
+static void accept_step(const char *what, small_step *t)
+{
+    msa_step s = as_step(t);
+    CHECK(msa_plan_update(plan, &s, NULL) == MSA_OK, "%s: rejected (%s)", what,
+          msa_context_last_error(ctx));
+}
+
+static void test_collisions(void)
+{
+    /* (a) Two requests of 8 new tokens each, both writing page 3. */
+    small_step a = {2, {8, 8}, {8, 8}, {3, 4, -1, 3, 6, -1}, 0};
+    static const char *const a_names[] = {
+        "request 0 writes page 3 (logical page 0)", "request 1 also writes (logical page 0)", NULL};
+    reject_collision("two prefills write one page", &a, a_names);
+    /* (b) A fresh prefill lands on the prefix page request 0 reads. */
+    small_step b = {2, {1, 4}, {6, 4}, {3, 5, -1, 3, -1, -1}, 0};
+    static const char *const b_names[] = {
+        "request 1 writes page 3 (logical page 0)", "request 0 also uses (logical page 0)", NULL};
+    reject_collision("a prefill writes another request's prefix page", &b, b_names);
+    /* (c) One request maps every logical page to page 5 while it writes. */
+    small_step c = {1, {2}, {10}, {5, 5, 5}, 0};
+    static const char *const c_names[] = {
+        "request 0 writes page 5 (logical page 2)", "request 0 also uses (logical page 0)", NULL};
+    reject_collision("one request maps all its pages to one page", &c, c_names);
+    small_step c2 = {1, {6}, {6}, {5, 5, -1}, 0};
+    static const char *const c2_names[] = {
+        "request 0 writes page 5 (logical page 0)", "request 0 also writes (logical page 1)", NULL};
+    reject_collision("one request writes two logical pages of one page", &c2, c2_names);
+    /* A decode row that writes the page two other requests read. */
+    small_step d = {3, {0, 1, 1}, {4, 6, 3}, {3, -1, -1, 1, 4, -1, 3, -1, -1}, 0};
+    static const char *const d_names[] = {"request 2 writes page 3 (logical page 0)",
+                                          "request 0 also uses (logical page 0)", NULL};
+    reject_collision("a decode row writes a page that a q_len 0 request holds", &d, d_names);
+    /* The first new token of request 0 is the last slot of logical page 0. */
+    small_step e = {2, {5, 1}, {8, 5}, {3, 5, -1, 3, 6, -1}, 0};
+    static const char *const e_names[] = {"request 0 writes page 3 (logical page 0)",
+                                          "request 1 also uses (logical page 0)", NULL};
+    reject_collision("a write reaching back into a shared page by one slot", &e, e_names);
+    /* The same collision on a plan with fixed limits, as a replayed CUDA
+     * graph uses it: rejected, and the plan keeps its step. */
+    msa_plan *fixed = NULL;
+    msa_plan_limits lim = {3, 16, 12};
+    CHECK(msa_plan_create(ctx, model, cache, &lim, &fixed) == MSA_OK && fixed, "fixed plan");
+    if (fixed) {
+        CHECK(msa_plan_update(fixed, &good_step, NULL) == MSA_OK, "fixed plan: valid step");
+        msa_step sa = as_step(&a);
+        CHECK(msa_plan_update(fixed, &sa, NULL) == MSA_ERR_INVALID_ARGUMENT,
+              "fixed plan: colliding step rejected");
+        fill(o, o_bytes, 0x44);
+        CHECK(run_both_layers(fixed) == MSA_OK && same_bytes(base_o, o, o_bytes) &&
+                  same_bytes(base_topk, topk, topk_bytes),
+              "fixed plan still runs its previous step");
+        msa_plan_free(fixed);
+    }
+
+    /* Allowed: pages shared only where nobody writes. */
+    small_step ok1 = {2, {1, 1}, {6, 6}, {3, 5, -1, 3, 6, -1}, 0};
+    accept_step("shared read-only prefix page of two decode rows", &ok1);
+    small_step ok2 = {3, {1, 1, 1}, {12, 6, 3}, {0, 1, 2, 0, 4, -1, 6, -1, -1}, 0};
+    accept_step("decode rows each writing their own last page", &ok2);
+    small_step ok3 = {3, {0, 0, 1}, {8, 8, 6}, {3, 5, -1, 3, 5, -1, 3, 6, -1}, 0};
+    accept_step("q_len 0 requests sharing pages with a reader", &ok3);
+    small_step ok4 = {2, {4, 1}, {8, 5}, {3, 5, -1, 3, 6, -1}, 0};
+    accept_step("a write that starts exactly at a page boundary after a shared page", &ok4);
+    small_step ok5 = {2, {1, 0}, {4, 0}, {3, 3, 3, 3, 3, 3}, 0};
+    accept_step("entries beyond ceil(kv_len / P) and kv_len 0 requests are not used", &ok5);
+    small_step ok6 = {2, {1, 1}, {4, 4}, {3, -1, -1, 4, -1, -1}, 0};
+    accept_step("repeated accepted updates leave no marks behind", &ok6);
+    accept_step("repeated accepted updates leave no marks behind", &ok6);
+    int32_t zero[2] = {0, 0};
+    msa_step empty = {2, 0, zero, zero, NULL, 0};
+    CHECK(msa_plan_update(plan, &empty, NULL) == MSA_OK,
+          "requests with kv_len 0 and no page table: %s", msa_context_last_error(ctx));
+    CHECK(msa_plan_update(plan, &good_step, NULL) == MSA_OK, "back to the valid step");
+    CHECK(plan_reproduces_baseline(), "valid step reproduces the baseline after the collisions");
+}
+
+/* Naive reference: every pair of used entries (r, n), (r2, n2) that map to
+ * one page, at least one of them a write entry. */
+static int naive_collides(int32_t nr, const int32_t *ql, const int32_t *kl, const int32_t *tb,
+                          int64_t stride, int32_t page_size, int32_t *pages_out)
+{
+    int found = 0;
+    for (int32_t r = 0; r < nr; r++)
+        for (int64_t n = 0; n < (kl[r] + page_size - 1) / page_size; n++)
+            for (int32_t r2 = 0; r2 < nr; r2++)
+                for (int64_t n2 = 0; n2 < (kl[r2] + page_size - 1) / page_size; n2++) {
+                    if (r == r2 && n == n2)
+                        continue;
+                    int32_t pg = tb[r * stride + n];
+                    if (pg != tb[r2 * stride + n2])
+                        continue;
+                    int writes = ql[r] > 0 && n >= (kl[r] - ql[r]) / page_size;
+                    if (writes) {
+                        pages_out[pg] = 1;
+                        found = 1;
+                    }
+                }
+    return found;
+}
+
+/* The bitmap check against the naive reference on random small steps, on a
+ * pool of more than two bitmap words, with a plan of fixed limits. */
+static void test_collisions_random(void)
+{
+    enum { RP = 4, RPAGES = 150, RMAXR = 6, RSTRIDE = 5, RSTEPS = 600 };
+    msa_cache_config cc;
+    msa_cache_config_default(&cc);
+    cc.num_pages = RPAGES;
+    cc.page_size = RP;
+    msa_cache *c2 = NULL;
+    msa_plan *p2 = NULL;
+    msa_plan_limits lim = {RMAXR, RMAXR * RSTRIDE * RP, RSTRIDE * RP};
+    if (msa_cache_create(ctx, model, &cc, &c2) != MSA_OK ||
+        msa_plan_create(ctx, model, c2, &lim, &p2) != MSA_OK) {
+        CHECK(0, "random collisions: setup: %s", msa_context_last_error(ctx));
+        msa_cache_free(c2);
+        return;
+    }
+    uint64_t seed = 0x9e3779b97f4a7c15u;
+#define RND(n) ((seed = seed * 6364136223846793005u + 1442695040888963407u), \
+                (int32_t)((seed >> 33) % (uint64_t)(n)))
+    int accepted = 0, rejected = 0, mismatches = 0, wrong_page = 0;
+    for (int it = 0; it < RSTEPS; it++) {
+        int32_t nr = 1 + RND(RMAXR), ql[RMAXR], kl[RMAXR], tb[RMAXR * RSTRIDE];
+        /* Page ids from a window whose width sets how often pages repeat. */
+        int32_t width = 1 + RND(3 * RMAXR * RSTRIDE), base = RND(RPAGES - width + 1);
+        int64_t rows = 0;
+        for (int32_t r = 0; r < nr; r++) {
+            kl[r] = RND(RSTRIDE * RP + 1);
+            int mode = RND(4); /* q_len 0, decode, or anything up to kv_len */
+            ql[r] = mode == 0 ? 0 : mode == 1 ? (kl[r] > 0) : RND(kl[r] + 1);
+            rows += ql[r];
+            for (int32_t n = 0; n < RSTRIDE; n++)
+                tb[r * RSTRIDE + n] = base + RND(width);
+        }
+        int32_t naive_pages[RPAGES] = {0};
+        int want_reject = naive_collides(nr, ql, kl, tb, RSTRIDE, RP, naive_pages);
+        msa_step s = {nr, rows, ql, kl, tb, RSTRIDE};
+        msa_status st = msa_plan_update(p2, &s, NULL);
+        if (st != (want_reject ? MSA_ERR_INVALID_ARGUMENT : MSA_OK)) {
+            if (mismatches++ < 5)
+                CHECK(0, "random step %d: got %s, naive reference says %s (%s)", it,
+                      msa_status_name(st), want_reject ? "collision" : "none",
+                      msa_context_last_error(ctx));
+            continue;
+        }
+        if (!want_reject) {
+            accepted++;
+            continue;
+        }
+        rejected++;
+        int pg = -1;
+        const char *w = strstr(msa_context_last_error(ctx), "writes page ");
+        if (!w || sscanf(w, "writes page %d", &pg) != 1 || pg < 0 || pg >= RPAGES ||
+            !naive_pages[pg])
+            if (wrong_page++ < 5)
+                CHECK(0, "random step %d: message names no colliding page: %s", it,
+                      msa_context_last_error(ctx));
+    }
+#undef RND
+    CHECK(mismatches == 0, "random steps: %d of %d disagree with the naive reference", mismatches,
+          RSTEPS);
+    CHECK(wrong_page == 0, "random steps: %d messages name a page that does not collide",
+          wrong_page);
+    CHECK(accepted >= RSTEPS / 5 && rejected >= RSTEPS / 5,
+          "random steps: both outcomes common (accepted %d, rejected %d)", accepted, rejected);
+    msa_plan_free(p2);
+    msa_cache_free(c2);
+}
+
 /* ---- msa_forward ------------------------------------------------------------ */
 
 static void reject_forward(const char *what, msa_context *c, msa_plan *p, int32_t layer,
@@ -451,6 +654,150 @@ static void test_forward(void)
     }
     CHECK(same, "write_cache = 0 leaves the cache alone");
     CHECK(same_bytes(base_o, o, o_bytes), "write_cache = 0 on the cached step gives the same o");
+}
+
+/* ---- alignment ------------------------------------------------------------- */
+
+/* Each tensor of msa_layer_io at an address that is not a multiple of its
+ * element size (bf16: 2, lse and topk: 4) is rejected with a message that
+ * names it, and nothing is written: not the misplaced tensor, not the other
+ * outputs, not the cache.  The same tensor at the next aligned address
+ * (aligned to its element size only, not to 4 or 16 bytes) gives the
+ * baseline results. */
+static void test_alignment(void)
+{
+    const msa_status IA = MSA_ERR_INVALID_ARGUMENT;
+    struct {
+        const char *name;
+        size_t field;
+        void *src;
+        size_t bytes;
+        size_t align;
+        unsigned char *base; /* expected contents afterwards, outputs */
+    } t[] = {
+        {"q", offsetof(msa_layer_io, q), q, ROWS * HQ * D * 2, 2, NULL},
+        {"k", offsetof(msa_layer_io, k), k, ROWS * HKV * D * 2, 2, NULL},
+        {"v", offsetof(msa_layer_io, v), v, ROWS * HKV * D * 2, 2, NULL},
+        {"idx_q", offsetof(msa_layer_io, idx_q), iq, ROWS * HI * DI * 2, 2, NULL},
+        {"idx_k", offsetof(msa_layer_io, idx_k), ik, ROWS * DI * 2, 2, NULL},
+        {"idx_v", offsetof(msa_layer_io, idx_v), iv, ROWS * DI * 2, 2, NULL},
+        {"o", offsetof(msa_layer_io, o), o, o_bytes, 2, base_o},
+        {"idx_o", offsetof(msa_layer_io, idx_o), io_out, idx_o_bytes, 2, base_io},
+        {"lse", offsetof(msa_layer_io, lse), lse, lse_bytes, 4, base_lse},
+        {"topk", offsetof(msa_layer_io, topk), topk, topk_bytes, 4, base_topk},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        void *mem = NULL;
+        if (msa_buffer_alloc(ctx, t[i].bytes + 128, &mem) != MSA_OK) {
+            CHECK(0, "%s: no buffer", t[i].name);
+            continue;
+        }
+        unsigned char *contents = read_back(t[i].src, t[i].bytes);
+        /* Misaligned: odd addresses, and for 4-byte elements 2 mod 4. */
+        const size_t shifts[] = {1, 3, 2};
+        const size_t nshift = t[i].align == 4 ? 3 : 2;
+        for (size_t j = 0; j < nshift; j++) {
+            char *at = (char *)mem + 64 - t[i].align + shifts[j];
+            char what[96];
+            snprintf(what, sizeof what, "%s at %zu mod 64", t[i].name, (size_t)(at - (char *)mem));
+            /* inputs keep their data, outputs hold poison */
+            if (t[i].base)
+                fill(at, t[i].bytes, 0x5a);
+            else
+                msa_copy_to_buffer(ctx, at, contents, t[i].bytes);
+            unsigned char *before = read_back(at, t[i].bytes);
+            msa_layer_io bad = good_io(1);
+            memcpy((char *)&bad + t[i].field, &at, sizeof at);
+            fill(o, o_bytes, 0x22);
+            fill(lse, lse_bytes, 0x33);
+            snapshot s;
+            snap_take(&s);
+            const char *planted = plant_message();
+            msa_status st = msa_forward(ctx, plan, 1, &bad);
+            const char *msg = msa_context_last_error(ctx);
+            char want[32];
+            snprintf(want, sizeof want, "%s at", t[i].name);
+            CHECK(st == IA, "%s: got %s, want %s", what, msa_status_name(st), msa_status_name(IA));
+            CHECK(fresh_message(planted) && strstr(msg, want) && strstr(msg, "aligned"),
+                  "%s: the message names the tensor and its alignment (\"%s\")", what, msg);
+            char need[32];
+            snprintf(need, sizeof need, "%zu bytes", t[i].align);
+            CHECK(strstr(msg, need) != NULL, "%s: the message says %s (\"%s\")", what, need, msg);
+            msa_synchronize(ctx);
+            CHECK(snap_same(&s), "%s: rejected forward wrote something", what);
+            CHECK(same_bytes(before, at, t[i].bytes), "%s: the misaligned tensor was written", what);
+            free(before);
+        }
+        /* Aligned to the element size only. */
+        char *at = (char *)mem + 64 - t[i].align;
+        if (t[i].base)
+            fill(at, t[i].bytes, 0x5a);
+        else
+            msa_copy_to_buffer(ctx, at, contents, t[i].bytes);
+        msa_layer_io good = good_io(1);
+        memcpy((char *)&good + t[i].field, &at, sizeof at);
+        msa_status st = msa_forward(ctx, plan, 1, &good);
+        if (st == MSA_OK)
+            st = msa_synchronize(ctx);
+        CHECK(st == MSA_OK, "%s aligned to %zu bytes: %s (%s)", t[i].name, t[i].align,
+              msa_status_name(st), msa_context_last_error(ctx));
+        if (st == MSA_OK && t[i].base)
+            CHECK(same_bytes(t[i].base, at, t[i].bytes), "%s aligned to %zu bytes: baseline values",
+                  t[i].name, t[i].align);
+        CHECK(plan_reproduces_baseline(), "%s: baseline after the aligned call", t[i].name);
+        free(contents);
+        msa_buffer_free(ctx, mem);
+    }
+    /* A tensor the call does not use is not checked: k at an odd address
+     * with write_cache = 0. */
+    void *mem = NULL;
+    if (msa_buffer_alloc(ctx, 64, &mem) == MSA_OK) {
+        msa_layer_io pre = good_io(1);
+        pre.write_cache = 0;
+        pre.k = (char *)mem + 1;
+        CHECK(msa_forward(ctx, plan, 1, &pre) == MSA_OK && msa_synchronize(ctx) == MSA_OK,
+              "unused k at an odd address: %s", msa_context_last_error(ctx));
+        msa_buffer_free(ctx, mem);
+    }
+
+    /* msa_cache_wrap: every plane aligned to its element size (CPU). */
+    msa_cache_config cc;
+    msa_cache_config_default(&cc);
+    cc.num_pages = 2;
+    cc.page_size = P;
+    void *planes[L * 4] = {0};
+    void *plane_mem[L * 4] = {0};
+    int ok = 1;
+    for (int i = 0; i < L * 4; i++) {
+        size_t n = msa_cache_plane_bytes(cache, i / 4, (msa_plane)(i % 4)) / (PAGES / 2);
+        if (n && msa_buffer_alloc(ctx, n + 64, &plane_mem[i]) != MSA_OK)
+            ok = 0;
+        planes[i] = plane_mem[i] ? (char *)plane_mem[i] + 64 - 2 : NULL;
+    }
+    CHECK(ok, "wrap: plane buffers");
+    msa_cache *c2 = NULL;
+    if (ok) {
+        CHECK(msa_cache_wrap(ctx, model, &cc, planes, &c2) == MSA_OK && c2,
+              "wrap: planes aligned to 2 bytes (bf16): %s", msa_context_last_error(ctx));
+        msa_cache_free(c2);
+        for (int i = 0; i < L * 4; i++) {
+            if (!planes[i])
+                continue;
+            planes[i] = (char *)planes[i] + 1;
+            c2 = NULL;
+            const char *pl = plant_message();
+            msa_status st = msa_cache_wrap(ctx, model, &cc, planes, &c2);
+            CHECK(st == IA && c2 == NULL, "wrap: plane %d at an odd address: %s", i,
+                  msa_status_name(st));
+            CHECK(fresh_message(pl) && strstr(msa_context_last_error(ctx), "aligned to 2 bytes"),
+                  "wrap: plane %d: message (\"%s\")", i, msa_context_last_error(ctx));
+            msa_cache_free(c2);
+            planes[i] = (char *)planes[i] - 1;
+        }
+    }
+    for (int i = 0; i < L * 4; i++)
+        if (plane_mem[i])
+            msa_buffer_free(ctx, plane_mem[i]);
 }
 
 /* ---- objects -------------------------------------------------------------- */
@@ -599,7 +946,10 @@ int main(void)
     }
     CHECK(plan_reproduces_baseline(), "baseline reproducible");
     test_plan_update();
+    test_collisions();
+    test_collisions_random();
     test_forward();
+    test_alignment();
     test_objects();
 
     for (int i = 0; i < L * 4; i++)

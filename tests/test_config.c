@@ -2,14 +2,19 @@
  * Configuration (SPEC 2): the config.json loader on M3-like fixtures and on
  * generated variants, defaults for missing keys, the tokens-to-blocks rule,
  * and every invalid configuration rejected with MSA_ERR_INVALID_CONFIG,
- * through both the loader and msa_model_create.
+ * through both the loader and msa_model_create; text that is not strict
+ * JSON (trailing text, a second object, NUL bytes, invalid UTF-8, duplicate
+ * keys), a FIFO in place of the file, and the wording of number messages.
  */
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "check.h"
+#include "core/json_strict.h"
 #include "msa/msa.h"
 
 #ifndef MSA_FIXTURE_DIR
@@ -450,6 +455,235 @@ static void test_malformed(void)
     CHECK(msa_model_create(ctx, NULL, &m) == MSA_ERR_INVALID_ARGUMENT, "NULL config");
 }
 
+/* ---- strict JSON --------------------------------------------------------- */
+
+/* A valid config whose top level is `top` (spliced in first) and whose
+ * text_config holds `text`. */
+#define CFG_TOP "\"num_hidden_layers\": 4, \"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"head_dim\": 32"
+
+static int has(const char *s, const char *sub)
+{
+    return strstr(s, sub) != NULL;
+}
+
+/* Loads text[0..len) and checks the status and that the message holds every
+ * substring given (NULL-ended). */
+static void expect_refused(const char *what, const char *text, size_t len, msa_status want, ...)
+{
+    msa_model *m = NULL;
+    msa_status st = msa_model_load_config_json(ctx, text, len, &m);
+    CHECK(st == want && !m, "%s: got %s, want %s", what, msa_status_name(st),
+          msa_status_name(want));
+    const char *msg = msa_context_last_error(ctx);
+    va_list ap;
+    va_start(ap, want);
+    for (const char *sub = va_arg(ap, const char *); sub; sub = va_arg(ap, const char *))
+        CHECK(has(msg, sub), "%s: message '%s' lacks '%s'", what, msg, sub);
+    va_end(ap);
+    msa_model_free(m);
+}
+
+#define REFUSED(what, lit, st, ...) expect_refused(what, lit, sizeof(lit) - 1, st, __VA_ARGS__, NULL)
+
+static void test_strict_json(void)
+{
+    static const char good[] = "{" CFG_TOP "}";
+    msa_model *m = NULL;
+    CHECK(msa_model_load_config_json(ctx, good, sizeof good - 1, &m) == MSA_OK && m,
+          "base of the strict cases loads: %s", msa_context_last_error(ctx));
+    msa_model_free(m);
+
+    REFUSED("trailing garbage", "{" CFG_TOP "} x", MSA_ERR_IO, "unexpected text after the value",
+            "byte offset");
+    REFUSED("trailing comma-less garbage", "{" CFG_TOP "}}", MSA_ERR_IO,
+            "unexpected text after the value");
+    REFUSED("second object", "{" CFG_TOP "}\n{\"num_attention_heads\": 4}", MSA_ERR_IO,
+            "unexpected text after the value");
+    REFUSED("NUL byte in a string", "{" CFG_TOP ", \"model_type\": \"a\0b\"}", MSA_ERR_IO,
+            "NUL byte inside a string", "byte offset 109");
+    REFUSED("NUL byte in a key", "{" CFG_TOP ", \"head_dim\0x\": 3}", MSA_ERR_IO, "NUL byte");
+    REFUSED("NUL byte after the value", "{" CFG_TOP "}\0", MSA_ERR_IO, "NUL byte after the value");
+    REFUSED("escaped NUL", "{" CFG_TOP ", \"model_type\": \"a\\u0000b\"}", MSA_ERR_IO,
+            "escaped NUL");
+    REFUSED("overlong UTF-8", "{" CFG_TOP ", \"model_type\": \"\xC0\xAF\"}", MSA_ERR_IO,
+            "invalid UTF-8", "overlong");
+    REFUSED("overlong 3-byte UTF-8", "{" CFG_TOP ", \"model_type\": \"\xE0\x80\xAF\"}",
+            MSA_ERR_IO, "invalid UTF-8", "overlong");
+    REFUSED("lone continuation byte", "{" CFG_TOP ", \"model_type\": \"a\x80z\"}", MSA_ERR_IO,
+            "invalid UTF-8", "continuation byte");
+    REFUSED("surrogate in UTF-8", "{" CFG_TOP ", \"model_type\": \"\xED\xA0\x80\"}", MSA_ERR_IO,
+            "invalid UTF-8", "surrogate");
+    REFUSED("above U+10FFFF", "{" CFG_TOP ", \"model_type\": \"\xF4\x90\x80\x80\"}", MSA_ERR_IO,
+            "invalid UTF-8", "above U+10FFFF");
+    REFUSED("truncated sequence", "{" CFG_TOP ", \"model_type\": \"\xE2\x82\"}", MSA_ERR_IO,
+            "invalid UTF-8", "truncated");
+    REFUSED("lone surrogate escape", "{" CFG_TOP ", \"model_type\": \"\\ud800\"}", MSA_ERR_IO,
+            "unpaired surrogate");
+    REFUSED("duplicate key at the top level", "{" CFG_TOP ", \"num_attention_heads\": 16}",
+            MSA_ERR_IO, "duplicate key \"num_attention_heads\"", "at the top level",
+            "byte offset");
+    REFUSED("duplicate key through an escape", "{" CFG_TOP ", \"head_di\\u006d\": 16}",
+            MSA_ERR_IO, "duplicate key \"head_dim\"");
+    REFUSED("duplicate key in text_config",
+            "{\"text_config\": {" CFG_TOP ", \"head_dim\": 64}}", MSA_ERR_IO,
+            "duplicate key \"head_dim\"", "in \"text_config\"");
+    REFUSED("duplicate key in sparse_attention_config",
+            "{" CFG_TOP ", \"sparse_attention_config\": {\"sparse_block_size\": 64, "
+            "\"sparse_block_size\": 32}}",
+            MSA_ERR_IO, "duplicate key \"sparse_block_size\"", "in \"sparse_attention_config\"");
+    REFUSED("duplicate text_config", "{\"text_config\": {" CFG_TOP "}, \"text_config\": {}}",
+            MSA_ERR_IO, "duplicate key \"text_config\"");
+    REFUSED("text_config a number", "{" CFG_TOP ", \"text_config\": 5}", MSA_ERR_INVALID_CONFIG,
+            "'text_config' must be an object", "a number");
+    REFUSED("text_config a string", "{" CFG_TOP ", \"text_config\": \"x\"}",
+            MSA_ERR_INVALID_CONFIG, "'text_config' must be an object", "a string");
+    REFUSED("text_config an array", "{" CFG_TOP ", \"text_config\": [1]}", MSA_ERR_INVALID_CONFIG,
+            "'text_config' must be an object", "an array");
+    REFUSED("single quotes", "{'num_hidden_layers': 4}", MSA_ERR_IO, "byte offset 1");
+    REFUSED("trailing comma", "{" CFG_TOP ",}", MSA_ERR_IO, "byte offset");
+    REFUSED("leading zero", "{" CFG_TOP ", \"x\": 012}", MSA_ERR_IO, "leading zero");
+    REFUSED("NaN", "{" CFG_TOP ", \"x\": NaN}", MSA_ERR_IO, "unexpected 'N'");
+    REFUSED("BOM", "\xEF\xBB\xBF{" CFG_TOP "}", MSA_ERR_IO, "byte offset 0");
+
+    /* Equal keys in different objects, valid UTF-8 and escapes pass. */
+    static const char ok2[] = "{\"text_config\": {" CFG_TOP ", \"model_type\": \"x\"}, "
+                              "\"model_type\": \"caf\xC3\xA9 \xF0\x9F\x98\x80 \\ud83d\\ude00 "
+                              "\\u00e9\", \"a\": {\"a\": {\"a\": []}}, \"null_text\": null}";
+    m = NULL;
+    CHECK(msa_model_load_config_json(ctx, ok2, sizeof ok2 - 1, &m) == MSA_OK && m,
+          "nested equal keys and UTF-8 load: %s", msa_context_last_error(ctx));
+    msa_model_free(m);
+    static const char ok3[] = "{" CFG_TOP ", \"text_config\": null}";
+    m = NULL;
+    CHECK(msa_model_load_config_json(ctx, ok3, sizeof ok3 - 1, &m) == MSA_OK && m,
+          "text_config null is absent: %s", msa_context_last_error(ctx));
+    msa_model_free(m);
+
+    /* The nesting bound: MSA_JSON_MAX_DEPTH levels pass, one more does not. */
+    char deep[512];
+    for (int extra = 0; extra <= 1; extra++) {
+        int levels = MSA_JSON_MAX_DEPTH - 1 + extra; /* plus the top-level object */
+        size_t n = (size_t)snprintf(deep, sizeof deep, "{" CFG_TOP ", \"x\": ");
+        for (int i = 0; i < levels; i++)
+            deep[n++] = '[';
+        for (int i = 0; i < levels; i++)
+            deep[n++] = ']';
+        deep[n++] = '}';
+        deep[n] = '\0';
+        m = NULL;
+        msa_status st = msa_model_load_config_json(ctx, deep, n, &m);
+        if (extra)
+            CHECK(st == MSA_ERR_IO && !m && has(msa_context_last_error(ctx), "nesting deeper"),
+                  "depth %d refused: %s", levels + 1, msa_context_last_error(ctx));
+        else
+            CHECK(st == MSA_OK && m, "depth %d accepted: %s", levels + 1,
+                  msa_context_last_error(ctx));
+        msa_model_free(m);
+    }
+
+    /* The checker alone, on texts that are not objects. */
+    char err[200];
+    CHECK(msa_json_check("[1, 2] ", 7, err, sizeof err) == 0, "array: %s", err);
+    CHECK(msa_json_check("\"\\u00e9\"", 8, err, sizeof err) == 0, "escaped string: %s", err);
+    CHECK(msa_json_check("-0.5e+3", 7, err, sizeof err) == 0, "number: %s", err);
+    CHECK(msa_json_check("1 2", 3, err, sizeof err) != 0 && has(err, "byte offset 2"),
+          "two numbers: %s", err);
+    CHECK(msa_json_check("", 0, err, sizeof err) != 0 && has(err, "ends"), "empty: %s", err);
+    CHECK(msa_json_check("[1,]", 4, err, sizeof err) != 0, "trailing comma in an array");
+    CHECK(msa_json_check("[{\"a\":1,\"a\":2}]", 15, err, sizeof err) != 0 &&
+              has(err, "in the object at byte offset 1"),
+          "duplicate in an array element: %s", err);
+}
+
+/* ---- messages about numbers ---------------------------------------------- */
+
+static void expect_message(const char *what, msa_status st, msa_model *m, const char *want,
+                           const char *not_want)
+{
+    const char *msg = msa_context_last_error(ctx);
+    CHECK(st == MSA_ERR_INVALID_CONFIG && !m, "%s: %s", what, msa_status_name(st));
+    CHECK(has(msg, want), "%s: message '%s' lacks '%s'", what, msg, want);
+    if (not_want)
+        CHECK(!has(msg, not_want), "%s: message '%s' says '%s'", what, msg, not_want);
+    msa_model_free(m);
+}
+
+static void test_number_messages(void)
+{
+    msa_model *m;
+    msa_status st;
+    st = load(&m, "num_attention_heads", "2147483648", NULL);
+    expect_message("heads 2^31", st, m, "out of range: 2147483648 is not in 1..4096",
+                   "must be an integer");
+    st = load(&m, "num_attention_heads", "1e999", NULL);
+    expect_message("heads 1e999", st, m, "out of range", "must be an integer");
+    st = load(&m, "num_attention_heads", "-1e999", NULL);
+    expect_message("heads -1e999", st, m, "out of range", "must be an integer");
+    st = load(&m, "num_attention_heads", "9007199254740993", NULL);
+    expect_message("heads 2^53 + 1", st, m, "out of range", "must be an integer");
+    st = load(&m, "num_attention_heads", "5000", NULL);
+    expect_message("heads 5000", st, m, "1..4096", NULL);
+    st = load(&m, "num_attention_heads", "-8", NULL);
+    expect_message("heads -8", st, m, "out of range: -8 is not in 1..4096", NULL);
+    st = load(&m, "num_attention_heads", "64.5", NULL);
+    expect_message("heads 64.5", st, m, "must be an integer (got 64.5)", "out of range");
+    st = load(&m, "num_attention_heads", "\"64\"", NULL);
+    expect_message("heads \"64\"", st, m, "must be an integer, not a string", NULL);
+    st = load(&m, "num_attention_heads", "true", NULL);
+    expect_message("heads true", st, m, "must be an integer, not a boolean", NULL);
+    st = load(&m, "num_hidden_layers", "100001", NULL);
+    expect_message("layers 100001", st, m, "not in 1..100000", NULL);
+    st = load(&m, "sparse_local_tokens", "-1", NULL);
+    expect_message("local tokens -1", st, m, "'sparse_local_tokens' is out of range: -1", NULL);
+    st = load(&m, "sparse_init_tokens", "4294967296", NULL);
+    expect_message("init tokens 2^32", st, m, "'sparse_init_tokens' is out of range", NULL);
+    st = load(&m, "sparse_block_size", "65537", NULL);
+    expect_message("block 65537", st, m, "not in 1..65536", NULL);
+    st = load(&m, "head_dim", NULL, "hidden_size", "1e10", NULL);
+    expect_message("hidden 1e10", st, m, "'hidden_size' is out of range", NULL);
+    /* The bounds named are the ones msa_model_create applies: the largest
+     * accepted value loads. */
+    st = load(&m, "num_attention_heads", "4096", NULL);
+    CHECK(st == MSA_OK && m, "heads 4096 loads: %s", msa_context_last_error(ctx));
+    msa_model_free(m);
+    st = load(&m, "sparse_block_size", "65536", NULL);
+    CHECK(st == MSA_OK && m, "block 65536 loads: %s", msa_context_last_error(ctx));
+    msa_model_free(m);
+}
+
+/* ---- files that are not regular ------------------------------------------ */
+
+static void test_not_regular(void)
+{
+    char dir[] = "/tmp/msa_test_config_XXXXXX";
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    char fifo[64];
+    snprintf(fifo, sizeof fifo, "%s/config.json", dir);
+    if (mkfifo(fifo, 0600) != 0) {
+        CHECK(0, "mkfifo %s", fifo);
+    } else {
+        /* Without the check this call waits forever for a writer; CTest's
+         * TIMEOUT turns that into a failure. */
+        msa_model *m = NULL;
+        msa_status st = msa_model_load_config_file(ctx, fifo, &m);
+        CHECK(st == MSA_ERR_IO && !m, "FIFO: %s", msa_status_name(st));
+        CHECK(has(msa_context_last_error(ctx), "not a regular file"), "FIFO message: %s",
+              msa_context_last_error(ctx));
+        unlink(fifo);
+    }
+    rmdir(dir);
+    msa_model *m = NULL;
+    msa_status st = msa_model_load_config_file(ctx, "/dev/null", &m);
+    CHECK(st == MSA_ERR_IO && !m && has(msa_context_last_error(ctx), "not a regular file"),
+          "/dev/null: %s", msa_context_last_error(ctx));
+    st = msa_model_load_config_file(ctx, MSA_FIXTURE_DIR, &m);
+    CHECK(st == MSA_ERR_IO && !m && has(msa_context_last_error(ctx), "a directory"),
+          "directory: %s", msa_context_last_error(ctx));
+}
+
 int main(void)
 {
     msa_context_params cp;
@@ -464,6 +698,9 @@ int main(void)
     test_defaults();
     test_invalid();
     test_malformed();
+    test_strict_json();
+    test_number_messages();
+    test_not_regular();
     msa_context_free(ctx);
     return check_finish();
 }

@@ -471,6 +471,75 @@ static void add_sequences(tk_list *l)
     then(l, &M3_SMALL);
 }
 
+/* ---- prefill rows at head dim 128 (the tensor-core prefill kernel) ---- */
+/* 4 query heads per KV head: 32-token tiles, index-value pass of 2 heads. */
+static const tk_shape PF128 = {"pf128", 8, 2, 128, 2, 128, 64, 8, 1, 1};
+/* M3's block, K and group of 16 with one KV head: 8-token tiles. */
+static const tk_shape PFM3 = {"pfm3", 16, 1, 128, 1, 128, 128, 16, 0, 1};
+/* 3 heads per KV head: a warp's rows span tokens; blocks of 32. */
+static const tk_shape PFODD = {"pfodd", 6, 2, 128, 2, 128, 32, 6, 1, 2};
+/* 160 heads per KV head: a token's heads take two chunks of the tile. */
+static const tk_shape PFWIDEG = {"pfwideg", 160, 1, 128, 1, 128, 64, 4, 0, 1};
+/* Few heads: long dense prompts stay affordable for the oracle. */
+static const tk_shape PFD = {"pfd", 4, 1, 128, 1, 128, 64, 8, 1, 1};
+
+static const int pfq_q[] = {200, 1, 40, 0}, pfq_kv[] = {1200, 300, 40, 90};
+static const int pfmix_q[] = {700, 33, 1, 300, 17, 5}, pfmix_kv[] = {700, 2033, 500, 4300, 17, 900};
+static const int pf2k_q[] = {2048}, pf2k_kv[] = {2048};
+static const int pf8k_q[] = {8192}, pf8k_kv[] = {8192};
+static const int pfext_q[] = {3000}, pfext_kv[] = {11000};
+static const int pf20k_q[] = {1500, 2}, pf20k_kv[] = {20480, 7000};
+static const int pf32k_q[] = {1024}, pf32k_kv[] = {32768};
+static const int pfsmall_q[] = {40}, pfsmall_kv[] = {300};
+
+static const tk_steps PF_QUICK = {"prefill-mix", 4, pfq_q, pfq_kv, 2, 1, 1};
+static const tk_steps PF_MIX = {"prefill-several", 6, pfmix_q, pfmix_kv, 3, 1, 1};
+static const tk_steps PF_2K = {"prefill-2k", 1, pf2k_q, pf2k_kv, 0, 0, 1};
+static const tk_steps PF_8K = {"prefill-8k", 1, pf8k_q, pf8k_kv, 0, 0, 1};
+static const tk_steps PF_EXT = {"extend-3k-11k", 1, pfext_q, pfext_kv, 0, 0, 1};
+static const tk_steps PF_20K = {"extend-20k", 2, pf20k_q, pf20k_kv, 1, 0, 1};
+static const tk_steps PF_32K = {"extend-32k", 1, pf32k_q, pf32k_kv, 0, 0, 1};
+static const tk_steps PF_SMALL = {"prefill-small", 1, pfsmall_q, pfsmall_kv, 0, 0, 1};
+
+/* Prefill and extend steps whose main and index-value passes take the
+ * tensor-core prefill kernel (16-bit types, head dim 128): several
+ * requests with prefixes beside decode rows, page sizes other than 128,
+ * contexts to 32K, every tile shape (8 and 32 tokens, rows spanning
+ * tokens, head chunks); fp32 and mixed types check the scalar fallback. */
+static void add_prefill(tk_list *l)
+{
+    msa_case *c;
+    add(l, 1, &PF128, &PF_QUICK, DTYPES[1], 16, 0, 1);
+    add(l, 1, &PFM3, &PF_QUICK, DTYPES[2], 128, 1, 0);
+    add(l, 1, &PFODD, &PF_MIX, DTYPES[1], 8, 1, 1);
+    c = add(l, 1, &PF128, &PF_MIX, DTYPES[2], 64, 0, 0);
+    c->sparse = 0;
+    add(l, 1, &PFWIDEG, &PF_SMALL, DTYPES[1], 32, 0, 1);
+    add(l, 1, &PF128, &PF_QUICK, DTYPES[0], 16, 0, 1);  /* fp32: scalar rows */
+    add(l, 0, &PF128, &PF_QUICK, DTYPES[5], 256, 1, 1); /* fp16 act, bf16 K/V: scalar */
+    add(l, 0, &PFM3, &PF_2K, DTYPES[1], 128, 0, 1);
+    add(l, 0, &PFM3, &PF_EXT, DTYPES[2], 64, 1, 0);
+    add(l, 0, &PFM3, &PF_20K, DTYPES[1], 256, 0, 1);
+    add(l, 0, &PFM3, &PF_32K, DTYPES[1], 128, 1, 0);
+    add(l, 0, &PF128, &PF_8K, DTYPES[1], 1, 0, 1);
+    c = add(l, 0, &PFD, &PF_8K, DTYPES[1], 128, 0, 0);
+    c->sparse = 0;
+    c = add(l, 0, &PFD, &PF_EXT, DTYPES[2], 32, 0, 0);
+    c->sparse = 0;
+    add(l, 0, &M3, &PF_SMALL, DTYPES[1], 128, 0, 1);
+    /* A plan that serves a prefill step, then decode, then prefill again. */
+    add(l, 1, &PFM3, &PF_QUICK, DTYPES[1], 128, 0, 1);
+    then(l, &M3_SMALL);
+    then(l, &PF_MIX);
+    /* Dense layers of 16 heads per KV head at page 128 (on Hopper, the
+     * prefill kernel's dense stream over whole pages): several requests
+     * with prefixes and ragged last pages, and a 2K prompt. */
+    c = add(l, 1, &PFM3, &PF_MIX, DTYPES[1], 128, 0, 0);
+    c->sparse = 0;
+    c = add(l, 0, &PFM3, &PF_2K, DTYPES[2], 128, 0, 0);
+    c->sparse = 0;
+}
+
 static void build(tk_list *l)
 {
     add_core(l);
@@ -484,6 +553,7 @@ static void build(tk_list *l)
     add_extreme_scales(l);
     add_sequences(l);
     add_random(l, 120);
+    add_prefill(l);
     for (int i = 0; i < l->n; i++) {
         tk_entry *e = &l->e[i];
         for (int j = 0; j < e->n; j++) {

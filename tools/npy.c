@@ -10,6 +10,8 @@
  */
 #include "npy.h"
 
+#include "core/json_strict.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -95,24 +97,53 @@ static int accept_char(scanner *s, char c)
     return 0;
 }
 
-/* A quoted Python string without escapes (all npy keys/values are plain). */
-static int scan_string(scanner *s, char *out, size_t out_size)
+/* Why scan_string failed. */
+enum { STR_OK = 0, STR_NONE = -1, STR_LONG = -2, STR_BAD_CHAR = -3, STR_OPEN = -4 };
+
+/* A quoted Python string without escapes (all npy keys/values are plain
+ * printable ASCII).  *n_out gets the length of the text between the quotes
+ * even when it does not fit `out`, for the message. */
+static int scan_string(scanner *s, char *out, size_t out_size, size_t *n_out)
 {
     skip_ws(s);
+    *n_out = 0;
     if (s->p >= s->end || (*s->p != '\'' && *s->p != '"'))
-        return -1;
+        return STR_NONE;
     char quote = *s->p++;
     size_t n = 0;
+    int rc = STR_OK;
     while (s->p < s->end && *s->p != quote) {
-        if (*s->p == '\\' || n + 1 >= out_size)
-            return -1;
-        out[n++] = *s->p++;
+        unsigned char b = (unsigned char)*s->p++;
+        if (b == '\\' || b < 0x20 || b >= 0x7f)
+            rc = rc ? rc : STR_BAD_CHAR;
+        else if (n + 1 >= out_size)
+            rc = rc ? rc : STR_LONG;
+        else
+            out[n] = (char)b;
+        n++;
     }
+    *n_out = n;
     if (s->p >= s->end)
-        return -1;
+        return STR_OPEN;
     s->p++;
-    out[n] = '\0';
-    return 0;
+    if (rc == STR_OK)
+        out[n] = '\0';
+    return rc;
+}
+
+/* The message for a failed scan_string of `what`. */
+static void string_err(int rc, const char *what, size_t n, size_t max, char *err,
+                       size_t err_size)
+{
+    if (rc == STR_LONG)
+        set_err(err, err_size, "%s is too long (%zu characters; at most %zu)", what, n, max);
+    else if (rc == STR_BAD_CHAR)
+        set_err(err, err_size, "%s holds a backslash or a byte that is not printable ASCII",
+                what);
+    else if (rc == STR_OPEN)
+        set_err(err, err_size, "%s has no closing quote", what);
+    else
+        set_err(err, err_size, "%s is not a quoted string", what);
 }
 
 static int scan_word(scanner *s, const char *word)
@@ -179,14 +210,24 @@ static int parse_header(const char *text, size_t len, npy_array *a, char *err, s
         if (accept_char(&s, '}'))
             break;
         char key[32];
-        if (scan_string(&s, key, sizeof key) != 0 || !accept_char(&s, ':')) {
-            set_err(err, err_size, "header dictionary is malformed");
+        size_t n;
+        int rc = scan_string(&s, key, sizeof key, &n);
+        if (rc == STR_NONE) {
+            set_err(err, err_size, "header dictionary is malformed (a key is not a string)");
+            return -1;
+        }
+        if (rc != STR_OK) {
+            string_err(rc, "a header key", n, sizeof key - 1, err, err_size);
+            return -1;
+        }
+        if (!accept_char(&s, ':')) {
+            set_err(err, err_size, "header dictionary is malformed (no ':' after '%s')", key);
             return -1;
         }
         if (strcmp(key, "descr") == 0 && !have_descr) {
             char descr[32];
-            if (scan_string(&s, descr, sizeof descr) != 0) {
-                set_err(err, err_size, "'descr' is not a string");
+            if ((rc = scan_string(&s, descr, sizeof descr, &n)) != STR_OK) {
+                string_err(rc, "'descr'", n, sizeof descr - 1, err, err_size);
                 return -1;
             }
             if (strcmp(descr, "<f4") == 0) {
@@ -223,7 +264,7 @@ static int parse_header(const char *text, size_t len, npy_array *a, char *err, s
             continue;
         if (accept_char(&s, '}'))
             break;
-        set_err(err, err_size, "header dictionary is malformed");
+        set_err(err, err_size, "header dictionary is malformed (no ',' or '}' after '%s')", key);
         return -1;
     }
     skip_ws(&s);
@@ -241,6 +282,70 @@ static int parse_header(const char *text, size_t len, npy_array *a, char *err, s
 
 /* ---- reading ----------------------------------------------------------- */
 
+/* The lengths of the fixed prefix (magic, version, header length) and of
+ * the header dictionary, from the first n bytes of a file. */
+static int parse_prefix(const unsigned char *p, size_t n, size_t *prefix_len,
+                        size_t *header_len, char *err, size_t err_size)
+{
+    if (n < 6 || memcmp(p, npy_magic, 6) != 0) {
+        set_err(err, err_size, "not a .npy file (bad magic)");
+        return -1;
+    }
+    if (n < 8) {
+        set_err(err, err_size, "truncated header");
+        return -1;
+    }
+    const int major = p[6];
+    if (major == 1) {
+        *prefix_len = 10;
+    } else if (major == 2 || major == 3) {
+        *prefix_len = 12;
+    } else {
+        set_err(err, err_size, "unsupported format version %d.%d", major, p[7]);
+        return -1;
+    }
+    if (n < *prefix_len) {
+        set_err(err, err_size, "truncated header");
+        return -1;
+    }
+    *header_len = major == 1 ? (size_t)p[8] | (size_t)p[9] << 8
+                             : (size_t)p[8] | (size_t)p[9] << 8 | (size_t)p[10] << 16 |
+                                   (size_t)p[11] << 24;
+    if (*header_len == 0 || *header_len > NPY_MAX_HEADER) {
+        set_err(err, err_size, "header length %zu is out of range (1..%u)", *header_len,
+                NPY_MAX_HEADER);
+        return -1;
+    }
+    return 0;
+}
+
+int npy_parse_header(const void *buf, size_t len, npy_array *a, size_t *data_offset,
+                     char *err, size_t err_size)
+{
+    const unsigned char *p = buf;
+    size_t prefix_len = 0, header_len = 0;
+    memset(a, 0, sizeof *a);
+    if (parse_prefix(p, len, &prefix_len, &header_len, err, err_size) != 0)
+        return -1;
+    if (len - prefix_len < header_len) {
+        set_err(err, err_size, "header length %zu does not fit the %zu bytes present",
+                header_len, len - prefix_len);
+        return -1;
+    }
+    if (parse_header((const char *)p + prefix_len, header_len, a, err, err_size) != 0)
+        return -1;
+    a->count = 1;
+    for (int i = 0; i < a->ndim; i++) {
+        if (a->shape[i] != 0 && a->count > INT64_MAX / 4 / a->shape[i]) {
+            set_err(err, err_size, "array is too large");
+            return -1;
+        }
+        a->count *= a->shape[i];
+    }
+    *data_offset = prefix_len + header_len;
+    return 0;
+}
+
 static int read_exact(FILE *f, void *buf, size_t n)
 {
     return fread(buf, 1, n, f) == n ? 0 : -1;
@@ -249,72 +354,56 @@ static int read_exact(FILE *f, void *buf, size_t n)
 int npy_read(const char *path, npy_array *out, char *err, size_t err_size)
 {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        set_err(err, err_size, "%s: cannot open: %s", path, strerror(errno));
+    /* A FIFO in the file's place is refused at once, never waited on. */
+    FILE *f = msa_open_regular_file(path, err, err_size);
+    if (!f)
         return -1;
-    }
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        set_err(err, err_size, "%s: not a regular file", path);
+    if (fstat(fileno(f), &st) != 0) {
+        set_err(err, err_size, "%s: cannot stat: %s", path, strerror(errno));
         fclose(f);
         return -1;
     }
-    unsigned char pre[10];
-    char *header = NULL;
+    unsigned char pre[12];
+    unsigned char *head = NULL;
     npy_array a;
     memset(&a, 0, sizeof a);
     char why[200] = "";
+    size_t prefix_len = 0, header_len = 0, data_offset = 0;
 
-    if (read_exact(f, pre, 8) != 0 || memcmp(pre, npy_magic, 6) != 0) {
-        snprintf(why, sizeof why, "not a .npy file (bad magic)");
-        goto fail;
-    }
-    int major = pre[6];
-    size_t header_len, prefix_len;
-    if (major == 1) {
-        if (read_exact(f, pre + 8, 2) != 0) {
-            snprintf(why, sizeof why, "truncated header");
-            goto fail;
-        }
-        header_len = (size_t)pre[8] | (size_t)pre[9] << 8;
-        prefix_len = 10;
-    } else if (major == 2 || major == 3) {
-        unsigned char l4[4];
-        if (read_exact(f, l4, 4) != 0) {
-            snprintf(why, sizeof why, "truncated header");
-            goto fail;
-        }
-        header_len = (size_t)l4[0] | (size_t)l4[1] << 8 | (size_t)l4[2] << 16 |
-                     (size_t)l4[3] << 24;
-        prefix_len = 12;
-    } else {
-        snprintf(why, sizeof why, "unsupported format version %d.%d", major, pre[7]);
-        goto fail;
-    }
-    if (header_len == 0 || header_len > NPY_MAX_HEADER ||
-        (uint64_t)st.st_size < prefix_len + header_len) {
-        snprintf(why, sizeof why, "header length %zu does not fit the file", header_len);
-        goto fail;
-    }
-    header = malloc(header_len);
-    if (!header || read_exact(f, header, header_len) != 0) {
+    const size_t avail = (uint64_t)st.st_size < sizeof pre ? (size_t)st.st_size : sizeof pre;
+    if (read_exact(f, pre, avail) != 0) {
         snprintf(why, sizeof why, "cannot read the header");
         goto fail;
     }
-    if (parse_header(header, header_len, &a, why, sizeof why) != 0)
+    if (parse_prefix(pre, avail, &prefix_len, &header_len, why, sizeof why) != 0)
         goto fail;
-
-    a.count = 1;
-    for (int i = 0; i < a.ndim; i++) {
-        if (a.shape[i] != 0 && a.count > INT64_MAX / 4 / a.shape[i]) {
-            snprintf(why, sizeof why, "array is too large");
-            goto fail;
-        }
-        a.count *= a.shape[i];
+    if ((uint64_t)st.st_size < prefix_len + header_len) {
+        snprintf(why, sizeof why, "header length %zu does not fit the file", header_len);
+        goto fail;
     }
+    const size_t total = prefix_len + header_len;
+    head = malloc(total);
+    if (!head) {
+        snprintf(why, sizeof why, "out of memory for the header");
+        goto fail;
+    }
+    /* A tiny version 1 header may end inside the 12 bytes read so far. */
+    const size_t have = avail < total ? avail : total;
+    memcpy(head, pre, have);
+    if (read_exact(f, head + have, total - have) != 0) {
+        snprintf(why, sizeof why, "cannot read the header");
+        goto fail;
+    }
+    if (npy_parse_header(head, total, &a, &data_offset, why, sizeof why) != 0)
+        goto fail;
+    if (fseek(f, (long)data_offset, SEEK_SET) != 0) {
+        snprintf(why, sizeof why, "cannot seek to the data");
+        goto fail;
+    }
+
     uint64_t data_bytes = (uint64_t)a.count * 4;
-    uint64_t expect = prefix_len + header_len + data_bytes;
+    uint64_t expect = data_offset + data_bytes;
     if ((uint64_t)st.st_size != expect) {
         char shp[96];
         npy_shape_str(a.ndim, a.shape, shp, sizeof shp);
@@ -334,7 +423,7 @@ int npy_read(const char *path, npy_array *out, char *err, size_t err_size)
         }
         swap32_if_needed(a.data, a.count);
     }
-    free(header);
+    free(head);
     fclose(f);
     *out = a;
     return 0;
@@ -342,7 +431,7 @@ int npy_read(const char *path, npy_array *out, char *err, size_t err_size)
 fail:
     set_err(err, err_size, "%s: %s", path, why);
     free(a.data);
-    free(header);
+    free(head);
     fclose(f);
     return -1;
 }

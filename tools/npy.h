@@ -29,6 +29,14 @@ typedef struct npy_array {
 int npy_read(const char *path, npy_array *out, char *err, size_t err_size);
 void npy_free(npy_array *a);
 
+/* Parses the start of a .npy file held in buf[0..len): magic, version,
+ * header length and header dictionary.  On success fills a's type, ndim,
+ * shape and count (data stays NULL) and *data_offset (where the elements
+ * begin) and returns 0; otherwise -1 with a message in err.  The data
+ * itself is not looked at: len may end right after the header. */
+int npy_parse_header(const void *buf, size_t len, npy_array *a, size_t *data_offset,
+                     char *err, size_t err_size);
+
 /* Writes a v1.0 file (header padded to a 64-byte multiple).  Returns 0 on
  * success; otherwise -1 with a message in err (a partial file is removed). */
 int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape,

@@ -1,6 +1,6 @@
 #include "replay_meta.h"
 
-#include "cli.h"
+#include "core/json_strict.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -13,6 +13,7 @@ typedef struct meta_err {
     msa_status status;
     char *msg;
     size_t size;
+    FILE *warn; /* unknown keys are reported here; NULL = not reported */
 } meta_err;
 
 static int fail(meta_err *e, msa_status status, const char *fmt, ...)
@@ -31,17 +32,36 @@ static int fail(meta_err *e, msa_status status, const char *fmt, ...)
     return -1;
 }
 
+/* What a JSON value is, for messages. */
+static const char *json_kind(const cJSON *v)
+{
+    if (cJSON_IsString(v))
+        return "a string";
+    if (cJSON_IsNumber(v))
+        return "a number";
+    if (cJSON_IsBool(v))
+        return "a boolean";
+    if (cJSON_IsArray(v))
+        return "an array";
+    if (cJSON_IsObject(v))
+        return "an object";
+    return "null";
+}
+
 /* Unknown keys are most often typos ("index_dtyp") that would silently take
  * a default, so they are reported; they are not errors because engines may
  * add their own fields to the dump. */
-static void warn_unknown(const cJSON *obj, const char *where, const char *const *known)
+static void warn_unknown(FILE *warn, const cJSON *obj, const char *where,
+                         const char *const *known)
 {
+    if (!warn)
+        return;
     for (const cJSON *it = obj ? obj->child : NULL; it; it = it->next) {
         int found = 0;
         for (const char *const *k = known; *k && !found; k++)
             found = it->string && strcmp(it->string, *k) == 0;
         if (!found)
-            fprintf(stderr, "msa replay: warning: unknown key %s%s'%s' ignored\n", where,
+            fprintf(warn, "msa replay: warning: unknown key %s%s'%s' ignored\n", where,
                     where[0] ? "." : "", it->string ? it->string : "?");
     }
 }
@@ -71,12 +91,20 @@ static int get_int(meta_err *e, const cJSON *obj, const char *where, const char 
             *out = def;
         return has;
     }
+    const char *dot = where[0] ? "." : "";
     double v = it->valuedouble;
-    if (!cJSON_IsNumber(it) || !isfinite(v) || v != floor(v) || v < (double)min ||
-        v > (double)max)
+    /* Three different faults, three messages: no number, a number that is
+     * not whole, a whole number out of range. */
+    if (!cJSON_IsNumber(it))
+        return fail(e, MSA_ERR_INVALID_ARGUMENT, "meta.json: %s%s%s must be an integer, not %s",
+                    where, dot, key, json_kind(it));
+    if (isfinite(v) && v != floor(v))
         return fail(e, MSA_ERR_INVALID_ARGUMENT,
-                    "meta.json: %s%s%s must be an integer in [%lld, %lld]", where,
-                    where[0] ? "." : "", key, (long long)min, (long long)max);
+                    "meta.json: %s%s%s must be an integer (got %.17g)", where, dot, key, v);
+    if (!(v >= (double)min && v <= (double)max))
+        return fail(e, MSA_ERR_INVALID_ARGUMENT,
+                    "meta.json: %s%s%s is out of range: %.6g is not in [%lld, %lld]", where, dot,
+                    key, v, (long long)min, (long long)max);
     *out = (int64_t)v;
     return 0;
 }
@@ -156,7 +184,7 @@ static int parse_layer(meta_err *e, const cJSON *layer, replay_meta *m)
     static const char *const known[] = {"type", "Hq", "Hkv", "D", "Hi", "Di", "block",
                                         "topk", "init_blocks", "local_blocks", "score",
                                         "index_value", "scale", "index_scale", NULL};
-    warn_unknown(layer, "layer", known);
+    warn_unknown(e->warn, layer, "layer", known);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(layer, "type");
     if (!cJSON_IsString(type) ||
         (strcmp(type->valuestring, "sparse") != 0 && strcmp(type->valuestring, "dense") != 0))
@@ -187,7 +215,7 @@ static int parse_layer(meta_err *e, const cJSON *layer, replay_meta *m)
         get_i32(e, layer, "layer", "block", 1, 0, 1, &m->block) ||
         get_i32(e, layer, "layer", "topk", 1, 0, 1, &m->topk) ||
         get_i32(e, layer, "layer", "init_blocks", 0, 0, 0, &m->init_blocks) ||
-        get_i32(e, layer, "layer", "local_blocks", 0, 1, 0, &m->local_blocks) ||
+        get_i32(e, layer, "layer", "local_blocks", 0, 1, 1, &m->local_blocks) ||
         get_bool(e, layer, "layer", "index_value", 0, &m->index_value) ||
         get_scale(e, layer, "layer", "index_scale", 0.0f, &m->index_scale))
         return -1;
@@ -218,7 +246,7 @@ static int parse_cache(meta_err *e, const cJSON *cache, replay_meta *m)
     static const char *const known[] = {"page_size", "num_pages", "dtype", "index_dtype",
                                         "k_scale", "v_scale", "index_k_scale",
                                         "index_v_scale", NULL};
-    warn_unknown(cache, "cache", known);
+    warn_unknown(e->warn, cache, "cache", known);
     if (get_i32(e, cache, "cache", "page_size", 1, 0, 1, &m->page_size) ||
         get_int(e, cache, "cache", "num_pages", 1, 0, 1, INT32_MAX, &m->num_pages) ||
         get_dtype(e, cache, "cache", "dtype", 0, m->act_dtype, &m->kv_dtype) ||
@@ -255,7 +283,7 @@ static int parse_requests(meta_err *e, const cJSON *reqs, replay_meta *m)
         snprintf(where, sizeof where, "requests[%d]", r);
         if (!cJSON_IsObject(it))
             return fail(e, MSA_ERR_INVALID_ARGUMENT, "meta.json: %s must be an object", where);
-        warn_unknown(it, where, known);
+        warn_unknown(e->warn, it, where, known);
         if (get_i32(e, it, where, "q_len", 1, 0, 0, &q->q_len) ||
             get_i32(e, it, where, "kv_len", 1, 0, 0, &q->kv_len))
             return -1;
@@ -283,14 +311,19 @@ static int parse_requests(meta_err *e, const cJSON *reqs, replay_meta *m)
         int n_page = 0;
         for (const cJSON *p = pages->child; p; p = p->next, n_page++) {
             double v = p->valuedouble;
-            if (!cJSON_IsNumber(p) || !isfinite(v) || v != floor(v))
+            if (!cJSON_IsNumber(p))
                 return fail(e, MSA_ERR_INVALID_ARGUMENT,
-                            "meta.json: %s.pages[%d] is not an integer", where, n_page);
+                            "meta.json: %s.pages[%d] must be an integer, not %s", where, n_page,
+                            json_kind(p));
+            if (isfinite(v) && v != floor(v))
+                return fail(e, MSA_ERR_INVALID_ARGUMENT,
+                            "meta.json: %s.pages[%d] must be an integer (got %.17g)", where,
+                            n_page, v);
             /* Checked here as well as in the library: the program promises to
              * refuse a bad step with a status, whatever the library does. */
-            if (v < 0 || v >= (double)m->num_pages)
+            if (!(v >= 0 && v < (double)m->num_pages))
                 return fail(e, MSA_ERR_OUT_OF_RANGE,
-                            "meta.json: %s.pages[%d] = %.0f is outside the pool of %lld pages",
+                            "meta.json: %s.pages[%d] = %.6g is outside the pool of %lld pages",
                             where, n_page, v, (long long)m->num_pages);
             q->pages[n_page] = (int32_t)v;
         }
@@ -304,20 +337,23 @@ static int parse_requests(meta_err *e, const cJSON *reqs, replay_meta *m)
     return 0;
 }
 
-msa_status replay_meta_load(const char *path, replay_meta *m, char *msg, size_t msg_size)
+msa_status replay_meta_parse(const char *text, size_t len, replay_meta *m, char *msg,
+                             size_t msg_size, FILE *warn)
 {
     static const char *const known[] = {"layer", "cache", "act_dtype", "tokens", "requests",
                                         "write_cache", NULL};
-    meta_err e = {MSA_OK, msg, msg_size};
+    meta_err e = {MSA_OK, msg, msg_size, warn};
     memset(m, 0, sizeof *m);
-    size_t len = 0;
-    char *text = cli_read_file(path, &len, msg, msg_size);
-    if (!text)
-        return MSA_ERR_IO;
+    /* cJSON alone would take the first of two objects or of two equal keys
+     * and cut strings at a NUL; the strict check refuses all of these. */
+    char why[256];
+    if (msa_json_check(text, len, why, sizeof why) != 0) {
+        fail(&e, MSA_ERR_IO, "meta.json: not valid JSON: %s", why);
+        return e.status;
+    }
     cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
     if (!root) {
-        fail(&e, MSA_ERR_IO, "%s: not valid JSON", path);
+        fail(&e, MSA_ERR_IO, "meta.json: the JSON parser refused the text");
         return e.status;
     }
     const cJSON *layer, *cache;
@@ -327,7 +363,7 @@ msa_status replay_meta_load(const char *path, replay_meta *m, char *msg, size_t 
         fail(&e, MSA_ERR_INVALID_ARGUMENT, "meta.json: the top level must be an object");
         goto done;
     }
-    warn_unknown(root, "", known);
+    warn_unknown(e.warn, root, "", known);
     if (!(layer = get_object(&e, root, "layer")) || parse_layer(&e, layer, m) != 0 ||
         get_dtype(&e, root, "", "act_dtype", 1, MSA_DTYPE_BF16, &m->act_dtype) != 0)
         goto done;
@@ -351,6 +387,19 @@ done:
         return e.status;
     }
     return MSA_OK;
+}
+
+msa_status replay_meta_load(const char *path, replay_meta *m, char *msg, size_t msg_size)
+{
+    memset(m, 0, sizeof *m);
+    size_t len = 0;
+    /* A FIFO in the file's place is refused at once, never waited on. */
+    char *text = msa_read_regular_file(path, (size_t)128 << 20, &len, msg, msg_size);
+    if (!text)
+        return MSA_ERR_IO;
+    msa_status st = replay_meta_parse(text, len, m, msg, msg_size, stderr);
+    free(text);
+    return st;
 }
 
 void replay_meta_free(replay_meta *m)

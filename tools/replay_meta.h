@@ -7,6 +7,7 @@
 #define MSA_TOOLS_REPLAY_META_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "msa/msa.h"
@@ -42,6 +43,11 @@ typedef struct replay_meta {
  * the file cannot be read or parsed, MSA_ERR_INVALID_ARGUMENT or
  * MSA_ERR_OUT_OF_RANGE for bad content) with a message in msg. */
 msa_status replay_meta_load(const char *path, replay_meta *meta, char *msg, size_t msg_size);
+/* The same from the file's text[0..len) (need not end in a NUL); unknown
+ * keys are reported on `warn` (NULL: not reported).  The text must be
+ * strict JSON (core/json_strict.h). */
+msa_status replay_meta_parse(const char *text, size_t len, replay_meta *meta, char *msg,
+                             size_t msg_size, FILE *warn);
 void replay_meta_free(replay_meta *meta);
 
 #endif

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "core/json_strict.h"
 
 void workload_free(bench_case *cases, int num_cases)
 {
@@ -159,9 +159,18 @@ int workload_load(const char *path, int prefill, const workload_filter *filter,
     *cases = NULL;
     *num_cases = 0;
     size_t len = 0;
-    char *text = cli_read_file(path, &len, err, err_size);
+    /* A FIFO in the file's place is refused at once, never waited on. */
+    char *text = msa_read_regular_file(path, (size_t)128 << 20, &len, err, err_size);
     if (!text)
         return -1;
+    /* cJSON alone would take the first of two objects or of two equal keys
+     * and cut strings at a NUL; the strict check refuses all of these. */
+    char why[256];
+    if (msa_json_check(text, len, why, sizeof why) != 0) {
+        snprintf(err, err_size, "%s: not valid JSON: %s", path, why);
+        free(text);
+        return -1;
+    }
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(root, "cases");

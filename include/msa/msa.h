@@ -176,7 +176,11 @@ msa_status msa_cache_create(msa_context *ctx, const msa_model *model,
                             const msa_cache_config *cfg, msa_cache **out);
 /* Wraps caller memory.  planes[layer * 4 + plane] points to the plane's
  * storage in the layout above (NULL for planes the layer does not have).
- * The caller keeps ownership; the memory must outlive the cache. */
+ * The caller keeps ownership; the memory must outlive the cache.
+ * Alignment: each plane starts at a multiple of its element size (CPU) or
+ * of 16 bytes (CUDA, whose kernels copy rows in 16-byte pieces; cudaMalloc
+ * and msa_buffer_alloc give more); a misaligned plane is rejected with
+ * MSA_ERR_INVALID_ARGUMENT. */
 msa_status msa_cache_wrap(msa_context *ctx, const msa_model *model,
                           const msa_cache_config *cfg, void *const *planes,
                           msa_cache **out);
@@ -193,7 +197,8 @@ msa_status msa_cache_set_scales(msa_cache *cache, int32_t layer, float k_scale,
 
 /* ---- memory helpers (work for both backends) --------------------------- */
 /* Allocates memory the backend's kernels can read (host memory for CPU,
- * device memory for CUDA), copies between it and the host. */
+ * device memory for CUDA; aligned to at least 64 bytes), copies between it
+ * and the host. */
 msa_status msa_buffer_alloc(msa_context *ctx, size_t bytes, void **out);
 void msa_buffer_free(msa_context *ctx, void *ptr);
 msa_status msa_copy_to_buffer(msa_context *ctx, void *dst, const void *host_src, size_t bytes);
@@ -234,6 +239,13 @@ void msa_plan_free(msa_plan *plan);
 msa_status msa_plan_update(msa_plan *plan, const msa_step *step, void *stream);
 
 /* ---- forward ----------------------------------------------------------- */
+/* Alignment: every tensor msa_forward reads or writes starts at a multiple
+ * of its element size: q, k, v, idx_q, idx_k, idx_v, o and idx_o at 2
+ * bytes (bf16, fp16) or 4 bytes (fp32); lse and topk at 4 bytes.  A
+ * misaligned tensor is rejected with MSA_ERR_INVALID_ARGUMENT and a message
+ * naming it; tensors the call does not use are not checked.  The CUDA
+ * backend's fast kernels access 4- or 16-byte pieces and take a slower path
+ * for tensors not aligned to them, so 16-byte alignment is fastest. */
 typedef struct msa_layer_io {
     msa_dtype act_dtype; /* fp32 / bf16 / fp16; default bf16 */
     /* Inputs, rows = step.num_tokens, C order. */

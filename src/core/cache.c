@@ -168,6 +168,24 @@ msa_status msa_cache_wrap(msa_context *ctx, const msa_model *model, const msa_ca
             if (msa_layer_has_plane(model, l, (msa_plane)pl) && !planes[l * 4 + pl])
                 return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
                                      "msa_cache_wrap: layer %d plane %d is NULL", l, pl);
+    /* The CPU kernels read plane elements one at a time; the CUDA kernels
+     * copy cache rows in 16-byte pieces (cp.async, tensor maps), so a
+     * CUDA plane starts on a 16-byte boundary (cudaMalloc gives 256). */
+    for (int32_t l = 0; l < model->cfg.num_layers; l++)
+        for (int pl = 0; pl < 4; pl++) {
+            if (!msa_layer_has_plane(model, l, (msa_plane)pl))
+                continue;
+            const msa_dtype dt = pl < 2 ? cfg->kv_dtype : cfg->index_dtype;
+            size_t align = msa_dtype_size(dt);
+            if (ctx->backend == MSA_BACKEND_CUDA)
+                align = 16;
+            if (align > 1 && (uintptr_t)planes[l * 4 + pl] % align != 0)
+                return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                                     "msa_cache_wrap: layer %d plane %d at %p is not aligned to %zu "
+                                     "bytes (%s planes, %s backend)",
+                                     l, pl, planes[l * 4 + pl], align, msa_dtype_name(dt),
+                                     msa_backend_name(ctx->backend));
+        }
     msa_cache *c;
     if ((st = cache_alloc_struct(ctx, model, cfg, &c)) != MSA_OK)
         return st;

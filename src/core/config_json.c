@@ -1,5 +1,6 @@
 /* Hugging Face config.json loader (SPEC section 2), on cJSON. */
 #include "core/internal.h"
+#include "core/json_strict.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -25,17 +26,95 @@ static const cJSON *model_key(const loader *ld, const char *key)
     return v;
 }
 
-/* Reads an integer value; 1 = found, 0 = absent, -1 = error (message set). */
+/* What a JSON value is, for messages. */
+static const char *json_kind(const cJSON *v)
+{
+    if (cJSON_IsString(v))
+        return "a string";
+    if (cJSON_IsNumber(v))
+        return "a number";
+    if (cJSON_IsBool(v))
+        return "a boolean";
+    if (cJSON_IsArray(v))
+        return "an array";
+    if (cJSON_IsObject(v))
+        return "an object";
+    return "null";
+}
+
+/* The values each integer key may take.  The shape bounds are those that
+ * msa_model_create enforces (model.c, SPEC section 2); checking them here
+ * as well lets the message name the key and its range for any number in
+ * the file, including ones that do not fit 32 bits. */
+typedef struct key_range {
+    const char *key;
+    int64_t lo, hi;
+} key_range;
+
+static const key_range KEY_RANGES[] = {
+    {"num_hidden_layers", 1, 100000},
+    {"num_attention_heads", 1, 4096},
+    {"num_key_value_heads", 1, 4096},
+    {"head_dim", 1, 4096},
+    {"hidden_size", 1, INT32_MAX},
+    {"sparse_num_index_heads", 1, 4096},
+    {"sparse_index_dim", 1, 4096},
+    {"sparse_block_size", 1, 65536},
+    {"sparse_topk_blocks", 1, 65536},
+    {"sparse_init_block", 0, 65535},
+    {"sparse_local_block", 1, 65536},
+    {"sparse_init_tokens", 0, INT32_MAX},
+    {"sparse_local_tokens", 0, INT32_MAX},
+};
+
+static void range_of(const char *key, int64_t *lo, int64_t *hi)
+{
+    *lo = INT32_MIN;
+    *hi = INT32_MAX;
+    for (size_t i = 0; i < sizeof KEY_RANGES / sizeof KEY_RANGES[0]; i++)
+        if (strcmp(KEY_RANGES[i].key, key) == 0) {
+            *lo = KEY_RANGES[i].lo;
+            *hi = KEY_RANGES[i].hi;
+        }
+}
+
+/* Reads an integer value; 1 = found, 0 = absent, -1 = error (message set).
+ * The message tells apart a value that is no number, a number that is not
+ * whole, and a whole number outside the key's range. */
 static int read_int(const loader *ld, const cJSON *v, const char *key, int64_t *out)
 {
     if (!v || cJSON_IsNull(v))
         return 0;
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble) ||
-        fabs(v->valuedouble) > 2147483647.0) {
-        msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG, "config key '%s' must be an integer", key);
+    if (!cJSON_IsNumber(v)) {
+        msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG, "config key '%s' must be an integer, not %s",
+                      key, json_kind(v));
         return -1;
     }
-    *out = (int64_t)v->valuedouble;
+    const double d = v->valuedouble;
+    int64_t lo, hi;
+    range_of(key, &lo, &hi);
+    if (isfinite(d) && d != floor(d)) {
+        msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG,
+                      "config key '%s' must be an integer (got %.17g)", key, d);
+        return -1;
+    }
+    /* Bounds within +-2^31 convert to double exactly, so the comparison is
+     * exact; infinities (1e999) fall outside too. */
+    if (!(d >= (double)lo && d <= (double)hi)) {
+        char shown[40];
+        if (!isfinite(d))
+            snprintf(shown, sizeof shown, "%s", d > 0 ? "a number too large for a double"
+                                                      : "a number too small for a double");
+        else if (fabs(d) < 1e18)
+            snprintf(shown, sizeof shown, "%.0f", d);
+        else
+            snprintf(shown, sizeof shown, "%.6g", d);
+        msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG,
+                      "config key '%s' is out of range: %s is not in %lld..%lld", key, shown,
+                      (long long)lo, (long long)hi);
+        return -1;
+    }
+    *out = (int64_t)d;
     return 1;
 }
 
@@ -52,7 +131,9 @@ static int sparse_int(const loader *ld, const char *key, int64_t *out)
 static msa_status clamp_int32(msa_context *ctx, const char *key, int64_t v, int32_t *out)
 {
     if (v < -2147483647 || v > 2147483647)
-        return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "config key '%s' out of range", key);
+        return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG,
+                             "config key '%s' is out of range: %lld does not fit 32 bits", key,
+                             (long long)v);
     *out = (int32_t)v;
     return MSA_OK;
 }
@@ -106,9 +187,6 @@ static msa_status block_count(const loader *ld, const char *block_key, const cha
         *out = dflt;
         return MSA_OK;
     }
-    if (v < 0)
-        return msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG, "config key '%s' must be >= 0",
-                             tokens_key);
     if (block_size < 1)
         return msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG, "sparse_block_size must be positive");
     return clamp_int32(ld->ctx, tokens_key, (v + block_size - 1) / block_size + extra, out);
@@ -226,23 +304,40 @@ msa_status msa_model_load_config_json(msa_context *ctx, const char *json, size_t
     if (!json || !out)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "msa_model_load_config_json: NULL argument");
     *out = NULL;
+    /* cJSON alone would take the first of two objects, the first of two
+     * equal keys and strings cut at a NUL: the strict check refuses what
+     * other readers of the file could read differently. */
+    char why[256];
+    if (msa_json_check(json, len, why, sizeof why) != 0)
+        return msa_set_error(ctx, MSA_ERR_IO, "config is not valid JSON: %s", why);
     cJSON *root = cJSON_ParseWithLength(json, len);
     if (!root)
-        return msa_set_error(ctx, MSA_ERR_IO, "config is not valid JSON");
+        return msa_set_error(ctx, MSA_ERR_IO,
+                             "config: the JSON parser refused the text (out of memory, or a "
+                             "number longer than it reads)");
     msa_status st;
     if (!cJSON_IsObject(root)) {
-        st = msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "config must be a JSON object");
+        st = msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "config must be a JSON object, not %s",
+                           json_kind(root));
     } else {
         loader ld = {ctx, root, root, NULL};
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text_config");
-        if (text && cJSON_IsObject(text))
+        if (text && !cJSON_IsNull(text) && !cJSON_IsObject(text)) {
+            cJSON_Delete(root);
+            return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG,
+                                 "config key 'text_config' must be an object, not %s",
+                                 json_kind(text));
+        }
+        if (cJSON_IsObject(text))
             ld.top = text;
         const cJSON *sp = model_key(&ld, "sparse_attention_config");
         if (sp && !cJSON_IsNull(sp)) {
             if (!cJSON_IsObject(sp)) {
                 cJSON_Delete(root);
                 return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG,
-                                     "sparse_attention_config must be an object");
+                                     "config key 'sparse_attention_config' must be an object, "
+                                     "not %s",
+                                     json_kind(sp));
             }
             ld.sparse = sp;
         }
@@ -259,34 +354,12 @@ msa_status msa_model_load_config_file(msa_context *ctx, const char *path, msa_mo
     if (!path || !out)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "msa_model_load_config_file: NULL argument");
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return msa_set_error(ctx, MSA_ERR_IO, "cannot open config file '%s'", path);
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            size_t ncap = cap ? cap * 2 : 65536;
-            char *nb = ncap <= MAX_CONFIG_BYTES ? realloc(buf, ncap) : NULL;
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return msa_set_error(ctx, MSA_ERR_IO, "config file '%s' is too large", path);
-            }
-            buf = nb;
-            cap = ncap;
-        }
-        size_t n = fread(buf + len, 1, cap - len, f);
-        len += n;
-        if (n == 0)
-            break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return msa_set_error(ctx, MSA_ERR_IO, "error reading config file '%s'", path);
-    }
+    /* A FIFO or device in the file's place is refused, never waited on. */
+    char why[512];
+    size_t len = 0;
+    char *buf = msa_read_regular_file(path, MAX_CONFIG_BYTES, &len, why, sizeof why);
+    if (!buf)
+        return msa_set_error(ctx, MSA_ERR_IO, "config file %s", why);
     msa_status st = msa_model_load_config_json(ctx, buf, len, out);
     free(buf);
     return st;

@@ -12,6 +12,55 @@ void msa_layer_io_default(msa_layer_io *io)
     io->write_cache = 1;
 }
 
+/* Rejects a tensor whose address is not a multiple of `align` bytes (the
+ * size of its elements: the kernels read and write them as whole elements,
+ * and the CUDA kernels take their wider accesses only where a tensor is
+ * aligned for them).  NULL passes: the caller checks presence. */
+static msa_status check_aligned(msa_context *ctx, int32_t layer, const void *p, const char *name,
+                                size_t align, const char *elem)
+{
+    if (p && (uintptr_t)p % align != 0)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                             "layer %d: %s at %p is not aligned to %zu bytes (%s elements need it)",
+                             layer, name, p, align, elem);
+    return MSA_OK;
+}
+
+/* Every tensor the call reads or writes, aligned to its element size. */
+static msa_status validate_alignment(msa_context *ctx, const msa_plan *plan, int32_t layer,
+                                     const msa_layer_io *io)
+{
+    const msa_model *m = plan->model;
+    const int sparse = m->layer_sparse[layer];
+    const int ivalue = m->layer_index_value[layer];
+    const size_t es = msa_dtype_size(io->act_dtype);
+    const char *act = msa_dtype_name(io->act_dtype);
+    const struct {
+        const void *p;
+        const char *name;
+        int used;
+    } act_tensors[] = {
+        {io->q, "q", 1},
+        {io->o, "o", 1},
+        {io->idx_q, "idx_q", sparse},
+        {io->idx_o, "idx_o", ivalue},
+        {io->k, "k", io->write_cache},
+        {io->v, "v", io->write_cache},
+        {io->idx_k, "idx_k", io->write_cache && sparse},
+        {io->idx_v, "idx_v", io->write_cache && ivalue},
+    };
+    msa_status st;
+    for (size_t i = 0; i < sizeof act_tensors / sizeof act_tensors[0]; i++)
+        if (act_tensors[i].used &&
+            (st = check_aligned(ctx, layer, act_tensors[i].p, act_tensors[i].name, es, act)) != MSA_OK)
+            return st;
+    if ((st = check_aligned(ctx, layer, io->lse, "lse", sizeof(float), "fp32")) != MSA_OK)
+        return st;
+    if (sparse && (st = check_aligned(ctx, layer, io->topk, "topk", sizeof(int32_t), "int32")) != MSA_OK)
+        return st;
+    return MSA_OK;
+}
+
 static msa_status validate_io(msa_context *ctx, const msa_plan *plan, int32_t layer,
                               const msa_layer_io *io)
 {
@@ -49,6 +98,9 @@ static msa_status validate_io(msa_context *ctx, const msa_plan *plan, int32_t la
         }
     }
 #undef NEED
+    msa_status st = validate_alignment(ctx, plan, layer, io);
+    if (st != MSA_OK)
+        return st;
     for (int pl = 0; pl < 4; pl++)
         if (msa_layer_has_plane(m, layer, (msa_plane)pl) && !plan->cache->planes[layer * 4 + pl])
             return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "layer %d: cache plane %d missing",
@@ -62,6 +114,12 @@ static msa_status validate_call(msa_context *ctx, const msa_plan *plan, int32_t 
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "plan is NULL");
     if (plan->ctx != ctx)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "the plan belongs to another context");
+    /* A fresh plan has capacities but no step: running it would compute
+     * nothing and leave the outputs unwritten, which a caller would take
+     * for results. */
+    if (!plan->has_step)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                             "the plan holds no step yet: call msa_plan_update first");
     if (layer < 0 || layer >= plan->model->cfg.num_layers)
         return msa_set_error(ctx, MSA_ERR_OUT_OF_RANGE, "layer %d out of range 0..%d", layer,
                              plan->model->cfg.num_layers - 1);

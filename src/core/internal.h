@@ -25,9 +25,14 @@ typedef struct msa_backend_ops {
     msa_status (*copy_in)(msa_context *ctx, void *dst, const void *host_src, size_t bytes);
     msa_status (*copy_out)(msa_context *ctx, void *host_dst, const void *src, size_t bytes);
     msa_status (*synchronize)(msa_context *ctx);
-    /* Plan: create backend state sized by plan->cap_*, publish the host
-     * metadata of a validated step (may re-create state when a capacity
-     * grew), free it. */
+    /* Plan: create backend state sized by plan->cap_* (called with
+     * plan->backend == NULL; on failure plan->backend stays NULL and nothing
+     * is left allocated), publish the host metadata of a validated step, free
+     * it.  Everything a step within the capacities needs is allocated by
+     * plan_init, so plan_upload allocates nothing; when plan_upload fails it
+     * leaves the state of the previous step exactly as it was, because the
+     * core then restores that step's host arrays and runs it again.  Every
+     * allocation made for a plan asks msa_alloc_fault() first. */
     msa_status (*plan_init)(msa_plan *plan);
     msa_status (*plan_upload)(msa_plan *plan, void *stream);
     void (*plan_free)(msa_plan *plan);
@@ -79,6 +84,12 @@ struct msa_cache {
     float *scales;        /* [num_layers * 4] */
 };
 
+/* Host arrays of one step, sized by the plan's capacities. */
+typedef struct msa_plan_arrays {
+    int32_t *q_len, *kv_len, *page_table, *token_request;
+    int64_t *q_start, *token_pos;
+} msa_plan_arrays;
+
 /* Host copy of one validated step, plus capacities. */
 struct msa_plan {
     msa_context *ctx;
@@ -104,8 +115,17 @@ struct msa_plan {
     int32_t *page_table;    /* [cap_requests * cap_pages_per_request], -1 unused */
     int32_t *token_request; /* [cap_tokens]: request of a row, -1 for padding */
     int64_t *token_pos;     /* [cap_tokens]: absolute position, -1 for padding */
+    /* A second set of the arrays above, same capacities: msa_plan_update
+     * writes the next step here and swaps the sets only when the backend
+     * took the step, so a failed update leaves the current step intact. */
+    msa_plan_arrays spare;
+    int has_step;           /* 1 once an msa_plan_update succeeded */
 
     void *backend;          /* backend-private plan state */
+
+    /* [ceil(num_pages / 64)] scratch of the page-collision check, all-zero
+     * between updates (src/core/step_pages.c). */
+    uint64_t *page_marks;
 };
 
 /* ---- core helpers ------------------------------------------------------ */
@@ -123,6 +143,36 @@ void msa_clear_error(msa_context *ctx);
  * a negative n turns injection off. */
 int msa_alloc_fault(void);
 void msa_test_fail_allocation(long n);
+
+/* Plan memory (src/core/plan.c).  msa_plan_malloc asks msa_alloc_fault()
+ * first, refuses a block larger than the machine's physical memory (so an
+ * absurd capacity fails as out of memory instead of relying on overcommit)
+ * and allocates at least one byte, so NULL always means failure.
+ * msa_plan_aligned_alloc does the same with 64-byte alignment.  Both are released with free(). */
+void *msa_plan_malloc(size_t bytes);
+void *msa_plan_aligned_alloc(size_t bytes);
+/* Physical memory of the machine in bytes (SIZE_MAX when unknown). */
+size_t msa_host_memory_bytes(void);
+/* Overflow-checked size arithmetic: stores the result and returns 1 when it
+ * fits in size_t, returns 0 (and stores nothing) otherwise. */
+int msa_size_mul(size_t a, size_t b, size_t *out);
+int msa_size_add(size_t a, size_t b, size_t *out);
+/* Capacity after growing `cap` to hold `need`: at least double the old
+ * capacity (amortized growth), never above `max`.  Returns -1 when need
+ * exceeds max. */
+int64_t msa_capacity_grow(int64_t cap, int64_t need, int64_t max);
+/* Largest capacities a plan can have. */
+#define MSA_PLAN_MAX_REQUESTS INT64_C(2147483647)
+#define MSA_PLAN_MAX_TOKENS (INT64_C(1) << 40)
+#define MSA_PLAN_MAX_KV_LEN (INT64_C(1) << 31)
+/* Page-collision check of a step (SPEC section 10, src/core/step_pages.c).
+ * init allocates plan->page_marks for the cache's pool; check rejects, with
+ * MSA_ERR_INVALID_ARGUMENT, a validated step in which a page that the step
+ * writes into appears more than once among the page-table entries it uses.
+ * check never allocates and changes nothing but scratch it restores. */
+msa_status msa_step_pages_init(msa_plan *plan);
+void msa_step_pages_free(msa_plan *plan);
+msa_status msa_step_pages_check(msa_plan *plan, const msa_step *step);
 
 /* Element conversions (exact bit-level implementations, no FPU mode tricks). */
 float msa_bf16_to_f32(uint16_t x);

@@ -248,23 +248,24 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
 #endif
                     msa_scores_heads(s, qt + (int64_t)t * D * GP, GP, (const float *)keys, D, vis);
                 for (int32_t h0 = 0; h0 < GP; h0 += 16) {
-                    msa_v16 mold = msa_v16_load(mt + h0), mx = mold;
+                    const msa_v16 mold = MSA_V16_LOAD(mt + h0);
+                    msa_v16 mx = mold;
                     for (int32_t jj = 0; jj < vis; jj++)
-                        mx = msa_v16_max(mx, msa_v16_load(s + (int64_t)jj * GP + h0));
-                    msa_v16_store(mt + h0, mx);
+                        msa_v16_max(&mx, s + (int64_t)jj * GP + h0);
+                    MSA_V16_STORE(mt + h0, mx);
                     float corr[16], mxs[16], mos[16];
-                    msa_v16_store(mxs, mx);
-                    msa_v16_store(mos, mold);
+                    MSA_V16_STORE(mxs, mx);
+                    MSA_V16_STORE(mos, mold);
                     for (int l = 0; l < 16; l++)
                         corr[l] = msa_exp_neg(mos[l] - mxs[l]);
-                    msa_v16 sum = msa_v16_load(lt + h0) * msa_v16_load(corr);
+                    msa_v16 sum = MSA_V16_LOAD(lt + h0) * MSA_V16_LOAD(corr);
                     for (int32_t jj = 0; jj < vis; jj++) {
                         float *sj = s + (int64_t)jj * GP + h0;
                         for (int l = 0; l < 16; l++)
                             sj[l] = msa_exp_neg(sj[l] - mxs[l]);
-                        sum += msa_v16_load(sj);
+                        sum += MSA_V16_LOAD(sj);
                     }
-                    msa_v16_store(lt + h0, sum);
+                    MSA_V16_STORE(lt + h0, sum);
 #if MSA_CPU_HAVE_BF16_DOT
                     if (bf16_pv) {
                         /* weights of keys 2jp, 2jp+1 as bf16 pairs; a key

@@ -87,79 +87,183 @@ static int64_t scratch_floats(const msa_model *m)
     return max64(max64(attn, index), select) + 64;
 }
 
+static int has_sparse_layer(const msa_model *m)
+{
+    for (int32_t l = 0; l < m->cfg.num_layers; l++)
+        if (m->layer_sparse[l])
+            return 1;
+    return 0;
+}
+
+/* Floats of the block-score buffer that every step within the plan's
+ * capacities fits in; 0 when it does not fit in size_t.  A wave of the
+ * index scan holds either several chunks whose scores fit the budget, or a
+ * single chunk: at most MSA_CPU_INDEX_CHUNK tokens times Hi times the
+ * blocks of the longest context.  No wave holds more than all tokens of a
+ * step. */
+static size_t score_floats(const msa_plan *plan)
+{
+    const msa_model *m = plan->model;
+    if (!has_sparse_layer(m))
+        return 0;
+    const int64_t B = m->cfg.block_size;
+    const size_t blocks = (size_t)((plan->cap_kv_len + B - 1) / B);
+    const size_t chunk = (size_t)(plan->cap_tokens < MSA_CPU_INDEX_CHUNK ? plan->cap_tokens
+                                                                          : MSA_CPU_INDEX_CHUNK);
+    size_t per_token, single, total;
+    if (!msa_size_mul(blocks, (size_t)m->cfg.num_index_heads, &per_token) ||
+        !msa_size_mul(per_token, chunk, &single) ||
+        !msa_size_mul(per_token, (size_t)plan->cap_tokens, &total))
+        return 0;
+    size_t wave = single > (size_t)MSA_CPU_SCORE_BUDGET_FLOATS ? single
+                                                             : (size_t)MSA_CPU_SCORE_BUDGET_FLOATS;
+    return wave < total ? wave : total;
+}
+
+/* Everything a step within the plan's capacities needs is allocated here,
+ * so cpu_plan_upload allocates nothing.  On failure nothing is left
+ * allocated and plan->backend stays NULL. */
 static msa_status cpu_plan_init(msa_plan *plan)
 {
     msa_context *ctx = plan->ctx;
     const msa_model *m = plan->model;
-    cpu_plan *cp = calloc(1, sizeof *cp);
-    if (!cp)
-        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "plan: out of memory");
-    int nth = msa_threadpool_size(ctx->pool);
-    int64_t T = plan->cap_tokens;
-    cp->chunk_cap = T;
-    cp->chunks = malloc((size_t)T * sizeof *cp->chunks);
-    cp->attn_chunks = malloc((size_t)T * sizeof *cp->attn_chunks);
-    cp->wave_start = malloc((size_t)(T + 1) * sizeof *cp->wave_start);
-    cp->task_start = malloc((size_t)T * sizeof *cp->task_start);
-    cp->sel = malloc((size_t)T * (size_t)m->cfg.num_kv_heads * (size_t)m->topk_width * sizeof *cp->sel);
-    int64_t D = max64(m->cfg.head_dim, m->cfg.index_dim);
+    const int nth = msa_threadpool_size(ctx->pool);
+    const size_t T = (size_t)plan->cap_tokens;
+    const int64_t D = max64(m->cfg.head_dim, m->cfg.index_dim);
     /* An item holds at most MSA_CPU_ATTN_ROWS rows, or one token's query
      * heads when a group alone is larger. */
-    cp->partial_rows = max64(MSA_CPU_ATTN_ROWS, max64(m->group, m->cfg.num_index_heads));
-    cp->partial_cap = 4 * (int64_t)nth * cp->partial_rows * (D + 2);
-    cp->partials = malloc((size_t)cp->partial_cap * sizeof(float));
-    cp->scratch_per_thread = (scratch_floats(m) + 15) & ~(int64_t)15;
-    cp->scratch = aligned_alloc(64, (size_t)(cp->scratch_per_thread * nth) * sizeof(float));
-    plan->backend = cp;
-    if (!cp->chunks || !cp->attn_chunks || !cp->wave_start || !cp->task_start || !cp->sel ||
-        !cp->partials || !cp->scratch) {
-        cpu_plan_free(plan);
-        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "plan: out of memory for workspaces");
+    const int64_t partial_rows = max64(MSA_CPU_ATTN_ROWS, max64(m->group, m->cfg.num_index_heads));
+    const int64_t scratch_per_thread = (scratch_floats(m) + 15) & ~(int64_t)15;
+    const size_t scores = score_floats(plan);
+
+    /* Byte sizes, every product checked: capacities come from the caller. */
+    enum { CHUNKS, ATTN_CHUNKS, WAVES, TASKS, SEL, PARTIALS, SCRATCH, SCORES, NBUF };
+    static const char *const what[NBUF] = {"index chunks", "attention chunks", "waves",
+                                           "scan tasks",   "selections",       "partials",
+                                           "scratch",      "block scores"};
+    size_t bytes[NBUF], sel_cells, partial_floats, total = 0;
+    int ok = msa_size_mul(T, sizeof(cpu_chunk), &bytes[CHUNKS]) &&
+             msa_size_mul(T, sizeof(cpu_chunk), &bytes[ATTN_CHUNKS]) &&
+             msa_size_mul(T + 1, sizeof(int64_t), &bytes[WAVES]) &&
+             msa_size_mul(T, sizeof(int64_t), &bytes[TASKS]) &&
+             msa_size_mul(T, (size_t)m->cfg.num_kv_heads * (size_t)m->topk_width, &sel_cells) &&
+             msa_size_mul(sel_cells, sizeof(int32_t), &bytes[SEL]) &&
+             msa_size_mul((size_t)(4 * nth), (size_t)(partial_rows * (D + 2)), &partial_floats) &&
+             msa_size_mul(partial_floats, sizeof(float), &bytes[PARTIALS]) &&
+             msa_size_mul((size_t)scratch_per_thread * sizeof(float), (size_t)nth, &bytes[SCRATCH]) &&
+             (scores != 0 || !has_sparse_layer(m)) &&
+             msa_size_mul(scores, sizeof(float), &bytes[SCORES]);
+    for (int i = 0; ok && i < NBUF; i++)
+        ok = msa_size_add(total, bytes[i], &total);
+    if (!ok)
+        return msa_set_error(ctx, MSA_ERR_CAPACITY,
+                             "the CPU workspaces of these capacities (tokens %lld, kv_len %lld) "
+                             "are too large to address",
+                             (long long)plan->cap_tokens, (long long)plan->cap_kv_len);
+    const size_t host = msa_host_memory_bytes();
+    if (total > host)
+        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY,
+                             "the CPU workspaces of these capacities (tokens %lld, kv_len %lld) need "
+                             "%.1f GiB, more than the %.1f GiB of memory of this machine",
+                             (long long)plan->cap_tokens, (long long)plan->cap_kv_len,
+                             (double)total / (1 << 30), (double)host / (1 << 30));
+
+    cpu_plan *cp = msa_plan_malloc(sizeof *cp);
+    if (!cp)
+        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "out of memory for the CPU plan state");
+    memset(cp, 0, sizeof *cp);
+    void *got[NBUF] = {NULL};
+    for (int i = 0; i < NBUF; i++) {
+        if (i == SCORES && scores == 0)
+            break; /* no sparse layer: no block scores */
+        /* The scratch is read with aligned vector loads. */
+        got[i] = i == SCRATCH ? msa_plan_aligned_alloc(bytes[i]) : msa_plan_malloc(bytes[i]);
+        if (!got[i]) {
+            for (int j = 0; j < i; j++)
+                free(got[j]);
+            free(cp);
+            return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY,
+                                 "out of memory for the CPU %s (%zu bytes)", what[i], bytes[i]);
+        }
     }
+    cp->chunks = got[CHUNKS];
+    cp->attn_chunks = got[ATTN_CHUNKS];
+    cp->wave_start = got[WAVES];
+    cp->task_start = got[TASKS];
+    cp->sel = got[SEL];
+    cp->partials = got[PARTIALS];
+    cp->scratch = got[SCRATCH];
+    cp->scores = got[SCORES];
+    cp->chunk_cap = plan->cap_tokens;
+    cp->score_cap = (int64_t)scores;
+    cp->partial_rows = partial_rows;
+    cp->partial_cap = (int64_t)partial_floats;
+    cp->scratch_per_thread = scratch_per_thread;
+    plan->backend = cp;
     return MSA_OK;
 }
 
 /* Index-scan schedule: chunks of each request's tokens, grouped in waves
- * whose block scores fit the score buffer. */
+ * whose block scores fit the score buffer.  With chunks == NULL it only
+ * counts chunks and waves and measures the largest wave. */
+static void schedule(const msa_plan *plan, cpu_chunk *chunks, int64_t *wave_start, int64_t *num_chunks,
+                     int64_t *num_waves, int64_t *need)
+{
+    const msa_model *m = plan->model;
+    const int32_t B = m->cfg.block_size, Hi = m->cfg.num_index_heads;
+    int64_t nc = 0, nw = 0, wave_floats = 0, most = 0;
+    if (chunks)
+        wave_start[0] = 0;
+    for (int32_t r = 0; r < plan->num_requests; r++) {
+        for (int32_t t0 = 0; t0 < plan->q_len[r]; t0 += MSA_CPU_INDEX_CHUNK) {
+            cpu_chunk ch;
+            ch.request = r;
+            ch.n = plan->q_len[r] - t0 < MSA_CPU_INDEX_CHUNK ? plan->q_len[r] - t0 : MSA_CPU_INDEX_CHUNK;
+            ch.row0 = plan->q_start[r] + t0;
+            ch.pos0 = (int64_t)plan->kv_len[r] - plan->q_len[r] + t0;
+            ch.blocks = (int32_t)((ch.pos0 + ch.n - 1) / B) + 1;
+            int64_t f = (int64_t)ch.n * Hi * ch.blocks;
+            if (wave_floats > 0 && wave_floats + f > MSA_CPU_SCORE_BUDGET_FLOATS) {
+                ++nw;
+                if (chunks)
+                    wave_start[nw] = nc;
+                wave_floats = 0;
+            }
+            ch.score_off = wave_floats;
+            wave_floats += f;
+            most = max64(most, wave_floats);
+            if (chunks)
+                chunks[nc] = ch;
+            nc++;
+        }
+    }
+    if (wave_floats > 0) {
+        ++nw;
+        if (chunks)
+            wave_start[nw] = nc;
+    }
+    *num_chunks = nc;
+    *num_waves = nw;
+    *need = most;
+}
+
+/* Publishes the step's schedule.  It is measured first: a step that would
+ * not fit the buffers sized by cpu_plan_init is refused before anything of
+ * the previous schedule changes (the core keeps steps within the
+ * capacities, so this does not happen). */
 static msa_status cpu_plan_upload(msa_plan *plan, void *stream)
 {
     (void)stream;
     cpu_plan *cp = plan->backend;
-    const msa_model *m = plan->model;
-    const int32_t B = m->cfg.block_size, Hi = m->cfg.num_index_heads;
-    int64_t nc = 0, nw = 0, wave_floats = 0, need = 0;
-    cp->wave_start[0] = 0;
-    for (int32_t r = 0; r < plan->num_requests; r++) {
-        for (int32_t t0 = 0; t0 < plan->q_len[r]; t0 += MSA_CPU_INDEX_CHUNK) {
-            cpu_chunk *ch = &cp->chunks[nc];
-            ch->request = r;
-            ch->n = plan->q_len[r] - t0 < MSA_CPU_INDEX_CHUNK ? plan->q_len[r] - t0 : MSA_CPU_INDEX_CHUNK;
-            ch->row0 = plan->q_start[r] + t0;
-            ch->pos0 = (int64_t)plan->kv_len[r] - plan->q_len[r] + t0;
-            ch->blocks = (int32_t)((ch->pos0 + ch->n - 1) / B) + 1;
-            int64_t f = (int64_t)ch->n * Hi * ch->blocks;
-            if (wave_floats > 0 && wave_floats + f > MSA_CPU_SCORE_BUDGET_FLOATS) {
-                cp->wave_start[++nw] = nc;
-                wave_floats = 0;
-            }
-            ch->score_off = wave_floats;
-            wave_floats += f;
-            need = max64(need, wave_floats);
-            nc++;
-        }
-    }
-    if (wave_floats > 0)
-        cp->wave_start[++nw] = nc;
-    cp->num_chunks = nc;
-    cp->num_waves = nw;
-    if (need > cp->score_cap) {
-        float *s = malloc((size_t)need * sizeof *s);
-        if (!s)
-            return msa_set_error(plan->ctx, MSA_ERR_OUT_OF_MEMORY, "plan: out of memory for scores");
-        free(cp->scores);
-        cp->scores = s;
-        cp->score_cap = need;
-    }
+    int64_t nc, nw, need;
+    schedule(plan, NULL, NULL, &nc, &nw, &need);
+    if (nc > cp->chunk_cap || (has_sparse_layer(plan->model) && need > cp->score_cap))
+        return msa_set_error(plan->ctx, MSA_ERR_CAPACITY,
+                             "the step needs %lld index chunks and %lld block scores, the CPU plan "
+                             "holds %lld and %lld",
+                             (long long)nc, (long long)need, (long long)cp->chunk_cap,
+                             (long long)cp->score_cap);
+    schedule(plan, cp->chunks, cp->wave_start, &cp->num_chunks, &cp->num_waves, &need);
     return MSA_OK;
 }
 

@@ -14,13 +14,6 @@
 
 #include "cpu/cpu_math.h"
 
-static inline msa_v16 msa_m512_to_v16(__m512 x)
-{
-    msa_v16 v;
-    memcpy(&v, &x, sizeof v);
-    return v;
-}
-
 /* out[j] = q . k[j] for 16 consecutive bf16 rows of `dim` (a multiple of 32). */
 static inline void msa_dot16_rows_bf16(float *out, const uint16_t *q, const uint16_t *k, int dim)
 {
@@ -35,8 +28,8 @@ static inline void msa_dot16_rows_bf16(float *out, const uint16_t *q, const uint
                                       (__m512bh)_mm512_loadu_si512((const void *)(k + (int64_t)j * dim + d)));
     }
     for (int j = 0; j < 16; j++)
-        p[j] = msa_m512_to_v16(acc[j]);
-    msa_v16_store(out, msa_v16_transpose_sum(p));
+        memcpy(&p[j], &acc[j], sizeof p[j]);
+    msa_v16_transpose_sum(out, p);
 }
 
 /* s[j][h] = scale * (k[j] . q[h]) for keys j < n and heads h < gp (a

@@ -9,18 +9,27 @@
 /* 16 floats as one value.  GCC/Clang vector extensions lower this to the
  * widest registers of the target (one AVX-512 register, two AVX2 ...), so
  * the hot loops below say exactly which sums run side by side instead of
- * hoping that the vectorizer picks the right loop. */
+ * hoping that the vectorizer picks the right loop.
+ *
+ * No function here takes or returns an msa_v16 by value: loads and stores
+ * are macros, a scalar operand of a vector operation is broadcast by the
+ * compiler (v * x), and helpers that work on whole vectors take pointers.
+ * Without AVX-512 a 64-byte vector argument would be passed in memory and
+ * with AVX-512 in a register, which GCC and Clang flag with -Wpsabi; since
+ * no such argument exists, the question does not arise on any target. */
 typedef float msa_v16 __attribute__((vector_size(64)));
 typedef float msa_v16u __attribute__((vector_size(64), aligned(4)));
 
-static inline msa_v16 msa_v16_load(const float *p) { return *(const msa_v16u *)p; }
-static inline void msa_v16_store(float *p, msa_v16 v) { *(msa_v16u *)p = v; }
-static inline msa_v16 msa_v16_splat(float x) { return (msa_v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+/* 16 floats at p (aligned to 4 bytes only), as a vector value or as the
+ * target of a vector store. */
+#define MSA_V16_LOAD(p) (*(const msa_v16u *)(p))
+#define MSA_V16_STORE(p, v) (*(msa_v16u *)(p) = (v))
 
-static inline float msa_v16_sum(msa_v16 v)
+/* Sum of the 16 lanes of *v, pairwise. */
+static inline float msa_v16_sum(const msa_v16 *v)
 {
     float t[16];
-    msa_v16_store(t, v);
+    MSA_V16_STORE(t, *v);
     for (int w = 8; w >= 1; w /= 2)
         for (int l = 0; l < w; l++)
             t[l] += t[l + w];
@@ -30,14 +39,14 @@ static inline float msa_v16_sum(msa_v16 v)
 /* Dot product with 16 independent partial sums. */
 static inline float msa_dot_f32(const float *a, const float *b, int n)
 {
-    msa_v16 acc = msa_v16_splat(0.0f);
+    msa_v16 acc = {0};
     int d = 0;
     for (; d + 16 <= n; d += 16)
-        acc += msa_v16_load(a + d) * msa_v16_load(b + d);
+        acc += MSA_V16_LOAD(a + d) * MSA_V16_LOAD(b + d);
     float tail = 0.0f;
     for (; d < n; d++)
         tail += a[d] * b[d];
-    return msa_v16_sum(acc) + tail;
+    return msa_v16_sum(&acc) + tail;
 }
 
 #if defined(__clang__)
@@ -47,10 +56,10 @@ typedef int32_t msa_v16i __attribute__((vector_size(64)));
 #define MSA_SHUFFLE2(a, b, ...) __builtin_shuffle(a, b, (msa_v16i){__VA_ARGS__})
 #endif
 
-/* Sums of 16 vectors, lane l of the result = sum of p[l]'s lanes: four
- * levels of pairwise shuffles and adds instead of 16 separate horizontal
+/* Sums of 16 vectors, out[l] = sum of p[l]'s lanes: four levels of
+ * pairwise shuffles and adds instead of 16 separate horizontal
  * reductions. */
-static inline msa_v16 msa_v16_transpose_sum(const msa_v16 *p)
+static inline void msa_v16_transpose_sum(float *out, const msa_v16 *p)
 {
     msa_v16 x[8], y[4], z[2];
     for (int k = 0; k < 8; k++)
@@ -62,8 +71,8 @@ static inline msa_v16 msa_v16_transpose_sum(const msa_v16 *p)
     for (int k = 0; k < 2; k++)
         z[k] = MSA_SHUFFLE2(y[2 * k], y[2 * k + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
                MSA_SHUFFLE2(y[2 * k], y[2 * k + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-    return MSA_SHUFFLE2(z[0], z[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
-           MSA_SHUFFLE2(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    MSA_V16_STORE(out, MSA_SHUFFLE2(z[0], z[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+                           MSA_SHUFFLE2(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
 }
 
 /* out[j] = q . k[j] for 16 consecutive rows k[j] of `dim` floats (dim a
@@ -72,13 +81,13 @@ static inline void msa_dot16_rows(float *out, const float *q, const float *k, in
 {
     msa_v16 p[16];
     for (int j = 0; j < 16; j++)
-        p[j] = msa_v16_splat(0.0f);
+        p[j] = (msa_v16){0};
     for (int d = 0; d < dim; d += 16) {
-        const msa_v16 qd = msa_v16_load(q + d);
+        const msa_v16 qd = MSA_V16_LOAD(q + d);
         for (int j = 0; j < 16; j++)
-            p[j] += qd * msa_v16_load(k + (int64_t)j * dim + d);
+            p[j] += qd * MSA_V16_LOAD(k + (int64_t)j * dim + d);
     }
-    msa_v16_store(out, msa_v16_transpose_sum(p));
+    msa_v16_transpose_sum(out, p);
 }
 
 /* y += a * x */
@@ -97,32 +106,35 @@ static inline void msa_scores_tile(float *restrict s, const float *restrict q,
     const int n16 = (n + 15) & ~15;
     int j0 = 0;
     for (; j0 + 32 <= n16; j0 += 32) {
-        msa_v16 a0 = msa_v16_splat(0.0f), a1 = a0;
+        msa_v16 a0 = {0}, a1 = a0;
         for (int d = 0; d < dim; d++) {
-            const msa_v16 qd = msa_v16_splat(q[d]);
+            const float qd = q[d];
             const float *k = kt + (int64_t)d * ld + j0;
-            a0 += qd * msa_v16_load(k);
-            a1 += qd * msa_v16_load(k + 16);
+            a0 += qd * MSA_V16_LOAD(k);
+            a1 += qd * MSA_V16_LOAD(k + 16);
         }
-        msa_v16_store(s + j0, a0);
-        msa_v16_store(s + j0 + 16, a1);
+        MSA_V16_STORE(s + j0, a0);
+        MSA_V16_STORE(s + j0 + 16, a1);
     }
     for (; j0 < n; j0 += 16) {
-        msa_v16 a0 = msa_v16_splat(0.0f);
+        msa_v16 a0 = {0};
         for (int d = 0; d < dim; d++)
-            a0 += msa_v16_splat(q[d]) * msa_v16_load(kt + (int64_t)d * ld + j0);
-        msa_v16_store(s + j0, a0);
+            a0 += q[d] * MSA_V16_LOAD(kt + (int64_t)d * ld + j0);
+        MSA_V16_STORE(s + j0, a0);
     }
 }
 
-static inline msa_v16 msa_v16_max(msa_v16 a, msa_v16 b)
+/* Lane l of *a becomes max(a[l], p[l]); a NaN in p is not taken.  The
+ * lanes go through local arrays, which the compilers turn into one vector
+ * max. */
+static inline void msa_v16_max(msa_v16 *a, const float *p)
 {
     float x[16], y[16];
-    msa_v16_store(x, a);
-    msa_v16_store(y, b);
+    MSA_V16_STORE(x, *a);
+    MSA_V16_STORE(y, MSA_V16_LOAD(p));
     for (int l = 0; l < 16; l++)
         x[l] = y[l] > x[l] ? y[l] : x[l];
-    return msa_v16_load(x);
+    *a = MSA_V16_LOAD(x);
 }
 
 /* s[j][h] = k[j] . qt[:, h] for keys j < n and heads h < gp (gp a multiple
@@ -137,21 +149,21 @@ static inline void msa_scores_heads(float *restrict s, const float *restrict qt,
             const float *k0 = k + (int64_t)j * dim;
             msa_v16 a[4];
             for (int i = 0; i < 4; i++)
-                a[i] = msa_v16_splat(0.0f);
+                a[i] = (msa_v16){0};
             for (int d = 0; d < dim; d++) {
-                const msa_v16 q = msa_v16_load(qt + (int64_t)d * gp + h0);
+                const msa_v16 q = MSA_V16_LOAD(qt + (int64_t)d * gp + h0);
                 for (int i = 0; i < 4; i++)
-                    a[i] += msa_v16_splat(k0[(int64_t)i * dim + d]) * q;
+                    a[i] += k0[(int64_t)i * dim + d] * q;
             }
             for (int i = 0; i < 4; i++)
-                msa_v16_store(s + (int64_t)(j + i) * gp + h0, a[i]);
+                MSA_V16_STORE(s + (int64_t)(j + i) * gp + h0, a[i]);
         }
         for (; j < n; j++) {
             const float *k0 = k + (int64_t)j * dim;
-            msa_v16 a0 = msa_v16_splat(0.0f);
+            msa_v16 a0 = {0};
             for (int d = 0; d < dim; d++)
-                a0 += msa_v16_splat(k0[d]) * msa_v16_load(qt + (int64_t)d * gp + h0);
-            msa_v16_store(s + (int64_t)j * gp + h0, a0);
+                a0 += k0[d] * MSA_V16_LOAD(qt + (int64_t)d * gp + h0);
+            MSA_V16_STORE(s + (int64_t)j * gp + h0, a0);
         }
     }
 }
@@ -162,26 +174,25 @@ static inline void msa_scores_heads(float *restrict s, const float *restrict qt,
 static inline void msa_pv_tile(float *restrict acc, float corr, const float *restrict p,
                                int p_stride, const float *restrict v, int dim, int n)
 {
-    const msa_v16 c = msa_v16_splat(corr);
     int d0 = 0;
     for (; d0 + 128 <= dim; d0 += 128) {
         msa_v16 a[8];
         for (int k = 0; k < 8; k++)
-            a[k] = msa_v16_load(acc + d0 + 16 * k) * c;
+            a[k] = MSA_V16_LOAD(acc + d0 + 16 * k) * corr;
         for (int j = 0; j < n; j++) {
-            const msa_v16 pj = msa_v16_splat(p[(int64_t)j * p_stride]);
+            const float pj = p[(int64_t)j * p_stride];
             const float *vr = v + (int64_t)j * dim + d0;
             for (int k = 0; k < 8; k++)
-                a[k] += pj * msa_v16_load(vr + 16 * k);
+                a[k] += pj * MSA_V16_LOAD(vr + 16 * k);
         }
         for (int k = 0; k < 8; k++)
-            msa_v16_store(acc + d0 + 16 * k, a[k]);
+            MSA_V16_STORE(acc + d0 + 16 * k, a[k]);
     }
     for (; d0 + 16 <= dim; d0 += 16) {
-        msa_v16 a0 = msa_v16_load(acc + d0) * c;
+        msa_v16 a0 = MSA_V16_LOAD(acc + d0) * corr;
         for (int j = 0; j < n; j++)
-            a0 += msa_v16_splat(p[(int64_t)j * p_stride]) * msa_v16_load(v + (int64_t)j * dim + d0);
-        msa_v16_store(acc + d0, a0);
+            a0 += p[(int64_t)j * p_stride] * MSA_V16_LOAD(v + (int64_t)j * dim + d0);
+        MSA_V16_STORE(acc + d0, a0);
     }
     for (; d0 < dim; d0++) {
         float a = acc[d0] * corr;

@@ -46,6 +46,9 @@ typedef struct cu_paths {
     int iv_fast;
     int idx_tma;   /* Hopper indexer (tensor maps), when idx_fast */
     int attn_tma;  /* Hopper sparse attention (tensor maps), when attn_fast */
+    int pf_fast;   /* prefill rows of the main pass on tensor cores (attention_prefill_mma_sm80) */
+    int pf_iv_fast;/* and of the index-value pass */
+    int pf_tma;    /* the main pass's on Hopper (attention_prefill_tma_sm90), when pf_fast */
 } cu_paths;
 
 void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const msa_layer_io *io,

@@ -94,8 +94,14 @@ typedef struct cu_step_hdr {
     int32_t n_merge[CU_KINDS];
     int32_t n_att_units;     /* sparse pass: entries of att_units */
     int32_t max_dec_nblk;    /* largest nblk of the decode rows (0: none) */
-    int32_t pad[2];
+    int32_t n_pf_tiles[2];   /* prefill attention tiles: main passes, index-value pass */
 } cu_step_hdr;
+
+/* Prefill attention tile (kernels/attention/attention_prefill_mma_sm80):
+ * token rows t0 .. t0 + ntok - 1 of request r, at positions pos0 ... */
+typedef struct __align__(16) cu_pf_tile {
+    int32_t r, t0, ntok, pos0;
+} cu_pf_tile;
 
 /* Typed views into the metadata blob (device or staging copy). */
 typedef struct cu_meta {
@@ -110,6 +116,7 @@ typedef struct cu_meta {
     cu_dec_info *dec_info; /* [cap_req] */
     cu_dec_row *dec_row; /* [dec_rows_cap] */
     int32_t *pf_tok;     /* [cap_tok] token rows of prefill requests */
+    cu_pf_tile *pf_tiles[2]; /* [pf_tiles_cap[i]] prefill attention tiles (main, index value) */
     cu_att_item *att[CU_KINDS];     /* [att_cap] each */
     cu_merge_item *merge[CU_KINDS]; /* [merge_cap] each */
     /* Sparse pass, Hopper kernel: first item of each unit.  A unit is one
@@ -143,11 +150,14 @@ typedef struct cu_plan_state {
     int32_t part_rows_cap;
     int32_t part_stride;   /* floats per partial row */
     int32_t sched_costs;   /* distinct unit costs of the balancing (cu_balance_units) */
+    int32_t pf_tiles_cap[2]; /* prefill attention tiles per list (0: the plan has no prefill) */
 
     /* Grids (fixed by device and capacities). */
     int grid_tok, grid_idx, grid_idx_fast, grid_pf, grid_att, grid_att_fast;
     int grid_sel;          /* selection: decode rows on every CTA, prefill on grid_pf */
     int grid_merge;
+    int grid_pfa;          /* prefill attention on tensor cores (0: not set up, scalar rows) */
+    int pfh;               /* and its Hopper kernel (attention_prefill_tma_sm90) set up */
     int num_sms;
     int pdl;               /* programmatic dependent launch between kernels */
     int tma;               /* Hopper tensor-map kernels available */
@@ -184,7 +194,8 @@ typedef struct cu_plan_state {
     float *pfi_scratch;
     int32_t *pfi_split;
 
-    /* Tensor maps of the sparse layers' planes for the Hopper kernels,
+    /* Tensor maps of the layers' planes for the Hopper kernels (index K:
+     * sparse layers; K and V: every layer, for the prefill kernel),
      * encoded once when the plan is created (the planes are fixed for the
      * cache's life): maps[layer * CU_MAPS + m], bit m of map_ok[layer] set
      * when map m could be encoded.  NULL without tensor-map kernels. */
@@ -284,6 +295,8 @@ typedef struct cu_attn {
     int32_t B;               /* key-stream block size (sparse unions) */
     int32_t sparse;          /* keys from the union / sel rows, else all causal keys */
     int32_t W;               /* width of sel rows */
+    int32_t pf_fast;         /* prefill rows run on tensor cores (attention_prefill_mma_sm80),
+                              * not in the merge kernel */
 } cu_attn;
 
 /* Physical page of logical position pos of request r. */

@@ -11,11 +11,17 @@
  *                 merge + prefill rows [-> index-value attention: dense MQA
  *                 over the index planes, split, merge + prefill rows]
  *   dense layer   split attention over all keys -> merge + prefill rows
+ *
+ * Where the tensor-core prefill kernel serves a pass (cu_paths.pf_fast,
+ * pf_iv_fast), its prefill rows run in that kernel, launched right after
+ * the pass's merge, and the merge kernel skips them.
  */
 #include "cu_backend.cuh"
 #include "cu_tma.cuh"
 #include "cu_timeline.cuh"
 #include "kernels/indexer/indexer_prefill_mma_sm80.cuh"
+#include "kernels/attention/attention_prefill_mma_sm80.cuh"
+#include "kernels/attention/attention_prefill_tma_sm90.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -54,6 +60,7 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
         why[0] = '\0';
     out->idx_fast = out->attn_fast = out->iv_fast = 0;
     out->idx_tma = out->attn_tma = 0;
+    out->pf_fast = out->pf_iv_fast = out->pf_tma = 0;
 
     const int act16 = cu_is16(act);
     if (!act16)
@@ -111,9 +118,40 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
         cu_why(why, why_size, buf);
     }
 
+    /* Prefill rows: the tensor-core prefill kernel where the decode path's
+     * products serve (16-bit types alike, head dim 128) and the plan set
+     * it up (a step can hold a prefill request); else the scalar rows of
+     * the merge kernel. */
+    const cu_plan_state *st = (const cu_plan_state *)plan->backend;
+    {
+        const char *pf_why = NULL;
+        const int pf_ready = st && st->grid_pfa > 0;
+        out->pf_fast = out->attn_fast && pf_ready &&
+                       cu_pfa_fits(cfg->head_dim, m->group, m->topk_width, sparse, &pf_why);
+        out->pf_iv_fast = out->iv_fast && pf_ready &&
+                          cu_pfa_fits(cfg->index_dim, cfg->num_index_heads, 0, 0, NULL);
+        if (pf_why && pf_ready && kv_ok)
+            cu_why(why, why_size, pf_why);
+        if (st && !pf_ready && st->pf_tiles_cap[0] > 0 && out->attn_fast)
+            cu_why(why, why_size,
+                   "device blocks below 160 KB of shared memory: scalar prefill rows");
+        /* Its Hopper version for the main pass (the forward also needs the
+         * layer's K and V maps). */
+        pf_why = NULL;
+        if (out->pf_fast && st->pfh)
+            out->pf_tma = cu_pfh_fits(cfg->head_dim, cc->page_size, cfg->block_size, m->group,
+                                      m->topk_width, sparse, &pf_why) &&
+                          cc->num_pages * (int64_t)cc->page_size * cfg->num_kv_heads < ((int64_t)1 << 31);
+        if (pf_why)
+            cu_why(why, why_size, pf_why);
+        else if (out->pf_fast && !out->pf_tma)
+            cu_why(why, why_size,
+                   st->pfh ? "cache rows beyond tensor-map coordinates: mma.sync prefill kernel"
+                           : "no sm_90a products (or MSA_CUDA_PF_TMA=0): mma.sync prefill kernel");
+    }
+
     /* Hopper kernels: a key block is one page, streamed by tensor maps
      * whose row coordinates are 32-bit. */
-    const cu_plan_state *st = (const cu_plan_state *)plan->backend;
     const int hopper = st && st->tma;
     const int whole_pages = cc->page_size == 128 && cfg->block_size == 128;
     const int64_t rows = cc->num_pages * (int64_t)cc->page_size;
@@ -136,6 +174,10 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
     cu_plan_state *st = (cu_plan_state *)plan->backend;
     static const char *names[2][3] = {{"cuda.dense.simt", "cuda.dense.mma", "cuda.dense.mma"},
                                       {"cuda.sparse.simt", "cuda.sparse.mma", "cuda.sparse.tma"}};
+    /* Steps with prefill rows on the Hopper prefill kernel. */
+    static const char *names_pfh[2][3] = {
+        {"cuda.dense.simt", "cuda.dense.mma+pf.tma", "cuda.dense.mma+pf.tma"},
+        {"cuda.sparse.simt", "cuda.sparse.mma+pf.tma", "cuda.sparse.tma+pf.tma"}};
     const msa_model *m = plan->model;
     const int sparse = m->layer_sparse[layer] != 0;
     const msa_dtype act = plan->cache->cfg.kv_dtype;
@@ -153,12 +195,14 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
         fast = 2;
     if (st->n_pf > 0)
         cu_why(why, sizeof st->why[0],
-               "prefill requests (q_len > 16) in this step: simple prefill kernels");
+               p.pf_tma    ? "prefill requests (q_len > 16) in this step: Hopper prefill kernel"
+               : p.pf_fast ? "prefill requests (q_len > 16) in this step: tensor-core prefill kernel"
+                           : "prefill requests (q_len > 16) in this step: simple prefill kernels");
     if (st->n_pf > 0 && sparse)
         cu_why(why, sizeof st->why[0],
                p.idx_fast && st->pfi_scratch ? "prefill index scores and selection: tensor cores"
                                              : "prefill index scores and selection: scalar (shape or dtype)");
-    *kernel = names[sparse][fast];
+    *kernel = (st->n_pf > 0 && p.pf_tma ? names_pfh : names)[sparse][fast];
     *reason = why;
 }
 
@@ -216,10 +260,12 @@ static int cu_budget_take(int *left)
     return 1;
 }
 
-/* maps: the K map, then the V map (NULL: no tensor-map kernel). */
+/* maps: the K map, then the V map (NULL: no tensor-map kernel); pf_maps
+ * the same for the Hopper prefill kernel (NULL: the mma.sync one). */
 static_assert(CU_MAP_V == CU_MAP_K + 1, "a layer's V map follows its K map");
 static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
-                             int fast, const CUtensorMap *maps, cudaStream_t s, int *left)
+                             int fast, const CUtensorMap *maps, const CUtensorMap *pf_maps,
+                             cudaStream_t s, int *left)
 {
     if (!cu_budget_take(left))
         return;
@@ -231,6 +277,18 @@ static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const c
         cu_launch_attn_decode_simt(L, st, A, s);
     if (cu_budget_take(left))
         cu_launch_merge_prefill(L, st, A, s);
+    /* Prefill rows on tensor cores; the merge kernel left them (A->pf_fast). */
+    if (A->pf_fast && cu_budget_take(left)) {
+        if (pf_maps) {
+            cu_pfh_params p;
+            cu_pfh_build(L, A, &p);
+            cu_launch_attn_prefill_tma(&p, st, pf_maps, s);
+        } else {
+            cu_pfa_params p;
+            cu_pfa_build(L, A, &p);
+            cu_launch_attn_prefill_mma(&p, st, s);
+        }
+    }
 }
 
 /* Whether the prologue may copy the step's rows into the cache in 16-byte
@@ -349,6 +407,8 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     const unsigned kv_bits = (1u << CU_MAP_K) | (1u << CU_MAP_V);
     if (paths.attn_tma && (map_ok & kv_bits) != kv_bits)
         paths.attn_tma = 0;
+    const CUtensorMap *pf_maps =
+        paths.pf_tma && (map_ok & kv_bits) == kv_bits ? &maps[CU_MAP_K] : NULL;
     /* The Hopper attention builds the unions of requests of several tokens
      * (up to CU_ATT_UNION_BLOCKS blocks) itself: the selection then ends
      * with its last row, without a completion count and a union pass. */
@@ -391,14 +451,18 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         if (pfi && cu_budget_take(&left))
             cu_launch_indexer_prefill_mma(&L, st, s);
         cu_attn_main(&L, &A, 1);
-        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL, s, &left);
+        A.pf_fast = paths.pf_fast;
+        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL, pf_maps, s,
+                         &left);
         if (L.iv) {
             cu_attn_index_value(&L, &A);
-            cu_run_attention(&L, st, &A, paths.iv_fast, NULL, s, &left);
+            A.pf_fast = paths.pf_iv_fast;
+            cu_run_attention(&L, st, &A, paths.iv_fast, NULL, NULL, s, &left);
         }
     } else {
         cu_attn_main(&L, &A, 0);
-        cu_run_attention(&L, st, &A, paths.attn_fast, NULL, s, &left);
+        A.pf_fast = paths.pf_fast;
+        cu_run_attention(&L, st, &A, paths.attn_fast, NULL, pf_maps, s, &left);
     }
     CU_TRY(ctx, cudaGetLastError());
     return MSA_OK;

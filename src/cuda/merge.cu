@@ -118,7 +118,8 @@ __global__ void __launch_bounds__(MERGE_WARPS * 32, 2) cu_merge_prefill_kernel(c
      * The merge reads its plan items before it waits for the partials. */
     cu_merge_role(L, A, blockIdx.x, gridDim.x);
     cu_pdl_wait(); /* the selection for the prefill rows; every CTA waits */
-    cu_attn_prefill_role(L, A, blockIdx.x, gridDim.x, MERGE_WARPS);
+    if (!A.pf_fast)
+        cu_attn_prefill_role(L, A, blockIdx.x, gridDim.x, MERGE_WARPS);
     if (threadIdx.x == 0)
         CU_TL_MARK(L, CU_TL_MERGE, CU_TL_EXIT);
 }

@@ -6,6 +6,8 @@
 #include "cu_backend.cuh"
 #include "cu_tma.cuh"
 #include "kernels/indexer/indexer_prefill_mma_sm80.cuh"
+#include "kernels/attention/attention_prefill_mma_sm80.cuh"
+#include "kernels/attention/attention_prefill_tma_sm90.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +54,8 @@ size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m)
     CARVE(dec_info, cu_dec_info, st->cap_req);
     CARVE(dec_row, cu_dec_row, st->dec_rows_cap);
     CARVE(pf_tok, int32_t, st->cap_tok);
+    CARVE(pf_tiles[0], cu_pf_tile, st->pf_tiles_cap[0]);
+    CARVE(pf_tiles[1], cu_pf_tile, st->pf_tiles_cap[1]);
     for (int k = 0; k < CU_KINDS; ++k) {
         CARVE(att[k], cu_att_item, st->att_cap);
     }
@@ -187,6 +191,15 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
         st->part_stride = (dmax + 1 + 3) & ~3;
     }
 
+    /* Prefill attention tiles (attention_prefill_mma_sm80): none when no
+     * request can exceed the decode path's q_len. */
+    st->pf_tiles_cap[0] = st->pf_tiles_cap[1] = 0;
+    if (st->cap_tok > CU_DEC_MAX_Q) {
+        st->pf_tiles_cap[0] = cu_pfa_tiles_cap(st->cap_tok, st->cap_req, cu_pfa_tile_tokens(G));
+        if (cu_any_layer(m, 1, 1))
+            st->pf_tiles_cap[1] = cu_pfa_tiles_cap(st->cap_tok, st->cap_req, cu_pfa_tile_tokens(Hi));
+    }
+
     {
         cu_meta offs;
         st->meta_bytes = cu_meta_carve(st, 0, &offs);
@@ -198,7 +211,7 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
     st->plan_caps[3] = plan->cap_pages_per_request;
 }
 
-/* The sparse layers' tensor maps (cu_plan_state.maps), encoded here once
+/* The layers' tensor maps (cu_plan_state.maps), encoded here once
  * instead of three driver calls on the host at every forward of every
  * sparse layer (eager launches pay them; graph replays never did).  A map
  * that cannot be encoded (plane alignment or size, a driver without
@@ -220,12 +233,12 @@ static int cu_state_maps(const msa_plan *plan, cu_plan_state *st)
     const uint64_t prows = (uint64_t)cache->cfg.num_pages * (uint64_t)cache->cfg.page_size;
     const uint64_t hkv = (uint64_t)m->cfg.num_kv_heads;
     for (int32_t l = 0; l < layers; ++l) {
-        if (!m->layer_sparse[l])
-            continue;
+        /* Dense layers: K and V only, for the Hopper prefill kernel. */
         void *const *planes = cache->planes + (size_t)l * 4;
         CUtensorMap *mp = st->maps + (size_t)l * CU_MAPS;
         uint8_t ok = 0;
-        if (cu_tma_map_rows(&mp[CU_MAP_INDEX_K], planes[MSA_PLANE_INDEX_K], prows, 128) == 0)
+        if (m->layer_sparse[l] &&
+            cu_tma_map_rows(&mp[CU_MAP_INDEX_K], planes[MSA_PLANE_INDEX_K], prows, 128) == 0)
             ok |= 1u << CU_MAP_INDEX_K;
         if (cu_tma_map_rows(&mp[CU_MAP_K], planes[MSA_PLANE_K], prows * hkv, 64) == 0)
             ok |= 1u << CU_MAP_K;
@@ -337,7 +350,26 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
                                  cudaGetErrorString(e));
         }
     }
-    if (st->tma && any_sparse && cu_state_maps(plan, st) != 0) {
+    /* Prefill attention on tensor cores: its grid, when a step can hold a
+     * prefill request (else it is never launched). */
+    st->grid_pfa = 0;
+    if (st->pf_tiles_cap[0] > 0) {
+        e = cu_pfa_setup(cs->num_sms, W, &st->grid_pfa);
+        /* and its Hopper version, on devices with the sm_90a products
+         * (MSA_CUDA_PF_TMA=0 keeps the mma.sync kernel, for comparisons) */
+        const char *pf_tma_env = getenv("MSA_CUDA_PF_TMA");
+        st->pfh = 0;
+        if (e == cudaSuccess && st->wgmma && st->grid_pfa > 0 && !(pf_tma_env && pf_tma_env[0] == '0')) {
+            e = cu_pfh_setup();
+            st->pfh = e == cudaSuccess;
+        }
+        if (e != cudaSuccess) {
+            cu_state_release(st);
+            return msa_set_error(ctx, MSA_ERR_BACKEND, "prefill attention setup: %s",
+                                 cudaGetErrorString(e));
+        }
+    }
+    if (st->tma && (any_sparse || st->pfh) && cu_state_maps(plan, st) != 0) {
         cu_state_release(st);
         return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "out of host memory");
     }
@@ -702,6 +734,8 @@ void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h)
         part_used = 0;
         cu_build_items(plan, st, h, &sk, &part_used);
     }
+
+    cu_pfa_fill_tiles(plan, st, h);
 
     int32_t max_q = 0;
     for (int32_t r = 0; r < R; ++r)

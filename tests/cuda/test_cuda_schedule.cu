@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "cuda/cu_plan.cuh"
+#include "cuda/kernels/attention/attention_prefill_mma_sm80.cuh"
 
 static int g_failed = 0, g_checks = 0;
 
@@ -298,6 +299,47 @@ static void check_units(const msa_model *model, const cu_plan_state *st, const c
            (long long)most, (double)total / S, (long long)largest);
 }
 
+/* The prefill attention's tiles of one list: every token of every request
+ * with q_len > CU_DEC_MAX_Q in exactly one tile, a tile at most tt
+ * consecutive tokens of one request at their positions, within the list's
+ * capacity, a request's later tiles first. */
+static void check_pf_tiles(const msa_plan *plan, const cu_plan_state *st, const cu_meta *h, int list,
+                           int32_t g, const char *what)
+{
+    const int32_t tt = cu_pfa_tile_tokens(g);
+    const int32_t n = h->hdr->n_pf_tiles[list];
+    EXPECT(n >= 0 && n <= st->pf_tiles_cap[list], "%s: %d tiles, capacity %d", what, n,
+           st->pf_tiles_cap[list]);
+    uint8_t *seen = (uint8_t *)calloc((size_t)plan->num_tokens + 1, 1);
+    int64_t want = 0;
+    for (int32_t r = 0; r < plan->num_requests; ++r)
+        if (plan->q_len[r] > CU_DEC_MAX_Q)
+            want += plan->q_len[r];
+    int64_t got = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        const cu_pf_tile *t = &h->pf_tiles[list][i];
+        EXPECT(t->r >= 0 && t->r < plan->num_requests && plan->q_len[t->r] > CU_DEC_MAX_Q,
+               "%s tile %d: request %d", what, i, t->r);
+        if (!(t->r >= 0 && t->r < plan->num_requests))
+            continue;
+        EXPECT(t->ntok >= 1 && t->ntok <= tt, "%s tile %d: %d tokens (tt %d)", what, i, t->ntok, tt);
+        const int64_t first = t->t0 - plan->q_start[t->r];
+        EXPECT(first >= 0 && first + t->ntok <= plan->q_len[t->r], "%s tile %d: tokens %lld+%d", what,
+               i, (long long)first, t->ntok);
+        EXPECT(t->pos0 == plan->kv_len[t->r] - plan->q_len[t->r] + first, "%s tile %d: pos0 %d", what,
+               i, t->pos0);
+        if (i > 0 && h->pf_tiles[list][i - 1].r == t->r)
+            EXPECT(h->pf_tiles[list][i - 1].t0 > t->t0, "%s tile %d: not after its later tile", what, i);
+        for (int32_t k = 0; k < t->ntok && t->t0 + k < plan->num_tokens; ++k) {
+            EXPECT(!seen[t->t0 + k], "%s: token %d in two tiles", what, t->t0 + k);
+            seen[t->t0 + k] = 1;
+            ++got;
+        }
+    }
+    EXPECT(got == want, "%s: tiles hold %lld tokens, want %lld", what, (long long)got, (long long)want);
+    free(seen);
+}
+
 static void run_case(msa_model *model, const sched_case *sc, unsigned seed)
 {
     const int32_t R = sc->batch + (sc->prefill ? 1 : 0);
@@ -373,6 +415,9 @@ static void run_case(msa_model *model, const sched_case *sc, unsigned seed)
     const int on_tma = sc->tma && model->group == 16;
     check_units(model, &st, &h, on_tma);
     check_rows(&plan, &h);
+    check_pf_tiles(&plan, &st, &h, CU_PFA_MAIN, model->group, "prefill tiles");
+    if (model->layer_index_value[0] || (cfg->num_layers > 1 && model->layer_index_value[1]))
+        check_pf_tiles(&plan, &st, &h, CU_PFA_IV, cfg->num_index_heads, "prefill index-value tiles");
     if (model->layer_index_value[0] || (cfg->num_layers > 1 && model->layer_index_value[1]))
         check_kind(&plan, &st, &h, CU_KIND_IV, 1, cfg->num_index_heads, "index value");
     if (cfg->num_layers > 1)

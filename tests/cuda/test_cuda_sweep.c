@@ -8,8 +8,11 @@
  *      size of the fast path and the portable fp32 path, plus a step that
  *      mixes decode requests with a prefill request;
  *   3. prefill rows (PF_CASES): the tensor-core indexer's shapes, every
- *      head mapping, prefixes, several requests, mixed steps.
- *   test_cuda_sweep [--quick] [--filter TEXT] [--cpu] [--shard I/N]
+ *      head mapping, prefixes, several requests, mixed steps;
+ *   4. with --prefill, also the sweep's steps with prefill requests (q_len >
+ *      16: the prefill rows' kernels), e.g. --prefill --filter pf for the
+ *      cases at head dim 128 that the tensor-core prefill kernel serves.
+ *   test_cuda_sweep [--quick] [--prefill] [--filter TEXT] [--cpu] [--shard I/N]
  * Without a GPU it prints "skipped" and exits 77.  --cpu runs the same
  * cases on the CPU backend instead: a check of the cases themselves (and
  * of the CPU backend at these lengths) on a machine without a GPU.
@@ -258,13 +261,15 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
 
 int main(int argc, char **argv)
 {
-    int quick = 0, shard = 0, shards = 1;
+    int quick = 0, prefill = 0, shard = 0, shards = 1;
     const char *filter = NULL;
     msa_backend backend = MSA_BACKEND_CUDA;
     for (int i = 1; i < argc; i++) {
         char end = 0;
         if (!strcmp(argv[i], "--quick")) {
             quick = 1;
+        } else if (!strcmp(argv[i], "--prefill")) {
+            prefill = 1;
         } else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
             filter = argv[++i];
         } else if (!strcmp(argv[i], "--cpu")) {
@@ -274,7 +279,8 @@ int main(int argc, char **argv)
                    shard >= 0 && shard < shards) {
             ++i;
         } else {
-            fprintf(stderr, "usage: test_cuda_sweep [--quick] [--filter TEXT] [--cpu] [--shard I/N]\n");
+            fprintf(stderr, "usage: test_cuda_sweep [--quick] [--prefill] [--filter TEXT] [--cpu] "
+                            "[--shard I/N]\n");
             return 2;
         }
     }
@@ -288,7 +294,7 @@ int main(int argc, char **argv)
     memset(&opts, 0, sizeof opts);
     opts.backend = backend;
     opts.quick = quick;
-    opts.decode_only = 1;
+    opts.decode_only = !prefill;
     opts.filter = filter;
     opts.shard = shard;
     opts.shards = shards;

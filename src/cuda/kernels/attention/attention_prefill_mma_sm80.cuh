@@ -1,0 +1,99 @@
+/*
+ * Attention of prefill rows on tensor cores (mma.sync m16n8k16, sm_80 and
+ * later): the rows of requests with q_len > CU_DEC_MAX_Q, for the sparse
+ * pass (each token's selected blocks), the dense pass (every causal key)
+ * and the index-value pass (dense MQA over the index planes).
+ *
+ * Work: tiles of consecutive tokens of one request (cu_pf_tile, built on
+ * the host with the step's schedule), times KV heads, times chunks of at
+ * most 128 query heads.  A tile's rows are its tokens x the KV head's
+ * query heads (128 rows: 8 tokens of 16 heads for the M3 main passes, 32
+ * tokens of 4 index heads for the index-value pass), so every K/V tile
+ * loaded into shared memory serves all of them.  docs/PREFILL.md gives
+ * the design and its reasons.
+ *
+ * The kernel reads only its parameter struct (cu_pfa_params), filled by
+ * cu_pfa_build from the layer and the plan.
+ */
+#ifndef MSA_ATTENTION_PREFILL_MMA_SM80_CUH
+#define MSA_ATTENTION_PREFILL_MMA_SM80_CUH
+
+#include "../../cu_plan.cuh"
+
+/* Tiles of the two prefill tile lists of a step (cu_meta.pf_tiles). */
+enum { CU_PFA_MAIN = 0, CU_PFA_IV = 1, CU_PFA_LISTS = 2 };
+
+/* Most tokens of one tile: a key's token mask is one 32-bit word. */
+#define CU_PFA_MAX_TOK 32
+/* Most query rows of one tile: 8 warps of m16 tiles. */
+#define CU_PFA_ROWS 128
+
+/* Tokens of one tile for g query heads per KV head: the largest count
+ * whose rows fit in CU_PFA_ROWS (at least 1: with g > 128 a token's heads
+ * take several chunks), at most CU_PFA_MAX_TOK.  Host and device agree on
+ * it: the host cuts the tiles, the kernel sizes its masks. */
+static inline __host__ __device__ int32_t cu_pfa_tile_tokens(int32_t g)
+{
+    const int32_t t = g >= CU_PFA_ROWS ? 1 : CU_PFA_ROWS / g;
+    return t < CU_PFA_MAX_TOK ? t : CU_PFA_MAX_TOK;
+}
+
+/* Tiles a list needs at most: every prefill request of q_len tokens takes
+ * ceil(q_len / tt) of them. */
+static inline int32_t cu_pfa_tiles_cap(int32_t cap_tok, int32_t cap_req, int32_t tt)
+{
+    return cap_tok / tt + cap_req;
+}
+
+/* What the kernel reads and writes, nothing else. */
+typedef struct cu_pfa_params {
+    int32_t act;             /* MSA_DTYPE_BF16 or MSA_DTYPE_FP16: activations and planes */
+    int32_t hq_total;        /* query heads of a token row (q, o, lse) */
+    int32_t hkv;             /* KV heads of the planes */
+    int32_t g;               /* query heads per KV head */
+    int32_t tt;              /* tokens per tile: cu_pfa_tile_tokens(g) */
+    int32_t nh;              /* query heads per chunk: min(g, 128) */
+    int32_t hchunks;         /* chunks of a KV head's query heads: ceil(g / nh) */
+    int32_t sparse;          /* keys of the tokens' selected blocks, else all causal keys */
+    int32_t W;               /* width of a selection row */
+    int32_t B;               /* block size */
+    int32_t P, logP;         /* page size (a power of two) and its log */
+    int32_t cap_pages;       /* page-table row length */
+    int32_t list;            /* CU_PFA_MAIN or CU_PFA_IV */
+    float scale_log2;        /* softmax scale x log2(e) */
+    const void *q;           /* [tokens][hq_total][128] */
+    const void *kp, *vp;     /* planes [pages][hkv][P][128] */
+    void *o;                 /* [tokens][hq_total][128] */
+    float *lse;              /* [tokens][hq_total] natural-log LSE, or NULL */
+    const int32_t *sel;      /* [tokens][hkv][W] ascending block ids, -1 padded (sparse) */
+    const int32_t *page_table;     /* [cap_req][cap_pages] */
+    const cu_step_hdr *hdr;        /* n_pf_tiles[list] */
+    const cu_pf_tile *tiles;       /* the list's tiles */
+} cu_pfa_params;
+
+/* Dynamic shared memory of one CTA for tiles of tt tokens and selection
+ * rows of width W (0 when no CTA of the launch builds a union). */
+size_t cu_pfa_smem(int32_t tt, int32_t W);
+
+/* Whether the kernel serves a pass with these shapes on this device: head
+ * dim 128, 16-bit activations and planes of the same type (the caller
+ * checks the types), and the shared memory the union needs fits.  why (may
+ * be NULL) receives the reason when it does not. */
+int cu_pfa_fits(int32_t d, int32_t g, int32_t W, int sparse, const char **why);
+
+/* The parameters of one pass (A: main sparse, main dense or index value). */
+void cu_pfa_build(const cu_layer *L, const cu_attn *A, cu_pfa_params *p);
+
+/* Launches the kernel on the plan's persistent grid (st->grid_pfa). */
+void cu_launch_attn_prefill_mma(const cu_pfa_params *p, const cu_plan_state *st, cudaStream_t s);
+
+/* Kernel attributes (shared memory limit) and the persistent grid; grid 0
+ * where the device cannot give a block the shared memory (scalar rows). */
+cudaError_t cu_pfa_setup(int num_sms, int32_t W, int *grid);
+
+/* The step's prefill tiles into the host views h (plan.cu's schedule):
+ * per list, each prefill request's tokens cut into tiles, the request's
+ * last tile first (dense tiles cost more the later they sit). */
+void cu_pfa_fill_tiles(const msa_plan *plan, const cu_plan_state *st, cu_meta *h);
+
+#endif /* MSA_ATTENTION_PREFILL_MMA_SM80_CUH */

@@ -1,0 +1,589 @@
+/*
+ * Prefill attention on Hopper: warpgroup products (wgmma, sm_90a) on K and
+ * V pages streamed into shared memory by tensor-map copies.  See the header
+ * for what it serves and docs/PREFILL.md for the design.
+ *
+ * One CTA per SM walks the work items (tile of tokens x KV head x chunk of
+ * query heads, the same items as the portable kernel).  Nine warps:
+ *   warp 8      the producer: walks the item's key stream, one 128-key
+ *               block (one page of one KV head: a [128][128] tile) at a
+ *               time, and copies its K and V into a ring slot (four boxes
+ *               each), with the slot's meta: the block's first position,
+ *               the tokens that selected it, whether it ends the item;
+ *   warps 0-7   two consumer warpgroups, group h owning tile rows
+ *               64h .. 64h + 63 (row = token x heads + head: four tokens
+ *               of 16 heads for M3).  Per block: S = Q K^T (wgmma
+ *               m64n128k16, Q in registers, K from the slot), the masks
+ *               and the online softmax in registers, P rounded to the
+ *               16-bit type in registers and O += P V (wgmma, P as the A
+ *               operand from registers, V read MN-major from the slot).
+ * Sparse: the stream is the union of the tile's tokens' selected blocks;
+ * the producer merges the tokens' ascending rows (lane = token: warp min,
+ * ballot of the lanes holding it, those lanes advance), so each block comes
+ * with the bits of the tokens that chose it.  Dense: blocks 0 to the tile's
+ * last position's.  A key counts for a row when its token chose the block
+ * and the key's position is at most the token's (the causal mask, which
+ * also covers the local block and the tile's later tokens).  A group none
+ * of whose rows use a block skips its products.  Output rows and LSE are
+ * written once (prefill rows are never split).
+ *
+ * Rows at and past the request's kv_len in its last page are stale cache
+ * contents: their scores are masked, and the producer zeroes that page's
+ * V rows before the consumers see it, so a stale NaN cannot reach O
+ * through a zero weight.
+ */
+#include "attention_prefill_tma_sm90.cuh"
+#include "../../cu_tma.cuh"
+#include "../../cu_wgmma.cuh"
+#include "../../cu_rows_state.cuh"
+#include "../../cu_launch.cuh"
+
+#include <string.h>
+
+#define PFH_CONSUMER_WARPS 8
+/* Three warpgroups: the registers are allocated per warpgroup, so the
+ * producer takes a whole one (its first warp works, the others end) and
+ * gives most of its registers to the consumers (setmaxnreg). */
+#define PFH_THREADS ((PFH_CONSUMER_WARPS + 4) * 32)
+#define PFH_PRODUCER_REGS 64
+#define PFH_CONSUMER_REGS 216
+static_assert(4 * 32 * PFH_PRODUCER_REGS + PFH_CONSUMER_WARPS * 32 * PFH_CONSUMER_REGS <= 65536,
+              "the register file holds the producer and the consumers");
+#define PFH_KEYS 128
+#define PFH_BOX_BYTES (64 * 128)              /* one box: 64 rows of 64 columns */
+#define PFH_TILE_BYTES (PFH_KEYS * 256)        /* K or V of one block */
+#define PFH_STAGE_BYTES (2 * PFH_TILE_BYTES)
+/* Three stages of 64 KB: the next two blocks are in flight while one is
+ * computed (a block's products take about as long as a copy's latency). */
+#ifndef MSA_PFH_STAGES
+#define MSA_PFH_STAGES 3
+#endif
+#define PFH_STAGES MSA_PFH_STAGES
+#define PFH_RING_BYTES (PFH_STAGES * PFH_STAGE_BYTES)
+/* Barriers (full K, full V, empty per stage; the tail's), then the metas. */
+#define PFH_BAR_BYTES ((3 * PFH_STAGES + 1) * 8)
+#define PFH_META_BYTES (PFH_STAGES * 16)
+#define PFH_FIXED_BYTES (1024 + PFH_RING_BYTES + PFH_BAR_BYTES + PFH_META_BYTES)
+/* Shared memory a block may have on the H100 / H200. */
+#define PFH_SMEM_LIMIT (227 * 1024)
+/* Every consumer lane arrives on a slot's empty barrier (its own reads of
+ * the slot released by its own arrival, as racecheck asks). */
+#define PFH_EMPTY_ARRIVALS (PFH_CONSUMER_WARPS * 32)
+
+#define PFH_LOG2E 1.4426950408889634f
+
+static_assert(PFH_STAGES >= 2, "the ring needs two stages (a pending tail is finished before the next claim)");
+static_assert(PFH_FIXED_BYTES <= PFH_SMEM_LIMIT, "the ring exceeds shared memory");
+
+/* Shared memory of a launch: the fixed part and the producer's staging of
+ * the tile's selection rows (sparse). */
+static size_t cu_pfh_smem(int32_t tt, int32_t W, int sparse)
+{
+    return (size_t)PFH_FIXED_BYTES + (sparse ? (size_t)tt * (size_t)W * 4 : 0);
+}
+
+/* One work item as the CTA sees it. */
+typedef struct cu_pfh_item {
+    int32_t r, t0, ntok, pos0;
+    int32_t g, h0, nh;   /* KV head, first query head of the chunk, heads in it */
+    int32_t kv_end;      /* last token's position + 1 */
+} cu_pfh_item;
+
+__device__ __forceinline__ cu_pfh_item cu_pfh_item_of(const cu_pfh_params &p, int64_t w, int32_t per_tile)
+{
+    const int32_t ti = (int32_t)(w / per_tile);
+    const int32_t rest = (int32_t)(w - (int64_t)ti * per_tile);
+    const cu_pf_tile t = p.tiles[ti];
+    cu_pfh_item it;
+    it.r = t.r;
+    it.t0 = t.t0;
+    it.ntok = t.ntok;
+    it.pos0 = t.pos0;
+    it.g = rest / p.hchunks;
+    it.h0 = (rest - it.g * p.hchunks) * p.nh;
+    it.nh = min(p.nh, p.g - it.h0);
+    it.kv_end = t.pos0 + t.ntok;
+    return it;
+}
+
+typedef struct cu_pfh_smem_t {
+    unsigned char *ring;
+    uint64_t *full_k, *full_v, *empty, *tail;
+    int4 *meta;      /* per slot: first position, token bits, last (1: ends the item) */
+    int32_t *stage;  /* [tt * W] the tile's selection rows (producer) */
+} cu_pfh_smem_t;
+
+/* The layout: the ring (1024-byte aligned, as the 128-byte swizzle's
+ * atoms must be), the barriers, the metas, the staging area. */
+__device__ __forceinline__ cu_pfh_smem_t cu_pfh_smem_of(unsigned char *raw)
+{
+    cu_pfh_smem_t sm;
+    sm.ring = (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
+    sm.full_k = (uint64_t *)(sm.ring + PFH_RING_BYTES);
+    sm.full_v = sm.full_k + PFH_STAGES;
+    sm.empty = sm.full_v + PFH_STAGES;
+    sm.tail = sm.empty + PFH_STAGES;
+    sm.meta = (int4 *)(sm.tail + 1);
+    sm.stage = (int32_t *)(sm.meta + PFH_STAGES);
+    return sm;
+}
+
+#ifdef CU_HAVE_WGMMA
+
+/* A box of the tensor map into shared memory, completing on bar; no cache
+ * hint: a dense item's pages are read again by every later tile of the
+ * request, so they should stay in L2. */
+__device__ __forceinline__ void cu_pfh_tma_load(uint32_t dst, const CUtensorMap *map, int32_t col, int32_t row,
+                                                uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(col), "r"(row), "r"(cu_smem_addr(bar))
+                 : "memory");
+}
+
+/* The four boxes of one [128][128] page (plane row `row`: the page's first
+ * row for this KV head) into a slot half: columns 0-63 in its first 16 KB
+ * (rows 0-63, then 64-127), columns 64-127 in the next. */
+__device__ __forceinline__ void cu_pfh_load_page(uint32_t dst, const CUtensorMap *map, int32_t row, uint64_t *bar)
+{
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+        cu_pfh_tma_load(dst + (uint32_t)b * PFH_BOX_BYTES, map, (b >> 1) * 64, row + (b & 1) * 64, bar);
+}
+
+/* ---- producer -------------------------------------------------------------- */
+
+/* The producer's ring position and its pending tail: a block whose page
+ * holds stale rows (at and past kv_len) has its V land on the tail barrier;
+ * the producer zeroes those rows and then releases the slot's V to the
+ * consumers.  That is done after the next block's copies are issued (not
+ * at once, so the copy's latency is not waited for with nothing else in
+ * flight), and always before the following claim: that claim may wait for
+ * the tail's own slot. */
+typedef struct cu_pfh_prod {
+    uint32_t gs;        /* slots claimed so far */
+    uint32_t tail_par;  /* the tail barrier's next phase parity */
+    int pend_s;         /* slot of the pending tail, -1: none */
+    int32_t pend_valid; /* rows of it before kv_len */
+} cu_pfh_prod;
+
+__device__ __forceinline__ void cu_pfh_tail_finish(const cu_pfh_smem_t &sm, cu_pfh_prod &pr)
+{
+    if (pr.pend_s < 0)
+        return;
+    const int lane = threadIdx.x & 31;
+    cu_mbar_wait(sm.tail, pr.tail_par);
+    pr.tail_par ^= 1u;
+    unsigned char *vd = sm.ring + pr.pend_s * PFH_STAGE_BYTES + PFH_TILE_BYTES;
+    /* Row r's 128 bytes of each column half: swizzling moves chunks within
+     * a row only, so whole rows are cleared wherever their chunks sit. */
+    for (int32_t e = pr.pend_valid * 16 + lane; e < PFH_KEYS * 16; e += 32) {
+        const int32_t r = e >> 4, c = e & 15;
+        *(uint4 *)(vd + (c >> 3) * (PFH_TILE_BYTES / 2) + r * 128 + (c & 7) * 16) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    /* Seen by the products (async proxy), and a later copy into this slot
+     * lands after these writes. */
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncwarp();
+    if (lane == 0)
+        cu_mbar_arrive(&sm.full_v[pr.pend_s]);
+    pr.pend_s = -1;
+}
+
+/* Claims the next slot (lane 0 waits until the consumers released its
+ * previous use), publishes its meta and issues the block's copies: page
+ * `page` of the request (-1: no block, an empty item's end marker), first
+ * position pos, token bits, last flag.  kv_len: the request's. */
+__device__ __forceinline__ void cu_pfh_issue(const cu_pfh_params &p, const cu_pfh_smem_t &sm, cu_pfh_prod &pr,
+                                             const CUtensorMap *map_k, const CUtensorMap *map_v,
+                                             const cu_pfh_item &it, int32_t page, int32_t pos, uint32_t bits,
+                                             int last, int32_t kv_len)
+{
+    const int lane = threadIdx.x & 31;
+    const int s = (int)(pr.gs % PFH_STAGES);
+    const uint32_t par = (pr.gs / PFH_STAGES) & 1u;
+    const bool tail = page >= 0 && pos + PFH_KEYS > kv_len;
+    if (lane == 0) {
+        if (pr.gs >= PFH_STAGES)
+            cu_mbar_wait(&sm.empty[s], par ^ 1u);
+        sm.meta[s] = make_int4(pos, (int32_t)bits, last, 0);
+        if (page >= 0) {
+            const int32_t row = (page * p.hkv + it.g) * PFH_KEYS;
+            const uint32_t kd = cu_smem_addr(sm.ring + s * PFH_STAGE_BYTES);
+            cu_mbar_arrive_tx(&sm.full_k[s], PFH_TILE_BYTES);
+            cu_pfh_load_page(kd, map_k, row, &sm.full_k[s]);
+            uint64_t *vbar = tail ? sm.tail : &sm.full_v[s];
+            cu_mbar_arrive_tx(vbar, PFH_TILE_BYTES);
+            cu_pfh_load_page(kd + PFH_TILE_BYTES, map_v, row, vbar);
+        } else {
+            cu_mbar_arrive(&sm.full_k[s]);
+            cu_mbar_arrive(&sm.full_v[s]);
+        }
+    }
+    __syncwarp();
+    ++pr.gs;
+    cu_pfh_tail_finish(sm, pr); /* the previous block's, if any */
+    if (tail) {
+        pr.pend_s = s;
+        pr.pend_valid = kv_len - pos;
+    }
+}
+
+__device__ void cu_pfh_producer(const cu_pfh_params &p, const cu_pfh_smem_t &sm, const CUtensorMap *map_k,
+                                const CUtensorMap *map_v, const cu_pfh_item &it, cu_pfh_prod &pr)
+{
+    const int lane = threadIdx.x & 31;
+    const int32_t *pt = p.page_table + (int64_t)it.r * p.cap_pages;
+    const int32_t kv_len = p.kv_len[it.r];
+    const uint32_t all = it.ntok >= 32 ? 0xffffffffu : ((1u << it.ntok) - 1u);
+    if (!p.sparse) {
+        const int32_t nblk = (it.kv_end - 1) / PFH_KEYS + 1;
+        for (int32_t b = 0; b < nblk; ++b)
+            cu_pfh_issue(p, sm, pr, map_k, map_v, it, pt[b], b * PFH_KEYS, all, b + 1 == nblk, kv_len);
+        return;
+    }
+    /* The tokens' rows into the staging area, then the merge. */
+    const int32_t n = it.ntok * p.W;
+    for (int32_t e = lane; e < n; e += 32) {
+        const int32_t tok = e / p.W;
+        sm.stage[e] = p.sel[((int64_t)(it.t0 + tok) * p.hkv + it.g) * p.W + (e - tok * p.W)];
+    }
+    __syncwarp();
+    const int32_t *row = sm.stage + lane * p.W;
+    int32_t i = 0;
+    int32_t h = lane < it.ntok && p.W > 0 && row[0] >= 0 ? row[0] : INT32_MAX;
+    /* The current block (its id, tokens, page), issued once the next one is
+     * known (whether it is the last). */
+    int32_t cur = __reduce_min_sync(0xffffffffu, h);
+    if (cur == INT32_MAX) { /* no block at all: the end marker alone */
+        cu_pfh_issue(p, sm, pr, map_k, map_v, it, -1, 0, 0u, 1, kv_len);
+        return;
+    }
+    for (;;) {
+        const uint32_t bits = __ballot_sync(0xffffffffu, h == cur);
+        const int32_t page = pt[cur];
+        if (h == cur) {
+            ++i;
+            h = i < p.W && row[i] >= 0 ? row[i] : INT32_MAX;
+        }
+        const int32_t next = __reduce_min_sync(0xffffffffu, h);
+        cu_pfh_issue(p, sm, pr, map_k, map_v, it, page, cur * PFH_KEYS, bits & all, next == INT32_MAX, kv_len);
+        if (next == INT32_MAX)
+            break;
+        cur = next;
+    }
+}
+
+/* ---- consumers ------------------------------------------------------------- */
+
+/* 2^x, flushed to 0 below 2^-126 (as the decode path's Hopper attention:
+ * the weights so small add nothing the fp32 sums or 16-bit output show). */
+__device__ __forceinline__ float cu_pfh_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* S = Q K^T for the group's 64 rows against the block's 128 keys (K-major
+ * in the slot: dimensions 0-63 in the first 16 KB, 64-127 in the next). */
+template <typename Tag>
+__device__ __forceinline__ void cu_pfh_qk(uint32_t ka, const uint32_t (&qa)[8][4], float (&sc)[16][4])
+{
+    cu_wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+        const uint32_t at = ka + (uint32_t)(ks >> 2) * (PFH_TILE_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
+        cu_wgmma_m64n128k16<0>(sc, qa[ks], cu_wgmma_desc(at, 16), ks > 0, Tag());
+    }
+    cu_wgmma_commit();
+    cu_wgmma_wait_all();
+    cu_wgmma_hold(sc);
+}
+
+/* O += P V: the weights rounded to the 16-bit type (the S accumulators'
+ * layout is the A fragments' already) against V read MN-major: 16 keys per
+ * step (2048 bytes), dimensions 64-127 16 KB after 0-63. */
+template <typename Tag>
+__device__ __forceinline__ void cu_pfh_pv(uint32_t va, const float (&pw)[16][4], float (&o)[16][4])
+{
+    uint32_t pa[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        pa[kk][0] = cu_pack2(pw[2 * kk][0], pw[2 * kk][1], Tag());
+        pa[kk][1] = cu_pack2(pw[2 * kk][2], pw[2 * kk][3], Tag());
+        pa[kk][2] = cu_pack2(pw[2 * kk + 1][0], pw[2 * kk + 1][1], Tag());
+        pa[kk][3] = cu_pack2(pw[2 * kk + 1][2], pw[2 * kk + 1][3], Tag());
+    }
+    cu_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+        cu_wgmma_m64n128k16<1>(o, pa[kk], cu_wgmma_desc(va + (uint32_t)kk * 2048u, PFH_TILE_BYTES / 2), 1,
+                               Tag());
+    cu_wgmma_commit();
+    cu_wgmma_wait_all();
+    cu_wgmma_hold(o);
+}
+
+/* The block's scores into weights: keys j <= lim_lo (lim_hi) count for the
+ * thread's low (high) row (lim -1: none), the scale sl2 (log2 units, > 0)
+ * applied inside the exponent; running max, sum and O's scale updated. */
+__device__ __forceinline__ void cu_pfh_softmax(float (&sc)[16][4], int32_t lim_lo, int32_t lim_hi, float sl2,
+                                               float (&o)[16][4], float &m_lo, float &m_hi, float &l_lo,
+                                               float &l_hi)
+{
+    const int lane = threadIdx.x & 31;
+    if (min(lim_lo, lim_hi) < PFH_KEYS - 1) {
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int32_t j = n * 8 + 2 * (lane & 3) + e;
+                sc[n][e] = j <= lim_lo ? sc[n][e] : -INFINITY;
+                sc[n][2 + e] = j <= lim_hi ? sc[n][2 + e] : -INFINITY;
+            }
+        }
+    }
+    float mx_lo, mx_hi, ref_lo, ref_hi, corr_lo, corr_hi;
+    cu_rows_tile_max<16>(sc, mx_lo, mx_hi);
+    cu_rows_new_max(mx_lo * sl2, mx_hi * sl2, m_lo, m_hi, ref_lo, ref_hi, corr_lo, corr_hi);
+    float ps_lo = 0.0f, ps_hi = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            sc[n][e] = cu_pfh_exp2(fmaf(sc[n][e], sl2, -ref_lo));
+            sc[n][2 + e] = cu_pfh_exp2(fmaf(sc[n][2 + e], sl2, -ref_hi));
+            ps_lo += sc[n][e];
+            ps_hi += sc[n][2 + e];
+        }
+    }
+    l_lo = l_lo * corr_lo + ps_lo;
+    l_hi = l_hi * corr_hi + ps_hi;
+    if (__any_sync(0xffffffffu, corr_lo != 1.0f || corr_hi != 1.0f))
+        cu_rows_rescale(o, corr_lo, corr_hi);
+}
+
+template <typename Tag>
+__device__ void cu_pfh_consumer(const cu_pfh_params &p, const cu_pfh_smem_t &sm, const cu_pfh_item &it,
+                                uint32_t &gs)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int wg = warp >> 2;
+
+    /* The thread's rows: tile row = token x nh + head in the chunk. */
+    const int32_t nrows = it.ntok * it.nh;
+    const int32_t row_lo = warp * 16 + (lane >> 2), row_hi = row_lo + 8;
+    const bool ok_lo = row_lo < nrows, ok_hi = row_hi < nrows;
+    int32_t pos_lo = -1, pos_hi = -1; /* the rows' token positions (-1: no row) */
+    uint32_t tb_lo = 0u, tb_hi = 0u;
+    int64_t q_lo = 0, q_hi = 0;
+    if (ok_lo) {
+        const int32_t tok = row_lo / it.nh;
+        tb_lo = 1u << tok;
+        pos_lo = it.pos0 + tok;
+        q_lo = (int64_t)(it.t0 + tok) * p.hq_total + it.g * p.g + it.h0 + (row_lo - tok * it.nh);
+    }
+    if (ok_hi) {
+        const int32_t tok = row_hi / it.nh;
+        tb_hi = 1u << tok;
+        pos_hi = it.pos0 + tok;
+        q_hi = (int64_t)(it.t0 + tok) * p.hq_total + it.g * p.g + it.h0 + (row_hi - tok * it.nh);
+    }
+    /* The group's tokens and its last position (uniform over the group:
+     * its products are collective). */
+    const int32_t r0 = wg * 64;
+    uint32_t wbits = 0u;
+    int32_t wlast = -1;
+    if (r0 < nrows) {
+        const int32_t tf = r0 / it.nh, tl = (min(r0 + 64, nrows) - 1) / it.nh;
+        wbits = (tl >= 31 ? 0xffffffffu : ((2u << tl) - 1u)) & ~((1u << tf) - 1u);
+        wlast = it.pos0 + tl;
+    }
+
+    uint32_t qa[8][4];
+    cu_rows_load_q(p.q, q_lo, q_hi, ok_lo, ok_hi, qa);
+    float o[16][4], m_lo, m_hi, l_lo, l_hi;
+    cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
+
+    for (;;) {
+        const int s = (int)(gs % PFH_STAGES);
+        const uint32_t par = (gs / PFH_STAGES) & 1u;
+        ++gs;
+        cu_mbar_wait(&sm.full_k[s], par);
+        const int4 mt = sm.meta[s];
+        const uint32_t bits = (uint32_t)mt.y;
+        if ((bits & wbits) != 0u && mt.x <= wlast) {
+            const uint32_t ka = cu_smem_addr(sm.ring + s * PFH_STAGE_BYTES);
+            float sc[16][4];
+            cu_pfh_qk<Tag>(ka, qa, sc);
+            const int32_t lim_lo = (bits & tb_lo) ? pos_lo - mt.x : -1;
+            const int32_t lim_hi = (bits & tb_hi) ? pos_hi - mt.x : -1;
+            cu_pfh_softmax(sc, lim_lo, lim_hi, p.scale_log2, o, m_lo, m_hi, l_lo, l_hi);
+            cu_mbar_wait(&sm.full_v[s], par);
+            cu_pfh_pv<Tag>(ka + PFH_TILE_BYTES, sc, o);
+        } else {
+            /* The slot's V copy must have landed before it is handed back. */
+            cu_mbar_wait(&sm.full_v[s], par);
+        }
+        cu_mbar_arrive(&sm.empty[s]);
+        if (mt.z)
+            break;
+    }
+    cu_rows_sum_quads(l_lo, l_hi);
+
+    const float inv_lo = cu_rows_inv(l_lo), inv_hi = cu_rows_inv(l_hi);
+    uint32_t *op = (uint32_t *)p.o;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+        const int d = n * 8 + 2 * (lane & 3);
+        if (ok_lo)
+            op[(q_lo * 128 + d) >> 1] = cu_pack2(o[n][0] * inv_lo, o[n][1] * inv_lo, Tag());
+        if (ok_hi)
+            op[(q_hi * 128 + d) >> 1] = cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag());
+    }
+    if (p.lse && (lane & 3) == 0) {
+        if (ok_lo)
+            p.lse[q_lo] = cu_rows_lse(m_lo, l_lo);
+        if (ok_hi)
+            p.lse[q_hi] = cu_rows_lse(m_hi, l_hi);
+    }
+}
+
+#endif /* CU_HAVE_WGMMA */
+
+template <typename Tag>
+__global__ void __launch_bounds__(PFH_THREADS, 1)
+    cu_pfh_kernel(const __grid_constant__ cu_pfh_params p, const __grid_constant__ CUtensorMap map_k,
+                  const __grid_constant__ CUtensorMap map_v)
+{
+#ifdef CU_HAVE_WGMMA
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const int warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) {
+        const cu_pfh_smem_t sm = cu_pfh_smem_of(smem_raw);
+        for (int s = 0; s < PFH_STAGES; ++s) {
+            cu_mbar_init(&sm.full_k[s], 1);
+            cu_mbar_init(&sm.full_v[s], 1);
+            cu_mbar_init(&sm.empty[s], PFH_EMPTY_ARRIVALS);
+        }
+        cu_mbar_init(sm.tail, 1);
+        cu_mbar_fence_init();
+    }
+    if (warp == PFH_CONSUMER_WARPS && (threadIdx.x & 31) == 0) {
+        cu_tma_prefetch_map(&map_k);
+        cu_tma_prefetch_map(&map_v);
+    }
+    __syncthreads();
+    cu_pdl_wait(); /* the selection's rows and the prologue's cache rows */
+    cu_pdl_trigger();
+
+    /* Each side computes its state after its register change: nothing is
+     * live across it (ptxas would keep such values in local memory). */
+    if (warp >= PFH_CONSUMER_WARPS) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PFH_PRODUCER_REGS));
+        if (warp != PFH_CONSUMER_WARPS)
+            return;
+        const cu_pfh_smem_t sm = cu_pfh_smem_of(smem_raw);
+        const int32_t per_tile = p.hkv * p.hchunks;
+        const int64_t total = (int64_t)p.hdr->n_pf_tiles[CU_PFA_MAIN] * per_tile;
+        cu_pfh_prod pr;
+        pr.gs = 0;
+        pr.tail_par = 0;
+        pr.pend_s = -1;
+        pr.pend_valid = 0;
+        for (int64_t w = blockIdx.x; w < total; w += gridDim.x)
+            cu_pfh_producer(p, sm, &map_k, &map_v, cu_pfh_item_of(p, w, per_tile), pr);
+        cu_pfh_tail_finish(sm, pr);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(PFH_CONSUMER_REGS));
+        const cu_pfh_smem_t sm = cu_pfh_smem_of(smem_raw);
+        const int32_t per_tile = p.hkv * p.hchunks;
+        const int64_t total = (int64_t)p.hdr->n_pf_tiles[CU_PFA_MAIN] * per_tile;
+        uint32_t gs = 0;
+        for (int64_t w = blockIdx.x; w < total; w += gridDim.x)
+            cu_pfh_consumer<Tag>(p, sm, cu_pfh_item_of(p, w, per_tile), gs);
+    }
+#else
+    (void)p;
+    (void)map_k;
+    (void)map_v;
+#endif
+}
+
+/* ---- host side ----------------------------------------------------------- */
+
+int cu_pfh_fits(int32_t d, int32_t page, int32_t block, int32_t g, int32_t W, int sparse, const char **why)
+{
+    /* The dense stream did not finish on the H200 for a step of several
+     * requests with ragged last pages (its sparse stream passed every
+     * sweep case), so dense passes keep the mma.sync kernel until it is
+     * found and fixed. */
+    if (!sparse) {
+        if (why)
+            *why = "dense pass: mma.sync prefill kernel (the Hopper dense stream is not validated)";
+        return 0;
+    }
+    if (d != 128) {
+        if (why)
+            *why = "head dim != 128: mma.sync prefill kernel";
+        return 0;
+    }
+    /* The dense stream walks pages whatever the block size; the sparse
+     * one walks blocks, each of which must be one page. */
+    if (page != 128 || (sparse && block != 128)) {
+        if (why)
+            *why = sparse ? "page or block size != 128: mma.sync prefill kernel"
+                          : "page size != 128: mma.sync prefill kernel";
+        return 0;
+    }
+    if (cu_pfh_smem(cu_pfa_tile_tokens(g), W, sparse) > PFH_SMEM_LIMIT) {
+        if (why)
+            *why = "selection rows too wide for the Hopper prefill kernel: mma.sync prefill kernel";
+        return 0;
+    }
+    return 1;
+}
+
+void cu_pfh_build(const cu_layer *L, const cu_attn *A, cu_pfh_params *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->act = A->act;
+    p->hq_total = A->hq_total;
+    p->hkv = A->hkv;
+    p->g = A->g;
+    p->tt = cu_pfa_tile_tokens(A->g);
+    p->nh = A->g < CU_PFA_ROWS ? A->g : CU_PFA_ROWS;
+    p->hchunks = (A->g + p->nh - 1) / p->nh;
+    p->sparse = A->sparse;
+    p->W = A->W;
+    p->cap_pages = L->cap_pages;
+    p->scale_log2 = A->scale * PFH_LOG2E;
+    p->q = A->q;
+    p->o = A->o;
+    p->lse = A->lse;
+    p->sel = L->sel;
+    p->page_table = L->m.page_table;
+    p->kv_len = L->m.kv_len;
+    p->hdr = L->m.hdr;
+    p->tiles = L->m.pf_tiles[CU_PFA_MAIN];
+}
+
+void cu_launch_attn_prefill_tma(const cu_pfh_params *p, const cu_plan_state *st, const CUtensorMap *maps,
+                                cudaStream_t s)
+{
+    const size_t smem = cu_pfh_smem(p->tt, p->W, p->sparse);
+    if (p->act == MSA_DTYPE_BF16)
+        cu_launch(cu_pfh_kernel<cu_bf16_tag>, st->num_sms, PFH_THREADS, smem, s, st->pdl, *p, maps[0],
+                  maps[1]);
+    else
+        cu_launch(cu_pfh_kernel<cu_f16_tag>, st->num_sms, PFH_THREADS, smem, s, st->pdl, *p, maps[0],
+                  maps[1]);
+}
+
+cudaError_t cu_pfh_setup(void)
+{
+    return cu_allow_smem(PFH_SMEM_LIMIT, cu_pfh_kernel<cu_bf16_tag>, cu_pfh_kernel<cu_f16_tag>);
+}
