@@ -57,16 +57,14 @@ if [ ! -e /usr/include/cjson/cJSON.h ] && ls "$ROOT"/build-deps/*.deb >/dev/null
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUMMARY" 2>&1
 
-build_tree() { # SRC DIR
-    cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DMSA_CUDA=ON \
-        "-DCMAKE_CUDA_ARCHITECTURES=80-real;90a-real" "${CMAKE_EXTRA[@]}" &&
-        cmake --build "$2" -j "$JOBS"
-}
+# The configure + build command of tree $1 in folder $2, as one sh -c
+# command line (run's timeout runs commands, not shell functions).
+BUILD_SH='cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DMSA_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=80-real;90a-real" $3 && cmake --build "$2" -j "$4"'
 if has_step build; then
     if [ -n "${BASE:-}" ]; then
-        run "build base" build.log 400 build_tree "$BASE" "$BUILD-base" &
+        run "build base" build.log 400 sh -c "$BUILD_SH" sh "$BASE" "$BUILD-base" "${CMAKE_EXTRA[*]}" "$JOBS" &
     fi
-    run "build" build.log 400 build_tree "$ROOT" "$BUILD" || { wait; tail -30 "$OUT/build.log"; exit 1; }
+    run "build" build.log 400 sh -c "$BUILD_SH" sh "$ROOT" "$BUILD" "${CMAKE_EXTRA[*]}" "$JOBS" || { wait; tail -30 "$OUT/build.log"; exit 1; }
     wait
 fi
 MSA=$BUILD/msa
