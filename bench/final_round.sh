@@ -72,17 +72,17 @@ T=$BUILD/tests
 
 if has_step tests; then
     run "graph test" tests.log 120 "$T/cuda/test_cuda_graph"
-    # Grids for 8 SMs: the flag, or the variable for builds that read it.
-    run "graph test, 8 SMs" tests.log 120 env MSA_CUDA_SMS=8 "$T/cuda/test_cuda_graph" --sms 8
+    # Grids for 8 SMs (the debugging option cuda_num_sms).
+    run "graph test, 8 SMs" tests.log 120 "$T/cuda/test_cuda_graph" --sms 8
     run "plan transactions (CUDA part)" tests.log 120 "$T/test_plan_txn"
     run "bad input" tests.log 120 "$T/test_bad_input"
     for i in 0 1 2 3 4 5; do
         run "sweep quick+prefill $i/6" "tests_$i.tmp" 300 "$T/cuda/test_cuda_sweep" --quick --prefill --shard "$i/6" &
     done
     # The prefill selection cases with the other product kernel, when a
-    # switch for it is given (PFI_ALT: an environment assignment).
+    # sweep flag for it is given (PFI_ALT, e.g. --no-prefill-wgmma).
     if [ -n "${PFI_ALT:-}" ]; then
-        run "sweep pfsel, $PFI_ALT" "tests_p.tmp" 300 env "$PFI_ALT" "$T/cuda/test_cuda_sweep" --quick \
+        run "sweep pfsel, $PFI_ALT" "tests_p.tmp" 300 "$T/cuda/test_cuda_sweep" "$PFI_ALT" --quick \
             --filter pfsel &
     fi
     run "replay cuda" "tests_r.tmp" 300 sh "$ROOT/tests/replay/run_replay_test.sh" "$MSA" /tmp/msa-replay cuda &
@@ -113,6 +113,8 @@ if has_step prefill; then
 JSON
     run "bench single prompts (+dense)" prefill.log 120 "$MSA" bench --backend cuda --workload prefill \
         --workload-file "$WL" --suite single --dense --reps 3 --warmup 1
+    # Again with a debugging option of the msa program, when one is given
+    # (PF_OFF_ENV: an environment assignment, e.g. MSA_CUDA_PF_TMA=0).
     if [ -n "${PF_OFF_ENV:-}" ]; then
         run "bench single prompts, $PF_OFF_ENV" prefill.log 120 env "$PF_OFF_ENV" "$MSA" bench --backend cuda \
             --workload prefill --workload-file "$WL" --suite single --reps 3 --warmup 1

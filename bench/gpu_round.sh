@@ -7,21 +7,24 @@
 #
 # Every step's log is appended to $OUT/all.log as the step ends (few files
 # in $OUT: it is meant to be copied back whole), JSON results and the
-# summary stay beside it; a short table is printed last.  Steps can be chosen with ROUND_STEPS (comma list of
-# build,ctest,gputest,sanitize,check,bench,profile,source,ladder,ab,variants,probe,timeline,sass;
-# default all but source, ladder, ab, variants, probe, timeline and sass; they run in
-# this script's order, build, ctest, gputest, check, bench, profile, source,
-# ladder, ab, variants, probe, sass, timeline, sanitize, whatever the order given: a
-# change that may hang the GPU tests is better timed first in a round without
-# them, or with a low STEP_TIMEOUT), the decode suite
-# with BENCH_SUITE (default full), extra bench arguments with BENCH_ARGS,
-# extra CMake arguments with ROUND_CMAKE_ARGS (e.g. a build-time tuning
-# define in -DCMAKE_CUDA_FLAGS=...; use another BUILD directory per variant),
-# test_cuda_sweep arguments with SWEEP_ARGS (e.g. --quick), its processes
-# with SWEEP_SHARDS (the gputest step's sweep, default 4), QUICK_SHARDS (each
-# of its quick modes, default 3) and VARIANT_SHARDS (a variant's quick
-# sweep, default 3: the quick set's three long cases, 62, 49 and 26 s each
-# on the GPU machine, mostly the oracle's, then fall into different shards).
+# summary stay beside it; a short table is printed last.  Steps can be chosen
+# with ROUND_STEPS (comma list of build,ctest,gputest,sanitize,check,bench,
+# profile,source,ab,timeline; default all but source, ab and timeline; they
+# run in this script's order, build, ctest, gputest, check, bench, profile,
+# source, ab, timeline, sanitize, whatever the order given: a change that may
+# hang the GPU tests is better timed first in a round without them, or with a
+# low STEP_TIMEOUT), the decode suite with BENCH_SUITE (default full), extra
+# bench arguments with BENCH_ARGS, extra CMake arguments with
+# ROUND_CMAKE_ARGS, test_cuda_sweep arguments with SWEEP_ARGS (e.g. --quick),
+# its processes with SWEEP_SHARDS (the gputest step's sweep, default 4) and
+# QUICK_SHARDS (each of its quick modes, default 3).
+#
+# The CUDA backend's debugging aids are msa_debug_options fields: the tests
+# take them as flags (--sms N, --sel-warp-rows, --sel-unions,
+# --no-prefill-tma, --no-prefill-indexer, --no-prefill-wgmma), the `msa`
+# program from its environment (MSA_CUDA_SMS, MSA_CUDA_TMA=0, MSA_CUDA_PDL=0,
+# MSA_CUDA_SEL_WARP_ROWS=1, MSA_CUDA_SEL_UNIONS=1, MSA_CUDA_PF_TMA=0,
+# MSA_CUDA_PFI=0, MSA_CUDA_PFI_WGMMA=0, MSA_CUDA_TIMELINE=path).
 #
 # Usage (repository root):  bench/gpu_round.sh
 set -u -o pipefail
@@ -142,10 +145,6 @@ shape_median() {
     cat /tmp/msa-shape.log >>"$LOGS/$log.log"
     # A failed run's output goes to all.log (the step's log is not copied back).
     [ $rc -ne 0 ] && { echo "==== $log: $bin b$b ctx $l q$q (rc $rc)"; tail -20 /tmp/msa-shape.log; } >>"$OUT/all.log"
-    # A build with -DMSA_ATT_HELP_TRACE prints the help events of each step.
-    grep -q "msa help events" /tmp/msa-shape.log &&
-        { echo "==== $log: $bin b$b ctx $l q$q help events (count, line)";
-          grep -h "msa help events" /tmp/msa-shape.log | sort | uniq -c | sort -rn | head -4; } >>"$OUT/all.log"
     json_median /tmp/msa-shape.json
 }
 
@@ -184,7 +183,7 @@ if has_step gputest; then
     if [ $quick = 1 ]; then
         run_logged test_cuda_graph "$T/cuda/test_cuda_graph"
         # Grids for 8 SMs: CTAs of the one-CTA-per-SM kernels take several units.
-        MSA_CUDA_SMS=8 run_logged test_cuda_graph_few_sms "$T/cuda/test_cuda_graph"
+        run_logged test_cuda_graph_few_sms "$T/cuda/test_cuda_graph" --sms 8
     fi
     # The sweeps side by side, each in shards: the full sweep in
     # SWEEP_SHARDS processes (default 4), each quick mode in QUICK_SHARDS
@@ -196,11 +195,11 @@ if has_step gputest; then
     sweep_shards test_cuda_sweep "$NSH" "$T/cuda/test_cuda_sweep" ${SWEEP_ARGS:-}
     if [ $quick = 1 ]; then
         # The selection's warp-per-row mode on the sweep's small steps too.
-        sweep_shards test_cuda_sweep_warp_rows "$QSH" env MSA_CUDA_SEL_WARP_ROWS=1 "$T/cuda/test_cuda_sweep" --quick
+        sweep_shards test_cuda_sweep_warp_rows "$QSH" "$T/cuda/test_cuda_sweep" --quick --sel-warp-rows
         # The unions built by the selection, as for contexts beyond the
         # Hopper attention's own unions.
-        sweep_shards test_cuda_sweep_sel_unions "$QSH" env MSA_CUDA_SEL_UNIONS=1 "$T/cuda/test_cuda_sweep" --quick
-        sweep_shards test_cuda_sweep_few_sms "$QSH" env MSA_CUDA_SMS=8 "$T/cuda/test_cuda_sweep" --quick
+        sweep_shards test_cuda_sweep_sel_unions "$QSH" "$T/cuda/test_cuda_sweep" --quick --sel-unions
+        sweep_shards test_cuda_sweep_few_sms "$QSH" "$T/cuda/test_cuda_sweep" --quick --sms 8
         # `msa replay DIR --backend cuda` on the replay test's cases.
         run_logged replay_cuda sh "$ROOT/tests/replay/run_replay_test.sh" "$MSA" /tmp/msa-replay-cuda cuda &
     fi
@@ -271,32 +270,8 @@ if has_step source; then
     done
 fi
 
-# ---- kernel ladder (graph replay) ---------------------------------------------
-# LADDER_CASES: space-separated batch:context:q_len shapes; each is timed with
-# MSA_CUDA_STOP_AFTER=1..4 and then whole (0): the graph replay median of a
-# layer that enqueues only its first n kernels (prologue, indexer, selection,
-# attention, merge), so the steps between rows are what each kernel adds to
-# the step, PDL overlap included (step "ladder", not in the default list).
-if has_step ladder; then
-    echo "---- ladder: median µs of the first n kernels (1 prologue, 2 indexer, 3 select, 4 attention, all)" >>"$SUMMARY"
-    # LADDER_CASES: batch:context:q_len, or case-id:0:q_len (a decode workload case).
-    for lc in ${LADDER_CASES:-1:1000:1 1:131072:1 8:1000:1 8:10000:8 128:10000:8}; do
-        IFS=: read -r lb ll lq <<<"$lc"
-        line="b${lb} ctx ${ll} q${lq}:"
-        for n in 1 2 3 4 0; do
-            rm -f /tmp/msa-ladder.json
-            # shellcheck disable=SC2046  # shape_args prints separate words
-            MSA_CUDA_STOP_AFTER=$n run_logged "ladder_b${lb}_l${ll}_q${lq}_n$n" "$MSA" bench --backend cuda \
-                $(shape_args "$lb" "$ll") --q-len "$lq" --reps 40 \
-                --json "/tmp/msa-ladder.json" >/dev/null
-            line="$line $(json_median /tmp/msa-ladder.json)"
-        done
-        echo "$line" >>"$SUMMARY"
-    done
-fi
-
 # ---- A/B of a runtime switch or a patch (graph replay) ------------------------
-# AB_ENV: an environment assignment (e.g. MSA_CUDA_IDX_FIXED=1); AB_CASES:
+# AB_ENV: an environment assignment (e.g. MSA_CUDA_PDL=0); AB_CASES:
 # batch:context:q_len shapes, each timed without and with it, in turns
 # (AB_ROUNDS times, default 3), so drift of the machine hits both alike
 # (step "ab", not in the default list).  AB_PATCH: a patch (patch -p1, path
@@ -331,91 +306,6 @@ if has_step ab; then
     done
 fi
 
-# ---- build-time variants against the main build (graph replay) ----------------
-# VARIANTS: ';'-separated CUDA flag sets, e.g. "-DMSA_IDX_CHUNK=4;-DMSA_IDX_CHUNKED_MIN=4";
-# each is built in $BUILD-v1, -v2, ... (side by side), its GPU tests run
-# (graph test and quick sweep: a variant may change results; VARIANT_TESTS=0
-# skips them, e.g. for a variant that restores measured code; VARIANT_TEST_ONLY
-# lists the variants to test, e.g. "1 3", the others being measurement-only), and
-# VARIANT_CASES shapes (batch:context:q_len, or case-id:0:q_len for a case
-# of the decode workload) are timed on the main build and on every variant in
-# turns, VARIANT_ROUNDS times (default 2) (step "variants", not in the
-# default list; needs the main build).
-if has_step variants; then
-    IFS=';' read -ra VFLAGS <<<"${VARIANTS:-}"
-    pids=()
-    for i in "${!VFLAGS[@]}"; do
-        vb="$BUILD-v$((i + 1))"
-        ( configure_cuda "configure_v$((i + 1))" "$vb" "-DCMAKE_CUDA_FLAGS=${VFLAGS[$i]}" &&
-          run_logged "build_v$((i + 1))" cmake --build "$vb" -j "$JOBS" ) &
-        pids+=($!)
-    done
-    for p in "${pids[@]}"; do wait "$p"; done
-    for i in "${!VFLAGS[@]}"; do
-        vb="$BUILD-v$((i + 1))"
-        echo "---- variant v$((i + 1)): ${VFLAGS[$i]}" >>"$SUMMARY"
-        [ "${VARIANT_TESTS:-1}" = 0 ] && continue
-        # VARIANT_TEST_ONLY: the numbers (1-based) of the variants to test.
-        [ -n "${VARIANT_TEST_ONLY:-}" ] && [[ " $VARIANT_TEST_ONLY " != *" $((i + 1)) "* ]] && continue
-        run_logged "test_cuda_graph_v$((i + 1))" "$vb/tests/cuda/test_cuda_graph"
-        grep -hE "FAIL|passed, " "$LOGS/test_cuda_graph_v$((i + 1)).log" | tail -4 >>"$SUMMARY"
-        # The quick sweep in VARIANT_SHARDS processes.
-        sweep_shards "test_cuda_sweep_v$((i + 1))" "${VARIANT_SHARDS:-3}" "$vb/tests/cuda/test_cuda_sweep" --quick
-        wait
-        sweep_sum "test_cuda_sweep_v$((i + 1))" "${VARIANT_SHARDS:-3}"
-    done
-    echo "---- variants: median µs per round, main | v1 | v2 ..." >>"$SUMMARY"
-    for vc in ${VARIANT_CASES:-8:100000:8 8:10000:1}; do
-        IFS=: read -r vb_ vl vq <<<"$vc"
-        declare -A vline=()
-        for _round in $(seq "${VARIANT_ROUNDS:-2}"); do
-            for i in $(seq 0 "${#VFLAGS[@]}"); do
-                if [ "$i" = 0 ]; then bin="$MSA"; else bin="$BUILD-v$i/msa"; fi
-                vline[$i]="${vline[$i]:-} $(shape_median "$bin" variants "$vb_" "$vl" "$vq")"
-            done
-        done
-        line="b${vb_} ctx ${vl} q${vq}:"
-        for i in $(seq 0 "${#VFLAGS[@]}"); do line="$line${vline[$i]} |"; done
-        echo "${line% |}" >>"$SUMMARY"
-        unset vline
-    done
-fi
-
-# ---- measurement probes --------------------------------------------------------
-# PROBES: space-separated names of the stand-alone probes of bench/ that the
-# main build compiles (probe_<name>: chunk_read, ring_read, sel_row), each
-# run once, its output in the summary (step "probe", not in the default
-# list; needs the main build).
-if has_step probe; then
-    for pr in ${PROBES:-sel_row}; do
-        run_logged "probe_$pr" "$BUILD/probe_$pr"
-        tail -40 "$LOGS/probe_$pr.log" >>"$SUMMARY"
-    done
-fi
-
-# ---- SASS of CUDA sources under build-time flag sets ---------------------------
-# SASS_FILES: space-separated sources (e.g. src/cuda/attn_tma.cu); SASS_FLAGS:
-# ';'-separated flag sets (an empty set: the default build), each file
-# compiled for sm_90a with each set and disassembled into
-# $OUT/sass_<file>_v<i>.sass (v0: the first set), with ptxas' resource
-# report beside it (step "sass", not in the default list; no GPU needed,
-# but the development machine has no disassembler).
-if has_step sass; then
-    IFS=';' read -ra SFLAGS <<<"${SASS_FLAGS:-}"
-    [ "${#SFLAGS[@]}" -eq 0 ] && SFLAGS=("")
-    CUOBJDUMP=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
-    for sf in ${SASS_FILES:-src/cuda/attn_tma.cu}; do
-        b=$(basename "$sf" .cu)
-        for i in "${!SFLAGS[@]}"; do
-            cub="/tmp/msa-sass-$b-v$i.cubin"
-            run_logged "sass_${b}_v$i" bash -c "nvcc -std=c++17 -O3 -arch=sm_90a -I'$ROOT/include' \
-                -I'$ROOT/src' -I'$ROOT/src/cuda' ${SFLAGS[$i]} -Xptxas -v -cubin -o '$cub' '$ROOT/$sf' &&
-                '$CUOBJDUMP' -sass '$cub' > '$OUT/sass_${b}_v$i.sass'"
-            grep -E "registers|stack" "$LOGS/sass_${b}_v$i.log" | head -4 >>"$SUMMARY"
-        done
-    done
-fi
-
 # ---- kernel timeline (graph replay) -------------------------------------------
 # TIMELINE_CASES: space-separated batch:context:q_len shapes; a second build
 # with the stamps compiled in (-DMSA_TIMELINE, in $BUILD-timeline) runs each
@@ -424,7 +314,7 @@ fi
 # exit) are summarized per kernel into the summary (bench/timeline.py) and
 # copied to $OUT as msa-timeline-b<batch>-l<context>-q<q_len>.csv (step
 # "timeline", not in the default list).  TIMELINE_FLAGS: more CUDA flags of
-# that build (e.g. a variant's, to see its timeline).
+# that build.
 if has_step timeline; then
     TLB="$BUILD-timeline"
     configure_cuda configure_timeline "$TLB" "-DCMAKE_CUDA_FLAGS=-DMSA_TIMELINE ${TIMELINE_FLAGS:-}"
@@ -463,12 +353,12 @@ if has_step sanitize; then
     # RACE_FEW_SMS: ';'-separated sweep filters run so (units of one item,
     # of pairs, of one token); RACE_FULL: filters run on full grids (a
     # context long enough to wrap the indexer's ring).
-    MSA_CUDA_SMS=8 run_logged sanitize_memcheck_sweep_few_sms "$CS" --tool memcheck --error-exitcode 3 \
-        "$T/cuda/test_cuda_sweep" --filter "q8/1/3/16" &
+    run_logged sanitize_memcheck_sweep_few_sms "$CS" --tool memcheck --error-exitcode 3 \
+        "$T/cuda/test_cuda_sweep" --sms 8 --filter "q8/1/3/16" &
     IFS=';' read -ra RFEW <<<"${RACE_FEW_SMS:-q8/1/3/16;q16/5;q1 30K}"
     for i in "${!RFEW[@]}"; do
-        MSA_CUDA_SMS=8 run_logged "sanitize_racecheck_sweep_few_sms_$((i + 1))" "$CS" --tool racecheck \
-            --error-exitcode 3 "$T/cuda/test_cuda_sweep" --filter "${RFEW[$i]}" &
+        run_logged "sanitize_racecheck_sweep_few_sms_$((i + 1))" "$CS" --tool racecheck \
+            --error-exitcode 3 "$T/cuda/test_cuda_sweep" --sms 8 --filter "${RFEW[$i]}" &
     done
     IFS=';' read -ra RFULL <<<"${RACE_FULL:-b1 q1 200K}"
     for i in "${!RFULL[@]}"; do

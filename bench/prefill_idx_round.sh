@@ -10,18 +10,18 @@
 #             every selected id of every prefill row against the CPU oracle,
 #             and every output; PFI_SWEEP=quick (default) or full (adds the
 #             8K and 32K prompts, 1K new tokens after 127K, 2K after 30K),
-#             then the quick ones on grids for 8 SMs (MSA_CUDA_SMS=8: tiles
+#             then the quick ones on grids for 8 SMs (--sms 8: tiles
 #             without key-range splits, several tiles per CTA) and with
-#             the mma.sync products (MSA_CUDA_PFI_WGMMA=0);
+#             the mma.sync products (--no-prefill-wgmma);
 #   graph     the graph test (steps of any mix replayed after updates);
 #   memcheck  compute-sanitizer memcheck on two small prefill cases, then
 #             racecheck on one;
-#   bench     the indexer and selection alone (MSA_CUDA_STOP_AFTER=4: the
-#             prologue, the decode indexer, the selection, the prefill
-#             indexer; no attention), wgmma and mma.sync, against the same
-#             with the scalar role
-#             (MSA_CUDA_PFI=0, STOP_AFTER=3): single prompts of 4K new tokens
-#             after 4K and 28K; then the 66 weighted cases of the prefill
+#   bench     the whole sparse layer with the prefill indexer's wgmma and
+#             mma.sync products (the msa program's MSA_CUDA_PFI_WGMMA=0),
+#             against the same with the scalar role (MSA_CUDA_PFI=0): single
+#             prompts of 4K new tokens after 4K and 28K; the attention is
+#             the same in all three, so the differences are the indexer's
+#             and the selection's; then the 66 weighted cases of the prefill
 #             workload with the new path alone (time-limited; the scalar
 #             role would not finish them in time).
 # Logs in $OUT (at most 8 files): summary.txt, build.log, sweep.log,
@@ -109,9 +109,9 @@ if has_step sweep; then
     # Grids for 8 SMs (16 CTAs): few key-range splits, many tiles per CTA;
     # and the mma.sync products on the H200 (the sm_80 path's code).
     for ((sh = 0; sh < 4; sh++)); do
-        run "sweep pfsel quick 8 SMs shard $sh/4" sweep.log 540 env MSA_CUDA_SMS=8 "$SW" --quick --filter pfsel \
+        run "sweep pfsel quick 8 SMs shard $sh/4" sweep.log 540 "$SW" --sms 8 --quick --filter pfsel \
             --shard "$sh/4" &
-        run "sweep pfsel quick mma.sync shard $sh/4" sweep.log 540 env MSA_CUDA_PFI_WGMMA=0 "$SW" --quick \
+        run "sweep pfsel quick mma.sync shard $sh/4" sweep.log 540 "$SW" --no-prefill-wgmma --quick \
             --filter pfsel --shard "$sh/4" &
     done
     wait
@@ -124,23 +124,24 @@ fi
 if has_step memcheck; then
     CS=compute-sanitizer
     run "memcheck pfsel union2" sanitize.log 400 $CS --tool memcheck --error-exitcode 9 "$SW" --filter "pfsel union2" &
-    run "memcheck pfsel hi3 (mma.sync)" sanitize.log 400 env MSA_CUDA_PFI_WGMMA=0 $CS --tool memcheck \
-        --error-exitcode 9 "$SW" --filter "pfsel hi3" &
+    run "memcheck pfsel hi3 (mma.sync)" sanitize.log 400 $CS --tool memcheck \
+        --error-exitcode 9 "$SW" --no-prefill-wgmma --filter "pfsel hi3" &
     run "racecheck pfsel union4" sanitize.log 500 $CS --tool racecheck --error-exitcode 9 "$SW" --filter "pfsel union4" &
     wait
 fi
 
 if has_step bench; then
-    # Indexer and selection alone: the layer's first four kernels.
+    # The whole layer; the msa program maps its MSA_CUDA_PFI* variables to
+    # the debugging options cuda_no_prefill_wgmma and cuda_no_prefill_indexer.
     for ctx in 8192 32768; do
-        run "bench 4K new after $((ctx - 4096)) (pfi wgmma)" bench.log 120 env MSA_CUDA_STOP_AFTER=4 \
+        run "bench 4K new after $((ctx - 4096)) (pfi wgmma)" bench.log 120 \
             "$MSA" bench --backend cuda --decode-context "$ctx" --batch 1 --q-len 4096
-        run "bench 4K new after $((ctx - 4096)) (pfi mma.sync)" bench.log 120 env MSA_CUDA_STOP_AFTER=4 \
-            MSA_CUDA_PFI_WGMMA=0 "$MSA" bench --backend cuda --decode-context "$ctx" --batch 1 --q-len 4096
-        run "bench 4K new after $((ctx - 4096)) (scalar)" bench.log 120 env MSA_CUDA_STOP_AFTER=3 MSA_CUDA_PFI=0 \
+        run "bench 4K new after $((ctx - 4096)) (pfi mma.sync)" bench.log 120 env MSA_CUDA_PFI_WGMMA=0 \
+            "$MSA" bench --backend cuda --decode-context "$ctx" --batch 1 --q-len 4096
+        run "bench 4K new after $((ctx - 4096)) (scalar)" bench.log 120 env MSA_CUDA_PFI=0 \
             "$MSA" bench --backend cuda --decode-context "$ctx" --batch 1 --q-len 4096 --reps 3 --warmup 1
     done
-    run "bench prefill workload (pfi, no attention)" bench.log 300 env MSA_CUDA_STOP_AFTER=4 \
+    run "bench prefill workload (pfi)" bench.log 300 \
         "$MSA" bench --backend cuda --workload prefill --suite representative --json "$OUT/bench_pfi.json"
 fi
 echo "---- summary"

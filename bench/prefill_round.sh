@@ -14,8 +14,10 @@
 #   bench     `msa bench --backend cuda --workload prefill` (the 66 weighted
 #             cases), and single prompts of 8K and 32K new tokens, sparse
 #             and dense layer side by side, each under a time limit; the
-#             single prompts again with MSA_CUDA_PF_TMA=0 (the mma.sync
-#             prefill kernel instead of the Hopper one).
+#             single prompts again with MSA_CUDA_PF_TMA=0 (the msa
+#             program's variable for the debugging option
+#             cuda_no_prefill_tma: the mma.sync prefill kernel instead of
+#             the Hopper one).
 # Logs go to $OUT (at most 8 files): summary.txt, build.log, checks.log,
 # sweep.log, sanitize.log, bench.log, bench.json, single.log.
 #

@@ -917,6 +917,19 @@ static void test_objects(void)
     CHECK(c3 == NULL && err[0], "context: NULL and a message");
     msa_context_params_default(&cp);
     expect_fail("context: NULL out", msa_context_create(&cp, NULL, NULL, 0), IA, IA, NULL);
+    msa_debug_options dbg;
+    memset(&dbg, 0, sizeof dbg);
+    dbg.cuda_num_sms = -2;
+    msa_context_params_default(&cp);
+    cp.debug = &dbg;
+    err[0] = 0;
+    expect_fail("context: negative debug option", msa_context_create(&cp, &c3, err, sizeof err), IA,
+                IA, NULL);
+    CHECK(c3 == NULL && err[0], "context: NULL and a message");
+    dbg.cuda_num_sms = 0;
+    CHECK(msa_context_create(&cp, &c3, NULL, 0) == MSA_OK && c3, "context: zeroed debug options");
+    msa_context_free(c3);
+    c3 = NULL;
 
     /* Memory helpers and benchmarks. */
     void *b = NULL;

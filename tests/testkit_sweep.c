@@ -592,6 +592,7 @@ int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *
     msa_context_params_default(&cp);
     cp.backend = opts->backend;
     cp.num_threads = opts->num_threads;
+    cp.debug = opts->debug;
     msa_status st = msa_context_create(&cp, &ctx, err, sizeof err);
     if (st != MSA_OK && opts->log)
         fprintf(opts->log, "backend %s not usable (%s: %s): every case skipped\n",

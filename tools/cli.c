@@ -144,10 +144,41 @@ double cli_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Whether environment variable `name` is set and starts with c. */
+static int env_starts(const char *name, char c)
+{
+    const char *v = getenv(name);
+    return v && v[0] == c;
+}
+
+const msa_debug_options *cli_debug_options(void)
+{
+    static msa_debug_options d;
+    memset(&d, 0, sizeof d);
+    const char *sms = getenv("MSA_CUDA_SMS");
+    d.cuda_num_sms = sms ? atoi(sms) : 0;
+    if (d.cuda_num_sms < 0)
+        d.cuda_num_sms = 0;
+    d.cuda_no_tma = env_starts("MSA_CUDA_TMA", '0');
+    d.cuda_no_pdl = env_starts("MSA_CUDA_PDL", '0');
+    d.cuda_sel_warp_rows = env_starts("MSA_CUDA_SEL_WARP_ROWS", '1');
+    d.cuda_sel_unions = env_starts("MSA_CUDA_SEL_UNIONS", '1');
+    d.cuda_no_prefill_tma = env_starts("MSA_CUDA_PF_TMA", '0');
+    d.cuda_no_prefill_indexer = env_starts("MSA_CUDA_PFI", '0');
+    d.cuda_no_prefill_wgmma = env_starts("MSA_CUDA_PFI_WGMMA", '0');
+    const char *tl = getenv("MSA_CUDA_TIMELINE");
+    d.cuda_timeline_path = tl && tl[0] ? tl : NULL;
+    const int any = d.cuda_num_sms || d.cuda_no_tma || d.cuda_no_pdl || d.cuda_sel_warp_rows ||
+                    d.cuda_sel_unions || d.cuda_no_prefill_tma || d.cuda_no_prefill_indexer ||
+                    d.cuda_no_prefill_wgmma || d.cuda_timeline_path;
+    return any ? &d : NULL;
+}
+
 msa_context *cli_context(msa_backend backend, int threads)
 {
     msa_context_params params;
     msa_context_params_default(&params);
+    params.debug = cli_debug_options();
     params.backend = backend;
     params.num_threads = threads;
     msa_context *ctx = NULL;

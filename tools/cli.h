@@ -57,6 +57,12 @@ void cli_sort_doubles(double *x, size_t n);
 /* Monotonic clock in seconds. */
 double cli_now(void);
 /* Creates a context or prints why not (NULL then). */
+/* The CUDA backend's debugging aids that the program takes from its
+ * environment: MSA_CUDA_SMS=n, MSA_CUDA_TMA=0, MSA_CUDA_PDL=0,
+ * MSA_CUDA_SEL_WARP_ROWS=1, MSA_CUDA_SEL_UNIONS=1, MSA_CUDA_PF_TMA=0,
+ * MSA_CUDA_PFI=0, MSA_CUDA_PFI_WGMMA=0, MSA_CUDA_TIMELINE=path
+ * (msa_debug_options); NULL when none is set. */
+const msa_debug_options *cli_debug_options(void);
 msa_context *cli_context(msa_backend backend, int threads);
 
 #endif

@@ -203,6 +203,7 @@ static msa_status create_objects(replay_run *r)
     msa_context_params params;
     msa_context_params_default(&params);
     params.backend = r->backend;
+    params.debug = cli_debug_options();
     char err[512] = "";
     msa_status st = msa_context_create(&params, &r->ctx, err, sizeof err);
     if (st != MSA_OK)

@@ -72,6 +72,13 @@ msa_status msa_context_create(const msa_context_params *params, msa_context **ou
                            "num_threads must be in 0..1024");
     if (params->backend != MSA_BACKEND_CPU && params->backend != MSA_BACKEND_CUDA)
         return create_fail(errbuf, errbuf_size, MSA_ERR_INVALID_ARGUMENT, "unknown backend");
+    if (params->debug && (params->debug->cuda_num_sms < 0 || params->debug->cuda_no_tma < 0 ||
+                          params->debug->cuda_no_pdl < 0 || params->debug->cuda_sel_warp_rows < 0 ||
+                          params->debug->cuda_sel_unions < 0 ||
+                          params->debug->cuda_no_prefill_tma < 0 || params->debug->cuda_no_prefill_indexer < 0 ||
+                          params->debug->cuda_no_prefill_wgmma < 0))
+        return create_fail(errbuf, errbuf_size, MSA_ERR_INVALID_ARGUMENT,
+                           "debug options must not be negative");
     const msa_backend_ops *ops = backend_ops(params->backend);
     if (!ops)
         return create_fail(errbuf, errbuf_size, MSA_ERR_UNSUPPORTED,

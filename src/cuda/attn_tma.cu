@@ -66,20 +66,12 @@ __device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][
  * 128, 4K and 5K, 8 tokens 2.0-2.6% faster without them).  A key whose
  * weight is below 2^-126 of its row's largest would add less than 2^-126
  * of the row's sum to l, and to O less than that times its V: nothing the
- * fp32 sums or the 16-bit output can show.  MSA_ATT_EX2_FTZ=0 at build
- * time keeps exp2f, for measurements. */
-#ifndef MSA_ATT_EX2_FTZ
-#define MSA_ATT_EX2_FTZ 1
-#endif
+ * fp32 sums or the 16-bit output can show. */
 __device__ __forceinline__ float cu_attt_exp2(float x)
 {
-#if MSA_ATT_EX2_FTZ
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
-#else
-    return exp2f(x);
-#endif
 }
 
 /* A member warp's rows take one tile: raw scores sc, keys k <= lim of the
@@ -161,11 +153,7 @@ __device__ __forceinline__ void cu_attt_release(const cu_attt_smem &sm, int s)
  * 4-byte writes meet no bank twice), then stored as 16-byte pieces.  Eight
  * whole-line stores per lane instead of 32 scattered 4-byte ones, which
  * filled the store queue at every unit's end (stall profile, batch 128,
- * 1K, 8 tokens: bench/RESULTS.md, v25).  MSA_ATT_STAGED_STORES=0 at build
- * time keeps the direct stores, for measurements. */
-#ifndef MSA_ATT_STAGED_STORES
-#define MSA_ATT_STAGED_STORES 1
-#endif
+ * 1K, 8 tokens). */
 template <typename Tag>
 __device__ __forceinline__ void cu_attt_write_rows(const cu_attn &A, int64_t q_lo, uint32_t stage,
                                                    const float (&o)[16][4], float m_lo, float m_hi,
@@ -239,23 +227,6 @@ __device__ __forceinline__ void cu_attt_write_part(const cu_layer &L, const cu_a
     }
 }
 
-/* Measuring aid (build option MSA_ATT_PROBE_COMPUTE, wrong results): how
- * much of the attention's time its consumers' computation holds.  1: no
- * P V product; 2: no softmax; 3: neither product (the softmax on scores
- * read from the slot); 4: no computation at all, the tiles only streamed
- * through the ring.  0 (the default): everything. */
-#ifndef MSA_ATT_PROBE_COMPUTE
-#define MSA_ATT_PROBE_COMPUTE 0
-#endif
-__device__ __forceinline__ void cu_attt_probe_scores(float (&sc)[8][4], uint32_t ka)
-{
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            sc[n][e] = __uint_as_float(cu_lds32(ka + (uint32_t)(n * 4 + e) * 4u) & 0x3f7fffffu);
-}
-
 /* One consumer warpgroup (h = 0 or 1) of a unit.  Warp w of the group
  * holds rows 16w .. 16w + 15 of its item: token w, its 16 heads.  Of a
  * pair, group h serves item h and takes every tile one of its tokens uses;
@@ -294,7 +265,7 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         const int s = gs % ATT_STAGES;
         cu_mbar_wait(&sm.full[s], (gs / ATT_STAGES) & 1u);
         ++gs;
-#if defined(MSA_TIMELINE) && !defined(MSA_TL_ATT_UNION) /* that aid takes both marks */
+#ifdef MSA_TIMELINE
         if (c == 0 && threadIdx.x == 0 && un.first_of_cta)
             CU_TL_MARK(L, CU_TL_ATTN, CU_TL_FIRST);
         if (threadIdx.x == 0) /* overwritten by every tile: the last one stays */
@@ -309,28 +280,18 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
             break;
         }
         /* Group-uniform: whether this group computes the tile. */
-        if ((mt.bits & gbits) && (pair || (c & 1) == h) && MSA_ATT_PROBE_COMPUTE != 4) {
+        if ((mt.bits & gbits) && (pair || (c & 1) == h)) {
             const uint32_t ka = cu_smem_addr(sm.ring + s * ATT_STAGE_BYTES);
             const uint32_t va = ka + ATT_HALF_BYTES;
             float sc[8][4];
-            if (MSA_ATT_PROBE_COMPUTE != 3)
-                cu_attt_qk<Tag>(ka, qa, sc);
-            else
-                cu_attt_probe_scores(sc, ka);
+            cu_attt_qk<Tag>(ka, qa, sc);
             /* The warp's token uses the tile: its keys inside the causal
              * window count (rows past kv_len are beyond every window). */
             const bool member = (mt.bits & tbit) != 0u;
-            if (member && MSA_ATT_PROBE_COMPUTE != 2)
+            if (member)
                 cu_attt_softmax(sc, last - mt.pos0, sl2, o, m_lo, m_hi, l_lo, l_hi);
-            if (MSA_ATT_PROBE_COMPUTE != 1 && MSA_ATT_PROBE_COMPUTE != 3)
-                cu_attt_pv<Tag>(va, sc, member, o);
-            else if (MSA_ATT_PROBE_COMPUTE == 3)
-                o[0][0] += sc[0][0]; /* keeps the softmax */
+            cu_attt_pv<Tag>(va, sc, member, o);
         }
-#if defined(MSA_TIMELINE) && defined(MSA_TL_ATT_STEPS)
-        if (c == 0 && threadIdx.x == 0 && un.first_of_cta)
-            CU_TL_MARK(L, CU_TL_ATTN, CU_TL_AUX3);
-#endif
         cu_attt_release(sm, s);
     }
     cu_rows_sum_quads(l_lo, l_hi);
@@ -348,9 +309,9 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         /* The item's split fields from memory again (*itp), not kept in
          * registers through the tile loop. */
         const cu_att_item wi = *itp;
-        if (MSA_ATT_STAGED_STORES && wi.nsplit == 1 && ((uintptr_t)A.o & 15u) == 0u)
+        if (wi.nsplit == 1 && ((uintptr_t)A.o & 15u) == 0u)
             cu_attt_write_rows<Tag>(A, q_lo, stage, o, m_lo, m_hi, l_lo, l_hi);
-        else if (MSA_ATT_STAGED_STORES && wi.nsplit > 1 && pair)
+        else if (wi.nsplit > 1 && pair)
             cu_attt_write_part(L, wi, w * 16, stage, o, m_lo, m_hi, l_lo, l_hi);
         else
             cu_rows_write<Tag>(L, A, wi, w * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,

@@ -16,22 +16,6 @@ msa_status cu_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
                             double *times_us);
 msa_status cu_bench_read_bandwidth(msa_context *ctx, size_t bytes, int reps, double *gbps);
 
-/* Whether environment variable `name` is set and starts with c (the
- * switches: "0" turns a default off, "1" an aid on). */
-static int cu_env_starts(const char *name, char c)
-{
-    const char *v = getenv(name);
-    return v && v[0] == c;
-}
-
-/* The integer value of environment variable `name` (the aids that take a
- * count), 0 when it is not set. */
-static int cu_env_int(const char *name)
-{
-    const char *v = getenv(name);
-    return v ? atoi(v) : 0;
-}
-
 static msa_status cu_init(msa_context *ctx, const msa_context_params *params, char *err,
                           size_t err_size)
 {
@@ -51,6 +35,17 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
                      count == 1 ? "" : "s");
         return MSA_ERR_NO_DEVICE;
     }
+    msa_debug_options none;
+    memset(&none, 0, sizeof none);
+    const msa_debug_options *dbg = params && params->debug ? params->debug : &none;
+    const char *tl_path = dbg->cuda_timeline_path && dbg->cuda_timeline_path[0] ? dbg->cuda_timeline_path : NULL;
+#ifndef MSA_TIMELINE
+    if (tl_path) {
+        if (err && err_size)
+            snprintf(err, err_size, "cuda_timeline_path is set but the library was built without -DMSA_TIMELINE");
+        return MSA_ERR_UNSUPPORTED;
+    }
+#endif
     cu_ctx_state *cs = (cu_ctx_state *)calloc(1, sizeof(*cs));
     if (!cs) {
         if (err && err_size)
@@ -61,23 +56,21 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
     e = cudaSetDevice(dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&cs->num_sms, cudaDevAttrMultiProcessorCount, dev);
-    const int sms = cu_env_int("MSA_CUDA_SMS");
-    if (e == cudaSuccess && sms >= 1 && sms < cs->num_sms)
-        cs->num_sms = sms;
+    if (e == cudaSuccess && dbg->cuda_num_sms >= 1 && dbg->cuda_num_sms < cs->num_sms)
+        cs->num_sms = dbg->cuda_num_sms;
     int major = 0;
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cs->pdl = major >= 9 && !cu_env_starts("MSA_CUDA_PDL", '0');
-    cs->tma = major >= 9 && !cu_env_starts("MSA_CUDA_TMA", '0');
+    cs->pdl = major >= 9 && !dbg->cuda_no_pdl;
+    cs->tma = major >= 9 && !dbg->cuda_no_tma;
     /* wgmma exists in the sm_90a code only: later chips run the portable
      * PTX, where the Hopper indexer has no body. */
     cs->wgmma = cs->tma && major == 9;
-    cs->stop_after = cu_env_int("MSA_CUDA_STOP_AFTER");
-    if (cs->stop_after < 0)
-        cs->stop_after = 0;
-    cs->sel_warp_rows = cu_env_starts("MSA_CUDA_SEL_WARP_ROWS", '1');
-    cs->idx_fixed = cu_env_starts("MSA_CUDA_IDX_FIXED", '1');
-    cs->sel_unions = cu_env_starts("MSA_CUDA_SEL_UNIONS", '1');
+    cs->sel_warp_rows = dbg->cuda_sel_warp_rows != 0;
+    cs->sel_unions = dbg->cuda_sel_unions != 0;
+    cs->pf_tma = cs->wgmma && !dbg->cuda_no_prefill_tma;
+    cs->pfi = !dbg->cuda_no_prefill_indexer;
+    cs->pfi_wgmma = cs->wgmma && !dbg->cuda_no_prefill_wgmma;
     if (e == cudaSuccess)
         e = cu_indexer_mma_setup(cs->num_sms, &cs->grid_idx_fast);
     if (e == cudaSuccess)
@@ -86,16 +79,10 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
         e = cu_indexer_tma_setup();
     if (e == cudaSuccess && cs->wgmma)
         e = cu_attn_tma_setup();
-    const char *tl_env = getenv("MSA_CUDA_TIMELINE");
-#ifndef MSA_TIMELINE
-    if (tl_env && tl_env[0])
-        fprintf(stderr, "libmsa: MSA_CUDA_TIMELINE ignored: built without -DMSA_TIMELINE\n");
-    tl_env = NULL;
-#endif
-    if (e == cudaSuccess && tl_env && tl_env[0]) {
-        cs->tl_path = (char *)malloc(strlen(tl_env) + 1);
+    if (e == cudaSuccess && tl_path) {
+        cs->tl_path = (char *)malloc(strlen(tl_path) + 1);
         if (cs->tl_path)
-            strcpy(cs->tl_path, tl_env);
+            strcpy(cs->tl_path, tl_path);
         e = cudaMalloc((void **)&cs->tl, CU_TL_WORDS * sizeof(unsigned long long));
         if (e == cudaSuccess)
             e = cudaMemset(cs->tl, 0, CU_TL_WORDS * sizeof(unsigned long long));
@@ -126,7 +113,7 @@ static void cu_timeline_write(const cu_ctx_state *cs)
     FILE *f = h ? fopen(cs->tl_path, "w") : NULL;
     if (!f || cudaDeviceSynchronize() != cudaSuccess ||
         cudaMemcpy(h, cs->tl, CU_TL_WORDS * sizeof(*h), cudaMemcpyDeviceToHost) != cudaSuccess) {
-        fprintf(stderr, "libmsa: MSA_CUDA_TIMELINE: cannot write %s\n", cs->tl_path);
+        fprintf(stderr, "libmsa: timeline: cannot write %s\n", cs->tl_path);
         cudaGetLastError();
         if (f)
             fclose(f);

@@ -15,24 +15,15 @@
  * (as many as fit beside the merge scratch) were 0.2-5% slower than four
  * on twelve decode cases (batches of 8 to 128 requests), five 0.3-4% slower
  * (bench/RESULTS.md, v18), three about as fast as four; the stream is not
- * short of copies in flight.
- * (MSA_ATT_TMA_STAGES overrides it at build time, for measurements.) */
-#ifndef MSA_ATT_TMA_STAGES
-#define MSA_ATT_TMA_STAGES 4
-#endif
-#define ATT_STAGES MSA_ATT_TMA_STAGES
+ * short of copies in flight. */
+#define ATT_STAGES 4
 /* A unit's tail tile is finished after its end's slot is claimed
  * (cu_attt_tail_finish): that claim must not wait for the tail's slot. */
 static_assert(ATT_STAGES >= 2, "the attention ring needs two stages");
 #define ATT_CONSUMERS 8
 /* Producer warps: two take the CTA's units in turns (see cu_attt_turn), so
- * that one prepares its unit while the other issues.  (MSA_ATT_PRODUCERS=1
- * keeps one, for measurements.) */
-#ifndef MSA_ATT_PRODUCERS
-#define MSA_ATT_PRODUCERS 2
-#endif
-#define ATT_PRODUCERS MSA_ATT_PRODUCERS
-static_assert(ATT_PRODUCERS == 1 || ATT_PRODUCERS == 2, "one or two producer warps");
+ * that one prepares its unit while the other issues. */
+#define ATT_PRODUCERS 2
 #define ATT_THREADS ((ATT_CONSUMERS + ATT_PRODUCERS) * 32)
 #define ATT_TILE 64
 #define ATT_HALF_BYTES (ATT_TILE * 256)          /* K or V of one tile */

@@ -25,7 +25,7 @@ typedef struct cu_attt_turn {
 
 __device__ __forceinline__ void cu_attt_take_turn(const cu_attt_smem &sm, cu_attt_turn &tn, uint32_t &gs)
 {
-    if (ATT_PRODUCERS == 1 || !tn.pending)
+    if (!tn.pending)
         return;
     tn.pending = false;
     /* Immediate barrier ids: a register id makes ptxas reserve all 16. */
@@ -38,8 +38,6 @@ __device__ __forceinline__ void cu_attt_take_turn(const cu_attt_smem &sm, cu_att
 
 __device__ __forceinline__ void cu_attt_pass_turn(const cu_attt_smem &sm, int j, uint32_t gs)
 {
-    if (ATT_PRODUCERS == 1)
-        return;
     if ((threadIdx.x & 31) == 0)
         *(volatile uint32_t *)sm.handoff = gs;
     __syncwarp();
@@ -174,7 +172,7 @@ __device__ __forceinline__ void cu_attt_stage_pages(const cu_attt_uarea &a, cons
  * the first copy.  Returns its length. */
 __device__ __forceinline__ int32_t cu_attt_union(const cu_layer &L, const cu_attt_uarea &a,
                                                  const int32_t *rows, int64_t tok_stride, int32_t tot,
-                                                 int32_t N, bool tl_first)
+                                                 int32_t N)
 {
     const int lane = threadIdx.x & 31;
     for (int32_t e0 = 0; e0 < tot; e0 += 128) {
@@ -193,10 +191,6 @@ __device__ __forceinline__ int32_t cu_attt_union(const cu_layer &L, const cu_att
             }
     }
     __syncwarp();
-#ifdef MSA_TL_ATT_UNION
-    if (lane == 0 && tl_first) /* measuring aid: "last" = the rows are in */
-        CU_TL_MARK(L, CU_TL_ATTN, CU_TL_LAST);
-#endif
     int32_t base = 0;
     for (int32_t g0 = 0; g0 < (N + 31) / 32; g0 += 32) {
         const int32_t g = g0 + lane; /* this lane's 32 blocks */
@@ -227,12 +221,6 @@ __device__ __forceinline__ int32_t cu_attt_union(const cu_layer &L, const cu_att
         base += total;
     }
     __syncwarp();
-#ifdef MSA_TL_ATT_UNION
-    if (lane == 0 && tl_first) /* measuring aid: "first" = the union is built */
-        CU_TL_MARK(L, CU_TL_ATTN, CU_TL_FIRST);
-#else
-    (void)tl_first;
-#endif
     return min(base, (int32_t)CU_ATT_UNION_LIST);
 }
 
@@ -352,10 +340,6 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
             if (lane == q)
                 tok_tiles = b;
         }
-#if defined(MSA_TIMELINE) && defined(MSA_TL_ATT_STEPS)
-        if (lane == 0 && f.first_of_cta && gs == f.gs_first)
-            CU_TL_MARK(L, CU_TL_ATTN, CU_TL_AUX2);
-#endif
         if (todo | tail_lane)
             cu_attt_take_turn(sm, tn, gs);
         int q = 0;
@@ -435,11 +419,6 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     f.area = cu_attt_uarea_of(sm, L.att_union, j);
     if (f.staged)
         cu_attt_stage_pages(f.area, f.pt, nblk);
-#ifdef MSA_TIMELINE
-    const bool tl_first = un.first_of_cta;
-#else
-    const bool tl_first = false;
-#endif
     int32_t t_hi = 0; /* end of the tiles issued before the wait */
     /* One copy of the issue loop for both phases (code size). */
 #pragma unroll 1
@@ -453,7 +432,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
         }
         if (phase == 1 && f.own) {
             const int32_t cnt = cu_attt_union(L, f.area, L.sel + ((int64_t)it.t0 * L.Hkv + it.group) * L.W,
-                                              (int64_t)L.Hkv * L.W, it.ql * L.W, nblk, tl_first);
+                                              (int64_t)L.Hkv * L.W, it.ql * L.W, nblk);
             /* The issue loop reads them by their shared addresses (f.own). */
             f.cs = cu_stream_of(L, A, it, false, (const int32_t *)f.area.list,
                                 f.area.list + CU_ATT_UNION_LIST, cnt);
@@ -461,10 +440,6 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
             f.cs = cu_stream_of(L, A, it, known);
         else if (phase == 0)
             continue; /* nothing known before the wait */
-#if defined(MSA_TIMELINE) && defined(MSA_TL_ATT_STEPS)
-        if (phase == 1 && lane == 0 && un.first_of_cta)
-            CU_TL_MARK(L, CU_TL_ATTN, CU_TL_AUX1);
-#endif
         int32_t t_lo = max(f.cs.u0 / ATT_TILE, t_hi);
         if (phase == 0) /* tiles wholly before the step's first new position */
             t_hi = max(t_lo, min(f.cs.base / ATT_TILE, f.cs.u1 / ATT_TILE));

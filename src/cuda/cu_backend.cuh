@@ -11,25 +11,21 @@
 typedef struct cu_ctx_state {
     int device;
     int num_sms;        /* the SMs the grids are sized for: all of the device's, or fewer
-                         * (test aid, MSA_CUDA_SMS=n: the one-CTA-per-SM kernels then give
-                         * each CTA several units at the small steps of the tests) */
+                         * (msa_debug_options.cuda_num_sms) */
     int grid_idx_fast;  /* persistent grid of the tensor-core indexer */
     int grid_att_fast;  /* persistent grid of the tensor-core attention */
-    int pdl;            /* Hopper+: programmatic dependent launch (MSA_CUDA_PDL=0 disables) */
-    int tma;            /* Hopper+: tensor-map kernels (MSA_CUDA_TMA=0 disables) */
+    int pdl;            /* Hopper+: programmatic dependent launch (unless cuda_no_pdl) */
+    int tma;            /* Hopper+: tensor-map kernels (unless cuda_no_tma) */
     int wgmma;          /* compute capability 9.x with tma: warpgroup products (sm_90a code) */
-    int stop_after;     /* profiling aid (MSA_CUDA_STOP_AFTER=n): a layer enqueues only its
-                         * first n kernels, so timing the ladder n = 1, 2, ... shows what each
-                         * kernel adds to a step; outputs are then incomplete.  0: all. */
-    int sel_warp_rows;  /* test aid (MSA_CUDA_SEL_WARP_ROWS=1): the selection gives every
-                         * decode row one warp, as it does at large batches, however few
-                         * rows a step has */
-    int sel_unions;     /* test and measuring aid (MSA_CUDA_SEL_UNIONS=1): the selection builds
-                         * every union, also where the Hopper attention would build it */
-    int idx_fixed;      /* measuring aid (MSA_CUDA_IDX_FIXED=1): the Hopper indexer keeps its equal
-                         * fixed shares only, with no chunks taken on demand */
-    unsigned long long *tl; /* profiling aid (MSA_CUDA_TIMELINE=path): kernel timeline stamps
-                             * (cu_timeline.cuh), written to tl_path when the context ends */
+    int sel_warp_rows;  /* msa_debug_options.cuda_sel_warp_rows */
+    int sel_unions;     /* msa_debug_options.cuda_sel_unions */
+    int pf_tma;         /* wgmma: the Hopper prefill attention (unless cuda_no_prefill_tma) */
+    int pfi;            /* the tensor-core prefill indexer (unless cuda_no_prefill_indexer) */
+    int pfi_wgmma;      /* wgmma: its products as warpgroup products (unless
+                         * cuda_no_prefill_wgmma) */
+    unsigned long long *tl; /* profiler (msa_debug_options.cuda_timeline_path): kernel
+                             * timeline stamps (cu_timeline.cuh), written to tl_path when
+                             * the context ends */
     char *tl_path;
 } cu_ctx_state;
 

@@ -162,6 +162,7 @@ typedef struct cu_plan_state {
     int pdl;               /* programmatic dependent launch between kernels */
     int tma;               /* Hopper tensor-map kernels available */
     int wgmma;             /* and the sm_90a warpgroup products (the Hopper indexer) */
+    int pfi_wgmma;         /* the prefill indexer's products as warpgroup products */
 
     /* Metadata blob: device copy, two pinned staging copies (an upload
      * never overwrites a staging buffer an earlier async copy may still

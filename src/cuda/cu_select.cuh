@@ -140,11 +140,6 @@ __device__ __forceinline__ void cu_select_forced_ids(int32_t I, int32_t Lc, int3
     __syncwarp();
 }
 
-/* Measuring switch: 0 sends 33 to 64 candidates to the insertion path (the
- * lone warp before v31). */
-#ifndef MSA_SEL_LIST64
-#define MSA_SEL_LIST64 1
-#endif
 /* cu_select_row_small's case of 33 to 64 candidates in list[] (ascending
  * ids, at least `need` of them), two per lane: list[lane] and list[lane +
  * 32], the second half's ids above the first's.  More than 32 pass where
@@ -217,7 +212,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
                 out[I + __popc(wins & below)] = n;
             cu_select_forced_ids(I, Lc, need, c_end, out);
             return;
-        } else if (MSA_SEL_LIST64 && count <= 64) {
+        } else if (count <= 64) {
             cu_select_list64(scores, count, I, Lc, need, c_end, list, out);
             return;
         } else if (count <= CU_SEL_LIST) {
@@ -303,34 +298,10 @@ typedef struct cu_sel_grp {
     uint32_t *cnt;
     int32_t *win;
     int32_t cap;
-#ifdef MSA_SEL_STAMPS
-    long long *stamps; /* CU_SEL_STAMPS SM clocks of the list path's steps (thread 0) */
-#endif
 } cu_sel_grp;
-
-/* Measuring aid: with MSA_SEL_STAMPS defined, thread 0 of the list path
- * stores the SM clock at its entry, its loads' keys stored, and after each
- * of its four barriers (thresholds, list, ranks, ids) into g.stamps[0..5],
- * to split a row's cycles by step inside a step's chain and outside it
- * (bench/sel_row.cu). */
-#define CU_SEL_STAMPS 6
-#ifdef MSA_SEL_STAMPS
-#define CU_SEL_STAMP(g, i)                                                                                   \
-    do {                                                                                                     \
-        if (threadIdx.x == 0)                                                                                \
-            (g).stamps[i] = clock64();                                                                       \
-    } while (0)
-#else
-#define CU_SEL_STAMP(g, i) ((void)0)
-#endif
 
 #define CU_SEL_XS 128 /* list entries per warp of the CTA */
 #define CU_SEL_TOP 16 /* keys per warp in the CTA's threshold (the list path's tw words: CU_SEL_TOP a warp) */
-/* Measuring switch: 0 takes the largest of the warps' thresholds at every
- * `need` (the list path before v31). */
-#ifndef MSA_SEL_TOP_THRESHOLD
-#define MSA_SEL_TOP_THRESHOLD 1
-#endif
 
 /* The need-th largest (1 <= need <= CU_SEL_TOP) of the NW * CU_SEL_TOP
  * keys in top[] (NW >= 2, a power of two: each warp's CU_SEL_TOP largest,
@@ -353,14 +324,6 @@ __device__ __forceinline__ uint32_t cu_sel_top_threshold(const uint32_t *top, in
     return __shfl_sync(0xffffffffu, best, need - 1);
 }
 
-/* Measuring aid: MSA_SEL_PROBE=n at build time ends the list path after
- * step n + 1 (1: keys and thresholds, 2: the list, 3: the ranks) with a
- * wrong row, so the timings of such builds (ladder, n = 3, one token per
- * request: a longer request's union would index its bitmap with the wrong
- * ids) split its cost.  0: off. */
-#ifndef MSA_SEL_PROBE
-#define MSA_SEL_PROBE 0
-#endif
 /* keys: N words of shared memory; N > K, 1 <= need <= 32; NT = blockDim.x,
  * every thread calls. */
 template <int NT>
@@ -371,7 +334,6 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
     constexpr int PER = 1024 / NT; /* loads in flight per thread: one L2 round trip per 1024 */
     const int tid = threadIdx.x;
     const int32_t need = K - I - Lc, c_end = N - Lc;
-    CU_SEL_STAMP(g, 0);
     /* 1. keys, and this thread's largest candidate key (0, NaN's key: none). */
     uint32_t a = 0u;
     for (int32_t n0 = 0; n0 < N; n0 += 1024) {
@@ -392,7 +354,6 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
             }
         }
     }
-    CU_SEL_STAMP(g, 1);
     /* 2. T: the need-th largest of the CTA's NT values (need <= CU_SEL_TOP:
      * from the warps' sorted values), else the largest of the warps'
      * need-th.  The tighter threshold keeps the list near `need` entries:
@@ -402,7 +363,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
     /* CTA-uniform.  Rows of at most 2 * NT blocks keep the warps' largest
      * threshold: the merge's latency (about 400 cycles) is more than its
      * shorter list saves there (bench/sel_row.cu, v31). */
-    const bool top = MSA_SEL_TOP_THRESHOLD && need <= CU_SEL_TOP && NW >= 2 && N > 2 * NT;
+    const bool top = need <= CU_SEL_TOP && NW >= 2 && N > 2 * NT;
     const uint32_t sorted = cu_warp_bitonic<true>(a);
     if (top) {
         if (lane < CU_SEL_TOP)
@@ -415,9 +376,6 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
     if (tid == 0)
         *g.cnt = 0u;
     __syncthreads(); /* keys, thresholds and the counter visible */
-    CU_SEL_STAMP(g, 2);
-    if (MSA_SEL_PROBE == 1 && N > 0) /* N > 0: no unreachable-code warning */
-        return true;
     uint32_t T = 0u;
     if (top) {
         T = cu_sel_top_threshold<NW < 2 ? 2 : NW>(g.tw, need);
@@ -437,9 +395,6 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
         }
     }
     __syncthreads();
-    CU_SEL_STAMP(g, 3);
-    if (MSA_SEL_PROBE == 2 && N > 0) /* N > 0: no unreachable-code warning */
-        return true;
     const uint32_t count = *g.cnt;
     if (count > (uint32_t)g.cap)
         return false; /* uniform: every thread read the same count */
@@ -454,9 +409,6 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
             g.win[rk] = (int32_t)(0xffffffffu - (uint32_t)(x & 0xffffffffull));
     }
     __syncthreads();
-    CU_SEL_STAMP(g, 4);
-    if (MSA_SEL_PROBE == 3 && N > 0) /* N > 0: no unreachable-code warning */
-        return true;
     /* 5. Ascending ids. */
     for (int32_t i = tid; i < K; i += NT) {
         int32_t id, pos;
@@ -473,7 +425,6 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
         out[pos] = id;
     }
     __syncthreads();
-    CU_SEL_STAMP(g, 5);
     return true;
 }
 

@@ -147,7 +147,7 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
         else if (out->pf_fast && !out->pf_tma)
             cu_why(why, why_size,
                    st->pfh ? "cache rows beyond tensor-map coordinates: mma.sync prefill kernel"
-                           : "no sm_90a products (or MSA_CUDA_PF_TMA=0): mma.sync prefill kernel");
+                           : "no sm_90a products (or cuda_no_prefill_tma): mma.sync prefill kernel");
     }
 
     /* Hopper kernels: a key block is one page, streamed by tensor maps
@@ -248,37 +248,22 @@ static void cu_attn_index_value(const cu_layer *L, cu_attn *A)
     A->W = L->W;
 }
 
-/* Launches left before the profiling stop (cu_ctx_state.stop_after); each
- * launch takes one.  Returns 0 once the layer must stop enqueueing. */
-static int cu_budget_take(int *left)
-{
-    if (*left < 0)
-        return 1; /* no stop */
-    if (*left == 0)
-        return 0;
-    --*left;
-    return 1;
-}
-
 /* maps: the K map, then the V map (NULL: no tensor-map kernel); pf_maps
  * the same for the Hopper prefill kernel (NULL: the mma.sync one). */
 static_assert(CU_MAP_V == CU_MAP_K + 1, "a layer's V map follows its K map");
 static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
                              int fast, const CUtensorMap *maps, const CUtensorMap *pf_maps,
-                             cudaStream_t s, int *left)
+                             cudaStream_t s)
 {
-    if (!cu_budget_take(left))
-        return;
     if (maps)
         cu_launch_attn_tma(L, st, A, &maps[0], &maps[1], s);
     else if (fast)
         cu_launch_attn_decode_mma(L, st, A, s);
     else
         cu_launch_attn_decode_simt(L, st, A, s);
-    if (cu_budget_take(left))
-        cu_launch_merge_prefill(L, st, A, s);
+    cu_launch_merge_prefill(L, st, A, s);
     /* Prefill rows on tensor cores; the merge kernel left them (A->pf_fast). */
-    if (A->pf_fast && cu_budget_take(left)) {
+    if (A->pf_fast) {
         if (pf_maps) {
             cu_pfh_params p;
             cu_pfh_build(L, A, &p);
@@ -385,7 +370,7 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     L.umask = st->umask;
     L.ucnt = st->ucnt;
     L.sel_done = st->sel_done;
-    L.idx_next = cs->idx_fixed ? NULL : st->idx_next;
+    L.idx_next = st->idx_next;
     L.sel_cache = st->sel_cache;
     L.pf_ctas = st->grid_pf;
     L.sel_cta_rows = cs->sel_warp_rows ? 0 : st->grid_sel;
@@ -431,38 +416,32 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         pfi = st->n_pf > 0 || cap != cudaStreamCaptureStatusNone;
     }
 
-    int left = cs->stop_after > 0 ? cs->stop_after : -1;
     if (cs->tl) /* profiling aid: the timeline holds this forward's stamps only */
         CU_TRY(ctx, cudaMemsetAsync(cs->tl, 0, CU_TL_WORDS * sizeof(unsigned long long), s));
     cu_launch_prologue(&L, st, s);
-    cu_budget_take(&left);
     cu_attn A;
     if (L.sparse) {
-        if (cu_budget_take(&left)) {
-            if (paths.idx_tma)
-                cu_launch_indexer_tma(&L, st, &maps[CU_MAP_INDEX_K], s);
-            else if (paths.idx_fast)
-                cu_launch_indexer_mma(&L, st, s);
-            else
-                cu_launch_indexer_simt(&L, st, s);
-        }
-        if (cu_budget_take(&left))
-            cu_launch_select(&L, st, s);
-        if (pfi && cu_budget_take(&left))
+        if (paths.idx_tma)
+            cu_launch_indexer_tma(&L, st, &maps[CU_MAP_INDEX_K], s);
+        else if (paths.idx_fast)
+            cu_launch_indexer_mma(&L, st, s);
+        else
+            cu_launch_indexer_simt(&L, st, s);
+        cu_launch_select(&L, st, s);
+        if (pfi)
             cu_launch_indexer_prefill_mma(&L, st, s);
         cu_attn_main(&L, &A, 1);
         A.pf_fast = paths.pf_fast;
-        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL, pf_maps, s,
-                         &left);
+        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL, pf_maps, s);
         if (L.iv) {
             cu_attn_index_value(&L, &A);
             A.pf_fast = paths.pf_iv_fast;
-            cu_run_attention(&L, st, &A, paths.iv_fast, NULL, NULL, s, &left);
+            cu_run_attention(&L, st, &A, paths.iv_fast, NULL, NULL, s);
         }
     } else {
         cu_attn_main(&L, &A, 0);
         A.pf_fast = paths.pf_fast;
-        cu_run_attention(&L, st, &A, paths.attn_fast, NULL, pf_maps, s, &left);
+        cu_run_attention(&L, st, &A, paths.attn_fast, NULL, pf_maps, s);
     }
     CU_TRY(ctx, cudaGetLastError());
     return MSA_OK;

@@ -51,27 +51,16 @@
  * and at no measured shape faster (bench/RESULTS.md, v18); a guess: with less
  * shared memory held, the next kernel's CTAs find room on the SMs sooner. */
 #define IDXT_GROUPS 2
-#ifndef MSA_IDX_TMA_STAGES /* build-time override, for measurements */
-#define MSA_IDX_TMA_STAGES 4
-#endif
-#define IDXT_STAGES MSA_IDX_TMA_STAGES
+#define IDXT_STAGES 4
 static_assert(IDXT_STAGES % IDXT_GROUPS == 0, "indexer stages: a multiple of the groups");
 #define IDXT_THREADS ((IDXT_GROUPS * 4 + 1) * 32)
 #define IDXT_BLOCK_BYTES (128 * 256)
 #define IDXT_SMEM_BYTES (IDXT_STAGES * IDXT_BLOCK_BYTES + 1024 + 3 * IDXT_STAGES * 8)
 /* Blocks per chunk taken on demand: small, for an even end; the next
  * chunk's number is asked for while the current one streams.  Steps of
- * fewer than IDXT_CHUNKED_MIN blocks per CTA keep fixed shares only.
- * (MSA_IDX_CHUNK and MSA_IDX_CHUNKED_MIN override them at build time, for
- * measurements.) */
-#ifndef MSA_IDX_CHUNK
-#define MSA_IDX_CHUNK 2
-#endif
-#define IDXT_CHUNK MSA_IDX_CHUNK
-#ifndef MSA_IDX_CHUNKED_MIN
-#define MSA_IDX_CHUNKED_MIN 8
-#endif
-#define IDXT_CHUNKED_MIN MSA_IDX_CHUNKED_MIN
+ * fewer than IDXT_CHUNKED_MIN blocks per CTA keep fixed shares only. */
+#define IDXT_CHUNK 2
+#define IDXT_CHUNKED_MIN 8
 
 #ifdef CU_HAVE_WGMMA
 

@@ -21,9 +21,7 @@
  * 2 was slower or level (bench/RESULTS.md, v17).  (That was with one
  * attention producer warp; with two, 320 x 168 registers, the attention
  * no longer fits beside a selection CTA.) */
-#ifndef MSA_SEL_CTAS_PER_SM
-#define MSA_SEL_CTAS_PER_SM 4
-#endif
+#define CU_SEL_CTAS_PER_SM 4
 
 static size_t cu_align16(size_t x)
 {
@@ -170,7 +168,7 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
     st->sel_cache = any_sparse ? cu_min32(st->cap_blocks, 4096) : 0;
     /* More warps than rows at batch 128 x 8 tokens x 4 units: a warp's row
      * is a chain of latencies, so rows run side by side, not in turn. */
-    st->grid_sel = sms * MSA_SEL_CTAS_PER_SM;
+    st->grid_sel = sms * CU_SEL_CTAS_PER_SM;
     /* Prefill items go to the selection's first grid_pf CTAs. */
     st->grid_pf = cu_min32(sms * 2, st->grid_sel);
     st->grid_att = sms * 4;
@@ -284,6 +282,7 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     st->pdl = cs->pdl;
     st->tma = cs->tma;
     st->wgmma = cs->wgmma;
+    st->pfi_wgmma = cs->pfi_wgmma;
 
     cudaError_t e = cu_zalloc(&st->meta_dev, st->meta_bytes);
     for (int i = 0; i < 2 && e == cudaSuccess; ++i) {
@@ -317,10 +316,9 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
      * idx_fast, less the activation type, known per call) and a plan that
      * can hold a prefill request.  Its workspace: 64 rows of block scores
      * per CTA (CU_PFI_ROWS x cap_blocks floats, 256 KB a CTA at 128K
-     * tokens).  MSA_CUDA_PFI=0 (measuring aid) keeps the scalar role. */
-    const char *pfi_env = getenv("MSA_CUDA_PFI");
-    const int pfi_off = pfi_env && pfi_env[0] == '0';
-    if (e == cudaSuccess && any_sparse && !pfi_off && cu_pfidx_shape(plan) && st->cap_tok > CU_DEC_MAX_Q) {
+     * tokens).  The debugging option cuda_no_prefill_indexer keeps the
+     * scalar role. */
+    if (e == cudaSuccess && any_sparse && cs->pfi && cu_pfidx_shape(plan) && st->cap_tok > CU_DEC_MAX_Q) {
         st->grid_pfi = cu_pfidx_grid(st->num_sms);
         e = cu_zalloc((void **)&st->pfi_scratch,
                       sizeof(float) * cu_pfidx_scratch_floats(st->grid_pfi, st->cap_blocks));
@@ -356,10 +354,10 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     if (st->pf_tiles_cap[0] > 0) {
         e = cu_pfa_setup(cs->num_sms, W, &st->grid_pfa);
         /* and its Hopper version, on devices with the sm_90a products
-         * (MSA_CUDA_PF_TMA=0 keeps the mma.sync kernel, for comparisons) */
-        const char *pf_tma_env = getenv("MSA_CUDA_PF_TMA");
+         * (the debugging option cuda_no_prefill_tma keeps the mma.sync
+         * kernel) */
         st->pfh = 0;
-        if (e == cudaSuccess && st->wgmma && st->grid_pfa > 0 && !(pf_tma_env && pf_tma_env[0] == '0')) {
+        if (e == cudaSuccess && cs->pf_tma && st->grid_pfa > 0) {
             e = cu_pfh_setup();
             st->pfh = e == cudaSuccess;
         }
@@ -447,12 +445,6 @@ static void cu_heap_sift_down(uint64_t *hp, int32_t n, int32_t i)
     }
 }
 
-/* Measuring aid: MSA_ATT_DEAL_IN_ORDER at build time deals unit u to CTA
- * u mod num_sms, in plan order, as before the balancing. */
-#ifndef MSA_ATT_DEAL_IN_ORDER
-#define MSA_ATT_DEAL_IN_ORDER 0
-#endif
-
 /* Deals the sparse pass's n units (costs in the scratch, each below
  * st->sched_costs) to the Hopper kernel's st->num_sms CTAs, largest first,
  * each to the CTA with the least cost so far (longest processing time
@@ -493,12 +485,6 @@ static void cu_balance_units(const cu_plan_state *st, cu_meta *h, int32_t n)
         fill[c] = 0;
     }
     for (int32_t i = 0; i < n; ++i) {
-        if (MSA_ATT_DEAL_IN_ORDER) {
-            order[i] = i;
-            cta_of[i] = i % S;
-            ++fill[i % S];
-            continue;
-        }
         const int32_t u = order[i];
         const int32_t c = (int32_t)(hp[0] & 0xffffffffu);
         cta_of[u] = c;

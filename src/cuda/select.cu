@@ -20,9 +20,6 @@
  * any of its tokens, ascending, with a bit per token that selected it: the
  * decode attention reads each such block once for all tokens and heads.
  */
-#if defined(MSA_TIMELINE) && defined(MSA_TL_SEL_CYCLES)
-#define MSA_SEL_STAMPS /* the list path's steps timed (cu_timeline.cuh) */
-#endif
 #include "cu_score.cuh"
 #include "cu_select.cuh"
 #include "cu_launch.cuh"
@@ -59,10 +56,6 @@ __device__ __forceinline__ cu_sel_grp cu_sel_grp_of(const cu_layer &L, uint32_t 
     g.tw = small;
     g.cnt = small + SEL_WARPS * CU_SEL_TOP;
     g.win = (int32_t *)(small + SEL_WARPS * CU_SEL_TOP + 2);
-#ifdef MSA_SEL_STAMPS
-    __shared__ long long sel_stamps[CU_SEL_STAMPS];
-    g.stamps = sel_stamps;
-#endif
     return g;
 }
 
@@ -259,21 +252,9 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int32_t 
     cu_pdl_wait(); /* the indexer's scores (at once after the first row) */
     if (mark)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_WAITED);
-#if defined(MSA_TIMELINE) && defined(MSA_TL_SEL_CYCLES)
-    const unsigned long long tl_t0 = mark ? cu_tl_now() : 0ull;
-    const long long tl_c0 = clock64();
-#endif
     const int32_t *row = cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm, cta, g);
     if (!row)
         return;
-#ifdef MSA_TL_SEL_STEPS
-    /* Measuring aid (with MSA_TIMELINE): the CTA's first row stamps
-     * "issued" when selected and written, "first" when its completion count
-     * came back, "last" when it built the unions (if it did); no other
-     * selection marks but entry, waited and exit. */
-    if (mark && lane == 0)
-        CU_TL_MARK(L, CU_TL_SELECT, CU_TL_ISSUED);
-#endif
     if (ql == 1) {
         for (int gl = 0; gl < L.mk; ++gl)
             cu_single_union(L, k, u * L.mk + gl, row);
@@ -286,39 +267,20 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int32_t 
         if (lane == 0)
             prev = atomicAdd(done, 1);
         prev = __shfl_sync(0xffffffffu, prev, 0);
-#ifdef MSA_TL_SEL_STEPS
-        if (mark && lane == 0)
-            CU_TL_MARK(L, CU_TL_SELECT, CU_TL_FIRST);
-#endif
         if (prev == ql - 1) {
             __threadfence();
             for (int gl = 0; gl < L.mk; ++gl)
                 cu_request_union(L, k, u * L.mk + gl, wsm);
             if (lane == 0) {
                 *done = 0;
-#ifdef MSA_TL_SEL_STEPS
-                if (mark)
-                    CU_TL_MARK(L, CU_TL_SELECT, CU_TL_LAST);
-#else
                 CU_TL_MARK(L, CU_TL_SELECT, CU_TL_ISSUED); /* a request's unions built */
-#endif
             }
         }
     }
-#if defined(MSA_TIMELINE) && defined(MSA_TL_SEL_CYCLES)
-    if (mark) {
-        cu_tl_put(L.tl, CU_TL_SELECT, CU_TL_AUX1, tl_t0 + (unsigned long long)(clock64() - tl_c0));
-        if (cta && N > L.K) /* the list path's steps (its stamps are this thread's) */
-            for (int i = 0; i < CU_SEL_STAMPS; ++i)
-                cu_tl_put(L.tl, CU_TL_SELECT, CU_TL_AUX4 + i, tl_t0 + (unsigned long long)(g.stamps[i] - tl_c0));
-    }
-#endif
-#ifndef MSA_TL_SEL_STEPS
     if (mark)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_FIRST);
     if (threadIdx.x == 0) /* overwritten by every row: the last one stays */
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_LAST);
-#endif
 }
 
 /* Few rows (at most L.sel_cta_rows, e.g. batch 1-8 or one token per
@@ -363,10 +325,6 @@ __global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L
     cu_pdl_trigger();
     if (threadIdx.x == 0)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_ENTRY);
-#if defined(MSA_TIMELINE) && defined(MSA_TL_SEL_CYCLES)
-    const unsigned long long tl_t0 = threadIdx.x == 0 ? cu_tl_now() : 0ull;
-    const long long tl_c0 = clock64();
-#endif
     extern __shared__ __align__(8) uint32_t sel_smem[];
     /* Every CTA takes decode rows; the first pf_ctas then take prefill items,
      * each with its own scratch row. */
@@ -374,10 +332,6 @@ __global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L
     cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
     if (threadIdx.x == 0)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_EXIT);
-#if defined(MSA_TIMELINE) && defined(MSA_TL_SEL_CYCLES)
-    if (threadIdx.x == 0)
-        cu_tl_put(L.tl, CU_TL_SELECT, CU_TL_AUX2, tl_t0 + (unsigned long long)(clock64() - tl_c0));
-#endif
     if (blockIdx.x >= L.pf_ctas)
         return;
     __syncthreads();

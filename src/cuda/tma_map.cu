@@ -29,14 +29,11 @@ static PFN_cuTensorMapEncodeTiled_v12000 cu_encode_fn(void)
 }
 
 /* How far L2 widens a copy's requests (CUtensorMapL2promotion: 0 none,
- * 1 64 B, 2 128 B, 3 256 B; MSA_TMA_L2_PROMOTION overrides it at build
- * time, for measurements).  A box reads 128 bytes of each 256-byte row.
+ * 1 64 B, 2 128 B, 3 256 B).  A box reads 128 bytes of each 256-byte row.
  * With the copies marked evict-first, 256 B was 3-5% slower than 128 B or
  * none on steps of 100K-200K context on the H200 (the indexer's stream;
  * bench/RESULTS.md, v17). */
-#ifndef MSA_TMA_L2_PROMOTION
-#define MSA_TMA_L2_PROMOTION 2
-#endif
+#define CU_TMA_L2_PROMOTION CU_TENSOR_MAP_L2_PROMOTION_L2_128B
 
 int cu_tma_map_rows(CUtensorMap *map, const void *base, uint64_t rows, uint32_t box_rows)
 {
@@ -50,6 +47,6 @@ int cu_tma_map_rows(CUtensorMap *map, const void *base, uint64_t rows, uint32_t 
     const cuuint32_t estr[2] = {1, 1};
     CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)base, dims, strides, box, estr,
                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                    (CUtensorMapL2promotion)MSA_TMA_L2_PROMOTION, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                    CU_TMA_L2_PROMOTION, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? 0 : 1;
 }

@@ -13,7 +13,8 @@
  * poisons its output.  Outputs are poisoned before every run.
  *
  * Without a GPU (or without the CUDA runtime at build time) it prints
- * "skipped" and exits 77.
+ * "skipped" and exits 77.  `--sms N` sizes the CUDA grids for N SMs
+ * (msa_debug_options.cuda_num_sms).
  */
 #include <math.h>
 #include <stdint.h>
@@ -22,8 +23,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/internal.h"
 #include "msa/msa.h"
+#include "testkit_internal.h"
 
 #define EXIT_SKIPPED 77
 
@@ -99,6 +100,9 @@ static size_t esz(msa_dtype d)
     return msa_dtype_size(d);
 }
 
+/* The CUDA backend's debugging aids of this run (command line). */
+static msa_debug_options g_debug;
+
 static void *xmalloc(size_t n)
 {
     void *p = calloc(1, n ? n : 1);
@@ -116,6 +120,7 @@ static int make_side(side *s, msa_backend be, const cfg *c, int64_t num_pages)
     msa_context_params_default(&cp);
     cp.backend = be;
     cp.num_threads = 2;
+    cp.debug = &g_debug;
     char err[256];
     if (msa_context_create(&cp, &s->ctx, err, sizeof err) != MSA_OK) {
         fprintf(stderr, "context: %s\n", err);
@@ -242,7 +247,8 @@ static void index_query_row(float *row)
 
 static void store(void *dst, msa_dtype act, int64_t i, const float *src, int n)
 {
-    msa_convert_from_f32((char *)dst + (size_t)i * esz(act), act, src, n);
+    for (int e = 0; e < n; ++e)
+        tk_store_act(dst, act, (size_t)i + (size_t)e, src[e]);
 }
 
 static void build_step(const cfg *c, const stepdef *sd, int64_t num_pages, const side *cpu,
@@ -445,7 +451,8 @@ static float *fetch(side *s, const void *buf, msa_dtype dt, size_t n)
     void *raw = xmalloc(n * (dt == MSA_DTYPE_FP32 ? 4 : esz(dt)));
     float *f = xmalloc(n * sizeof(float));
     msa_copy_from_buffer(s->ctx, raw, buf, n * esz(dt));
-    msa_convert_to_f32(f, raw, dt, (int64_t)n);
+    for (size_t e = 0; e < n; ++e)
+        f[e] = tk_load_act(raw, dt, e);
     free(raw);
     return f;
 }
@@ -574,8 +581,16 @@ static void run_config(const cfg *c)
     free_side(&cpu);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    for (int i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--sms") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
+            g_debug.cuda_num_sms = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: %s [--sms N]\n", argv[0]);
+            return 2;
+        }
+    }
     if (!msa_backend_available(MSA_BACKEND_CUDA)) {
         printf("skipped: no CUDA device\n");
         printf("0 passed, 0 failed, 1 skipped\n");

@@ -13,12 +13,17 @@
  *      16: the prefill rows' kernels), e.g. --prefill --filter pf for the
  *      cases at head dim 128 that the tensor-core prefill kernel serves.
  *   test_cuda_sweep [--quick] [--prefill] [--filter TEXT] [--cpu] [--shard I/N]
+ *                   [--sms N] [--sel-warp-rows] [--sel-unions] [--no-prefill-tma]
+ *                   [--no-prefill-indexer] [--no-prefill-wgmma]
  * Without a GPU it prints "skipped" and exits 77.  --cpu runs the same
  * cases on the CPU backend instead: a check of the cases themselves (and
  * of the CPU backend at these lengths) on a machine without a GPU.
  * --shard I/N runs every N-th selected case from the I-th on (of each
  * part), so that N processes share the sweep (most of its time is the
- * single-threaded oracle's).
+ * single-threaded oracle's).  --sms, --sel-warp-rows, --sel-unions and the
+ * --no-prefill-* flags set the CUDA backend's debugging aids
+ * (msa_debug_options: cuda_num_sms, ..., cuda_no_prefill_tma,
+ * cuda_no_prefill_indexer, cuda_no_prefill_wgmma) of every context.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -264,6 +269,8 @@ int main(int argc, char **argv)
     int quick = 0, prefill = 0, shard = 0, shards = 1;
     const char *filter = NULL;
     msa_backend backend = MSA_BACKEND_CUDA;
+    msa_debug_options debug;
+    memset(&debug, 0, sizeof debug);
     for (int i = 1; i < argc; i++) {
         char end = 0;
         if (!strcmp(argv[i], "--quick")) {
@@ -274,13 +281,26 @@ int main(int argc, char **argv)
             filter = argv[++i];
         } else if (!strcmp(argv[i], "--cpu")) {
             backend = MSA_BACKEND_CPU;
+        } else if (!strcmp(argv[i], "--sms") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
+            debug.cuda_num_sms = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--sel-warp-rows")) {
+            debug.cuda_sel_warp_rows = 1;
+        } else if (!strcmp(argv[i], "--sel-unions")) {
+            debug.cuda_sel_unions = 1;
+        } else if (!strcmp(argv[i], "--no-prefill-tma")) {
+            debug.cuda_no_prefill_tma = 1;
+        } else if (!strcmp(argv[i], "--no-prefill-indexer")) {
+            debug.cuda_no_prefill_indexer = 1;
+        } else if (!strcmp(argv[i], "--no-prefill-wgmma")) {
+            debug.cuda_no_prefill_wgmma = 1;
         } else if (!strcmp(argv[i], "--shard") && i + 1 < argc &&
                    sscanf(argv[i + 1], "%d/%d%c", &shard, &shards, &end) == 2 && shards >= 1 &&
                    shard >= 0 && shard < shards) {
             ++i;
         } else {
             fprintf(stderr, "usage: test_cuda_sweep [--quick] [--prefill] [--filter TEXT] [--cpu] "
-                            "[--shard I/N]\n");
+                            "[--shard I/N] [--sms N] [--sel-warp-rows] [--sel-unions] [--no-prefill-tma] "
+                            "[--no-prefill-indexer] [--no-prefill-wgmma]\n");
             return 2;
         }
     }
@@ -294,6 +314,7 @@ int main(int argc, char **argv)
     memset(&opts, 0, sizeof opts);
     opts.backend = backend;
     opts.quick = quick;
+    opts.debug = &debug;
     opts.decode_only = !prefill;
     opts.filter = filter;
     opts.shard = shard;
@@ -305,6 +326,7 @@ int main(int argc, char **argv)
     msa_context_params cp;
     msa_context_params_default(&cp);
     cp.backend = backend;
+    cp.debug = &debug;
     msa_context *ctx = NULL;
     char err[256];
     if (msa_context_create(&cp, &ctx, err, sizeof err) != MSA_OK) {

@@ -7,7 +7,6 @@
 #include "indexer_prefill_mma_sm80.cuh"
 #include "indexer_prefill.cuh"
 
-#include <stdlib.h>
 #include <string.h>
 
 int cu_pfidx_shape(const msa_plan *plan)
@@ -99,15 +98,10 @@ void cu_launch_indexer_prefill_mma(const cu_layer *L, const cu_plan_state *st, c
     cu_pfidx_params p;
     cu_pfidx_build(L, st, &p);
     const size_t smem = cu_pfidx_smem(p.mi, p.K, p.W, p.sel_cache);
-    /* The Hopper products where the device runs the sm_90a code;
-     * MSA_CUDA_PFI_WGMMA=0 (measuring aid) keeps mma.sync there too. */
-    static int wg_env = -1;
-    if (wg_env < 0) {
-        const char *e = getenv("MSA_CUDA_PFI_WGMMA");
-        wg_env = !(e && e[0] == '0');
-    }
+    /* The Hopper products where the device runs the sm_90a code, unless
+     * the debugging option cuda_no_prefill_wgmma keeps mma.sync there too. */
     const int bf16 = L->act == MSA_DTYPE_BF16;
-    if (st->wgmma && wg_env)
+    if (st->pfi_wgmma)
         cu_pfidx_wgmma_launch(&p, bf16, st->grid_pfi, smem, s, st->pdl);
     else if (bf16)
         cu_launch(cu_pfidx_kernel<cu_bf16_tag, false>, st->grid_pfi, PFI_THREADS, smem, s, st->pdl, p);
