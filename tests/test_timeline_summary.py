@@ -64,7 +64,7 @@ check(ix[10:13] == ["9.0", "9.1", "9.3"], "indexer exit %r" % ix[10:13])
 pr = rows.get("prologue", [])
 check(pr[1:5] == ["0.0", "0.0", "0.0", "-"], "prologue entry and empty waited %r" % pr[1:5])
 
-# The six events the library writes now (cu_timeline.cuh): columns taken
+# The six events the library writes now (common/timeline.cuh): columns taken
 # from the header, in its order.
 CSV6 = """kernel,cta,entry_ns,waited_ns,issued_ns,first_ns,last_ns,exit_ns
 attention,0,1000,2000,2500,4000,9000,9500

@@ -3,9 +3,9 @@
  * device selection, memory, copies, synchronisation.  Plans live in
  * plan.cu, the layer forward in forward.cu, benchmarks in bench.cu.
  */
-#include "cu_backend.cuh"
-#include "cu_tma.cuh"
-#include "cu_timeline.cuh"
+#include "cuda/backend.cuh"
+#include "cuda/arch/tma_sm90.cuh"
+#include "cuda/common/timeline.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,7 +102,7 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
 }
 
 /* The last forward's timeline stamps as CSV, in ns after the earliest
- * stamp: kernel, CTA, then the events of cu_timeline.cuh (empty: not
+ * stamp: kernel, CTA, then the events of common/timeline.cuh (empty: not
  * stamped).  Best effort: a profiling aid reports its own failures on
  * stderr and never fails the context's shutdown. */
 static void cu_timeline_write(const cu_ctx_state *cs)

@@ -9,7 +9,7 @@
  * bench_read_bandwidth: the ceiling the forward is compared with, a
  * streaming read of 16-byte loads over a buffer larger than the L2.
  */
-#include "cu_backend.cuh"
+#include "cuda/backend.cuh"
 
 #include <stdlib.h>
 

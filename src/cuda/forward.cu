@@ -16,12 +16,12 @@
  * pf_iv_fast), its prefill rows run in that kernel, launched right after
  * the pass's merge, and the merge kernel skips them.
  */
-#include "cu_backend.cuh"
-#include "cu_tma.cuh"
-#include "cu_timeline.cuh"
-#include "kernels/indexer/indexer_prefill_mma_sm80.cuh"
-#include "kernels/attention/attention_prefill_mma_sm80.cuh"
-#include "kernels/attention/attention_prefill_tma_sm90.cuh"
+#include "cuda/backend.cuh"
+#include "cuda/arch/tma_sm90.cuh"
+#include "cuda/common/timeline.cuh"
+#include "cuda/kernels/indexer/indexer_prefill_mma_sm80.cuh"
+#include "cuda/kernels/attention/attention_prefill_mma_sm80.cuh"
+#include "cuda/kernels/attention/attention_prefill_tma_sm90.cuh"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,13 +1,13 @@
 /*
  * Plans of the CUDA backend: sizing from the capacities (plan_init), the
  * per-step schedule built on the host and published with one async copy
- * (plan_upload), and release (plan_free).  See cu_plan.cuh for the layout.
+ * (plan_upload), and release (plan_free).  See plan.cuh for the layout.
  */
-#include "cu_backend.cuh"
-#include "cu_tma.cuh"
-#include "kernels/indexer/indexer_prefill_mma_sm80.cuh"
-#include "kernels/attention/attention_prefill_mma_sm80.cuh"
-#include "kernels/attention/attention_prefill_tma_sm90.cuh"
+#include "cuda/backend.cuh"
+#include "cuda/arch/tma_sm90.cuh"
+#include "cuda/kernels/indexer/indexer_prefill_mma_sm80.cuh"
+#include "cuda/kernels/attention/attention_prefill_mma_sm80.cuh"
+#include "cuda/kernels/attention/attention_prefill_tma_sm90.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +21,7 @@
  * 2 was slower or level (bench/RESULTS.md, v17).  (That was with one
  * attention producer warp; with two, 320 x 168 registers, the attention
  * no longer fits beside a selection CTA.) */
-#define CU_SEL_CTAS_PER_SM 4
+#define SEL_CTAS_PER_SM 4
 
 static size_t cu_align16(size_t x)
 {
@@ -168,7 +168,7 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
     st->sel_cache = any_sparse ? cu_min32(st->cap_blocks, 4096) : 0;
     /* More warps than rows at batch 128 x 8 tokens x 4 units: a warp's row
      * is a chain of latencies, so rows run side by side, not in turn. */
-    st->grid_sel = sms * CU_SEL_CTAS_PER_SM;
+    st->grid_sel = sms * SEL_CTAS_PER_SM;
     /* Prefill items go to the selection's first grid_pf CTAs. */
     st->grid_pf = cu_min32(sms * 2, st->grid_sel);
     st->grid_att = sms * 4;

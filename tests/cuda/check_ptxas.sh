@@ -8,7 +8,8 @@
 # code (other changes beside them; bench/RESULTS.md, v26).
 #
 #   check_ptxas.sh NVCC ROOT ARCH FLAGS FILE...
-# compiles each FILE (relative to ROOT) for ARCH (e.g. sm_90a), device code
+# compiles each FILE (relative to ROOT; CMake passes every src/cuda/**/*.cu)
+# for ARCH (e.g. sm_90a), device code
 # only, with FLAGS (one argument, split at spaces): the library's Release
 # build flags, which CMake passes (tests/cuda/CMakeLists.txt), so a build
 # configured with extra CUDA flags checks the code it builds.

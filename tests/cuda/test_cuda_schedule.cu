@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/cu_plan.cuh"
+#include "cuda/plan.cuh"
 #include "cuda/kernels/attention/attention_prefill_mma_sm80.cuh"
 
 static int g_failed = 0, g_checks = 0;

@@ -20,10 +20,10 @@
  * it.  Q stays in registers, S = Q K^T and O += P V run on mma.sync, P
  * rounded to the 16-bit type for the second product (as the decode path).
  */
-#include "attention_prefill_mma_sm80.cuh"
-#include "../../cu_mma.cuh"
-#include "../../cu_rows_state.cuh"
-#include "../../cu_launch.cuh"
+#include "cuda/kernels/attention/attention_prefill_mma_sm80.cuh"
+#include "cuda/arch/mma_sm80.cuh"
+#include "cuda/kernels/attention/rows_mma.cuh"
+#include "cuda/arch/launch.cuh"
 
 #include <string.h>
 

@@ -18,7 +18,7 @@
 #ifndef MSA_ATTENTION_PREFILL_MMA_SM80_CUH
 #define MSA_ATTENTION_PREFILL_MMA_SM80_CUH
 
-#include "../../cu_plan.cuh"
+#include "cuda/plan.cuh"
 
 /* Tiles of the two prefill tile lists of a step (cu_meta.pf_tiles). */
 enum { CU_PFA_MAIN = 0, CU_PFA_IV = 1, CU_PFA_LISTS = 2 };

@@ -32,11 +32,11 @@
  * V rows before the consumers see it, so a stale NaN cannot reach O
  * through a zero weight.
  */
-#include "attention_prefill_tma_sm90.cuh"
-#include "../../cu_tma.cuh"
-#include "../../cu_wgmma.cuh"
-#include "../../cu_rows_state.cuh"
-#include "../../cu_launch.cuh"
+#include "cuda/kernels/attention/attention_prefill_tma_sm90.cuh"
+#include "cuda/arch/tma_sm90.cuh"
+#include "cuda/arch/wgmma_sm90.cuh"
+#include "cuda/kernels/attention/rows_mma.cuh"
+#include "cuda/arch/launch.cuh"
 
 #include <string.h>
 

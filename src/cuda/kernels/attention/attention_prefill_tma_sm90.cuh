@@ -9,13 +9,13 @@
  *
  * The kernel reads only its parameter struct (cu_pfh_params), filled by
  * cu_pfh_build from the layer and the plan, and the K and V tensor maps
- * the plan encoded (cu_tma.cuh: 64-column x 64-row boxes, 128-byte
+ * the plan encoded (tma_sm90.cuh: 64-column x 64-row boxes, 128-byte
  * swizzle).
  */
 #ifndef MSA_ATTENTION_PREFILL_TMA_SM90_CUH
 #define MSA_ATTENTION_PREFILL_TMA_SM90_CUH
 
-#include "attention_prefill_mma_sm80.cuh"
+#include "cuda/kernels/attention/attention_prefill_mma_sm80.cuh"
 
 #include <cuda.h>
 

@@ -36,16 +36,16 @@
 #ifndef MSA_INDEXER_PREFILL_CUH
 #define MSA_INDEXER_PREFILL_CUH
 
-#include "indexer_prefill_mma_sm80.cuh"
-#include "../../cu_mma.cuh"
-#include "../../cu_launch.cuh"
-/* cu_select.cuh defines a device function that is not inline
+#include "cuda/kernels/indexer/indexer_prefill_mma_sm80.cuh"
+#include "cuda/arch/mma_sm80.cuh"
+#include "cuda/arch/launch.cuh"
+/* select_row.cuh defines a device function that is not inline
  * (cu_select_list64), as select.cu does by the same header: in this
  * kernel's files it gets internal linkage, so the library links. */
 namespace {
-#include "../../cu_select.cuh"
+#include "cuda/kernels/select/select_row.cuh"
 }
-#include "../../cu_wgmma.cuh"
+#include "cuda/arch/wgmma_sm90.cuh"
 
 
 #define PFI_WARPS 4
@@ -61,7 +61,7 @@ namespace {
 /* Byte offset of 16-byte piece `chunk` (0..15) of key row `row` in a stage
  * for the Hopper products (WG): two boxes of 64 dims (64 rows of 128 bytes,
  * 8 KB each), pieces swizzled within each 128-byte row by the row's low 3
- * bits, as a 128-byte-swizzle tensor copy lays them out (cu_wgmma.cuh's
+ * bits, as a 128-byte-swizzle tensor copy lays them out (wgmma_sm90.cuh's
  * K-major B operand); else the mma path's swizzle (cu_swz). */
 template <bool WG>
 __device__ __forceinline__ uint32_t cu_pfi_swz(int row, int chunk)

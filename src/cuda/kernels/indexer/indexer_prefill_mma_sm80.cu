@@ -4,8 +4,8 @@
  * launch (the wgmma variant, indexer_prefill_wgmma_sm90.cu, where the
  * device runs sm_90a code).  The kernel: indexer_prefill.cuh.
  */
-#include "indexer_prefill_mma_sm80.cuh"
-#include "indexer_prefill.cuh"
+#include "cuda/kernels/indexer/indexer_prefill_mma_sm80.cuh"
+#include "cuda/kernels/indexer/indexer_prefill.cuh"
 
 #include <string.h>
 

@@ -17,7 +17,7 @@
 #ifndef MSA_INDEXER_PREFILL_MMA_SM80_CUH
 #define MSA_INDEXER_PREFILL_MMA_SM80_CUH
 
-#include "../../cu_plan.cuh"
+#include "cuda/plan.cuh"
 
 /* Rows of one tile: tokens x index heads, one 16-row MMA tile per warp. */
 #define CU_PFI_ROWS 64

@@ -4,8 +4,8 @@
  * the build; its products exist in the sm_90a code only, and the host
  * launches it only where the device runs that code (cu_plan_state.wgmma).
  */
-#include "indexer_prefill_mma_sm80.cuh"
-#include "indexer_prefill.cuh"
+#include "cuda/kernels/indexer/indexer_prefill_mma_sm80.cuh"
+#include "cuda/kernels/indexer/indexer_prefill.cuh"
 
 cudaError_t cu_pfidx_wgmma_setup(size_t smem)
 {

@@ -6,7 +6,7 @@
  * Work split: the blocks of all decode requests with more than K blocks
  * end to end (the others select every block: nothing to score).  The first
  * three quarters go in equal contiguous shares, one per CTA; the rest in
- * chunks of IDXT_CHUNK blocks, taken on demand (a counter in the plan's
+ * chunks of IDX_TMA_CHUNK blocks, taken on demand (a counter in the plan's
  * workspace) by the CTAs that finish their share first.  Equal shares
  * alone do not end together: with every SM reading, some get less of the
  * memory's bandwidth than others (the first CTAs ended 10-20% before the
@@ -37,30 +37,30 @@
  * The products exist on sm_90a only; other chips take the portable
  * indexer (forward.cu checks st->wgmma).
  */
-#include "cu_plan.cuh"
-#include "cu_tma.cuh"
-#include "cu_wgmma.cuh"
-#include "cu_launch.cuh"
-#include "cu_timeline.cuh"
+#include "cuda/plan.cuh"
+#include "cuda/arch/tma_sm90.cuh"
+#include "cuda/arch/wgmma_sm90.cuh"
+#include "cuda/arch/launch.cuh"
+#include "cuda/common/timeline.cuh"
 
-/* One ring slot per block in flight; block x goes to group x % IDXT_GROUPS
- * and slot x % IDXT_STAGES.  The stage count is a multiple of the group
+/* One ring slot per block in flight; block x goes to group x % IDX_TMA_GROUPS
+ * and slot x % IDX_TMA_STAGES.  The stage count is a multiple of the group
  * count, so every slot is consumed in order by a single group and a barrier
  * phase is never waited on a lap early.  While a group computes, the other
  * slots load.  Four 32 KB stages: on the H200 six were up to 3% slower,
  * and at no measured shape faster (bench/RESULTS.md, v18); a guess: with less
  * shared memory held, the next kernel's CTAs find room on the SMs sooner. */
-#define IDXT_GROUPS 2
-#define IDXT_STAGES 4
-static_assert(IDXT_STAGES % IDXT_GROUPS == 0, "indexer stages: a multiple of the groups");
-#define IDXT_THREADS ((IDXT_GROUPS * 4 + 1) * 32)
-#define IDXT_BLOCK_BYTES (128 * 256)
-#define IDXT_SMEM_BYTES (IDXT_STAGES * IDXT_BLOCK_BYTES + 1024 + 3 * IDXT_STAGES * 8)
+#define IDX_TMA_GROUPS 2
+#define IDX_TMA_STAGES 4
+static_assert(IDX_TMA_STAGES % IDX_TMA_GROUPS == 0, "indexer stages: a multiple of the groups");
+#define IDX_TMA_THREADS ((IDX_TMA_GROUPS * 4 + 1) * 32)
+#define IDX_TMA_BLOCK_BYTES (128 * 256)
+#define IDX_TMA_SMEM_BYTES (IDX_TMA_STAGES * IDX_TMA_BLOCK_BYTES + 1024 + 3 * IDX_TMA_STAGES * 8)
 /* Blocks per chunk taken on demand: small, for an even end; the next
  * chunk's number is asked for while the current one streams.  Steps of
- * fewer than IDXT_CHUNKED_MIN blocks per CTA keep fixed shares only. */
-#define IDXT_CHUNK 2
-#define IDXT_CHUNKED_MIN 8
+ * fewer than IDX_TMA_CHUNKED_MIN blocks per CTA keep fixed shares only. */
+#define IDX_TMA_CHUNK 2
+#define IDX_TMA_CHUNKED_MIN 8
 
 #ifdef CU_HAVE_WGMMA
 
@@ -167,7 +167,7 @@ __device__ __forceinline__ void cu_idxt_request(const cu_layer &L, const cu_dec_
     cu_idxt_afrags(L, di.t0, nq, c_lo, a);
 }
 
-/* Group g's ring uses g, g + IDXT_GROUPS, ... until the producer's end
+/* Group g's ring uses g, g + IDX_TMA_GROUPS, ... until the producer's end
  * mark (block id -1); the CTA's fixed share starts at block gb_begin (F
  * blocks). */
 template <typename Tag, bool LSE>
@@ -196,13 +196,13 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
 #pragma unroll
     for (int j = 0; j < 16; ++j)
         d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
-    for (int32_t i = g;; i += IDXT_GROUPS) {
+    for (int32_t i = g;; i += IDX_TMA_GROUPS) {
         if (kslot != k) {
             k = kslot;
             cu_idxt_request(L, di, c_lo, nq, base, last_lo, last_hi, a);
         }
-        const int s = i % IDXT_STAGES;
-        cu_mbar_wait(&full[s], (uint32_t)(i / IDXT_STAGES) & 1u);
+        const int s = i % IDX_TMA_STAGES;
+        cu_mbar_wait(&full[s], (uint32_t)(i / IDX_TMA_STAGES) & 1u);
         const int32_t gb = slot_gb[s];
         if (gb < 0)
             break;
@@ -220,12 +220,12 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
             CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_FIRST);
         if (threadIdx.x == 0) /* overwritten by every tile: the last one stays */
             CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_LAST);
-        const uint32_t slot = cu_smem_addr(ring + s * IDXT_BLOCK_BYTES);
+        const uint32_t slot = cu_smem_addr(ring + s * IDX_TMA_BLOCK_BYTES);
         cu_wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
             /* Dimensions 0-63 in the first box, 64-127 in the second. */
-            const uint32_t at = slot + (uint32_t)(ks >> 2) * (IDXT_BLOCK_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
+            const uint32_t at = slot + (uint32_t)(ks >> 2) * (IDX_TMA_BLOCK_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
             cu_wgmma_m64n128k16<0>(d, a[ks], cu_wgmma_desc(at, 16), ks > 0, Tag());
         }
         cu_wgmma_commit();
@@ -254,15 +254,15 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
     }
 }
 
-/* Ring use x (lane 0): slot x % IDXT_STAGES, once its previous use is
+/* Ring use x (lane 0): slot x % IDX_TMA_STAGES, once its previous use is
  * handed back, announced as block gb; a block (gb >= 0, page pg) arrives
  * by two copies, an end mark by a plain arrival. */
 __device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned char *ring, uint64_t *full,
                                             uint64_t *empty, volatile int32_t *slot_gb, int32_t x,
                                             int32_t gb, int32_t pg)
 {
-    const int s = x % IDXT_STAGES;
-    const int32_t use = x / IDXT_STAGES;
+    const int s = x % IDX_TMA_STAGES;
+    const int32_t use = x / IDX_TMA_STAGES;
     if (use > 0)
         cu_mbar_wait(&empty[s], (uint32_t)(use - 1) & 1u);
     slot_gb[s] = gb;
@@ -270,15 +270,15 @@ __device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned cha
         cu_mbar_arrive(&full[s]);
         return;
     }
-    unsigned char *dst = ring + s * IDXT_BLOCK_BYTES;
-    cu_mbar_arrive_tx(&full[s], IDXT_BLOCK_BYTES);
+    unsigned char *dst = ring + s * IDX_TMA_BLOCK_BYTES;
+    cu_mbar_arrive_tx(&full[s], IDX_TMA_BLOCK_BYTES);
     /* Index keys are read once per step: their lines go first from L2, so
      * the stream does not push out what the next kernels read again (the
      * block scores, the plan).  On the H200 this took 0.5-3% off steps of
      * 10K to 200K context (bench/RESULTS.md, v17). */
     const uint64_t pol = cu_l2_evict_first();
     cu_tma_load2d_hint(dst, map, 0, pg * 128, &full[s], pol);
-    cu_tma_load2d_hint(dst + IDXT_BLOCK_BYTES / 2, map, 64, pg * 128, &full[s], pol);
+    cu_tma_load2d_hint(dst + IDX_TMA_BLOCK_BYTES / 2, map, 64, pg * 128, &full[s], pol);
 }
 
 /* Blocks gb0 .. gb0 + cnt - 1 (cnt <= 32) into the ring from use x on:
@@ -337,7 +337,7 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
         /* Chunk numbers: the next one is asked for before the current
          * chunk's pages, so the counter's round trip overlaps its copies.
          * Each CTA draws one number past the last chunk, then stops. */
-        const int32_t chunks = (total - stat + IDXT_CHUNK - 1) / IDXT_CHUNK;
+        const int32_t chunks = (total - stat + IDX_TMA_CHUNK - 1) / IDX_TMA_CHUNK;
         int32_t next = 0;
         if (lane == 0)
             next = atomicAdd(L.idx_next, 1);
@@ -348,15 +348,15 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
                     *L.idx_next = 0; /* the last draw of this launch */
                 break;
             }
-            const int32_t gb0 = stat + c * IDXT_CHUNK;
+            const int32_t gb0 = stat + c * IDX_TMA_CHUNK;
             if (lane == 0)
                 next = atomicAdd(L.idx_next, 1);
             cu_idxt_stream(L, map, ring, full, empty, slot_gb, x, cu_dec_of_block(L.m.dec_blk0, n_dec, gb0),
-                           n_dec, gb0, min(IDXT_CHUNK, total - gb0), false);
+                           n_dec, gb0, min(IDX_TMA_CHUNK, total - gb0), false);
         }
     }
     if (lane == 0)
-        for (int e = 0; e < IDXT_GROUPS; ++e)
+        for (int e = 0; e < IDX_TMA_GROUPS; ++e)
             cu_idxt_put(map, ring, full, empty, slot_gb, x + e, -1, 0);
     __syncwarp();
 }
@@ -375,7 +375,7 @@ __device__ __forceinline__ void cu_idxt_prefetch_span(const void *p, int64_t byt
 /* The sparse attention starts with a chain of dependent loads of plan data
  * that only it reads (its unit, the unit's items, then the page row); a
  * request whose union is known from the plan copies its first tiles right
- * after that chain (attn_tma.cu).  One warp per CTA asks L2 for those
+ * after that chain (attention_decode_tma_sm90.cu).  One warp per CTA asks L2 for those
  * lines now, while the indexer waits for the prologue, so the chain hits
  * L2 instead of DRAM.  Plan data may be read before the launch wait. */
 __device__ __forceinline__ void cu_idxt_prefetch_att_plan(const cu_layer &L)
@@ -393,20 +393,20 @@ __device__ __forceinline__ void cu_idxt_prefetch_att_plan(const cu_layer &L)
 }
 
 template <typename Tag>
-__global__ void __launch_bounds__(IDXT_THREADS, 1)
+__global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
     cu_indexer_tma_kernel(const __grid_constant__ cu_layer L, const __grid_constant__ CUtensorMap map)
 {
 #ifdef CU_HAVE_WGMMA
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *ring =
         (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023); /* swizzle atoms */
-    uint64_t *full = (uint64_t *)(ring + IDXT_STAGES * IDXT_BLOCK_BYTES);
-    uint64_t *empty = full + IDXT_STAGES;
-    volatile int32_t *slot_gb = (volatile int32_t *)(empty + IDXT_STAGES); /* block of each slot */
+    uint64_t *full = (uint64_t *)(ring + IDX_TMA_STAGES * IDX_TMA_BLOCK_BYTES);
+    uint64_t *empty = full + IDX_TMA_STAGES;
+    volatile int32_t *slot_gb = (volatile int32_t *)(empty + IDX_TMA_STAGES); /* block of each slot */
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_ENTRY);
-        for (int s = 0; s < IDXT_STAGES; ++s) {
+        for (int s = 0; s < IDX_TMA_STAGES; ++s) {
             cu_mbar_init(&full[s], 1);
             cu_mbar_init(&empty[s], 4 * 32); /* every lane of the slot's group */
         }
@@ -422,22 +422,22 @@ __global__ void __launch_bounds__(IDXT_THREADS, 1)
     const int32_t n_dec = L.m.hdr->n_dec;
     const int32_t total = (int32_t)L.m.hdr->total_dec_blocks;
     /* Fixed shares of the first three quarters; all of it without the
-     * counter, or below IDXT_CHUNKED_MIN blocks per CTA (a short step:
+     * counter, or below IDX_TMA_CHUNKED_MIN blocks per CTA (a short step:
      * nothing to even out that would pay for the counter's round trips). */
     const int32_t stat =
-        L.idx_next && total >= IDXT_CHUNKED_MIN * (int32_t)gridDim.x ? total - total / 4 : total;
+        L.idx_next && total >= IDX_TMA_CHUNKED_MIN * (int32_t)gridDim.x ? total - total / 4 : total;
     const int32_t gb_begin = (int32_t)((int64_t)stat * blockIdx.x / gridDim.x);
     const int32_t gb_end = (int32_t)((int64_t)stat * (blockIdx.x + 1) / gridDim.x);
     const int32_t F = gb_end - gb_begin;
     if (n_dec > 0 && total > 0) {
-        if (warp == IDXT_GROUPS * 4)
+        if (warp == IDX_TMA_GROUPS * 4)
             cu_idxt_producer(L, &map, ring, full, empty, slot_gb, gb_begin, F, stat, total, n_dec);
         else if (L.score_lse)
             cu_idxt_consumer<Tag, true>(L, ring, full, empty, slot_gb, gb_begin, F, n_dec, warp >> 2);
         else
             cu_idxt_consumer<Tag, false>(L, ring, full, empty, slot_gb, gb_begin, F, n_dec, warp >> 2);
     }
-    cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
+    cu_pdl_wait(); /* every CTA, before it ends (arch/launch.cuh) */
     if (threadIdx.x == 0)
         CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_EXIT);
 #else
@@ -450,15 +450,15 @@ void cu_launch_indexer_tma(const cu_layer *L, const cu_plan_state *st, const CUt
                            cudaStream_t s)
 {
     if (L->act == MSA_DTYPE_BF16)
-        cu_launch(cu_indexer_tma_kernel<cu_bf16_tag>, st->num_sms, IDXT_THREADS, IDXT_SMEM_BYTES, s,
+        cu_launch(cu_indexer_tma_kernel<cu_bf16_tag>, st->num_sms, IDX_TMA_THREADS, IDX_TMA_SMEM_BYTES, s,
                   st->pdl, *L, *map);
     else
-        cu_launch(cu_indexer_tma_kernel<cu_f16_tag>, st->num_sms, IDXT_THREADS, IDXT_SMEM_BYTES, s,
+        cu_launch(cu_indexer_tma_kernel<cu_f16_tag>, st->num_sms, IDX_TMA_THREADS, IDX_TMA_SMEM_BYTES, s,
                   st->pdl, *L, *map);
 }
 
 cudaError_t cu_indexer_tma_setup(void)
 {
-    return cu_allow_smem(IDXT_SMEM_BYTES, cu_indexer_tma_kernel<cu_bf16_tag>,
+    return cu_allow_smem(IDX_TMA_SMEM_BYTES, cu_indexer_tma_kernel<cu_bf16_tag>,
                          cu_indexer_tma_kernel<cu_f16_tag>);
 }

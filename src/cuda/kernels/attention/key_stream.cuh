@@ -10,10 +10,10 @@
  * Splits divide the stream in whole 64-key tiles, evenly, so the work of an
  * item follows the actual union size known only on the device.
  */
-#ifndef MSA_CU_ATTN_CUH
-#define MSA_CU_ATTN_CUH
+#ifndef MSA_CUDA_KERNELS_ATTENTION_KEY_STREAM_CUH
+#define MSA_CUDA_KERNELS_ATTENTION_KEY_STREAM_CUH
 
-#include "cu_plan.cuh"
+#include "cuda/plan.cuh"
 
 typedef struct cu_stream {
     int32_t r, ql, kl, base, t0;
@@ -95,4 +95,4 @@ __device__ __forceinline__ uint32_t cu_stream_key(const cu_stream &s, int32_t u,
     return member & cu_causal_bits(p, s.base, s.ql);
 }
 
-#endif /* MSA_CU_ATTN_CUH */
+#endif /* MSA_CUDA_KERNELS_ATTENTION_KEY_STREAM_CUH */

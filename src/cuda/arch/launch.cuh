@@ -6,10 +6,10 @@
  * step.  The first kernel of a layer is launched plainly (it follows the
  * caller's own work); on older GPUs every launch is plain.
  */
-#ifndef MSA_CU_LAUNCH_CUH
-#define MSA_CU_LAUNCH_CUH
+#ifndef MSA_CUDA_ARCH_LAUNCH_CUH
+#define MSA_CUDA_ARCH_LAUNCH_CUH
 
-#include "cu_common.cuh"
+#include "cuda/common/common.cuh"
 
 /* Every kernel launched with pdl = 1 calls this before reading anything an
  * earlier kernel of the layer wrote (plan data and the caller's inputs may
@@ -65,4 +65,4 @@ static inline cudaError_t cu_allow_smem(size_t bytes, Kernel kernel, More... mor
     return e != cudaSuccess ? e : cu_allow_smem(bytes, more...);
 }
 
-#endif /* MSA_CU_LAUNCH_CUH */
+#endif /* MSA_CUDA_ARCH_LAUNCH_CUH */

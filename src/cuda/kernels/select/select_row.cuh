@@ -9,10 +9,10 @@
  * chosen ids already ascending, taking the lowest ids among keys equal to
  * the threshold.  Deterministic, no sort, no data-dependent memory.
  */
-#ifndef MSA_CU_SELECT_CUH
-#define MSA_CU_SELECT_CUH
+#ifndef MSA_CUDA_KERNELS_SELECT_SELECT_ROW_CUH
+#define MSA_CUDA_KERNELS_SELECT_SELECT_ROW_CUH
 
-#include "cu_plan.cuh"
+#include "cuda/plan.cuh"
 
 /* Order-preserving key: larger score -> larger key; NaN lowest (0); -0 == +0. */
 __device__ __forceinline__ uint32_t cu_score_key(float f)
@@ -25,8 +25,8 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-/* Selection when at most CU_SEL_SMALL blocks are chosen by score and K <= 32
- * (M3: 15 and 16).  One pass: each lane keeps the best CU_SEL_SMALL of its
+/* Selection when at most SEL_SMALL blocks are chosen by score and K <= 32
+ * (M3: 15 and 16).  One pass: each lane keeps the best SEL_SMALL of its
  * strided candidates in registers, as keys (score key << 32 | ~id) that are
  * all distinct and order exactly as SPEC 4 ranks (ties to the lower id);
  * then `need` rounds of a warp maximum pop the winners.  The K ids (chosen
@@ -37,7 +37,7 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
  * filtered: each lane keeps its two largest score keys, and with T the
  * need-th largest of those 64 values at least `need` candidates have a key
  * >= T, so every winner does too.  Only those (usually need plus a few)
- * enter the list; when more than CU_SEL_LIST pass the filter (many equal
+ * enter the list; when more than SEL_LIST pass the filter (many equal
  * scores), all candidates do.  When at most 32 pass (nearly always), one
  * sort of their score keys, one per lane, gives the threshold, and the
  * winners go out in the list's id order: no insertion, no maximum rounds,
@@ -46,7 +46,7 @@ __device__ __forceinline__ uint32_t cu_score_key(float f)
  * (With a lane's maximum alone, 32 values, more than 32 candidates passed
  * on the benchmark's 1024-block rows, and the rounds took most of the
  * selection's instructions.) */
-#define CU_SEL_SMALL 16
+#define SEL_SMALL 16
 /* Bitonic merge across the warp, one value per lane: a bitonic sequence
  * over the 32 lanes comes out sorted, lane 0 the largest (DESC) or the
  * smallest.  Five compare-exchange steps. */
@@ -87,11 +87,11 @@ __device__ __forceinline__ T cu_warp_bitonic(T x)
     return cu_warp_bitonic_merge<DESC>(x);
 }
 
-#define CU_SEL_LIST 256
+#define SEL_LIST 256
 
 /* Candidates [I, c_end) whose score key is >= the need-th largest of the
- * lanes' two largest keys, ascending, into list[] (CU_SEL_LIST entries);
- * returns how many passed (more than CU_SEL_LIST: the list is incomplete,
+ * lanes' two largest keys, ascending, into list[] (SEL_LIST entries);
+ * returns how many passed (more than SEL_LIST: the list is incomplete,
  * do not use it).  1 <= need <= 32. */
 __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int32_t I, int32_t c_end,
                                                        int32_t need, int32_t *list)
@@ -118,7 +118,7 @@ __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int3
         const bool pass = n < c_end && cu_score_key(scores[n]) >= T;
         const uint32_t bal = __ballot_sync(0xffffffffu, pass);
         const int32_t pos = count + __popc(bal & below);
-        if (pass && pos < CU_SEL_LIST)
+        if (pass && pos < SEL_LIST)
             list[pos] = n;
         count += __popc(bal);
     }
@@ -215,24 +215,24 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
         } else if (count <= 64) {
             cu_select_list64(scores, count, I, Lc, need, c_end, list, out);
             return;
-        } else if (count <= CU_SEL_LIST) {
+        } else if (count <= SEL_LIST) {
             i_begin = lane;
             i_end = count;
             ids = list;
         }
     }
-    unsigned long long t[CU_SEL_SMALL];
+    unsigned long long t[SEL_SMALL];
 #pragma unroll
-    for (int i = 0; i < CU_SEL_SMALL; ++i)
+    for (int i = 0; i < SEL_SMALL; ++i)
         t[i] = 0ull; /* below every candidate (their low word is never 0) */
     for (int32_t i = i_begin; i < i_end; i += 32) {
         const int32_t n = ids ? ids[i] : i;
         const unsigned long long x =
             ((unsigned long long)cu_score_key(scores[n]) << 32) | (uint32_t)(0xffffffffu - (uint32_t)n);
-        if (x > t[CU_SEL_SMALL - 1]) {
+        if (x > t[SEL_SMALL - 1]) {
             /* Insert into the descending list; computed from the old values. */
 #pragma unroll
-            for (int i = CU_SEL_SMALL - 1; i > 0; --i)
+            for (int i = SEL_SMALL - 1; i > 0; --i)
                 t[i] = t[i] > x ? t[i] : (t[i - 1] > x ? x : t[i - 1]);
             t[0] = t[0] > x ? t[0] : x;
         }
@@ -246,9 +246,9 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
         }
         if (t[0] == m) { /* keys are distinct: exactly one lane */
 #pragma unroll
-            for (int i = 0; i < CU_SEL_SMALL - 1; ++i)
+            for (int i = 0; i < SEL_SMALL - 1; ++i)
                 t[i] = t[i + 1];
-            t[CU_SEL_SMALL - 1] = 0ull;
+            t[SEL_SMALL - 1] = 0ull;
         }
         if (lane == r)
             mine = (int32_t)(0xffffffffu - (uint32_t)(m & 0xffffffffull));
@@ -290,7 +290,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
  * returns false with nothing written, and the caller takes the old path. */
 
 /* The CTA's shared scratch: the list (capacity `cap` 64-bit entries), the
- * warps' CU_SEL_TOP largest keys (or thresholds), the list's fill counter
+ * warps' SEL_TOP largest keys (or thresholds), the list's fill counter
  * and the winners by rank. */
 typedef struct cu_sel_grp {
     unsigned long long *xs;
@@ -300,11 +300,11 @@ typedef struct cu_sel_grp {
     int32_t cap;
 } cu_sel_grp;
 
-#define CU_SEL_XS 128 /* list entries per warp of the CTA */
-#define CU_SEL_TOP 16 /* keys per warp in the CTA's threshold (the list path's tw words: CU_SEL_TOP a warp) */
+#define SEL_XS 128 /* list entries per warp of the CTA */
+#define SEL_TOP 16 /* keys per warp in the CTA's threshold (the list path's tw words: SEL_TOP a warp) */
 
-/* The need-th largest (1 <= need <= CU_SEL_TOP) of the NW * CU_SEL_TOP
- * keys in top[] (NW >= 2, a power of two: each warp's CU_SEL_TOP largest,
+/* The need-th largest (1 <= need <= SEL_TOP) of the NW * SEL_TOP
+ * keys in top[] (NW >= 2, a power of two: each warp's SEL_TOP largest,
  * descending), the same in every lane of the calling warp.  Two warps'
  * lists, the second reversed, make a bitonic sequence of 32; merged, and
  * the running 32 largest kept by a lane-wise maximum against the next pair
@@ -313,12 +313,12 @@ template <int NW>
 __device__ __forceinline__ uint32_t cu_sel_top_threshold(const uint32_t *top, int32_t need)
 {
     const int lane = threadIdx.x & 31;
-    const int r = lane < CU_SEL_TOP ? lane : 2 * CU_SEL_TOP - 1 - lane; /* rank in its warp's list */
-    const int half = lane < CU_SEL_TOP ? 0 : 1;
-    uint32_t best = cu_warp_bitonic_merge<true>(top[half * CU_SEL_TOP + r]);
+    const int r = lane < SEL_TOP ? lane : 2 * SEL_TOP - 1 - lane; /* rank in its warp's list */
+    const int half = lane < SEL_TOP ? 0 : 1;
+    uint32_t best = cu_warp_bitonic_merge<true>(top[half * SEL_TOP + r]);
 #pragma unroll
     for (int w = 2; w < NW; w += 2) {
-        const uint32_t y = cu_warp_bitonic_merge<true>(top[(w + half) * CU_SEL_TOP + r]);
+        const uint32_t y = cu_warp_bitonic_merge<true>(top[(w + half) * SEL_TOP + r]);
         best = cu_warp_bitonic_merge<true>(max(best, __shfl_sync(0xffffffffu, y, 31 - lane)));
     }
     return __shfl_sync(0xffffffffu, best, need - 1);
@@ -354,7 +354,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
             }
         }
     }
-    /* 2. T: the need-th largest of the CTA's NT values (need <= CU_SEL_TOP:
+    /* 2. T: the need-th largest of the CTA's NT values (need <= SEL_TOP:
      * from the warps' sorted values), else the largest of the warps'
      * need-th.  The tighter threshold keeps the list near `need` entries:
      * the list's fill and the ranks below cost a step per entry. */
@@ -363,15 +363,15 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
     /* CTA-uniform.  Rows of at most 2 * NT blocks keep the warps' largest
      * threshold: the merge's latency (about 400 cycles) is more than its
      * shorter list saves there (bench/sel_row.cu, v31). */
-    const bool top = need <= CU_SEL_TOP && NW >= 2 && N > 2 * NT;
+    const bool top = need <= SEL_TOP && NW >= 2 && N > 2 * NT;
     const uint32_t sorted = cu_warp_bitonic<true>(a);
     if (top) {
-        if (lane < CU_SEL_TOP)
-            g.tw[warp * CU_SEL_TOP + lane] = sorted;
+        if (lane < SEL_TOP)
+            g.tw[warp * SEL_TOP + lane] = sorted;
     } else {
         const uint32_t tw = __shfl_sync(0xffffffffu, sorted, need - 1); /* the whole warp: `top` is uniform */
         if (lane == 0)
-            g.tw[warp * CU_SEL_TOP] = tw;
+            g.tw[warp * SEL_TOP] = tw;
     }
     if (tid == 0)
         *g.cnt = 0u;
@@ -382,7 +382,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
     } else {
 #pragma unroll
         for (int w = 0; w < NW; ++w)
-            T = max(T, g.tw[w * CU_SEL_TOP]);
+            T = max(T, g.tw[w * SEL_TOP]);
     }
     /* 3. The list, in any order. */
 #pragma unroll 4
@@ -484,7 +484,7 @@ __device__ __forceinline__ void cu_select_row(const float *scores, int32_t N, in
         cu_stage_scores(scores, N, cache);
         scores = cache;
     }
-    if (K - I - Lc <= CU_SEL_SMALL && K <= 32) {
+    if (K - I - Lc <= SEL_SMALL && K <= 32) {
         cu_select_row_small(scores, N, K, I, Lc, out, (int32_t *)hist);
         return;
     }
@@ -631,4 +631,4 @@ __device__ __forceinline__ void cu_union_lists(const int32_t *lists, int nl, int
     __syncwarp();
 }
 
-#endif /* MSA_CU_SELECT_CUH */
+#endif /* MSA_CUDA_KERNELS_SELECT_SELECT_ROW_CUH */

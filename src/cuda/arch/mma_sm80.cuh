@@ -4,10 +4,10 @@
  * ldmatrix, cp.async with zero fill, and the shared-memory swizzle used by
  * every tile of 128 16-bit elements per row.
  */
-#ifndef MSA_CU_MMA_CUH
-#define MSA_CU_MMA_CUH
+#ifndef MSA_CUDA_ARCH_MMA_SM80_CUH
+#define MSA_CUDA_ARCH_MMA_SM80_CUH
 
-#include "cu_common.cuh"
+#include "cuda/common/common.cuh"
 
 /* Tags selecting the 16-bit element type of the fast kernels. */
 struct cu_bf16_tag {};
@@ -92,4 +92,4 @@ __device__ __forceinline__ uint32_t cu_swz(int row, int chunk)
     return (uint32_t)(row * 256 + ((chunk ^ (row & 7)) << 4));
 }
 
-#endif /* MSA_CU_MMA_CUH */
+#endif /* MSA_CUDA_ARCH_MMA_SM80_CUH */

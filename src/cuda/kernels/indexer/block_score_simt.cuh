@@ -4,10 +4,10 @@
  * product is a sequential fp32 FMA chain over the stored operand values.
  * SPEC 4: max of the raw scores, or ln(sum exp(c * s)) for the lse type.
  */
-#ifndef MSA_CU_SCORE_CUH
-#define MSA_CU_SCORE_CUH
+#ifndef MSA_CUDA_KERNELS_INDEXER_BLOCK_SCORE_SIMT_CUH
+#define MSA_CUDA_KERNELS_INDEXER_BLOCK_SCORE_SIMT_CUH
 
-#include "cu_plan.cuh"
+#include "cuda/plan.cuh"
 
 /* Every lane returns the score.  `p` is the token's absolute position:
  * keys j <= p are visible.  qoff: element offset of the query row in L.iq. */
@@ -40,4 +40,4 @@ __device__ __forceinline__ float cu_warp_block_score(const cu_layer &L, int32_t 
     return L.score_lse ? cu_lse_value(m, l) : m;
 }
 
-#endif /* MSA_CU_SCORE_CUH */
+#endif /* MSA_CUDA_KERNELS_INDEXER_BLOCK_SCORE_SIMT_CUH */

@@ -3,12 +3,12 @@
  *   merge         split decode attention: each split left a normalized fp32
  *                 row and its LSE; the output is the LSE-weighted sum.  One
  *                 warp per output row.
- *   prefill rows  the rows of prefill requests (cu_rows.cuh), which depend
+ *   prefill rows  the rows of prefill requests (rows_simt.cuh), which depend
  *                 only on the selection, not on the decode items.
  */
-#include "cu_rows.cuh"
-#include "cu_launch.cuh"
-#include "cu_timeline.cuh"
+#include "cuda/kernels/attention/rows_simt.cuh"
+#include "cuda/arch/launch.cuh"
+#include "cuda/common/timeline.cuh"
 
 #define MERGE_WARPS 8
 /* Splits whose rows one lane loads at once (16 was measured on the H200:

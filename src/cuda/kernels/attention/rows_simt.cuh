@@ -3,10 +3,10 @@
  * type, head dim <= 512): lane holds dims lane, lane + 32, ...; online
  * softmax in fp32.  Used by the SIMT decode items and the prefill rows.
  */
-#ifndef MSA_CU_ROWS_CUH
-#define MSA_CU_ROWS_CUH
+#ifndef MSA_CUDA_KERNELS_ATTENTION_ROWS_SIMT_CUH
+#define MSA_CUDA_KERNELS_ATTENTION_ROWS_SIMT_CUH
 
-#include "cu_attn.cuh"
+#include "cuda/kernels/attention/key_stream.cuh"
 
 #define ATT_SIMT_VEC (CU_SIMT_MAX_DIM / 32)
 
@@ -129,4 +129,4 @@ static __device__ __forceinline__ void cu_attn_prefill_role(const cu_layer &L, c
     }
 }
 
-#endif /* MSA_CU_ROWS_CUH */
+#endif /* MSA_CUDA_KERNELS_ATTENTION_ROWS_SIMT_CUH */

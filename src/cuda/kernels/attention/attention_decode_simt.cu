@@ -1,11 +1,11 @@
 /*
  * Decode attention, portable path (any element type, head dim <= 512):
  * one warp per query row of a work item, online softmax over the item's
- * range of the key stream (cu_attn.cuh), fp32 throughout; the result goes
+ * range of the key stream (key_stream.cuh), fp32 throughout; the result goes
  * to the output (one split) or to a partial row for the merge.
  */
-#include "cu_rows.cuh"
-#include "cu_launch.cuh"
+#include "cuda/kernels/attention/rows_simt.cuh"
+#include "cuda/arch/launch.cuh"
 
 #define ATT_SIMT_WARPS 4
 

@@ -4,7 +4,7 @@
  * CUDA runtime).  Encoding is pure host work: a forward pass may encode its
  * maps on every call, and a captured graph keeps the maps it was given.
  */
-#include "cu_tma.cuh"
+#include "cuda/arch/tma_sm90.cuh"
 
 #include <cudaTypedefs.h>
 

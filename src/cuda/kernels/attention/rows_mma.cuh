@@ -3,13 +3,13 @@
  * tensor-core attention kernels: O (16 rows x 128 dims in mma.sync
  * accumulator layout: a thread holds rows lane/4 and lane/4 + 8), and per
  * row the running max m (log2 units) and sum l.  Shared by the sm_80 path
- * (attn_mma.cu) and the Hopper path (attn_tma.cu).
+ * (attention_decode_mma_sm80.cu) and the Hopper path (attention_decode_tma_sm90.cu).
  */
-#ifndef MSA_CU_ROWS_STATE_CUH
-#define MSA_CU_ROWS_STATE_CUH
+#ifndef MSA_CUDA_KERNELS_ATTENTION_ROWS_MMA_CUH
+#define MSA_CUDA_KERNELS_ATTENTION_ROWS_MMA_CUH
 
-#include "cu_plan.cuh"
-#include "cu_mma.cuh"
+#include "cuda/plan.cuh"
+#include "cuda/arch/mma_sm80.cuh"
 
 #define CU_LN2 0.6931471805599453f
 /* Floats of a saved state: O, then m and l of the 16 rows. */
@@ -283,4 +283,4 @@ __device__ __forceinline__ void cu_rows_write(const cu_layer &L, const cu_attn &
     }
 }
 
-#endif /* MSA_CU_ROWS_STATE_CUH */
+#endif /* MSA_CUDA_KERNELS_ATTENTION_ROWS_MMA_CUH */

@@ -3,10 +3,10 @@
  * its host files (backend.cu: context, memory, benchmarks; plan.cu: plans;
  * forward.cu: one layer).
  */
-#ifndef MSA_CU_BACKEND_CUH
-#define MSA_CU_BACKEND_CUH
+#ifndef MSA_CUDA_BACKEND_CUH
+#define MSA_CUDA_BACKEND_CUH
 
-#include "cu_plan.cuh"
+#include "cuda/plan.cuh"
 
 typedef struct cu_ctx_state {
     int device;
@@ -24,7 +24,7 @@ typedef struct cu_ctx_state {
     int pfi_wgmma;      /* wgmma: its products as warpgroup products (unless
                          * cuda_no_prefill_wgmma) */
     unsigned long long *tl; /* profiler (msa_debug_options.cuda_timeline_path): kernel
-                             * timeline stamps (cu_timeline.cuh), written to tl_path when
+                             * timeline stamps (common/timeline.cuh), written to tl_path when
                              * the context ends */
     char *tl_path;
 } cu_ctx_state;
@@ -56,4 +56,4 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
  * and the plane size's; the plan's schedule uses it before those are known. */
 int cu_attn_tma_shape(const msa_plan *plan, const cu_plan_state *st);
 
-#endif /* MSA_CU_BACKEND_CUH */
+#endif /* MSA_CUDA_BACKEND_CUH */

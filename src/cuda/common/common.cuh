@@ -3,8 +3,8 @@
  * linkage), error helpers, element loads/stores by run-time dtype and small
  * warp utilities.  Every .cu file of the backend includes this first.
  */
-#ifndef MSA_CU_COMMON_CUH
-#define MSA_CU_COMMON_CUH
+#ifndef MSA_CUDA_COMMON_COMMON_CUH
+#define MSA_CUDA_COMMON_COMMON_CUH
 
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -156,4 +156,4 @@ __device__ __forceinline__ uint32_t cu_causal_bits(int32_t pos, int32_t base, in
     return all & ~((1u << first) - 1u);
 }
 
-#endif /* MSA_CU_COMMON_CUH */
+#endif /* MSA_CUDA_COMMON_COMMON_CUH */

@@ -20,10 +20,10 @@
  * any of its tokens, ascending, with a bit per token that selected it: the
  * decode attention reads each such block once for all tokens and heads.
  */
-#include "cu_score.cuh"
-#include "cu_select.cuh"
-#include "cu_launch.cuh"
-#include "cu_timeline.cuh"
+#include "cuda/kernels/indexer/block_score_simt.cuh"
+#include "cuda/kernels/select/select_row.cuh"
+#include "cuda/arch/launch.cuh"
+#include "cuda/common/timeline.cuh"
 
 #define SEL_WARPS 4
 
@@ -36,9 +36,9 @@ __host__ __device__ __forceinline__ size_t cu_sel_warp_words(int32_t mi, int32_t
 }
 
 /* Words of the CTA's list-path scratch after the warps' regions (16-byte
- * aligned): SEL_WARPS * CU_SEL_XS list entries, CU_SEL_TOP keys per warp,
+ * aligned): SEL_WARPS * SEL_XS list entries, SEL_TOP keys per warp,
  * the fill counter, a pad word and 32 winners. */
-#define SEL_GRP_WORDS (2 * SEL_WARPS * CU_SEL_XS + SEL_WARPS * CU_SEL_TOP + 2 + 32)
+#define SEL_GRP_WORDS (2 * SEL_WARPS * SEL_XS + SEL_WARPS * SEL_TOP + 2 + 32)
 
 __host__ __device__ __forceinline__ size_t cu_sel_grp_offset(int32_t mi, int32_t K, int32_t W, int32_t cache)
 {
@@ -49,13 +49,13 @@ __host__ __device__ __forceinline__ size_t cu_sel_grp_offset(int32_t mi, int32_t
 __device__ __forceinline__ cu_sel_grp cu_sel_grp_of(const cu_layer &L, uint32_t *smem)
 {
     uint32_t *base = smem + cu_sel_grp_offset(L.mi, L.K, L.W, L.sel_cache);
-    uint32_t *small = base + 2 * SEL_WARPS * CU_SEL_XS;
+    uint32_t *small = base + 2 * SEL_WARPS * SEL_XS;
     cu_sel_grp g;
     g.xs = (unsigned long long *)base;
-    g.cap = SEL_WARPS * CU_SEL_XS;
+    g.cap = SEL_WARPS * SEL_XS;
     g.tw = small;
-    g.cnt = small + SEL_WARPS * CU_SEL_TOP;
-    g.win = (int32_t *)(small + SEL_WARPS * CU_SEL_TOP + 2);
+    g.cnt = small + SEL_WARPS * SEL_TOP;
+    g.win = (int32_t *)(small + SEL_WARPS * SEL_TOP + 2);
     return g;
 }
 
@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L
     /* Every CTA takes decode rows; the first pf_ctas then take prefill items,
      * each with its own scratch row. */
     cu_select_decode_role(L, blockIdx.x, gridDim.x, sel_smem);
-    cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
+    cu_pdl_wait(); /* every CTA, before it ends (arch/launch.cuh) */
     if (threadIdx.x == 0)
         CU_TL_MARK(L, CU_TL_SELECT, CU_TL_EXIT);
     if (blockIdx.x >= L.pf_ctas)

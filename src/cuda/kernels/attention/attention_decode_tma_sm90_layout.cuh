@@ -1,42 +1,42 @@
 /*
- * What the Hopper sparse attention's producer warps (cu_attt_producer.cuh)
- * and consumer warpgroups (attn_tma.cu) share: the ring's sizes, the shared
+ * What the Hopper sparse attention's producer warps (attention_decode_tma_sm90_producer.cuh)
+ * and consumer warpgroups (attention_decode_tma_sm90.cu) share: the ring's sizes, the shared
  * memory layout, what a ring slot holds and what a unit is.
  */
-#ifndef MSA_CU_ATTT_CUH
-#define MSA_CU_ATTT_CUH
+#ifndef MSA_CUDA_KERNELS_ATTENTION_ATTENTION_DECODE_TMA_SM90_LAYOUT_CUH
+#define MSA_CUDA_KERNELS_ATTENTION_ATTENTION_DECODE_TMA_SM90_LAYOUT_CUH
 
-#include "cu_attn.cuh"
-#include "cu_tma.cuh"
-#include "cu_wgmma.cuh"
-#include "cu_rows_state.cuh"
+#include "cuda/kernels/attention/key_stream.cuh"
+#include "cuda/arch/tma_sm90.cuh"
+#include "cuda/arch/wgmma_sm90.cuh"
+#include "cuda/kernels/attention/rows_mma.cuh"
 
 /* Four 32 KB stages.  A deeper ring does not pay: on the H200, six stages
  * (as many as fit beside the merge scratch) were 0.2-5% slower than four
  * on twelve decode cases (batches of 8 to 128 requests), five 0.3-4% slower
  * (bench/RESULTS.md, v18), three about as fast as four; the stream is not
  * short of copies in flight. */
-#define ATT_STAGES 4
+#define ATT_TMA_STAGES 4
 /* A unit's tail tile is finished after its end's slot is claimed
  * (cu_attt_tail_finish): that claim must not wait for the tail's slot. */
-static_assert(ATT_STAGES >= 2, "the attention ring needs two stages");
-#define ATT_CONSUMERS 8
+static_assert(ATT_TMA_STAGES >= 2, "the attention ring needs two stages");
+#define ATT_TMA_CONSUMERS 8
 /* Producer warps: two take the CTA's units in turns (see cu_attt_turn), so
  * that one prepares its unit while the other issues. */
-#define ATT_PRODUCERS 2
-#define ATT_THREADS ((ATT_CONSUMERS + ATT_PRODUCERS) * 32)
-#define ATT_TILE 64
-#define ATT_HALF_BYTES (ATT_TILE * 256)          /* K or V of one tile */
-#define ATT_STAGE_BYTES (2 * ATT_HALF_BYTES)
+#define ATT_TMA_PRODUCERS 2
+#define ATT_TMA_THREADS ((ATT_TMA_CONSUMERS + ATT_TMA_PRODUCERS) * 32)
+#define ATT_TMA_TILE 64
+#define ATT_TMA_HALF_BYTES (ATT_TMA_TILE * 256)          /* K or V of one tile */
+#define ATT_TMA_STAGE_BYTES (2 * ATT_TMA_HALF_BYTES)
 /* Partial state of a warp for the in-CTA merge: 16 x 128 O, then m, l.
  * Only the second group's warps save theirs (a single item): 4 slots. */
-#define ATT_SCR_FLOATS CU_ROWS_SLOT_FLOATS
-#define ATT_SCR_SLOTS 4
-#define ATT_SMEM_BYTES                                                                      \
-    (1024 + ATT_STAGES * ATT_STAGE_BYTES + ATT_SCR_SLOTS * ATT_SCR_FLOATS * 4 +            \
-     ATT_STAGES * 16 + (2 * ATT_STAGES + ATT_PRODUCERS) * 8 + 16)
+#define ATT_TMA_SCR_FLOATS CU_ROWS_SLOT_FLOATS
+#define ATT_TMA_SCR_SLOTS 4
+#define ATT_TMA_SMEM_BYTES                                                                      \
+    (1024 + ATT_TMA_STAGES * ATT_TMA_STAGE_BYTES + ATT_TMA_SCR_SLOTS * ATT_TMA_SCR_FLOATS * 4 +            \
+     ATT_TMA_STAGES * 16 + (2 * ATT_TMA_STAGES + ATT_TMA_PRODUCERS) * 8 + 16)
 
-/* Beyond ATT_SMEM_BYTES, when the kernel builds its own unions
+/* Beyond ATT_TMA_SMEM_BYTES, when the kernel builds its own unions
  * (cu_layer.att_union = U blocks, a multiple of 32): per producer, in this
  * order, a bitmap of a request's blocks (U words), its summary (a bit per
  * bitmap word in use, U / 32 words), the request's page-table row (U
@@ -49,15 +49,15 @@ __host__ __device__ constexpr int32_t cu_attt_union_words(int32_t U)
 {
     return U > 0 ? cu_attt_union_list_off(U) + 2 * CU_ATT_UNION_LIST : 0;
 }
-#define ATT_UNION_MAX_BYTES (ATT_PRODUCERS * 4 * cu_attt_union_words(CU_ATT_UNION_BLOCKS))
+#define ATT_TMA_UNION_MAX_BYTES (ATT_TMA_PRODUCERS * 4 * cu_attt_union_words(CU_ATT_UNION_BLOCKS))
 __host__ __device__ __forceinline__ size_t cu_attt_union_bytes(const cu_layer &L)
 {
-    return (size_t)ATT_PRODUCERS * 4 * (size_t)cu_attt_union_words(L.att_union);
+    return (size_t)ATT_TMA_PRODUCERS * 4 * (size_t)cu_attt_union_words(L.att_union);
 }
 
-static_assert(ATT_SMEM_BYTES + ATT_UNION_MAX_BYTES <= 227 * 1024,
+static_assert(ATT_TMA_SMEM_BYTES + ATT_TMA_UNION_MAX_BYTES <= 227 * 1024,
               "attention ring, scratch and unions exceed shared memory");
-static_assert((ATT_SMEM_BYTES - 1024) % 16 == 0, "the union area after the ring's is 16-byte aligned");
+static_assert((ATT_TMA_SMEM_BYTES - 1024) % 16 == 0, "the union area after the ring's is 16-byte aligned");
 
 /* Every lane of a consumer warp reads a slot's meta (below) and every
  * lane arrives on the slot's empty barrier: each lane's arrival releases
@@ -66,7 +66,7 @@ static_assert((ATT_SMEM_BYTES - 1024) % 16 == 0, "the union area after the ring'
  * memory model, but racecheck reports it; lane 0 alone reading, passing
  * the meta on by shuffle and arriving was 1-2% slower on the H200:
  * bench/RESULTS.md, v21.) */
-#define ATT_EMPTY_ARRIVALS (ATT_CONSUMERS * 32)
+#define ATT_TMA_EMPTY_ARRIVALS (ATT_TMA_CONSUMERS * 32)
 
 /* Shared memory by 32-bit shared addresses.  The kernel reaches shared
  * memory through pointers the compiler cannot place (the layout is passed
@@ -163,4 +163,4 @@ __device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32
 
 #endif /* CU_HAVE_WGMMA */
 
-#endif /* MSA_CU_ATTT_CUH */
+#endif /* MSA_CUDA_KERNELS_ATTENTION_ATTENTION_DECODE_TMA_SM90_LAYOUT_CUH */

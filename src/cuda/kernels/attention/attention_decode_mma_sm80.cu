@@ -15,20 +15,20 @@
  * registers, S = Q K^T and O += P V run on mma.sync m16n8k16 with fp32
  * accumulators; P is rounded to the 16-bit type for the second product.
  */
-#include "cu_attn.cuh"
-#include "cu_mma.cuh"
-#include "cu_rows_state.cuh"
-#include "cu_launch.cuh"
+#include "cuda/kernels/attention/key_stream.cuh"
+#include "cuda/arch/mma_sm80.cuh"
+#include "cuda/kernels/attention/rows_mma.cuh"
+#include "cuda/arch/launch.cuh"
 
-#define ATT_STAGES 3
-#define ATT_THREADS 128
-#define ATT_TILE_BYTES (CU_TILE_KEYS * 256)
-#define ATT_STAGE_BYTES (2 * ATT_TILE_BYTES + CU_TILE_KEYS * 4)
+#define ATT_MMA_STAGES 3
+#define ATT_MMA_THREADS 128
+#define ATT_MMA_TILE_BYTES (CU_TILE_KEYS * 256)
+#define ATT_MMA_STAGE_BYTES (2 * ATT_MMA_TILE_BYTES + CU_TILE_KEYS * 4)
 /* Stream metadata of one item, read once at its start (see cu_att_meta). */
-#define ATT_META_BLK 512
-#define ATT_META_PAGES 2048
-#define ATT_META_BYTES (ATT_META_BLK * 8 + ATT_META_PAGES * 4)
-#define ATT_SMEM_BYTES (ATT_STAGES * ATT_STAGE_BYTES + ATT_META_BYTES)
+#define ATT_MMA_META_BLK 512
+#define ATT_MMA_META_PAGES 2048
+#define ATT_MMA_META_BYTES (ATT_MMA_META_BLK * 8 + ATT_MMA_META_PAGES * 4)
+#define ATT_MMA_SMEM_BYTES (ATT_MMA_STAGES * ATT_MMA_STAGE_BYTES + ATT_MMA_META_BYTES)
 
 /* The tiles of this path: rows of 256 bytes, cu_swz. */
 struct cu_swz256 {
@@ -88,8 +88,8 @@ __device__ __forceinline__ cu_att_loc cu_att_locate(const cu_layer &L, const cu_
 __device__ __forceinline__ void cu_att_issue(const cu_layer &L, const cu_attn &A, unsigned char *smem,
                                              int32_t group, const cu_att_loc &b, int stage)
 {
-    unsigned char *st = smem + stage * ATT_STAGE_BYTES;
-    uint32_t *kmask = (uint32_t *)(st + 2 * ATT_TILE_BYTES);
+    unsigned char *st = smem + stage * ATT_MMA_STAGE_BYTES;
+    uint32_t *kmask = (uint32_t *)(st + 2 * ATT_MMA_TILE_BYTES);
     const int row = threadIdx.x >> 1;
     const int half = threadIdx.x & 1;
     const unsigned char *ksrc = (const unsigned char *)A.kp;
@@ -101,7 +101,7 @@ __device__ __forceinline__ void cu_att_issue(const cu_layer &L, const cu_attn &A
         vsrc += off;
     }
     const uint32_t kd = cu_smem_addr(st);
-    const uint32_t vd = kd + ATT_TILE_BYTES;
+    const uint32_t vd = kd + ATT_MMA_TILE_BYTES;
     const int nbytes = b.use ? 16 : 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -130,10 +130,10 @@ typedef struct cu_att_meta {
 __device__ __forceinline__ int cu_att_meta_load(const cu_layer &L, const cu_stream &s,
                                                 unsigned char *smem, cu_att_meta &mt)
 {
-    unsigned char *base = smem + ATT_STAGES * ATT_STAGE_BYTES;
+    unsigned char *base = smem + ATT_MMA_STAGES * ATT_MMA_STAGE_BYTES;
     mt.blk = (int32_t *)base;
-    mt.msk = (uint32_t *)(base + ATT_META_BLK * 4);
-    mt.page = (int32_t *)(base + ATT_META_BLK * 8);
+    mt.msk = (uint32_t *)(base + ATT_MMA_META_BLK * 4);
+    mt.page = (int32_t *)(base + ATT_MMA_META_BLK * 8);
     mt.ppb = s.B > L.P ? s.B >> L.logP : 1;
     mt.bi0 = 0;
     mt.first = 0;
@@ -143,14 +143,14 @@ __device__ __forceinline__ int cu_att_meta_load(const cu_layer &L, const cu_stre
     if (s.sparse) {
         mt.bi0 = s.u0 / s.B;
         const int32_t nblk = (s.u1 + s.B - 1) / s.B - mt.bi0;
-        if (nblk > ATT_META_BLK || nblk * mt.ppb > ATT_META_PAGES)
+        if (nblk > ATT_MMA_META_BLK || nblk * mt.ppb > ATT_MMA_META_PAGES)
             return 0;
-        for (int32_t i = threadIdx.x; i < nblk; i += ATT_THREADS) {
+        for (int32_t i = threadIdx.x; i < nblk; i += ATT_MMA_THREADS) {
             mt.blk[i] = s.uid[mt.bi0 + i];
             mt.msk[i] = s.umk[mt.bi0 + i];
         }
         __syncthreads();
-        for (int32_t e = threadIdx.x; e < nblk * mt.ppb; e += ATT_THREADS) {
+        for (int32_t e = threadIdx.x; e < nblk * mt.ppb; e += ATT_MMA_THREADS) {
             const int32_t b = e / mt.ppb;
             const int32_t pos0 = mt.blk[b] * s.B + (e - b * mt.ppb) * L.P;
             mt.page[e] = pt[pos0 >> L.logP];
@@ -158,9 +158,9 @@ __device__ __forceinline__ int cu_att_meta_load(const cu_layer &L, const cu_stre
     } else {
         mt.first = s.u0 >> L.logP;
         const int32_t np = ((s.u1 - 1) >> L.logP) - mt.first + 1;
-        if (np > ATT_META_PAGES)
+        if (np > ATT_MMA_META_PAGES)
             return 0;
-        for (int32_t e = threadIdx.x; e < np; e += ATT_THREADS)
+        for (int32_t e = threadIdx.x; e < np; e += ATT_MMA_THREADS)
             mt.page[e] = pt[mt.first + e];
     }
     __syncthreads();
@@ -233,7 +233,7 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
 
     cu_att_meta mt;
     const int meta = cu_att_meta_load(L, cs, smem, mt);
-    for (int s = 0; s < ATT_STAGES - 1; ++s) {
+    for (int s = 0; s < ATT_MMA_STAGES - 1; ++s) {
         if (s < ntiles)
             cu_att_issue(L, A, smem, it.group,
                          meta ? cu_att_meta_loc(L, cs, mt, s)
@@ -242,20 +242,20 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
         cu_cp_async_commit();
     }
     for (int32_t j = 0; j < ntiles; ++j) {
-        cu_cp_async_wait<ATT_STAGES - 2>();
+        cu_cp_async_wait<ATT_MMA_STAGES - 2>();
         __syncthreads();
-        const int32_t jn = j + ATT_STAGES - 1;
+        const int32_t jn = j + ATT_MMA_STAGES - 1;
         if (jn < ntiles)
             cu_att_issue(L, A, smem, it.group,
                          meta ? cu_att_meta_loc(L, cs, mt, jn)
                               : cu_att_locate(L, cs, cu_att_lookup(cs, jn)),
-                         jn % ATT_STAGES);
+                         jn % ATT_MMA_STAGES);
         cu_cp_async_commit();
 
-        const unsigned char *st = smem + (j % ATT_STAGES) * ATT_STAGE_BYTES;
-        const uint32_t *kmask = (const uint32_t *)(st + 2 * ATT_TILE_BYTES);
+        const unsigned char *st = smem + (j % ATT_MMA_STAGES) * ATT_MMA_STAGE_BYTES;
+        const uint32_t *kmask = (const uint32_t *)(st + 2 * ATT_MMA_TILE_BYTES);
         const uint32_t ka = cu_smem_addr(st);
-        const uint32_t va = ka + ATT_TILE_BYTES;
+        const uint32_t va = ka + ATT_MMA_TILE_BYTES;
 
         /* A warp whose tokens use none of its keys in this tile skips it:
          * with selections that differ per token most of a union is such. */
@@ -306,7 +306,7 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
 }
 
 template <typename Tag>
-__global__ void __launch_bounds__(ATT_THREADS, 2) cu_attn_mma_kernel(cu_layer L, cu_attn A)
+__global__ void __launch_bounds__(ATT_MMA_THREADS, 2) cu_attn_mma_kernel(cu_layer L, cu_attn A)
 {
     cu_pdl_wait();
     cu_pdl_trigger();
@@ -328,22 +328,22 @@ void cu_launch_attn_decode_mma(const cu_layer *L, const cu_plan_state *st, const
                                cudaStream_t s)
 {
     if (A->act == MSA_DTYPE_BF16)
-        cu_launch(cu_attn_mma_kernel<cu_bf16_tag>, st->grid_att_fast, ATT_THREADS, ATT_SMEM_BYTES, s,
+        cu_launch(cu_attn_mma_kernel<cu_bf16_tag>, st->grid_att_fast, ATT_MMA_THREADS, ATT_MMA_SMEM_BYTES, s,
                   st->pdl, *L, *A);
     else
-        cu_launch(cu_attn_mma_kernel<cu_f16_tag>, st->grid_att_fast, ATT_THREADS, ATT_SMEM_BYTES, s,
+        cu_launch(cu_attn_mma_kernel<cu_f16_tag>, st->grid_att_fast, ATT_MMA_THREADS, ATT_MMA_SMEM_BYTES, s,
                   st->pdl, *L, *A);
 }
 
 cudaError_t cu_attn_mma_setup(int num_sms, int *grid)
 {
-    cudaError_t e = cu_allow_smem(ATT_SMEM_BYTES, cu_attn_mma_kernel<cu_bf16_tag>,
+    cudaError_t e = cu_allow_smem(ATT_MMA_SMEM_BYTES, cu_attn_mma_kernel<cu_bf16_tag>,
                                   cu_attn_mma_kernel<cu_f16_tag>);
     if (e != cudaSuccess)
         return e;
     int occ = 0;
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, cu_attn_mma_kernel<cu_bf16_tag>,
-                                                      ATT_THREADS, ATT_SMEM_BYTES);
+                                                      ATT_MMA_THREADS, ATT_MMA_SMEM_BYTES);
     if (e != cudaSuccess)
         return e;
     *grid = num_sms * (occ > 0 ? occ : 1);

@@ -8,7 +8,7 @@
  * two plan items of four tokens, see att_units; the plan deals them to the
  * CTAs by estimated cost, att_cta).  A producer warp streams
  * the union's 64-key tiles that any of the unit's tokens uses, K and V,
- * through a ring of ATT_STAGES tensor-map copies; tiles no token of the unit
+ * through a ring of ATT_TMA_STAGES tensor-map copies; tiles no token of the unit
  * uses are never loaded, and the others are read once for all its tokens.
  * Two producer warps take the CTA's units in turns, each preparing its
  * next unit while the other issues.
@@ -29,10 +29,10 @@
  * scores are masked, and the producer zeroes that tile's V rows before the
  * consumers see it, so a stale NaN cannot reach O through a zero weight.
  */
-#include "cu_attt.cuh"
-#include "cu_attt_producer.cuh"
-#include "cu_launch.cuh"
-#include "cu_timeline.cuh"
+#include "cuda/kernels/attention/attention_decode_tma_sm90_layout.cuh"
+#include "cuda/kernels/attention/attention_decode_tma_sm90_producer.cuh"
+#include "cuda/arch/launch.cuh"
+#include "cuda/common/timeline.cuh"
 
 #define LOG2E 1.4426950408889634f
 
@@ -47,7 +47,7 @@ __device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][
     cu_wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-        const uint32_t at = ka + (uint32_t)(ks >> 2) * (ATT_HALF_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
+        const uint32_t at = ka + (uint32_t)(ks >> 2) * (ATT_TMA_HALF_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
         if (ks == 0)
             cu_wgmma_m64n64k16_first(sc, qa[ks], cu_wgmma_desc(at, 16), Tag());
         else
@@ -84,7 +84,7 @@ __device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, 
                                                 float &m_lo, float &m_hi, float &l_lo, float &l_hi)
 {
     const int lane = threadIdx.x & 31;
-    if (lim < ATT_TILE - 1) {
+    if (lim < ATT_TMA_TILE - 1) {
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
 #pragma unroll
@@ -118,7 +118,7 @@ __device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, 
 /* O += P V: the weights (rounded to the 16-bit type, in the A-fragment
  * layout the S accumulators already have) against the tile's V, read
  * MN-major: 16 keys per step (2048 bytes), dimensions 64-127 one box
- * (ATT_HALF_BYTES / 2) after 0-63.  A warp whose token does not use the
+ * (ATT_TMA_HALF_BYTES / 2) after 0-63.  A warp whose token does not use the
  * tile gives weight 0 to every key (its rows of the product add zero). */
 template <typename Tag>
 __device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], bool member, float (&o)[16][4])
@@ -134,7 +134,7 @@ __device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], 
     cu_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-        cu_wgmma_m64n128k16<1>(o, pa[kk], cu_wgmma_desc(va + (uint32_t)kk * 2048u, ATT_HALF_BYTES / 2), 1,
+        cu_wgmma_m64n128k16<1>(o, pa[kk], cu_wgmma_desc(va + (uint32_t)kk * 2048u, ATT_TMA_HALF_BYTES / 2), 1,
                                Tag());
     cu_wgmma_commit();
     cu_wgmma_wait_all();
@@ -144,7 +144,7 @@ __device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], 
 /* A consumer warp is done with slot s: the producer may refill it. */
 __device__ __forceinline__ void cu_attt_release(const cu_attt_smem &sm, int s)
 {
-    cu_mbar_arrive(&sm.empty[s]); /* every lane: see ATT_EMPTY_ARRIVALS */
+    cu_mbar_arrive(&sm.empty[s]); /* every lane: see ATT_TMA_EMPTY_ARRIVALS */
 }
 
 /* A warp's 16 finished rows of a single-split item (one token's heads:
@@ -262,8 +262,8 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
     const float sl2 = A.scale * LOG2E;
 
     for (int32_t c = 0;; ++c) {
-        const int s = gs % ATT_STAGES;
-        cu_mbar_wait(&sm.full[s], (gs / ATT_STAGES) & 1u);
+        const int s = gs % ATT_TMA_STAGES;
+        cu_mbar_wait(&sm.full[s], (gs / ATT_TMA_STAGES) & 1u);
         ++gs;
 #ifdef MSA_TIMELINE
         if (c == 0 && threadIdx.x == 0 && un.first_of_cta)
@@ -281,8 +281,8 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         }
         /* Group-uniform: whether this group computes the tile. */
         if ((mt.bits & gbits) && (pair || (c & 1) == h)) {
-            const uint32_t ka = cu_smem_addr(sm.ring + s * ATT_STAGE_BYTES);
-            const uint32_t va = ka + ATT_HALF_BYTES;
+            const uint32_t ka = cu_smem_addr(sm.ring + s * ATT_TMA_STAGE_BYTES);
+            const uint32_t va = ka + ATT_TMA_HALF_BYTES;
             float sc[8][4];
             cu_attt_qk<Tag>(ka, qa, sc);
             /* The warp's token uses the tile: its keys inside the causal
@@ -298,14 +298,14 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
 
     /* A single item: group 1's state joins group 0's, warp by warp. */
     if (!pair && h == 1 && active)
-        cu_rows_save(sm.scr + w * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
-    cu_named_sync(1, ATT_CONSUMERS * 32);
+        cu_rows_save(sm.scr + w * ATT_TMA_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
+    cu_named_sync(1, ATT_TMA_CONSUMERS * 32);
     if (active && (pair || h == 0)) {
         if (!pair)
-            cu_rows_absorb(sm.scr + w * ATT_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
+            cu_rows_absorb(sm.scr + w * ATT_TMA_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
         /* The warp's staging area: its slot of the scratch, half h of it
          * for a pair (the slot's own state is absorbed by then). */
-        const uint32_t stage = cu_smem_addr(sm.scr + w * ATT_SCR_FLOATS) + (pair ? h : 0) * 4096u;
+        const uint32_t stage = cu_smem_addr(sm.scr + w * ATT_TMA_SCR_FLOATS) + (pair ? h : 0) * 4096u;
         /* The item's split fields from memory again (*itp), not kept in
          * registers through the tile loop. */
         const cu_att_item wi = *itp;
@@ -317,13 +317,13 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
             cu_rows_write<Tag>(L, A, wi, w * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,
                                l_lo, l_hi);
     }
-    cu_named_sync(1, ATT_CONSUMERS * 32); /* the scratch is reused by the next unit */
+    cu_named_sync(1, ATT_TMA_CONSUMERS * 32); /* the scratch is reused by the next unit */
 }
 
 #endif /* CU_HAVE_WGMMA */
 
 template <typename Tag>
-__global__ void __launch_bounds__(ATT_THREADS, 1)
+__global__ void __launch_bounds__(ATT_TMA_THREADS, 1)
     cu_attn_tma_kernel(const __grid_constant__ cu_layer L, const __grid_constant__ cu_attn A,
                        const __grid_constant__ CUtensorMap map_k,
                        const __grid_constant__ CUtensorMap map_v)
@@ -332,30 +332,30 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     cu_attt_smem sm;
     sm.ring = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    sm.scr = (float *)(sm.ring + ATT_STAGES * ATT_STAGE_BYTES);
-    sm.meta = (cu_attt_meta *)(sm.scr + ATT_SCR_SLOTS * ATT_SCR_FLOATS);
-    sm.full = (uint64_t *)(sm.meta + ATT_STAGES);
-    sm.empty = sm.full + ATT_STAGES;
-    sm.tail = sm.empty + ATT_STAGES;
-    sm.handoff = (uint32_t *)(sm.tail + ATT_PRODUCERS);
+    sm.scr = (float *)(sm.ring + ATT_TMA_STAGES * ATT_TMA_STAGE_BYTES);
+    sm.meta = (cu_attt_meta *)(sm.scr + ATT_TMA_SCR_SLOTS * ATT_TMA_SCR_FLOATS);
+    sm.full = (uint64_t *)(sm.meta + ATT_TMA_STAGES);
+    sm.empty = sm.full + ATT_TMA_STAGES;
+    sm.tail = sm.empty + ATT_TMA_STAGES;
+    sm.handoff = (uint32_t *)(sm.tail + ATT_TMA_PRODUCERS);
     sm.uwords = cu_attt_union_words(L.att_union);
-    sm.uarea = (uint32_t *)(sm.ring + (ATT_SMEM_BYTES - 1024));
+    sm.uarea = (uint32_t *)(sm.ring + (ATT_TMA_SMEM_BYTES - 1024));
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ENTRY);
-        for (int s = 0; s < ATT_STAGES; ++s) {
+        for (int s = 0; s < ATT_TMA_STAGES; ++s) {
             cu_mbar_init(&sm.full[s], 1);
-            cu_mbar_init(&sm.empty[s], ATT_EMPTY_ARRIVALS);
+            cu_mbar_init(&sm.empty[s], ATT_TMA_EMPTY_ARRIVALS);
         }
-        for (int j = 0; j < ATT_PRODUCERS; ++j)
+        for (int j = 0; j < ATT_TMA_PRODUCERS; ++j)
             cu_mbar_init(&sm.tail[j], 1);
         cu_mbar_fence_init();
         cu_tma_prefetch_map(&map_k);
         cu_tma_prefetch_map(&map_v);
     }
     __syncthreads();
-    if (warp >= ATT_CONSUMERS)
-        cu_attt_union_clear(L, sm, warp - ATT_CONSUMERS);
+    if (warp >= ATT_TMA_CONSUMERS)
+        cu_attt_union_clear(L, sm, warp - ATT_TMA_CONSUMERS);
     /* The selection writes the unions (or the rows the producers build
      * them from), the prologue the cache rows: the
      * producer waits for them before it reads a union; the consumers read
@@ -368,15 +368,15 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
     int k = 0; /* the unit's place among the CTA's units */
     for (int32_t ui = u_begin; ui < u_end; ++ui, ++k) {
         const cu_attt_unit un = cu_attt_unit_of(L, ui, k == 0);
-        if (warp >= ATT_CONSUMERS) {
-            const int j = warp - ATT_CONSUMERS;
-            if (k % ATT_PRODUCERS == j)
+        if (warp >= ATT_TMA_CONSUMERS) {
+            const int j = warp - ATT_TMA_CONSUMERS;
+            if (k % ATT_TMA_PRODUCERS == j)
                 cu_attt_producer(L, A, &map_k, &map_v, sm, un, gs, tail_par, j, k == 0, ui + 1 < u_end);
         } else {
             cu_attt_consumer<Tag>(L, A, sm, un, gs);
         }
     }
-    cu_pdl_wait(); /* every CTA, before it ends (cu_launch.cuh) */
+    cu_pdl_wait(); /* every CTA, before it ends (arch/launch.cuh) */
     if (threadIdx.x == 0)
         CU_TL_MARK(L, CU_TL_ATTN, CU_TL_EXIT);
 #else
@@ -390,17 +390,17 @@ __global__ void __launch_bounds__(ATT_THREADS, 1)
 void cu_launch_attn_tma(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
                         const CUtensorMap *map_k, const CUtensorMap *map_v, cudaStream_t s)
 {
-    const size_t smem = ATT_SMEM_BYTES + cu_attt_union_bytes(*L);
+    const size_t smem = ATT_TMA_SMEM_BYTES + cu_attt_union_bytes(*L);
     if (A->act == MSA_DTYPE_BF16)
-        cu_launch(cu_attn_tma_kernel<cu_bf16_tag>, st->num_sms, ATT_THREADS, smem, s, st->pdl, *L, *A,
+        cu_launch(cu_attn_tma_kernel<cu_bf16_tag>, st->num_sms, ATT_TMA_THREADS, smem, s, st->pdl, *L, *A,
                   *map_k, *map_v);
     else
-        cu_launch(cu_attn_tma_kernel<cu_f16_tag>, st->num_sms, ATT_THREADS, smem, s, st->pdl, *L, *A,
+        cu_launch(cu_attn_tma_kernel<cu_f16_tag>, st->num_sms, ATT_TMA_THREADS, smem, s, st->pdl, *L, *A,
                   *map_k, *map_v);
 }
 
 cudaError_t cu_attn_tma_setup(void)
 {
-    return cu_allow_smem(ATT_SMEM_BYTES + ATT_UNION_MAX_BYTES, cu_attn_tma_kernel<cu_bf16_tag>,
+    return cu_allow_smem(ATT_TMA_SMEM_BYTES + ATT_TMA_UNION_MAX_BYTES, cu_attn_tma_kernel<cu_bf16_tag>,
                          cu_attn_tma_kernel<cu_f16_tag>);
 }

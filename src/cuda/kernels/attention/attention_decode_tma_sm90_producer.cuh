@@ -1,14 +1,14 @@
 /*
- * The Hopper sparse attention's producer warps (attn_tma.cu): each streams
+ * The Hopper sparse attention's producer warps (attention_decode_tma_sm90.cu): each streams
  * its units' tiles, K and V, into the ring by tensor-map copies; two take a
  * CTA's units in turns.
  */
-#ifndef MSA_CU_ATTT_PRODUCER_CUH
-#define MSA_CU_ATTT_PRODUCER_CUH
+#ifndef MSA_CUDA_KERNELS_ATTENTION_ATTENTION_DECODE_TMA_SM90_PRODUCER_CUH
+#define MSA_CUDA_KERNELS_ATTENTION_ATTENTION_DECODE_TMA_SM90_PRODUCER_CUH
 
-#include "cu_attt.cuh"
-#include "cu_launch.cuh"
-#include "cu_timeline.cuh"
+#include "cuda/kernels/attention/attention_decode_tma_sm90_layout.cuh"
+#include "cuda/arch/launch.cuh"
+#include "cuda/common/timeline.cuh"
 
 #ifdef CU_HAVE_WGMMA
 
@@ -56,7 +56,7 @@ __device__ __forceinline__ void cu_attt_pass_turn(const cu_attt_smem &sm, int j,
 /* A unit's tail tile (rows past kv_len) lands on its producer's own
  * barrier; the producer zeroes those V rows and then hands the slot to the
  * consumers.  It is issued as the unit's last tile and finished after the
- * turn has passed on: a claim waits only for the slot ATT_STAGES before
+ * turn has passed on: a claim waits only for the slot ATT_TMA_STAGES before
  * it, so no later claim of the unit waits for the tail. */
 typedef struct cu_attt_tail {
     int s;         /* its ring slot; -1: none pending */
@@ -69,12 +69,12 @@ __device__ __forceinline__ void cu_attt_tail_finish(const cu_attt_smem &sm, cu_a
     if (pend.s < 0)
         return;
     const int lane = threadIdx.x & 31;
-    unsigned char *vd = sm.ring + pend.s * ATT_STAGE_BYTES + ATT_HALF_BYTES;
+    unsigned char *vd = sm.ring + pend.s * ATT_TMA_STAGE_BYTES + ATT_TMA_HALF_BYTES;
     cu_mbar_wait(&sm.tail[j], tail_par);
     tail_par ^= 1u;
-    for (int e = pend.valid * 16 + lane; e < ATT_TILE * 16; e += 32) {
+    for (int e = pend.valid * 16 + lane; e < ATT_TMA_TILE * 16; e += 32) {
         const int r = e >> 4, c = e & 15;
-        *(uint4 *)(vd + cu_tswz(ATT_TILE, r, c)) = make_uint4(0u, 0u, 0u, 0u);
+        *(uint4 *)(vd + cu_tswz(ATT_TMA_TILE, r, c)) = make_uint4(0u, 0u, 0u, 0u);
     }
     /* Seen by the products, and a later tensor copy into this slot must
      * land after these. */
@@ -90,11 +90,11 @@ __device__ __forceinline__ void cu_attt_tail_finish(const cu_attt_smem &sm, cu_a
 __device__ __forceinline__ int cu_attt_claim(const cu_attt_smem &sm, uint32_t &gs, int32_t pos0,
                                              uint32_t bits)
 {
-    const int s = gs % ATT_STAGES;
-    const uint32_t par = (gs / ATT_STAGES) & 1u;
+    const int s = gs % ATT_TMA_STAGES;
+    const uint32_t par = (gs / ATT_TMA_STAGES) & 1u;
     ++gs;
     if ((threadIdx.x & 31) == 0) {
-        if (gs > ATT_STAGES)
+        if (gs > ATT_TMA_STAGES)
             cu_mbar_wait(&sm.empty[s], par ^ 1u);
         const uint32_t ma = cu_smem_addr(sm.meta + s);
         cu_sts32(ma, (uint32_t)pos0);
@@ -246,10 +246,10 @@ __device__ __forceinline__ void cu_attt_copy(const cu_layer &L, const CUtensorMa
                                              const cu_attt_smem &sm, const cu_attt_feed &f, int s, int32_t row,
                                              uint64_t *bar, uint32_t gs)
 {
-    unsigned char *kd = sm.ring + s * ATT_STAGE_BYTES;
-    unsigned char *vd = kd + ATT_HALF_BYTES;
+    unsigned char *kd = sm.ring + s * ATT_TMA_STAGE_BYTES;
+    unsigned char *vd = kd + ATT_TMA_HALF_BYTES;
     if ((threadIdx.x & 31) == 0) {
-        cu_mbar_arrive_tx(bar, ATT_STAGE_BYTES);
+        cu_mbar_arrive_tx(bar, ATT_TMA_STAGE_BYTES);
         /* A tile is read by one unit (two when q_len > 8, side by side):
          * its lines go first from L2, so the stream does not push out the
          * unions, the plan and the partial rows that the attention and the
@@ -257,9 +257,9 @@ __device__ __forceinline__ void cu_attt_copy(const cu_layer &L, const CUtensorMa
          * 200K context at batch 8-32 (bench/RESULTS.md, v17). */
         const uint64_t pol = cu_l2_evict_first();
         cu_tma_load2d_hint(kd, mk, 0, row, bar, pol);
-        cu_tma_load2d_hint(kd + ATT_HALF_BYTES / 2, mk, 64, row, bar, pol);
+        cu_tma_load2d_hint(kd + ATT_TMA_HALF_BYTES / 2, mk, 64, row, bar, pol);
         cu_tma_load2d_hint(vd, mv, 0, row, bar, pol);
-        cu_tma_load2d_hint(vd + ATT_HALF_BYTES / 2, mv, 64, row, bar, pol);
+        cu_tma_load2d_hint(vd + ATT_TMA_HALF_BYTES / 2, mv, 64, row, bar, pol);
 #ifdef MSA_TIMELINE
         if (f.first_of_cta && gs == f.gs_first + 1u)
             CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ISSUED);
@@ -317,7 +317,7 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
                 id = cs.uid[bi];
                 mk = cs.umk[bi];
             }
-            pos0 = id * 128 + (t & 1) * ATT_TILE;
+            pos0 = id * 128 + (t & 1) * ATT_TMA_TILE;
             bits = mk & cu_causal_bits(pos0, cs.base, cs.ql) & f.mine;
             if (bits)
                 page = f.staged ? (int32_t)cu_lds32(f.area.pages + 4u * (uint32_t)(pos0 >> 7)) : f.pt[pos0 >> 7];
@@ -325,7 +325,7 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
         /* At most one tile of a stream reaches past kv_len (the one holding
          * position kv_len - 1; a tile wholly past it has no token that
          * sees it), and it comes in the last window. */
-        const bool tail = bits != 0u && pos0 + ATT_TILE > cs.kl;
+        const bool tail = bits != 0u && pos0 + ATT_TMA_TILE > cs.kl;
         const uint32_t tail_lane = __ballot_sync(0xffffffffu, tail);
         /* Issue order: round robin over the unit's tokens, each turn the
          * next tile its token uses.  Most tiles serve one token, and only
@@ -440,11 +440,11 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
             f.cs = cu_stream_of(L, A, it, known);
         else if (phase == 0)
             continue; /* nothing known before the wait */
-        int32_t t_lo = max(f.cs.u0 / ATT_TILE, t_hi);
+        int32_t t_lo = max(f.cs.u0 / ATT_TMA_TILE, t_hi);
         if (phase == 0) /* tiles wholly before the step's first new position */
-            t_hi = max(t_lo, min(f.cs.base / ATT_TILE, f.cs.u1 / ATT_TILE));
+            t_hi = max(t_lo, min(f.cs.base / ATT_TMA_TILE, f.cs.u1 / ATT_TMA_TILE));
         else
-            t_hi = (f.cs.u1 + ATT_TILE - 1) / ATT_TILE;
+            t_hi = (f.cs.u1 + ATT_TMA_TILE - 1) / ATT_TMA_TILE;
         cu_attt_issue(L, A, mk, mv, sm, f, t_lo, t_hi, gs, tn, pend);
     }
     /* End of the item. */
@@ -460,4 +460,4 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
 
 #endif /* CU_HAVE_WGMMA */
 
-#endif /* MSA_CU_ATTT_PRODUCER_CUH */
+#endif /* MSA_CUDA_KERNELS_ATTENTION_ATTENTION_DECODE_TMA_SM90_PRODUCER_CUH */

@@ -6,9 +6,9 @@
  *   - padding rows: write the padding outputs (o = 0, idx_o = 0, lse = -inf,
  *     selected ids = -1), so the later kernels only ever touch real rows.
  */
-#include "cu_plan.cuh"
-#include "cu_launch.cuh"
-#include "cu_timeline.cuh"
+#include "cuda/plan.cuh"
+#include "cuda/arch/launch.cuh"
+#include "cuda/common/timeline.cuh"
 
 /* One element, converted when the element types differ.  Equal types copy
  * the bits, so NaN payloads survive as on the CPU. */

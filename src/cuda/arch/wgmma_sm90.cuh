@@ -11,7 +11,7 @@
  *     m16n8k16 A-fragment layout (a0: row lane/4, k 2(lane%4) + {0,1};
  *     a1: row + 8; a2: k + 8; a3: both).
  *   B (shared, K-major): N rows of 128 bytes (64 16-bit k values) in the
- *     128-byte swizzle a tensor-map copy writes (cu_tma.cuh), 8-row groups
+ *     128-byte swizzle a tensor-map copy writes (arch/tma_sm90.cuh), 8-row groups
  *     1024 bytes apart; the k-step ks of a box starts 32 * ks bytes in.
  *   B (shared, MN-major, for a transposed product): K rows of 128 bytes
  *     (64 MN values) in the same swizzle, 8-row groups 1024 bytes apart,
@@ -20,10 +20,10 @@
  *     d[4j + e] = (row 16w + lane/4, column 8j + 2(lane%4) + e) and
  *     d[4j + 2 + e] = the same column, row + 8 (as d[j][e], d[j][2 + e]).
  */
-#ifndef MSA_CU_WGMMA_CUH
-#define MSA_CU_WGMMA_CUH
+#ifndef MSA_CUDA_ARCH_WGMMA_SM90_CUH
+#define MSA_CUDA_ARCH_WGMMA_SM90_CUH
 
-#include "cu_mma.cuh"
+#include "cuda/arch/mma_sm80.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define CU_HAVE_WGMMA 1
@@ -140,4 +140,4 @@ CU_WGMMA_PRODUCTS(cu_f16_tag, "f16")
 
 #endif /* CU_HAVE_WGMMA */
 
-#endif /* MSA_CU_WGMMA_CUH */
+#endif /* MSA_CUDA_ARCH_WGMMA_SM90_CUH */

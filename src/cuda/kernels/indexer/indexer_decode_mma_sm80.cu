@@ -11,18 +11,18 @@
  * and accumulate in fp32.  Block max (or log-sum-exp) is fused: per-warp
  * column reductions, then a running state across the tiles of a block.
  */
-#include "cu_plan.cuh"
-#include "cu_mma.cuh"
-#include "cu_launch.cuh"
+#include "cuda/plan.cuh"
+#include "cuda/arch/mma_sm80.cuh"
+#include "cuda/arch/launch.cuh"
 
-#define IDX_STAGES 3
-#define IDX_THREADS 128
-#define IDX_TILE_BYTES (CU_TILE_KEYS * 256)
-/* Page entries of the key rows, looked up IDX_STAGES tiles before their copies. */
-#define IDX_PRING (2 * IDX_STAGES)
-#define IDX_SMEM_BYTES                                                                    \
-    (IDX_STAGES * IDX_TILE_BYTES + IDX_TILE_BYTES + 4 * 64 * 4 * 2 + 64 * 4 * 2 +         \
-     IDX_PRING * 64 * 4)
+#define IDX_MMA_STAGES 3
+#define IDX_MMA_THREADS 128
+#define IDX_MMA_TILE_BYTES (CU_TILE_KEYS * 256)
+/* Page entries of the key rows, looked up IDX_MMA_STAGES tiles before their copies. */
+#define IDX_MMA_PRING (2 * IDX_MMA_STAGES)
+#define IDX_MMA_SMEM_BYTES                                                                    \
+    (IDX_MMA_STAGES * IDX_MMA_TILE_BYTES + IDX_MMA_TILE_BYTES + 4 * 64 * 4 * 2 + 64 * 4 * 2 +         \
+     IDX_MMA_PRING * 64 * 4)
 
 /* A position in this CTA's tile sequence, walked tile by tile (no search
  * per tile).  Two walk ahead of the consumer: one issues the copies of
@@ -40,7 +40,7 @@ typedef struct cu_idx_ctx {
     unsigned char *ktile;
     unsigned char *qtile;
     float *red_m, *red_l, *run_m, *run_l;
-    int32_t *pring;                /* [IDX_PRING][64] */
+    int32_t *pring;                /* [IDX_MMA_PRING][64] */
     cu_idx_it issue, look;
 } cu_idx_ctx;
 
@@ -78,12 +78,12 @@ __device__ __forceinline__ void cu_idx_look(const cu_layer &L, const cu_idx_ctx 
     const bool valid = pos < c.look.kl;
     const int32_t *src = valid ? L.m.page_table + (int64_t)c.look.r * L.cap_pages + (pos >> L.logP)
                                : L.m.page_table;
-    const uint32_t dst = cu_smem_addr(c.pring + (x % IDX_PRING) * 64 + (threadIdx.x >> 1));
+    const uint32_t dst = cu_smem_addr(c.pring + (x % IDX_MMA_PRING) * 64 + (threadIdx.x >> 1));
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
                  "r"(valid ? 4 : 0));
 }
 
-/* Copies of tile x (the `issue` position) into ring stage x % IDX_STAGES. */
+/* Copies of tile x (the `issue` position) into ring stage x % IDX_MMA_STAGES. */
 __device__ __forceinline__ void cu_idx_issue(const cu_layer &L, const cu_idx_ctx &c, int32_t x)
 {
     const int row = threadIdx.x >> 1;
@@ -92,10 +92,10 @@ __device__ __forceinline__ void cu_idx_issue(const cu_layer &L, const cu_idx_ctx
     const bool valid = pos < c.issue.kl;
     const unsigned char *src = (const unsigned char *)L.ikp;
     if (valid) {
-        const int32_t page = c.pring[(x % IDX_PRING) * 64 + row];
+        const int32_t page = c.pring[(x % IDX_MMA_PRING) * 64 + row];
         src += (((int64_t)page * L.P + (pos & (L.P - 1))) * 128) * 2;
     }
-    const uint32_t dst = cu_smem_addr(c.ktile + (x % IDX_STAGES) * IDX_TILE_BYTES);
+    const uint32_t dst = cu_smem_addr(c.ktile + (x % IDX_MMA_STAGES) * IDX_MMA_TILE_BYTES);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int chunk = half * 8 + i;
@@ -135,7 +135,7 @@ __device__ __forceinline__ void cu_idx_tile(const cu_layer &L, const cu_idx_ctx 
 #pragma unroll
     for (int nt = 0; nt < NR; ++nt)
         acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-    const uint32_t ka = cu_smem_addr(c.ktile + stage * IDX_TILE_BYTES);
+    const uint32_t ka = cu_smem_addr(c.ktile + stage * IDX_MMA_TILE_BYTES);
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
         uint32_t a0, a1, a2, a3;
@@ -194,20 +194,20 @@ __device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin
     uint32_t bq[NR][8][2];
     cu_idx_bfrags<NR>(c.qtile, 0, bq);
     for (int32_t f = f_begin; f < f_end; ++f) {
-        cu_cp_async_wait<IDX_STAGES - 2>();
+        cu_cp_async_wait<IDX_MMA_STAGES - 2>();
         __syncthreads();
-        const int32_t fn = f + IDX_STAGES - 1;
+        const int32_t fn = f + IDX_MMA_STAGES - 1;
         if (fn < c.F)
             cu_idx_issue(L, c, fn);
-        if (fn + IDX_STAGES < c.F) {
-            cu_idx_look(L, c, fn + IDX_STAGES);
-            if (fn + IDX_STAGES + 1 < c.F)
+        if (fn + IDX_MMA_STAGES < c.F) {
+            cu_idx_look(L, c, fn + IDX_MMA_STAGES);
+            if (fn + IDX_MMA_STAGES + 1 < c.F)
                 cu_idx_it_advance(L, c.look, c.n_dec);
         }
         cu_cp_async_commit();
         if (fn + 1 < c.F)
             cu_idx_it_advance(L, c.issue, c.n_dec);
-        const int stage = f % IDX_STAGES;
+        const int stage = f % IDX_MMA_STAGES;
         const int32_t blk = f / c.tpb;                   /* block index in this CTA's range */
         const int32_t tb = f - blk * c.tpb;
         const int32_t n = n0 + blk - f_begin / c.tpb;    /* block id within the request */
@@ -229,7 +229,7 @@ __device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin
                 l = c.run_l[col];
             }
 #pragma unroll
-            for (int w = 0; w < IDX_THREADS / 32; ++w) {
+            for (int w = 0; w < IDX_MMA_THREADS / 32; ++w) {
                 const float m2 = c.red_m[w * 64 + col];
                 if (L.score_lse) {
                     cu_lse_merge(m, l, m2, c.red_l[w * 64 + col]);
@@ -253,7 +253,7 @@ __device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin
 template <typename Tag>
 /* Three CTAs per SM (68 KB of shared memory each): the loop is bound by
  * instruction latency more than by bytes in flight, so warps beat stages. */
-__global__ void __launch_bounds__(IDX_THREADS, 3) cu_indexer_mma_kernel(cu_layer L)
+__global__ void __launch_bounds__(IDX_MMA_THREADS, 3) cu_indexer_mma_kernel(cu_layer L)
 {
     cu_pdl_wait();
     cu_pdl_trigger();
@@ -271,8 +271,8 @@ __global__ void __launch_bounds__(IDX_THREADS, 3) cu_indexer_mma_kernel(cu_layer
     if (c.F == 0)
         return;
     c.ktile = smem;
-    c.qtile = smem + IDX_STAGES * IDX_TILE_BYTES;
-    c.red_m = (float *)(c.qtile + IDX_TILE_BYTES);
+    c.qtile = smem + IDX_MMA_STAGES * IDX_MMA_TILE_BYTES;
+    c.red_m = (float *)(c.qtile + IDX_MMA_TILE_BYTES);
     c.red_l = c.red_m + 4 * 64;
     c.run_m = c.red_l + 4 * 64;
     c.run_l = c.run_m + 64;
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(IDX_THREADS, 3) cu_indexer_mma_kernel(cu_layer
     c.issue.tb = 0;
     cu_idx_it_slot(L, c.issue, cu_dec_of_block(L.m.dec_blk0, c.n_dec, c.gb_begin));
     c.look = c.issue;
-    for (int32_t x = 0; x < 2 * IDX_STAGES - 1 && x < c.F; ++x) {
+    for (int32_t x = 0; x < 2 * IDX_MMA_STAGES - 1 && x < c.F; ++x) {
         cu_idx_look(L, c, x);
         if (x + 1 < c.F)
             cu_idx_it_advance(L, c.look, c.n_dec);
@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(IDX_THREADS, 3) cu_indexer_mma_kernel(cu_layer
     cu_cp_async_commit();
     cu_cp_async_wait<0>();
     __syncthreads();
-    for (int s = 0; s < IDX_STAGES - 1; ++s) {
+    for (int s = 0; s < IDX_MMA_STAGES - 1; ++s) {
         if (s < c.F)
             cu_idx_issue(L, c, s);
         cu_cp_async_commit();
@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(IDX_THREADS, 3) cu_indexer_mma_kernel(cu_layer
         const int32_t n0 = gb - di.blk0;
         __syncthreads(); /* every warp is done with the previous request's Q tile */
         const uint4 *q = (const uint4 *)((const unsigned char *)L.iq + (int64_t)t0 * L.Hi * 256);
-        for (int i = threadIdx.x; i < 64 * 16; i += IDX_THREADS) {
+        for (int i = threadIdx.x; i < 64 * 16; i += IDX_MMA_THREADS) {
             const int row = i >> 4, chunk = i & 15;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
             if (row < nq)
@@ -338,22 +338,22 @@ __global__ void __launch_bounds__(IDX_THREADS, 3) cu_indexer_mma_kernel(cu_layer
 void cu_launch_indexer_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
 {
     if (L->act == MSA_DTYPE_BF16)
-        cu_launch(cu_indexer_mma_kernel<cu_bf16_tag>, st->grid_idx_fast, IDX_THREADS, IDX_SMEM_BYTES,
+        cu_launch(cu_indexer_mma_kernel<cu_bf16_tag>, st->grid_idx_fast, IDX_MMA_THREADS, IDX_MMA_SMEM_BYTES,
                   s, st->pdl, *L);
     else
-        cu_launch(cu_indexer_mma_kernel<cu_f16_tag>, st->grid_idx_fast, IDX_THREADS, IDX_SMEM_BYTES,
+        cu_launch(cu_indexer_mma_kernel<cu_f16_tag>, st->grid_idx_fast, IDX_MMA_THREADS, IDX_MMA_SMEM_BYTES,
                   s, st->pdl, *L);
 }
 
 cudaError_t cu_indexer_mma_setup(int num_sms, int *grid)
 {
-    cudaError_t e = cu_allow_smem(IDX_SMEM_BYTES, cu_indexer_mma_kernel<cu_bf16_tag>,
+    cudaError_t e = cu_allow_smem(IDX_MMA_SMEM_BYTES, cu_indexer_mma_kernel<cu_bf16_tag>,
                                   cu_indexer_mma_kernel<cu_f16_tag>);
     if (e != cudaSuccess)
         return e;
     int occ = 0;
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, cu_indexer_mma_kernel<cu_bf16_tag>,
-                                                      IDX_THREADS, IDX_SMEM_BYTES);
+                                                      IDX_MMA_THREADS, IDX_MMA_SMEM_BYTES);
     if (e != cudaSuccess)
         return e;
     *grid = num_sms * (occ > 0 ? occ : 1);

@@ -24,8 +24,8 @@
  * is one untaken branch.  Graph replay keeps the pointer it was captured
  * with, which lives as long as the context.
  */
-#ifndef MSA_CU_TIMELINE_CUH
-#define MSA_CU_TIMELINE_CUH
+#ifndef MSA_CUDA_COMMON_TIMELINE_CUH
+#define MSA_CUDA_COMMON_TIMELINE_CUH
 
 #include <stdint.h>
 
@@ -63,4 +63,4 @@ __device__ __forceinline__ void cu_tl_mark(unsigned long long *tl, int kernel, i
 #define CU_TL_MARK(L, kernel, event) ((void)0)
 #endif
 
-#endif /* MSA_CU_TIMELINE_CUH */
+#endif /* MSA_CUDA_COMMON_TIMELINE_CUH */

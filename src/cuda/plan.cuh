@@ -10,10 +10,10 @@
  * workspaces below), so a graph captured once replays correctly after any
  * later update: the addresses never move, only the contents.
  */
-#ifndef MSA_CU_PLAN_CUH
-#define MSA_CU_PLAN_CUH
+#ifndef MSA_CUDA_PLAN_CUH
+#define MSA_CUDA_PLAN_CUH
 
-#include "cu_common.cuh"
+#include "cuda/common/common.cuh"
 
 #include <cuda.h>
 
@@ -262,11 +262,11 @@ typedef struct cu_layer {
                               * several tokens and at most this many blocks from the rows in
                               * sel (cu_attt_union), the selection the others; 0: the
                               * selection builds every union */
-    int32_t *idx_next;       /* NULL: the indexer's shares are all fixed (indexer_tma.cu) */
+    int32_t *idx_next;       /* NULL: the indexer's shares are all fixed (indexer_decode_tma_sm90.cu) */
     float *pf_scratch;
     float *part;
 #ifdef MSA_TIMELINE
-    unsigned long long *tl;  /* kernel timeline (cu_timeline.cuh), NULL: off */
+    unsigned long long *tl;  /* kernel timeline (common/timeline.cuh), NULL: off */
 #endif
 } cu_layer;
 
@@ -342,4 +342,4 @@ cudaError_t cu_select_setup(size_t smem); /* raises the kernels' shared-memory l
 cudaError_t cu_indexer_mma_setup(int num_sms, int *grid);
 cudaError_t cu_attn_mma_setup(int num_sms, int *grid);
 
-#endif /* MSA_CU_PLAN_CUH */
+#endif /* MSA_CUDA_PLAN_CUH */

@@ -9,12 +9,12 @@
  * spreads over the whole GPU.  Inside a block, one warp per query column
  * (token, index head).
  */
-#include "cu_score.cuh"
-#include "cu_launch.cuh"
+#include "cuda/kernels/indexer/block_score_simt.cuh"
+#include "cuda/arch/launch.cuh"
 
-#define CU_IDX_SIMT_THREADS 128
+#define IDX_SIMT_THREADS 128
 
-__global__ void __launch_bounds__(CU_IDX_SIMT_THREADS, 1) cu_indexer_simt_kernel(cu_layer L)
+__global__ void __launch_bounds__(IDX_SIMT_THREADS, 1) cu_indexer_simt_kernel(cu_layer L)
 {
     cu_pdl_wait();
     cu_pdl_trigger();
@@ -50,5 +50,5 @@ __global__ void __launch_bounds__(CU_IDX_SIMT_THREADS, 1) cu_indexer_simt_kernel
 
 void cu_launch_indexer_simt(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
 {
-    cu_launch(cu_indexer_simt_kernel, st->grid_idx, CU_IDX_SIMT_THREADS, 0, s, st->pdl, *L);
+    cu_launch(cu_indexer_simt_kernel, st->grid_idx, IDX_SIMT_THREADS, 0, s, st->pdl, *L);
 }

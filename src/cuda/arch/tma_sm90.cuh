@@ -15,11 +15,11 @@
  * arithmetic and no registers; the kernels are free to spend their warps on
  * the tensor cores.  Device functions exist for sm_90 and later only.
  */
-#ifndef MSA_CU_TMA_CUH
-#define MSA_CU_TMA_CUH
+#ifndef MSA_CUDA_ARCH_TMA_SM90_CUH
+#define MSA_CUDA_ARCH_TMA_SM90_CUH
 
-#include "cu_mma.cuh"
-#include "cu_plan.cuh"
+#include "cuda/arch/mma_sm80.cuh"
+#include "cuda/plan.cuh"
 
 #include <cuda.h>
 
@@ -103,7 +103,7 @@ __device__ __forceinline__ void cu_named_sync(int id, int threads)
 
 #endif /* sm_90+ */
 
-/* ---- host side (tma_map.cu) ---------------------------------------------- */
+/* ---- host side (arch/tma_map_sm90.cu) ---------------------------------------------- */
 
 /* Describes `rows` rows of 128 16-bit elements (256 bytes apart) at base,
  * read in boxes of 64 columns x box_rows rows with the 128-byte swizzle.
@@ -111,7 +111,7 @@ __device__ __forceinline__ void cu_named_sync(int id, int threads)
  * plane does not qualify (alignment, size). */
 int cu_tma_map_rows(CUtensorMap *map, const void *base, uint64_t rows, uint32_t box_rows);
 
-/* ---- Hopper kernels (indexer_tma.cu, attn_tma.cu) -------------------------- */
+/* ---- Hopper kernels (indexer_decode_tma_sm90.cu, attention_decode_tma_sm90.cu) -------------------------- */
 /* map: the index-key plane, boxes of 128 rows. */
 void cu_launch_indexer_tma(const cu_layer *L, const cu_plan_state *st, const CUtensorMap *map,
                            cudaStream_t s);
@@ -121,4 +121,4 @@ void cu_launch_attn_tma(const cu_layer *L, const cu_plan_state *st, const cu_att
 cudaError_t cu_indexer_tma_setup(void);
 cudaError_t cu_attn_tma_setup(void);
 
-#endif /* MSA_CU_TMA_CUH */
+#endif /* MSA_CUDA_ARCH_TMA_SM90_CUH */
