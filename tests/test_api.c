@@ -80,10 +80,12 @@ static void test_defaults(void)
               cc.index_dtype == MSA_DTYPE_BF16,
           "cache config defaults");
 
-    msa_plan_limits lim;
+    msa_plan_params lim;
     memset(&lim, 0x5a, sizeof lim);
-    msa_plan_limits_default(&lim);
-    CHECK(lim.max_requests == 0 && lim.max_tokens == 0 && lim.max_kv_len == 0, "limits");
+    msa_plan_params_default(&lim);
+    CHECK(lim.max_requests == 0 && lim.max_tokens == 0 && lim.max_kv_len == 0 &&
+              lim.act_dtype == MSA_DTYPE_BF16,
+          "plan params defaults");
 
     msa_layer_io io;
     memset(&io, 0x5a, sizeof io);
@@ -244,8 +246,9 @@ static int run_wrap_step(msa_context *ctx, const msa_model *m, msa_cache *cache,
     }
     msa_plan *plan = NULL;
     msa_step step = {2, 4, q_len, kv_len, table, 3};
-    msa_plan_limits lim;
-    msa_plan_limits_default(&lim);
+    msa_plan_params lim;
+    msa_plan_params_default(&lim);
+    lim.act_dtype = MSA_DTYPE_FP32;
     if (msa_plan_create(ctx, m, cache, &lim, &plan) != MSA_OK)
         return -1;
     int rc = msa_plan_update(plan, &step, NULL) == MSA_OK ? 0 : -1;

@@ -223,8 +223,8 @@ static int setup(void)
         free(h);
         msa_buffer_free(ctx, tmp);
     }
-    msa_plan_limits lim;
-    msa_plan_limits_default(&lim);
+    msa_plan_params lim;
+    msa_plan_params_default(&lim);
     if (msa_plan_create(ctx, model, cache, &lim, &plan) != MSA_OK ||
         msa_plan_update(plan, &good_step, NULL) != MSA_OK)
         return -1;
@@ -342,7 +342,7 @@ static void test_plan_update(void)
     /* Fixed limits: a step beyond them is a capacity error, and the plan
      * keeps its previous step. */
     msa_plan *fixed = NULL;
-    msa_plan_limits lim = {R, ROWS, 8};
+    msa_plan_params lim = {R, ROWS, 8, MSA_DTYPE_BF16};
     CHECK(msa_plan_create(ctx, model, cache, &lim, &fixed) == MSA_OK && fixed, "fixed plan");
     if (!fixed)
         return;
@@ -435,7 +435,7 @@ static void test_collisions(void)
     /* The same collision on a plan with fixed limits, as a replayed CUDA
      * graph uses it: rejected, and the plan keeps its step. */
     msa_plan *fixed = NULL;
-    msa_plan_limits lim = {3, 16, 12};
+    msa_plan_params lim = {3, 16, 12, MSA_DTYPE_BF16};
     CHECK(msa_plan_create(ctx, model, cache, &lim, &fixed) == MSA_OK && fixed, "fixed plan");
     if (fixed) {
         CHECK(msa_plan_update(fixed, &good_step, NULL) == MSA_OK, "fixed plan: valid step");
@@ -506,7 +506,7 @@ static void test_collisions_random(void)
     cc.page_size = RP;
     msa_cache *c2 = NULL;
     msa_plan *p2 = NULL;
-    msa_plan_limits lim = {RMAXR, RMAXR * RSTRIDE * RP, RSTRIDE * RP};
+    msa_plan_params lim = {RMAXR, RMAXR * RSTRIDE * RP, RSTRIDE * RP, MSA_DTYPE_BF16};
     if (msa_cache_create(ctx, model, &cc, &c2) != MSA_OK ||
         msa_plan_create(ctx, model, c2, &lim, &p2) != MSA_OK) {
         CHECK(0, "random collisions: setup: %s", msa_context_last_error(ctx));
@@ -626,6 +626,9 @@ static void test_forward(void)
     reject_forward("nvfp4 activations", ctx, plan, 1, &bad, UNS, IA);
     bad.act_dtype = (msa_dtype)42;
     reject_forward("unknown act dtype", ctx, plan, 1, &bad, IA, UNS);
+    /* The plan was made for bf16 activations: fp32 ones are refused. */
+    bad.act_dtype = MSA_DTYPE_FP32;
+    reject_forward("act dtype other than the plan's", ctx, plan, 1, &bad, IA, IA);
 
     /* What is not required may be absent. */
     dense = good_io(0);
@@ -890,8 +893,8 @@ static void test_objects(void)
 
     /* Plans. */
     msa_plan *p2 = NULL;
-    msa_plan_limits lim;
-    msa_plan_limits_default(&lim);
+    msa_plan_params lim;
+    msa_plan_params_default(&lim);
     expect_fail("plan: NULL model", msa_plan_create(ctx, NULL, cache, &lim, &p2), IA, IA, NULL);
     expect_fail("plan: NULL cache", msa_plan_create(ctx, model, NULL, &lim, &p2), IA, IA, NULL);
     expect_fail("plan: NULL out", msa_plan_create(ctx, model, cache, &lim, NULL), IA, IA, NULL);
@@ -899,6 +902,10 @@ static void test_objects(void)
     pl = plant_message();
     expect_fail("plan: negative limit", msa_plan_create(ctx, model, cache, &lim, &p2), IA, IC, pl);
     CHECK(p2 == NULL, "no plan from bad arguments");
+    msa_plan_params_default(&lim);
+    lim.act_dtype = MSA_DTYPE_FP8_E4M3;
+    expect_fail("plan: fp8 activations", msa_plan_create(ctx, model, cache, &lim, &p2), UNS, IA, NULL);
+    CHECK(p2 == NULL, "no plan from an fp8 act_dtype");
 
     /* Contexts. */
     msa_context_params cp;

@@ -154,8 +154,9 @@ static msa_status create_model_cache(tk_run *run, const msa_case *c, int64_t num
 /* Limits: "grow", or the exact maxima over every step of the sequence. */
 static msa_status create_plan(tk_run *run, const msa_case *cases, int n, msa_case_result *res)
 {
-    msa_plan_limits lim;
-    msa_plan_limits_default(&lim);
+    msa_plan_params lim;
+    msa_plan_params_default(&lim);
+    lim.act_dtype = cases[0].act_dtype;
     if (cases[0].fixed_limits) {
         for (int i = 0; i < n; i++) {
             const msa_case *c = &cases[i];

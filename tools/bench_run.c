@@ -179,8 +179,9 @@ static int fill_caches(run_state *s, bench_result *res)
 
 static int make_copies(run_state *s, bench_result *res)
 {
-    msa_plan_limits lim;
-    msa_plan_limits_default(&lim);
+    msa_plan_params lim;
+    msa_plan_params_default(&lim);
+    lim.act_dtype = s->env->act_dtype;
     lim.max_requests = s->c->num_requests;
     lim.max_tokens = s->tokens > 0 ? s->tokens : 1;
     for (int32_t r = 0; r < s->c->num_requests; r++)

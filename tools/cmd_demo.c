@@ -146,8 +146,9 @@ static int demo_setup(demo *d)
         return demo_fail(d, "cache");
     for (int p = 0; p < 4; p++)
         d->scales[p] = 1.0f;
-    msa_plan_limits limits;
-    msa_plan_limits_default(&limits);
+    msa_plan_params limits;
+    msa_plan_params_default(&limits);
+    limits.act_dtype = d->act;
     if (msa_plan_create(d->ctx, d->model, d->cache, &limits, &d->plan) != MSA_OK)
         return demo_fail(d, "plan");
     return 0;

@@ -302,8 +302,9 @@ static msa_status plan_step(replay_run *r)
         memcpy(pages + (int64_t)i * m->max_pages, m->requests[i].pages,
                (size_t)m->requests[i].num_pages * sizeof *pages);
     }
-    msa_plan_limits limits;
-    msa_plan_limits_default(&limits);
+    msa_plan_params limits;
+    msa_plan_params_default(&limits);
+    limits.act_dtype = m->act_dtype;
     if ((st = msa_plan_create(r->ctx, r->model, r->cache, &limits, &r->plan)) != MSA_OK) {
         lib_fail(r, st, "plan");
         goto done;

@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define MSA_VERSION_MAJOR 0
-#define MSA_VERSION_MINOR 1
+#define MSA_VERSION_MINOR 2
 #define MSA_VERSION_PATCH 0
 #define MSA_VERSION_NUMBER \
     (MSA_VERSION_MAJOR * 10000 + MSA_VERSION_MINOR * 100 + MSA_VERSION_PATCH)
@@ -236,13 +236,19 @@ msa_status msa_copy_from_buffer(msa_context *ctx, void *host_dst, const void *sr
 msa_status msa_synchronize(msa_context *ctx);
 
 /* ---- plan -------------------------------------------------------------- */
-typedef struct msa_plan_limits {
+/* What a plan is built for: capacities and the activations' element type.
+ * The backend chooses every layer's kernels when the plan is created (and
+ * again when its capacities grow), from the device, the model, the cache
+ * and act_dtype; msa_forward refuses an msa_layer_io whose act_dtype
+ * differs. */
+typedef struct msa_plan_params {
     int32_t max_requests; /* 0 = grow on update */
     int64_t max_tokens;   /* rows of the token tensors; 0 = grow */
     int64_t max_kv_len;   /* longest context of any request; 0 = grow */
-} msa_plan_limits;
+    msa_dtype act_dtype;  /* activations of every forward: fp32 / bf16 / fp16; default bf16 */
+} msa_plan_params;
 
-void msa_plan_limits_default(msa_plan_limits *limits); /* all 0 */
+void msa_plan_params_default(msa_plan_params *params); /* limits 0, act_dtype bf16 */
 
 typedef struct msa_step {
     int32_t num_requests;
@@ -257,11 +263,11 @@ typedef struct msa_step {
 
 typedef struct msa_plan msa_plan;
 
-/* The plan captures model and cache; both must outlive it.  With non-zero
- * limits every buffer is sized once here, so msa_plan_update never
+/* The plan captures model and cache; both must outlive it (params NULL:
+ * the defaults).  With non-zero limits every buffer is sized once here, so msa_plan_update never
  * allocates and a captured CUDA graph stays valid across updates. */
 msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *cache,
-                           const msa_plan_limits *limits, msa_plan **out);
+                           const msa_plan_params *params, msa_plan **out);
 void msa_plan_free(msa_plan *plan);
 /* Host-side: validates the step and (CUDA) uploads it on `stream`.  A
  * rejected step leaves the plan as it was. */
@@ -276,7 +282,7 @@ msa_status msa_plan_update(msa_plan *plan, const msa_step *step, void *stream);
  * backend's fast kernels access 4- or 16-byte pieces and take a slower path
  * for tensors not aligned to them, so 16-byte alignment is fastest. */
 typedef struct msa_layer_io {
-    msa_dtype act_dtype; /* fp32 / bf16 / fp16; default bf16 */
+    msa_dtype act_dtype; /* fp32 / bf16 / fp16, the plan's (msa_plan_params); default bf16 */
     /* Inputs, rows = step.num_tokens, C order. */
     const void *q;     /* [T][Hq][D] */
     const void *k;     /* [T][Hkv][D]   (unused when write_cache == 0) */
@@ -298,8 +304,9 @@ void msa_layer_io_default(msa_layer_io *io);
 /* One layer of the step held by `plan`. */
 msa_status msa_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);
 
-/* Which kernel path the last msa_plan_update chose for this layer, and why a
- * fast path was not taken ("" when it was).  Strings owned by the plan. */
+/* Which kernel path the plan chose for this layer (at creation, for its
+ * act_dtype), and why a fast path was not taken ("" when it was; a step with
+ * prefill rows adds a note).  Strings owned by the plan. */
 const char *msa_plan_kernel_name(const msa_plan *plan, int32_t layer);
 const char *msa_plan_fallback_reason(const msa_plan *plan, int32_t layer);
 

@@ -70,6 +70,10 @@ static msa_status validate_io(msa_context *ctx, const msa_plan *plan, int32_t la
         return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
                              "activation dtype %s is not supported (fp32, bf16, fp16)",
                              msa_dtype_name(io->act_dtype));
+    if (io->act_dtype != plan->params.act_dtype)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                             "activation dtype %s differs from the plan's %s (msa_plan_params.act_dtype)",
+                             msa_dtype_name(io->act_dtype), msa_dtype_name(plan->params.act_dtype));
     if (io->write_cache != 0 && io->write_cache != 1)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "write_cache must be 0 or 1");
     if (plan->num_tokens == 0)

@@ -95,7 +95,7 @@ struct msa_plan {
     msa_context *ctx;
     const msa_model *model;
     msa_cache *cache;
-    msa_plan_limits limits; /* as given (0 = grow) */
+    msa_plan_params params; /* as given (limits 0 = grow); act_dtype fixes every forward's */
 
     /* Current capacities (== limits when fixed). */
     int32_t cap_requests;

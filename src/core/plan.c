@@ -72,10 +72,12 @@ void *msa_plan_aligned_alloc(size_t bytes)
 
 /* ---- host arrays ------------------------------------------------------------ */
 
-void msa_plan_limits_default(msa_plan_limits *limits)
+void msa_plan_params_default(msa_plan_params *params)
 {
-    if (limits)
-        memset(limits, 0, sizeof *limits);
+    if (!params)
+        return;
+    memset(params, 0, sizeof *params);
+    params->act_dtype = MSA_DTYPE_BF16;
 }
 
 static void arrays_free(msa_plan_arrays *a)
@@ -200,7 +202,7 @@ static msa_status backend_failed(msa_context *ctx, msa_status st, const char *fn
 /* ---- create / free ---------------------------------------------------------- */
 
 msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *cache,
-                           const msa_plan_limits *limits, msa_plan **out)
+                           const msa_plan_params *params, msa_plan **out)
 {
     static const char fn[] = "msa_plan_create";
     if (!ctx)
@@ -214,10 +216,10 @@ msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *
     if (cache->ctx != ctx)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
                              "%s: the cache belongs to another context", fn);
-    msa_plan_limits lim;
-    msa_plan_limits_default(&lim);
-    if (limits)
-        lim = *limits;
+    msa_plan_params lim;
+    msa_plan_params_default(&lim);
+    if (params)
+        lim = *params;
     if (lim.max_requests < 0 || lim.max_tokens < 0 || lim.max_kv_len < 0 ||
         lim.max_tokens > MSA_PLAN_MAX_TOKENS || lim.max_kv_len > MSA_PLAN_MAX_KV_LEN)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
@@ -225,6 +227,11 @@ msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *
                              "(got %d, %lld, %lld)",
                              fn, lim.max_requests, (long long)lim.max_tokens,
                              (long long)lim.max_kv_len);
+    if (lim.act_dtype != MSA_DTYPE_FP32 && lim.act_dtype != MSA_DTYPE_BF16 &&
+        lim.act_dtype != MSA_DTYPE_FP16)
+        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
+                             "%s: act_dtype %s: activations are fp32, bf16 or fp16", fn,
+                             msa_dtype_name(lim.act_dtype));
     msa_plan *p = msa_plan_malloc(sizeof *p);
     if (!p)
         return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
@@ -232,7 +239,7 @@ msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *
     p->ctx = ctx;
     p->model = model;
     p->cache = cache;
-    p->limits = lim;
+    p->params = lim;
     if (msa_step_pages_init(p) != MSA_OK) {
         free(p);
         return MSA_ERR_OUT_OF_MEMORY;
@@ -337,7 +344,7 @@ static msa_status validate_step(msa_plan *p, const msa_step *s, int64_t *active,
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
                              "%s: num_tokens %lld is smaller than sum(q_len) = %lld", fn,
                              (long long)s->num_tokens, (long long)sum);
-    const msa_plan_limits *l = &p->limits;
+    const msa_plan_params *l = &p->params;
     if ((l->max_requests && s->num_requests > l->max_requests) ||
         (l->max_tokens && s->num_tokens > l->max_tokens) || (l->max_kv_len && mkv > l->max_kv_len))
         return msa_set_error(ctx, MSA_ERR_CAPACITY,

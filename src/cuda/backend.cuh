@@ -35,20 +35,14 @@ void cu_plan_free(msa_plan *plan);
 void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const char **reason);
 msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);
 
-/* Which kernels a layer runs with the given activation type. */
-typedef struct cu_paths {
-    int idx_fast;
-    int attn_fast;
-    int iv_fast;
-    int idx_tma;   /* Hopper indexer (tensor maps), when idx_fast */
-    int attn_tma;  /* Hopper sparse attention (tensor maps), when attn_fast */
-    int pf_fast;   /* prefill rows of the main pass on tensor cores (attention_prefill_mma_sm80) */
-    int pf_iv_fast;/* and of the index-value pass */
-    int pf_tma;    /* the main pass's on Hopper (attention_prefill_tma_sm90), when pf_fast */
-} cu_paths;
-
-void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const msa_layer_io *io,
+/* Which kernels layer `layer` runs with activations of type act on plan
+ * state st (its device flags, prefill kernels and tensor maps), and why a
+ * fast path is not taken (appended to why). */
+void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t layer, msa_dtype act,
                      cu_paths *out, char *why, size_t why_size);
+/* Decides every layer's kernels for the plan's act_dtype into st->path
+ * (host memory; returns nonzero when out of it). */
+int cu_plan_paths(const msa_plan *plan, cu_plan_state *st);
 
 /* The Hopper attention's conditions that a plan can see (plan.cu): sm_90a
  * products with tensor maps, key blocks of one 128-row page, head_dim 128

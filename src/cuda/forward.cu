@@ -47,7 +47,7 @@ static void cu_why(char *why, size_t n, const char *msg)
     snprintf(why + len, n - len, "%s%s", len ? "; " : "", msg);
 }
 
-void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const msa_layer_io *io,
+void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t layer, msa_dtype act,
                      cu_paths *out, char *why, size_t why_size)
 {
     const msa_model *m = plan->model;
@@ -103,15 +103,6 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
         out->idx_fast = ok;
         out->iv_fast = iv && idx_ok && cfg->index_dim == 128;
     }
-    if (io) {
-        /* The fast kernels use 4-byte (attention) and 16-byte (indexer) accesses. */
-        if (out->attn_fast && !(cu_aligned(io->q, 4) && cu_aligned(io->o, 4)))
-            out->attn_fast = 0;
-        if (out->idx_fast && !cu_aligned(io->idx_q, 16))
-            out->idx_fast = 0;
-        if (out->iv_fast && !(cu_aligned(io->idx_q, 4) && cu_aligned(io->idx_o, 4)))
-            out->iv_fast = 0;
-    }
     if ((act16 && (out->attn_fast || out->idx_fast)) && cc->page_size != 128) {
         snprintf(buf, sizeof buf, "page_size %d != 128: rows gathered through the page table",
                  cc->page_size);
@@ -122,7 +113,6 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
      * products serve (16-bit types alike, head dim 128) and the plan set
      * it up (a step can hold a prefill request); else the scalar rows of
      * the merge kernel. */
-    const cu_plan_state *st = (const cu_plan_state *)plan->backend;
     {
         const char *pf_why = NULL;
         const int pf_ready = st && st->grid_pfa > 0;
@@ -135,8 +125,8 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
         if (st && !pf_ready && st->pf_tiles_cap[0] > 0 && out->attn_fast)
             cu_why(why, why_size,
                    "device blocks below 160 KB of shared memory: scalar prefill rows");
-        /* Its Hopper version for the main pass (the forward also needs the
-         * layer's K and V maps). */
+        /* Its Hopper version for the main pass (with the layer's K and V
+         * maps, below). */
         pf_why = NULL;
         if (out->pf_fast && st->pfh)
             out->pf_tma = cu_pfh_fits(cfg->head_dim, cc->page_size, cfg->block_size, m->group,
@@ -167,6 +157,32 @@ void cu_choose_paths(const msa_plan *plan, int32_t layer, msa_dtype act, const m
     } else if (sparse && hopper && act16) {
         cu_why(why, why_size, "page_size or block_size != 128: no tensor-map kernels");
     }
+    /* Tensor maps of the layer's planes, encoded with the plan state; a
+     * plane that could not be described falls back to the mma kernels. */
+    const unsigned map_ok = st && st->map_ok ? st->map_ok[layer] : 0u;
+    if (out->idx_tma && !(map_ok & (1u << CU_MAP_INDEX_K)))
+        out->idx_tma = 0;
+    const unsigned kv_bits = (1u << CU_MAP_K) | (1u << CU_MAP_V);
+    if (out->attn_tma && (map_ok & kv_bits) != kv_bits)
+        out->attn_tma = 0;
+    if (out->pf_tma && (map_ok & kv_bits) != kv_bits)
+        out->pf_tma = 0;
+}
+
+int cu_plan_paths(const msa_plan *plan, cu_plan_state *st)
+{
+    const int32_t layers = plan->model->cfg.num_layers;
+    st->path = (cu_paths *)calloc((size_t)layers, sizeof(cu_paths));
+    st->path_why = (char(*)[CU_WHY_BYTES])calloc((size_t)layers, CU_WHY_BYTES);
+    if (!st->path || !st->path_why)
+        return 1;
+    st->sparse_tma = 0;
+    for (int32_t l = 0; l < layers; ++l) {
+        cu_choose_paths(plan, st, l, plan->params.act_dtype, &st->path[l], st->path_why[l], CU_WHY_BYTES);
+        if (plan->model->layer_sparse[l] && st->path[l].attn_tma)
+            st->sparse_tma = 1;
+    }
+    return 0;
 }
 
 void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const char **reason)
@@ -180,30 +196,31 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
         {"cuda.sparse.simt", "cuda.sparse.mma+pf.tma", "cuda.sparse.tma+pf.tma"}};
     const msa_model *m = plan->model;
     const int sparse = m->layer_sparse[layer] != 0;
-    const msa_dtype act = plan->cache->cfg.kv_dtype;
     static char no_state[] = "plan has no device state";
-    cu_paths p;
-    if (!st) {
+    if (!st || !st->path) {
         *kernel = names[sparse][0];
         *reason = no_state;
         return;
     }
-    char *why = st->why[sparse];
-    cu_choose_paths(plan, layer, act, NULL, &p, why, sizeof st->why[0]);
-    int fast = sparse ? (p.idx_fast && p.attn_fast) : p.attn_fast;
-    if (fast && sparse && p.idx_tma && p.attn_tma)
+    const cu_paths *p = &st->path[layer];
+    int fast = sparse ? (p->idx_fast && p->attn_fast) : p->attn_fast;
+    if (fast && sparse && p->idx_tma && p->attn_tma)
         fast = 2;
-    if (st->n_pf > 0)
-        cu_why(why, sizeof st->why[0],
-               p.pf_tma    ? "prefill requests (q_len > 16) in this step: Hopper prefill kernel"
-               : p.pf_fast ? "prefill requests (q_len > 16) in this step: tensor-core prefill kernel"
-                           : "prefill requests (q_len > 16) in this step: simple prefill kernels");
-    if (st->n_pf > 0 && sparse)
-        cu_why(why, sizeof st->why[0],
-               p.idx_fast && st->pfi_scratch ? "prefill index scores and selection: tensor cores"
-                                             : "prefill index scores and selection: scalar (shape or dtype)");
-    *kernel = (st->n_pf > 0 && p.pf_tma ? names_pfh : names)[sparse][fast];
-    *reason = why;
+    *kernel = (st->n_pf > 0 && p->pf_tma ? names_pfh : names)[sparse][fast];
+    *reason = st->path_why[layer];
+    if (st->n_pf > 0) {
+        /* The step's notes beside the plan's reason. */
+        snprintf(st->why_step, sizeof st->why_step, "%s", st->path_why[layer]);
+        cu_why(st->why_step, sizeof st->why_step,
+               p->pf_tma    ? "prefill requests (q_len > 16) in this step: Hopper prefill kernel"
+               : p->pf_fast ? "prefill requests (q_len > 16) in this step: tensor-core prefill kernel"
+                            : "prefill requests (q_len > 16) in this step: simple prefill kernels");
+        if (sparse)
+            cu_why(st->why_step, sizeof st->why_step,
+                   p->idx_fast && st->pfi_scratch ? "prefill index scores and selection: tensor cores"
+                                                  : "prefill index scores and selection: scalar (shape or dtype)");
+        *reason = st->why_step;
+    }
 }
 
 static void cu_attn_main(const cu_layer *L, cu_attn *A, int sparse)
@@ -380,20 +397,21 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     L.tl = cs->tl;
 #endif
 
-    cu_paths paths;
-    cu_choose_paths(plan, layer, io->act_dtype, io, &paths, NULL, 0);
-
-    /* Tensor maps of this layer's planes, encoded with the plan; a plane
-     * that could not be described falls back to the mma kernels. */
+    /* The plan's kernels for this layer (its act_dtype, which msa_forward
+     * checked io's against); only the call's buffers can still turn a fast
+     * kernel off: they use 4-byte (attention) and 16-byte (indexer)
+     * accesses. */
+    if (!st->path)
+        return msa_set_error(ctx, MSA_ERR_BACKEND, "CUDA plan has no kernel paths");
+    cu_paths paths = st->path[layer];
+    if (paths.attn_fast && !(cu_aligned(io->q, 4) && cu_aligned(io->o, 4)))
+        paths.attn_fast = paths.attn_tma = paths.pf_fast = paths.pf_tma = 0;
+    if (paths.idx_fast && !cu_aligned(io->idx_q, 16))
+        paths.idx_fast = paths.idx_tma = 0;
+    if (paths.iv_fast && !(cu_aligned(io->idx_q, 4) && cu_aligned(io->idx_o, 4)))
+        paths.iv_fast = paths.pf_iv_fast = 0;
     const CUtensorMap *maps = st->maps ? st->maps + (size_t)layer * CU_MAPS : NULL;
-    const unsigned map_ok = st->map_ok ? st->map_ok[layer] : 0u;
-    if (paths.idx_tma && !(map_ok & (1u << CU_MAP_INDEX_K)))
-        paths.idx_tma = 0;
-    const unsigned kv_bits = (1u << CU_MAP_K) | (1u << CU_MAP_V);
-    if (paths.attn_tma && (map_ok & kv_bits) != kv_bits)
-        paths.attn_tma = 0;
-    const CUtensorMap *pf_maps =
-        paths.pf_tma && (map_ok & kv_bits) == kv_bits ? &maps[CU_MAP_K] : NULL;
+    const CUtensorMap *pf_maps = paths.pf_tma ? &maps[CU_MAP_K] : NULL;
     /* The Hopper attention builds the unions of requests of several tokens
      * (up to CU_ATT_UNION_BLOCKS blocks) itself: the selection then ends
      * with its last row, without a completion count and a union pass. */

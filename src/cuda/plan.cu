@@ -97,6 +97,8 @@ static void cu_state_release(cu_plan_state *st)
     cudaFree(st->pfi_split);
     free(st->maps);
     free(st->map_ok);
+    free(st->path);
+    free(st->path_why);
     free(st);
 }
 
@@ -313,8 +315,9 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     if (e == cudaSuccess)
         e = cu_zalloc((void **)&st->part, sizeof(float) * (size_t)st->part_rows_cap * st->part_stride);
     /* Prefill indexer on tensor cores: shapes it covers (cu_choose_paths'
-     * idx_fast, less the activation type, known per call) and a plan that
-     * can hold a prefill request.  Its workspace: 64 rows of block scores
+     * idx_fast conditions on the model and the cache; the forward runs it
+     * where the plan's paths take idx_fast) and a plan that can hold a
+     * prefill request.  Its workspace: 64 rows of block scores
      * per CTA (CU_PFI_ROWS x cap_blocks floats, 256 KB a CTA at 128K
      * tokens).  The debugging option cuda_no_prefill_indexer keeps the
      * scalar role. */
@@ -367,7 +370,9 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
                                  cudaGetErrorString(e));
         }
     }
-    if (st->tma && (any_sparse || st->pfh) && cu_state_maps(plan, st) != 0) {
+    /* The kernels of every layer, once the state knows its grids, its
+     * prefill kernels and its tensor maps. */
+    if ((st->tma && (any_sparse || st->pfh) && cu_state_maps(plan, st) != 0) || cu_plan_paths(plan, st) != 0) {
         cu_state_release(st);
         return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "out of host memory");
     }
@@ -415,11 +420,14 @@ int cu_attn_tma_shape(const msa_plan *plan, const cu_plan_state *st)
            m->cfg.head_dim == 128 && m->group == 16;
 }
 
-/* Whether the sparse pass will most likely run on the Hopper attention
- * kernel: its shape conditions and 16-bit K/V planes (the activations,
- * which must match them, are known only at the forward). */
+/* Whether the sparse pass runs on the Hopper attention: the plan state's
+ * decision (cu_plan_paths).  A state whose kernels are not decided (the
+ * schedule test's hand-built ones) takes the Hopper shape test with 16-bit
+ * K/V planes. */
 static int cu_sparse_on_tma(const msa_plan *plan, const cu_plan_state *st)
 {
+    if (st->path)
+        return st->sparse_tma;
     const msa_cache_config *cc = &plan->cache->cfg;
     const int kv16 = cc->kv_dtype == MSA_DTYPE_BF16 || cc->kv_dtype == MSA_DTYPE_FP16;
     return kv16 && cu_attn_tma_shape(plan, st);

@@ -134,6 +134,23 @@ typedef struct cu_meta {
     int32_t *sched_i32;   /* [4 * att_cap + num_sms + sched_costs] */
 } cu_meta;
 
+/* Which kernels a layer runs: decided once per plan state, from the
+ * device, the model, the cache and the plan's act_dtype (cu_plan_paths);
+ * the schedule, the description and the forward read it. */
+typedef struct cu_paths {
+    int idx_fast;  /* tensor-core indexer (else SIMT) */
+    int attn_fast; /* tensor-core attention (else SIMT) */
+    int iv_fast;   /* tensor-core index-value attention (else SIMT) */
+    int idx_tma;   /* Hopper indexer (tensor maps), when idx_fast */
+    int attn_tma;  /* Hopper sparse attention (tensor maps), when attn_fast */
+    int pf_fast;   /* prefill rows of the main pass on tensor cores (attention_prefill_mma_sm80) */
+    int pf_iv_fast;/* and of the index-value pass */
+    int pf_tma;    /* the main pass's on Hopper (attention_prefill_tma_sm90), when pf_fast */
+} cu_paths;
+
+/* Bytes of a layer's fallback reason. */
+#define CU_WHY_BYTES 512
+
 typedef struct cu_plan_state {
     /* Capacities this state was built for (as the plan gave them, then as
      * used: at least 1). */
@@ -203,10 +220,16 @@ typedef struct cu_plan_state {
     CUtensorMap *maps;
     uint8_t *map_ok;
 
+    /* The kernels of every layer (cu_plan_paths), NULL before they are
+     * decided, and why a fast path was not taken ("" when it was). */
+    cu_paths *path;        /* [num_layers] */
+    char (*path_why)[CU_WHY_BYTES]; /* [num_layers] */
+    int sparse_tma;        /* some sparse layer runs the Hopper attention */
+
     /* Host view of the current step (for describe). */
     int32_t max_q_len;
     int32_t n_pf;
-    char why[2][512];      /* describe() text per layer kind (dense, sparse) */
+    char why_step[CU_WHY_BYTES]; /* describe()'s text when the step adds a note */
 } cu_plan_state;
 
 /* Host side of the plan (plan.cu): the state's sizes and metadata layout,

@@ -153,7 +153,9 @@ static int make_side(side *s, msa_backend be, const cfg *c, int64_t num_pages)
     cc.index_dtype = c->act;
     if (msa_cache_create(s->ctx, s->model, &cc, &s->cache) != MSA_OK)
         return 0;
-    msa_plan_limits lim;
+    msa_plan_params lim;
+    msa_plan_params_default(&lim);
+    lim.act_dtype = c->act;
     lim.max_requests = MAXREQ;
     lim.max_tokens = MAXTOK;
     lim.max_kv_len = MAXKV;

@@ -137,8 +137,9 @@ static void run(reader *in)
     }
     const int64_t rows = sum + (int8_t)byte(in) % 4;
 
-    msa_plan_limits lim;
-    msa_plan_limits_default(&lim);
+    msa_plan_params lim;
+    msa_plan_params_default(&lim);
+    lim.act_dtype = act;
     if (flags & 0x80) {
         lim.max_requests = 1 + byte(in) % MAX_R;
         lim.max_tokens = 1 + byte(in);

@@ -49,7 +49,7 @@ typedef struct cu_pfidx_params {
 
 /* Whether a plan's model and cache fit the kernel: 16-bit index plane,
  * Di = 128, B a multiple of 64, at most 4 index heads (the activations
- * must match the plane: cu_choose_paths' idx_fast, per call). */
+ * must match the plane: the plan's idx_fast, cu_choose_paths). */
 int cu_pfidx_shape(const msa_plan *plan);
 
 /* Fills the kernel's parameters from the layer and the plan. */
