@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "core/json_strict.h"
+#include "util/json_strict.h"
 #include "msa/msa.h"
 
 #ifndef MSA_FIXTURE_DIR

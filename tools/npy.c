@@ -10,7 +10,7 @@
  */
 #include "npy.h"
 
-#include "core/json_strict.h"
+#include "json_strict.h"
 
 #include <errno.h>
 #include <stdarg.h>

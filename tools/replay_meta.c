@@ -1,6 +1,6 @@
 #include "replay_meta.h"
 
-#include "core/json_strict.h"
+#include "json_strict.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

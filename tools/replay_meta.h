@@ -45,7 +45,7 @@ typedef struct replay_meta {
 msa_status replay_meta_load(const char *path, replay_meta *meta, char *msg, size_t msg_size);
 /* The same from the file's text[0..len) (need not end in a NUL); unknown
  * keys are reported on `warn` (NULL: not reported).  The text must be
- * strict JSON (core/json_strict.h). */
+ * strict JSON (src/util/json_strict.h). */
 msa_status replay_meta_parse(const char *text, size_t len, replay_meta *meta, char *msg,
                              size_t msg_size, FILE *warn);
 void replay_meta_free(replay_meta *meta);

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/json_strict.h"
+#include "json_strict.h"
 
 void workload_free(bench_case *cases, int num_cases)
 {

@@ -1,6 +1,6 @@
 /* Hugging Face config.json loader (SPEC section 2), on cJSON. */
 #include "core/internal.h"
-#include "core/json_strict.h"
+#include "util/json_strict.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -1,5 +1,5 @@
 /* Strict JSON pre-check (RFC 8259) and regular-file reading; see json_strict.h. */
-#include "core/json_strict.h"
+#include "util/json_strict.h"
 
 #include <errno.h>
 #include <fcntl.h>
