@@ -6,9 +6,9 @@ walks several units) a unit is one (request, KV head) of 8 tokens (or 1);
 its cost is the expected size of its tokens' union in 64-key tiles if each
 token chose its K - 1 scored blocks at random (M3: K = 16, one forced local
 block), plus 2 tiles of fixed cost.  Prints the most loaded CTA's cost over
-the mean for units dealt in plan order (unit u to CTA u mod SMs, as before
-v23) and dealt largest first to the least loaded CTA (the plan since v23,
-which deals by its own, simpler estimate: min(blocks, tokens x K)).
+the mean for units dealt in plan order (unit u to CTA u mod SMs, as the
+plan once did) and dealt largest first to the least loaded CTA (as the plan
+does now, by its own, simpler estimate: min(blocks, tokens x K)).
 
 Usage: bench/unit_balance.py [--sms 132] [--q-len 8]
 """

@@ -18,7 +18,7 @@
  * one SM (registers: 128 x 120 + 288 x 168 <= 64K), so the attention's
  * CTAs can enter while the selection runs.  Measured on the H200: 1 gained
  * 0.5 µs at batch 8, 1K, 1 token and cost 7% at batch 128, 10K, 8 tokens;
- * 2 was slower or level (bench/RESULTS.md, v17).  (That was with one
+ * 2 was slower or level on the H200.  (That was with one
  * attention producer warp; with two, 320 x 168 registers, the attention
  * no longer fits beside a selection CTA.) */
 #define SEL_CTAS_PER_SM 4
@@ -462,8 +462,8 @@ static void cu_heap_sift_down(uint64_t *hp, int32_t n, int32_t i)
  * in plan order, batches of requests whose contexts differ by +-25% left
  * the most loaded CTA 13-25% above the mean at 1K-10K context and 8 tokens
  * (the decode workload's lengths, by the estimate of bench/unit_balance.py);
- * this way 3-5%, and on the H200 such steps ran 3-10% faster (bench/
- * RESULTS.md, v23).  With equal costs (one
+ * this way 3-5%, and on the H200 such steps ran 3-10% faster
+ * than with units dealt in order.  With equal costs (one
  * token per request past K blocks) it deals as before: unit u to CTA u mod
  * num_sms.  Counting sort and a heap: O(n log num_sms) host work. */
 static void cu_balance_units(const cu_plan_state *st, cu_meta *h, int32_t n)

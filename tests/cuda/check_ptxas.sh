@@ -5,7 +5,7 @@
 # Neither shows in the results, only in the time: the Hopper attention runs
 # at its 168-register limit, and trial builds whose products ptxas
 # serialized were 14-24% slower even on steps that never reached the new
-# code (other changes beside them; bench/RESULTS.md, v26).
+# code (measured on the H200, with other changes beside them).
 #
 #   check_ptxas.sh NVCC ROOT ARCH FLAGS FILE...
 # compiles each FILE (relative to ROOT; CMake passes every src/cuda/**/*.cu)

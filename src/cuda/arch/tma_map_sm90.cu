@@ -31,8 +31,8 @@ static PFN_cuTensorMapEncodeTiled_v12000 cu_encode_fn(void)
 /* How far L2 widens a copy's requests (CUtensorMapL2promotion: 0 none,
  * 1 64 B, 2 128 B, 3 256 B).  A box reads 128 bytes of each 256-byte row.
  * With the copies marked evict-first, 256 B was 3-5% slower than 128 B or
- * none on steps of 100K-200K context on the H200 (the indexer's stream;
- * bench/RESULTS.md, v17). */
+ * none on steps of 100K-200K context on the H200 (measured on the
+ * indexer's stream). */
 #define CU_TMA_L2_PROMOTION CU_TENSOR_MAP_L2_PROMOTION_L2_128B
 
 int cu_tma_map_rows(CUtensorMap *map, const void *base, uint64_t rows, uint32_t box_rows)

@@ -62,8 +62,8 @@ __device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][
  * exp2f compiles to ex2.approx.f32, which keeps denormal results with a
  * range fix-up around the MUFU instruction: three more instructions per
  * weight, 32 per lane and tile, on the consumers' path, which at 8 tokens
- * per request is part of the step's time (bench/RESULTS.md, v32: batch
- * 128, 4K and 5K, 8 tokens 2.0-2.6% faster without them).  A key whose
+ * per request is part of the step's time (on the H200, batch 128, 4K
+ * and 5K, 8 tokens ran 2.0-2.6% faster without them).  A key whose
  * weight is below 2^-126 of its row's largest would add less than 2^-126
  * of the row's sum to l, and to O less than that times its V: nothing the
  * fp32 sums or the 16-bit output can show. */
@@ -190,8 +190,8 @@ __device__ __forceinline__ void cu_attt_write_rows(const cu_attn &A, int64_t q_l
  * store.  For pairs only, where eight warps write at once: batch 8, 50K,
  * 8 tokens 1.5% faster; a single item's one or few warps were 1-2% slower
  * so (batch 8 and 32, 10K and batch 1, 128K, 1 token: the round trip
- * through shared memory at the end of the step's critical path;
- * bench/RESULTS.md, v25). */
+ * through shared memory at the end of the step's critical path, as
+ * measured on the H200). */
 __device__ __forceinline__ void cu_attt_write_part(const cu_layer &L, const cu_att_item &it, int32_t row0,
                                                    uint32_t stage, const float (&o)[16][4], float m_lo,
                                                    float m_hi, float l_lo, float l_hi)

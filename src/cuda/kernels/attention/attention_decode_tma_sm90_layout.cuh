@@ -14,7 +14,7 @@
 /* Four 32 KB stages.  A deeper ring does not pay: on the H200, six stages
  * (as many as fit beside the merge scratch) were 0.2-5% slower than four
  * on twelve decode cases (batches of 8 to 128 requests), five 0.3-4% slower
- * (bench/RESULTS.md, v18), three about as fast as four; the stream is not
+ * on the H200, three about as fast as four; the stream is not
  * short of copies in flight. */
 #define ATT_TMA_STAGES 4
 /* A unit's tail tile is finished after its end's slot is claimed
@@ -64,15 +64,15 @@ static_assert((ATT_TMA_SMEM_BYTES - 1024) % 16 == 0, "the union area after the r
  * its own reads, as racecheck requires.  (All lanes reading and lane 0
  * alone arriving after a warp barrier is ordered as well under the PTX
  * memory model, but racecheck reports it; lane 0 alone reading, passing
- * the meta on by shuffle and arriving was 1-2% slower on the H200:
- * bench/RESULTS.md, v21.) */
+ * the meta on by shuffle and arriving was 1-2% slower on the
+ * H200.) */
 #define ATT_TMA_EMPTY_ARRIVALS (ATT_TMA_CONSUMERS * 32)
 
 /* Shared memory by 32-bit shared addresses.  The kernel reaches shared
  * memory through pointers the compiler cannot place (the layout is passed
  * by reference), so plain accesses compile to generic loads, stores and
  * GPU-scope atomics: in the producer's union they took 4 µs of the first
- * unit's start on the H200 (bench/RESULTS.md, v24), and the consumers'
+ * unit's start on the H200, and the consumers'
  * per-tile read of the slot's meta was a generic load. */
 __device__ __forceinline__ uint32_t cu_lds32(uint32_t a)
 {

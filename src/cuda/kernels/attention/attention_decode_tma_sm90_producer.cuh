@@ -46,7 +46,7 @@ __device__ __forceinline__ void cu_attt_pass_turn(const cu_attt_smem &sm, int j,
      * rendezvous): with bar.arrive on this side the hand-over is ordered
      * as well, but racecheck reports the next write of the count against
      * the taker's read; the rendezvous cost nothing measurable
-     * (bench/RESULTS.md, v21). */
+     * on the H200. */
     if (j)
         asm volatile("bar.sync 2, 64;\n" ::: "memory");
     else
@@ -254,7 +254,7 @@ __device__ __forceinline__ void cu_attt_copy(const cu_layer &L, const CUtensorMa
          * its lines go first from L2, so the stream does not push out the
          * unions, the plan and the partial rows that the attention and the
          * merge read next.  On the H200 this took 1-8% off steps of 10K to
-         * 200K context at batch 8-32 (bench/RESULTS.md, v17). */
+         * 200K context at batch 8-32. */
         const uint64_t pol = cu_l2_evict_first();
         cu_tma_load2d_hint(kd, mk, 0, row, bar, pol);
         cu_tma_load2d_hint(kd + ATT_TMA_HALF_BYTES / 2, mk, 64, row, bar, pol);

@@ -48,7 +48,7 @@
  * count, so every slot is consumed in order by a single group and a barrier
  * phase is never waited on a lap early.  While a group computes, the other
  * slots load.  Four 32 KB stages: on the H200 six were up to 3% slower,
- * and at no measured shape faster (bench/RESULTS.md, v18); a guess: with less
+ * and at no measured shape faster; a guess: with less
  * shared memory held, the next kernel's CTAs find room on the SMs sooner. */
 #define IDX_TMA_GROUPS 2
 #define IDX_TMA_STAGES 4
@@ -234,7 +234,7 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
         /* The group's reads of the slot are done: hand it back.  Every
          * lane arrives, each releasing its own reads of the slot (one
          * arrival per warp after a warp barrier is ordered too, but
-         * racecheck reports it: bench/RESULTS.md, v20). */
+         * compute-sanitizer's racecheck reports it). */
         cu_mbar_arrive(&empty[s]);
         const int32_t n = gb - di.blk0;
         const int32_t key0 = n * 128;
@@ -275,7 +275,7 @@ __device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned cha
     /* Index keys are read once per step: their lines go first from L2, so
      * the stream does not push out what the next kernels read again (the
      * block scores, the plan).  On the H200 this took 0.5-3% off steps of
-     * 10K to 200K context (bench/RESULTS.md, v17). */
+     * 10K to 200K context. */
     const uint64_t pol = cu_l2_evict_first();
     cu_tma_load2d_hint(dst, map, 0, pg * 128, &full[s], pol);
     cu_tma_load2d_hint(dst + IDX_TMA_BLOCK_BYTES / 2, map, 64, pg * 128, &full[s], pol);

@@ -12,7 +12,7 @@
 
 #define MERGE_WARPS 8
 /* Splits whose rows one lane loads at once (16 was measured on the H200:
- * no faster, bench/RESULTS.md v17). */
+ * no faster). */
 #define MERGE_GROUP 8
 
 /* Elements lane + 32 j of the rows of splits s0 .. s0 + MERGE_GROUP - 1

@@ -68,7 +68,7 @@ __device__ __forceinline__ T cu_warp_bitonic_merge(T x)
  * The selection's thresholds and ranks come from such sorts: the 32-step
  * loops they replace (each lane counting, by shuffles, the values above
  * its own) were 63% of the selection's instructions at batch 128, 5K, 8
- * tokens (per-instruction counts on the H200, bench/RESULTS.md, v27), and
+ * tokens (per-instruction counts on the H200), and
  * at many rows per SM the kernel is bound by its instruction issue. */
 template <bool DESC, typename T>
 __device__ __forceinline__ T cu_warp_bitonic(T x)
@@ -197,7 +197,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
              * row is a count of the winners on lower lanes, between the
              * init blocks (below every candidate) and the local ones
              * (above): no ranking sort and no sort of the ids (those were
-             * a third of the instructions left after v27's sorts).  Every
+             * a third of the instructions left after the earlier sorts).  Every
              * lane takes part in every ballot. */
             const bool valid = lane < count;
             const int32_t n = valid ? list[lane] : 0;
@@ -267,8 +267,8 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
 /* ---- Rows shared by the whole CTA (NT = blockDim.x threads) ----
  *
  * The lone-warp paths above are a serial instruction stream: about 3200
- * instructions for a row of 1024 blocks, 8 µs on the H200 (bench/
- * RESULTS.md, v13), while at batch 1-8 the other warps of the GPU idle.
+ * instructions for a row of 1024 blocks, 8 µs on the H200, while at
+ * batch 1-8 the other warps of the GPU idle.
  * This path needs few dependent steps and spreads them over NT threads:
  *   1. every thread stages its strided scores as keys (shared memory),
  *      keeping its largest candidate key;
@@ -278,7 +278,7 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
  *      `need` threads hold a candidate key >= T, so the winners all are
  *      >= T;
  *   3. the candidates >= T go into a list (usually need + a few; with the
- *      largest of the warps' thresholds, as before v31, about four times
+ *      largest of the warps' thresholds, as once taken, about four times
  *      need, and twice that again where pairs of blocks score the same),
  *      as distinct 64-bit keys (score key << 32 | ~id: SPEC 4's order,
  *      ties to the lower id);
@@ -362,7 +362,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
     constexpr int NW = NT / 32;
     /* CTA-uniform.  Rows of at most 2 * NT blocks keep the warps' largest
      * threshold: the merge's latency (about 400 cycles) is more than its
-     * shorter list saves there (bench/sel_row.cu, v31). */
+     * shorter list saves there (measured on the H200). */
     const bool top = need <= SEL_TOP && NW >= 2 && N > 2 * NT;
     const uint32_t sorted = cu_warp_bitonic<true>(a);
     if (top) {
@@ -450,7 +450,7 @@ __device__ __forceinline__ void cu_stage_chunk(const float *src, int32_t n, floa
  * context is one round).  Rows of at most 256 blocks (32K context) take 8
  * per lane: the predicated-off loads of a 32-wide pass were most of the
  * staging's 10% of the selection's instructions at 5K context
- * (bench/RESULTS.md, v27). */
+ * (per-instruction counts on the H200). */
 __device__ __forceinline__ void cu_stage_scores(const float *scores, int32_t N, float *cache)
 {
     for (int32_t n0 = 0; n0 < N;) {
@@ -585,7 +585,7 @@ __device__ __forceinline__ void cu_select_row(const float *scores, int32_t N, in
  * lone-warp paths by the CTA's first warp.  hist, cache: that warp's
  * shared memory.  (A warp alone keeps the lone-warp paths: with a row per
  * warp, as at batch 32-128 with 8 tokens, the list path run by one warp
- * made the selection slower on the H200, bench/RESULTS.md, v14.)  The mode
+ * made the selection slower on the H200.)  The mode
  * is a run-time flag, not a template: the lone-warp paths are large, and
  * a second inlined copy made the whole kernel slower. */
 template <int NT>
