@@ -934,6 +934,11 @@ static void test_objects(void)
                 IA, NULL);
     CHECK(c3 == NULL && err[0], "context: NULL and a message");
     dbg.cuda_num_sms = 0;
+    dbg.cuda_no_prefill_wgmma = -1;
+    expect_fail("context: negative prefill debug option", msa_context_create(&cp, &c3, err, sizeof err),
+                IA, IA, NULL);
+    CHECK(c3 == NULL, "context: NULL after a negative prefill debug option");
+    dbg.cuda_no_prefill_wgmma = 0;
     CHECK(msa_context_create(&cp, &c3, NULL, 0) == MSA_OK && c3, "context: zeroed debug options");
     msa_context_free(c3);
     c3 = NULL;
