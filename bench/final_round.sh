@@ -10,7 +10,8 @@
 #   3. prefill: `msa bench --workload prefill` (66 weighted cases) and single
 #      prompts of 8K and 32K (sparse and dense layers);
 #   4. decode A/B against BASE (bench/ab_decode.sh), when BASE is given.
-# Steps with FINAL_STEPS (comma list of build,tests,prefill,ab; default all).
+# Steps with FINAL_STEPS (comma list of build,tests,sweep-prefill,prefill,ab;
+# default all but sweep-prefill).
 # Logs in $OUT (at most 8 files): summary.txt, tests.log, prefill.log,
 # prefill.json, ab.log, build.log.
 #
@@ -97,6 +98,18 @@ if has_step tests; then
         "$T/cuda/test_cuda_sweep" --quick --prefill --filter pfm3/prefill-mix/
     run "memcheck decode (m3 quick)" tests.log 100 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$T/cuda/test_cuda_sweep" --quick --filter m3/
+fi
+
+# The whole prefill set of the sweep (contexts to 32K, step "sweep-prefill",
+# not in the default list: about 5 minutes of the oracle's time in 8 shards).
+if has_step sweep-prefill; then
+    for i in 0 1 2 3 4 5 6 7; do
+        run "sweep prefill set $i/8" "tests_f$i.tmp" 330 "$T/cuda/test_cuda_sweep" --prefill --filter pf \
+            --shard "$i/8" &
+    done
+    wait
+    for f in "$OUT"/tests_f*.tmp; do cat "$f" >>"$OUT/tests.log"; rm -f "$f"; done
+    grep -E "FAIL" "$OUT/tests.log" | head -20 >>"$SUMMARY"
 fi
 
 if has_step prefill; then
