@@ -342,7 +342,7 @@ static void test_plan_update(void)
     /* Fixed limits: a step beyond them is a capacity error, and the plan
      * keeps its previous step. */
     msa_plan *fixed = NULL;
-    msa_plan_params lim = {R, ROWS, 8, MSA_DTYPE_BF16};
+    msa_plan_params lim = {R, ROWS, 8, MSA_DTYPE_BF16, 0};
     CHECK(msa_plan_create(ctx, model, cache, &lim, &fixed) == MSA_OK && fixed, "fixed plan");
     if (!fixed)
         return;
@@ -435,7 +435,7 @@ static void test_collisions(void)
     /* The same collision on a plan with fixed limits, as a replayed CUDA
      * graph uses it: rejected, and the plan keeps its step. */
     msa_plan *fixed = NULL;
-    msa_plan_params lim = {3, 16, 12, MSA_DTYPE_BF16};
+    msa_plan_params lim = {3, 16, 12, MSA_DTYPE_BF16, 0};
     CHECK(msa_plan_create(ctx, model, cache, &lim, &fixed) == MSA_OK && fixed, "fixed plan");
     if (fixed) {
         CHECK(msa_plan_update(fixed, &good_step, NULL) == MSA_OK, "fixed plan: valid step");
@@ -506,7 +506,7 @@ static void test_collisions_random(void)
     cc.page_size = RP;
     msa_cache *c2 = NULL;
     msa_plan *p2 = NULL;
-    msa_plan_params lim = {RMAXR, RMAXR * RSTRIDE * RP, RSTRIDE * RP, MSA_DTYPE_BF16};
+    msa_plan_params lim = {RMAXR, RMAXR * RSTRIDE * RP, RSTRIDE * RP, MSA_DTYPE_BF16, 0};
     if (msa_cache_create(ctx, model, &cc, &c2) != MSA_OK ||
         msa_plan_create(ctx, model, c2, &lim, &p2) != MSA_OK) {
         CHECK(0, "random collisions: setup: %s", msa_context_last_error(ctx));
@@ -906,6 +906,28 @@ static void test_objects(void)
     lim.act_dtype = MSA_DTYPE_FP8_E4M3;
     expect_fail("plan: fp8 activations", msa_plan_create(ctx, model, cache, &lim, &p2), UNS, IA, NULL);
     CHECK(p2 == NULL, "no plan from an fp8 act_dtype");
+    msa_plan_params_default(&lim);
+    lim.max_q_len = -1;
+    pl = plant_message();
+    expect_fail("plan: negative max_q_len", msa_plan_create(ctx, model, cache, &lim, &p2), IA, IA, pl);
+    CHECK(p2 == NULL, "no plan from a negative max_q_len");
+    /* A plan of max_q_len 4 refuses a request of 5 new tokens and keeps
+     * its previous step. */
+    msa_plan_params_default(&lim);
+    lim.max_q_len = 4;
+    CHECK(msa_plan_create(ctx, model, cache, &lim, &p2) == MSA_OK, "plan with max_q_len 4: %s",
+          msa_context_last_error(ctx));
+    if (p2) {
+        int32_t q4 = 4, q5 = 5, pages[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+        msa_step s4 = {1, 4, &q4, &q4, pages, 8}, s5 = {1, 5, &q5, &q5, pages, 8};
+        CHECK(msa_plan_update(p2, &s4, NULL) == MSA_OK, "max_q_len 4: a step of 4: %s",
+              msa_context_last_error(ctx));
+        pl = plant_message();
+        expect_fail("plan: q_len above max_q_len", msa_plan_update(p2, &s5, NULL), MSA_ERR_CAPACITY,
+                    MSA_ERR_CAPACITY, pl);
+        msa_plan_free(p2);
+        p2 = NULL;
+    }
 
     /* Contexts. */
     msa_context_params cp;

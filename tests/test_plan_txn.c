@@ -456,7 +456,7 @@ static void test_fixed_no_alloc(msa_backend backend)
     if (!rig_make(&r, backend, &small_shape))
         return;
     msa_plan *plan = NULL;
-    msa_plan_params lim = {B_REQS, 96, 1100, MSA_DTYPE_BF16};
+    msa_plan_params lim = {B_REQS, 96, 1100, MSA_DTYPE_BF16, 0};
     CHECK(msa_plan_create(r.ctx, r.model, r.cache, &lim, &plan) == MSA_OK, "%s: fixed plan: %s",
           r.name, msa_context_last_error(r.ctx));
     if (!plan) {
@@ -625,7 +625,7 @@ static void test_capacity_limits(msa_backend backend)
     outputs_free(&base);
     msa_plan_free(plan);
 
-    msa_plan_params lim = {0, (INT64_C(1) << 40) + 1, 0, MSA_DTYPE_BF16};
+    msa_plan_params lim = {0, (INT64_C(1) << 40) + 1, 0, MSA_DTYPE_BF16, 0};
     msa_plan *p2 = NULL;
     st = msa_plan_create(r.ctx, r.model, r.cache, &lim, &p2);
     CHECK(st == MSA_ERR_INVALID_ARGUMENT && !p2, "%s: max_tokens 2^40 + 1: got %s", r.name,

@@ -184,6 +184,11 @@ static int make_copies(run_state *s, bench_result *res)
     lim.act_dtype = s->env->act_dtype;
     lim.max_requests = s->c->num_requests;
     lim.max_tokens = s->tokens > 0 ? s->tokens : 1;
+    /* As an engine's plan for steps of this shape: a decode plan says that
+     * no request exceeds its q_len, which keeps prefill kernels off it. */
+    for (int32_t r = 0; r < s->c->num_requests; r++)
+        if (s->c->q_len[r] > lim.max_q_len)
+            lim.max_q_len = s->c->q_len[r];
     for (int32_t r = 0; r < s->c->num_requests; r++)
         if (s->c->kv_len[r] > lim.max_kv_len)
             lim.max_kv_len = s->c->kv_len[r];

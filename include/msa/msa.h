@@ -246,6 +246,12 @@ typedef struct msa_plan_params {
     int64_t max_tokens;   /* rows of the token tensors; 0 = grow */
     int64_t max_kv_len;   /* longest context of any request; 0 = grow */
     msa_dtype act_dtype;  /* activations of every forward: fp32 / bf16 / fp16; default bf16 */
+    /* Longest q_len of any request; 0 (default) = no limit beyond max_tokens.
+     * A plan whose max_q_len is at most 16 never holds a prefill request, so
+     * the CUDA backend neither sets up nor launches its prefill kernels:
+     * decode-only plans (and the graphs captured on them) keep the decode
+     * path's launch sequence. */
+    int32_t max_q_len;
 } msa_plan_params;
 
 void msa_plan_params_default(msa_plan_params *params); /* limits 0, act_dtype bf16 */

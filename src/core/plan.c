@@ -227,6 +227,9 @@ msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *
                              "(got %d, %lld, %lld)",
                              fn, lim.max_requests, (long long)lim.max_tokens,
                              (long long)lim.max_kv_len);
+    if (lim.max_q_len < 0)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "%s: max_q_len must be >= 0 (got %d)",
+                             fn, lim.max_q_len);
     if (lim.act_dtype != MSA_DTYPE_FP32 && lim.act_dtype != MSA_DTYPE_BF16 &&
         lim.act_dtype != MSA_DTYPE_FP16)
         return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
@@ -352,6 +355,13 @@ static msa_status validate_step(msa_plan *p, const msa_step *s, int64_t *active,
                              "plan's limits (%d, %lld, %lld)",
                              fn, s->num_requests, (long long)s->num_tokens, (long long)mkv,
                              l->max_requests, (long long)l->max_tokens, (long long)l->max_kv_len);
+    if (l->max_q_len) {
+        for (int32_t r = 0; r < s->num_requests; r++)
+            if (s->q_len[r] > l->max_q_len)
+                return msa_set_error(ctx, MSA_ERR_CAPACITY,
+                                     "%s: request %d: q_len %d exceeds the plan's max_q_len %d", fn,
+                                     r, s->q_len[r], l->max_q_len);
+    }
     if (s->num_tokens > MSA_PLAN_MAX_TOKENS)
         return msa_set_error(ctx, MSA_ERR_CAPACITY,
                              "%s: num_tokens %lld exceeds the largest plan capacity (2^40 rows)", fn,

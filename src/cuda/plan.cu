@@ -114,10 +114,17 @@ static int cu_any_layer(const msa_model *m, int want_sparse, int want_iv)
 }
 
 /* Allocates n bytes of zeroed device memory (at least 16). */
+/* Zero-filled device memory.  Like every allocation of the plan path it
+ * asks the failure injector first (src/core/alloc_fault.c), so that tests
+ * can fail it and check that the update leaves the previous step. */
 static cudaError_t cu_zalloc(void **p, size_t n)
 {
     if (n < 16)
         n = 16;
+    if (msa_alloc_fault()) {
+        *p = NULL;
+        return cudaErrorMemoryAllocation;
+    }
     cudaError_t e = cudaMalloc(p, n);
     if (e != cudaSuccess) {
         *p = NULL;
@@ -149,6 +156,11 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
     const int32_t W = m->topk_width;
     st->cap_req = cu_max32((int32_t)plan->cap_requests, 1);
     st->cap_tok = cu_max32((int32_t)plan->cap_tokens, 1);
+    /* The longest request a step of this plan can hold: its token rows,
+     * or the plan's max_q_len when that is lower. */
+    st->cap_q = plan->params.max_q_len > 0 && plan->params.max_q_len < st->cap_tok
+                    ? plan->params.max_q_len
+                    : st->cap_tok;
     st->cap_kv = cu_max32((int32_t)plan->cap_kv_len, 1);
     st->cap_pages = cu_max32((int32_t)plan->cap_pages_per_request, 1);
     st->cap_blocks = any_sparse ? cu_ceil_div32(st->cap_kv, cfg->block_size) : 1;
@@ -194,7 +206,7 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
     /* Prefill attention tiles (attention_prefill_mma_sm80): none when no
      * request can exceed the decode path's q_len. */
     st->pf_tiles_cap[0] = st->pf_tiles_cap[1] = 0;
-    if (st->cap_tok > CU_DEC_MAX_Q) {
+    if (st->cap_q > CU_DEC_MAX_Q) {
         st->pf_tiles_cap[0] = cu_pfa_tiles_cap(st->cap_tok, st->cap_req, cu_pfa_tile_tokens(G));
         if (cu_any_layer(m, 1, 1))
             st->pf_tiles_cap[1] = cu_pfa_tiles_cap(st->cap_tok, st->cap_req, cu_pfa_tile_tokens(Hi));
@@ -269,7 +281,7 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
         return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
                              "CUDA backend: at most 32 index heads per KV head");
 
-    cu_plan_state *st = (cu_plan_state *)calloc(1, sizeof(*st));
+    cu_plan_state *st = msa_alloc_fault() ? NULL : (cu_plan_state *)calloc(1, sizeof(*st));
     if (!st)
         return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "out of host memory");
 
@@ -288,7 +300,8 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
 
     cudaError_t e = cu_zalloc(&st->meta_dev, st->meta_bytes);
     for (int i = 0; i < 2 && e == cudaSuccess; ++i) {
-        e = cudaMallocHost(&st->staging[i], st->meta_bytes);
+        e = msa_alloc_fault() ? cudaErrorMemoryAllocation
+                              : cudaMallocHost(&st->staging[i], st->meta_bytes);
         if (e == cudaSuccess) {
             memset(st->staging[i], 0, st->meta_bytes);
             e = cudaEventCreateWithFlags(&st->staged[i], cudaEventDisableTiming);
@@ -321,7 +334,7 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
      * per CTA (CU_PFI_ROWS x cap_blocks floats, 256 KB a CTA at 128K
      * tokens).  The debugging option cuda_no_prefill_indexer keeps the
      * scalar role. */
-    if (e == cudaSuccess && any_sparse && cs->pfi && cu_pfidx_shape(plan) && st->cap_tok > CU_DEC_MAX_Q) {
+    if (e == cudaSuccess && any_sparse && cs->pfi && cu_pfidx_shape(plan) && st->cap_q > CU_DEC_MAX_Q) {
         st->grid_pfi = cu_pfidx_grid(st->num_sms);
         e = cu_zalloc((void **)&st->pfi_scratch,
                       sizeof(float) * cu_pfidx_scratch_floats(st->grid_pfi, st->cap_blocks));

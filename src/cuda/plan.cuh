@@ -157,6 +157,7 @@ typedef struct cu_plan_state {
     int64_t plan_caps[4];
     int32_t cap_req;
     int32_t cap_tok;
+    int32_t cap_q;         /* longest request a step can hold: min(cap_tok, max_q_len) */
     int32_t cap_kv;
     int32_t cap_pages;
     int32_t cap_blocks;    /* ceil(cap_kv / B) (1 for dense-only models) */
