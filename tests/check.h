@@ -10,24 +10,24 @@
 
 static int check_passed, check_failed, check_skipped;
 
-#define CHECK(cond, ...)                                                         \
-    do {                                                                         \
-        if (cond) {                                                              \
-            check_passed++;                                                      \
-        } else {                                                                 \
-            check_failed++;                                                      \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                 \
-            fprintf(stderr, __VA_ARGS__);                                        \
-            fputc('\n', stderr);                                                 \
-        }                                                                        \
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        if (cond) {                                              \
+            check_passed++;                                      \
+        } else {                                                 \
+            check_failed++;                                      \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fputc('\n', stderr);                                 \
+        }                                                        \
     } while (0)
 
-#define SKIP(...)                                                                \
-    do {                                                                         \
-        check_skipped++;                                                         \
-        fprintf(stderr, "SKIP %s:%d: ", __FILE__, __LINE__);                     \
-        fprintf(stderr, __VA_ARGS__);                                            \
-        fputc('\n', stderr);                                                     \
+#define SKIP(...)                                            \
+    do {                                                     \
+        check_skipped++;                                     \
+        fprintf(stderr, "SKIP %s:%d: ", __FILE__, __LINE__); \
+        fprintf(stderr, __VA_ARGS__);                        \
+        fputc('\n', stderr);                                 \
     } while (0)
 
 /* Prints the closing line; returns the process exit code. */

@@ -40,8 +40,8 @@ static double dot(const float *a, const float *b, int n)
     return s;
 }
 
-int msa_oracle_block_scores(const msa_oracle_layer *layer, const msa_oracle_request *req,
-                            int i, int h, double *scores)
+int msa_oracle_block_scores(const msa_oracle_layer *layer, const msa_oracle_request *req, int i,
+                            int h, double *scores)
 {
     const int p = token_position(req, i);
     const int B = layer->block;
@@ -102,8 +102,8 @@ static int ranks_before(int a, double sa, int b, double sb)
 }
 
 /* Marks in chosen[0..N-1] the blocks index head h selects for token i. */
-static void select_blocks(const msa_oracle_layer *L, const msa_oracle_request *req, int i,
-                          int h, unsigned char *chosen, double *scores)
+static void select_blocks(const msa_oracle_layer *L, const msa_oracle_request *req, int i, int h,
+                          unsigned char *chosen, double *scores)
 {
     const int N = msa_oracle_block_scores(L, req, i, h, scores);
     const int T = L->topk < N ? L->topk : N;
@@ -133,9 +133,8 @@ static void select_blocks(const msa_oracle_layer *L, const msa_oracle_request *r
 }
 
 /* Union of the selections feeding KV head g, as a 0/1 mask over N blocks. */
-static void kv_head_blocks(const msa_oracle_layer *L, const msa_oracle_request *req, int i,
-                           int g, unsigned char *mask, unsigned char *tmp, double *scores,
-                           int N)
+static void kv_head_blocks(const msa_oracle_layer *L, const msa_oracle_request *req, int i, int g,
+                           unsigned char *mask, unsigned char *tmp, double *scores, int N)
 {
     const int per_kv = index_heads_per_kv(L);
     const int first_h = L->Hi >= L->Hkv ? g * per_kv : g / kv_per_index_head(L);
@@ -150,9 +149,8 @@ static void kv_head_blocks(const msa_oracle_layer *L, const msa_oracle_request *
 
 /* Softmax-weighted sum over the keys j in [0, p] for which use[j / B] (or all
  * keys when use is NULL).  Writes out[dim] and returns the log-sum-exp. */
-static double attend(const float *q, const float *keys, const float *vals, size_t stride,
-                     int dim, double scale, int p, int B, const unsigned char *use,
-                     double *out)
+static double attend(const float *q, const float *keys, const float *vals, size_t stride, int dim,
+                     double scale, int p, int B, const unsigned char *use, double *out)
 {
     double m = -INFINITY;
     for (int j = 0; j <= p; j++) {
@@ -203,8 +201,8 @@ void msa_oracle_token(const msa_oracle_layer *layer, const msa_oracle_request *r
         const int g = hq / group;
         const float *q = req->q + ((size_t)i * L->Hq + hq) * L->D;
         const unsigned char *use = L->sparse ? mask + (size_t)g * N : NULL;
-        double l = attend(q, req->k + (size_t)g * L->D, req->v + (size_t)g * L->D, kv_stride,
-                          L->D, L->scale, p, L->block, use, acc);
+        double l = attend(q, req->k + (size_t)g * L->D, req->v + (size_t)g * L->D, kv_stride, L->D,
+                          L->scale, p, L->block, use, acc);
         if (o)
             memcpy(o + (size_t)hq * L->D, acc, sizeof(double) * (size_t)L->D);
         if (lse)
@@ -226,8 +224,8 @@ void msa_oracle_token(const msa_oracle_layer *layer, const msa_oracle_request *r
     if (idx_o && L->sparse && L->index_value) {
         for (int h = 0; h < L->Hi; h++) {
             const float *q = req->idx_q + ((size_t)i * L->Hi + h) * L->Di;
-            attend(q, req->idx_k, req->idx_v, (size_t)L->Di, L->Di, L->index_scale, p,
-                   L->block, NULL, idx_o + (size_t)h * L->Di);
+            attend(q, req->idx_k, req->idx_v, (size_t)L->Di, L->Di, L->index_scale, p, L->block,
+                   NULL, idx_o + (size_t)h * L->Di);
         }
     }
 

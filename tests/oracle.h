@@ -13,13 +13,13 @@
 typedef struct msa_oracle_layer {
     int Hq, Hkv, D;
     int Hi, Di;
-    int block;        /* B */
-    int topk;         /* K */
-    int init_blocks;  /* I */
-    int local_blocks; /* Lc */
-    int score_lse;    /* 0 = max, 1 = lse */
-    int sparse;       /* 0 = dense layer */
-    int index_value;  /* sparse layer keeps an index value */
+    int block;          /* B */
+    int topk;           /* K */
+    int init_blocks;    /* I */
+    int local_blocks;   /* Lc */
+    int score_lse;      /* 0 = max, 1 = lse */
+    int sparse;         /* 0 = dense layer */
+    int index_value;    /* sparse layer keeps an index value */
     double scale;       /* main softmax scale (already resolved) */
     double index_scale; /* c (already resolved) */
 } msa_oracle_layer;
@@ -45,7 +45,7 @@ void msa_oracle_token(const msa_oracle_layer *layer, const msa_oracle_request *r
 
 /* Block scores of token i for index head h over its N reachable blocks
  * (scores[N]); used by tests to build inputs without near-ties. Returns N. */
-int msa_oracle_block_scores(const msa_oracle_layer *layer, const msa_oracle_request *req,
-                            int i, int h, double *scores);
+int msa_oracle_block_scores(const msa_oracle_layer *layer, const msa_oracle_request *req, int i,
+                            int h, double *scores);
 
 #endif

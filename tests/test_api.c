@@ -22,10 +22,16 @@ static void test_version(void)
 
 static void test_names(void)
 {
-    static const char *const status[] = {
-        "MSA_OK", "MSA_ERR_INVALID_ARGUMENT", "MSA_ERR_INVALID_CONFIG", "MSA_ERR_OUT_OF_RANGE",
-        "MSA_ERR_UNSUPPORTED", "MSA_ERR_OUT_OF_MEMORY", "MSA_ERR_IO", "MSA_ERR_CAPACITY",
-        "MSA_ERR_BACKEND", "MSA_ERR_NO_DEVICE"};
+    static const char *const status[] = {"MSA_OK",
+                                         "MSA_ERR_INVALID_ARGUMENT",
+                                         "MSA_ERR_INVALID_CONFIG",
+                                         "MSA_ERR_OUT_OF_RANGE",
+                                         "MSA_ERR_UNSUPPORTED",
+                                         "MSA_ERR_OUT_OF_MEMORY",
+                                         "MSA_ERR_IO",
+                                         "MSA_ERR_CAPACITY",
+                                         "MSA_ERR_BACKEND",
+                                         "MSA_ERR_NO_DEVICE"};
     for (int s = 0; s < 10; s++)
         CHECK(!strcmp(msa_status_name((msa_status)s), status[s]), "status %d name %s", s,
               msa_status_name((msa_status)s));
@@ -316,10 +322,9 @@ static void test_cache(msa_context *ctx)
           "cache get_config");
 
     /* Geometry per msa.h; dense layers and layers without value lack planes. */
-    const size_t want[WL][4] = {
-        {WPAGES * WHKV * WP * WD * 4, WPAGES * WHKV * WP * WD * 4, 0, 0},
-        {WPAGES * WHKV * WP * WD * 4, WPAGES * WHKV * WP * WD * 4, WPAGES * WP * WDI * 2,
-         WPAGES * WP * WDI * 2}};
+    const size_t want[WL][4] = {{WPAGES * WHKV * WP * WD * 4, WPAGES * WHKV * WP * WD * 4, 0, 0},
+                                {WPAGES * WHKV * WP * WD * 4, WPAGES * WHKV * WP * WD * 4,
+                                 WPAGES * WP * WDI * 2, WPAGES * WP * WDI * 2}};
     void *mem[WL * 4];
     unsigned s = 5;
     int zero = 1;
@@ -345,7 +350,8 @@ static void test_cache(msa_context *ctx)
             mem[l * 4 + p] = host;
         }
     CHECK(zero, "allocated cache is zero-filled");
-    CHECK(msa_cache_plane_bytes(a, 2, MSA_PLANE_K) == 0 && !msa_cache_plane_data(a, -1, MSA_PLANE_K),
+    CHECK(msa_cache_plane_bytes(a, 2, MSA_PLANE_K) == 0 &&
+              !msa_cache_plane_data(a, -1, MSA_PLANE_K),
           "out of range layer has no planes");
     CHECK(msa_cache_set_scales(a, 1, 0.5f, 2.0f, 1.0f, 1.0f) == MSA_OK, "valid scales");
 

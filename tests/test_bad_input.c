@@ -47,7 +47,8 @@ static void *buffer(size_t bytes, unsigned seed)
     /* bf16 data: keep every element a small finite number. */
     for (size_t i = 1; i < bytes; i += 2)
         h[i] = (unsigned char)(0x3c + (h[i] & 1));
-    if (msa_buffer_alloc(ctx, bytes, &p) != MSA_OK || msa_copy_to_buffer(ctx, p, h, bytes) != MSA_OK)
+    if (msa_buffer_alloc(ctx, bytes, &p) != MSA_OK ||
+        msa_copy_to_buffer(ctx, p, h, bytes) != MSA_OK)
         p = NULL;
     free(h);
     return p;
@@ -97,7 +98,8 @@ static void snap_take(snapshot *s)
 {
     for (int i = 0; i < L * 4; i++) {
         size_t n = msa_cache_plane_bytes(cache, i / 4, (msa_plane)(i % 4));
-        s->cache[i] = n ? read_back(msa_cache_plane_data(cache, i / 4, (msa_plane)(i % 4)), n) : NULL;
+        s->cache[i] = n ? read_back(msa_cache_plane_data(cache, i / 4, (msa_plane)(i % 4)), n)
+                        : NULL;
     }
     s->o = read_back(o, o_bytes);
     s->io = read_back(io_out, idx_o_bytes);
@@ -177,7 +179,8 @@ static int plan_reproduces_baseline(void)
                same_bytes(base_lse, lse, lse_bytes) && same_bytes(base_topk, topk, topk_bytes);
     for (int i = 0; i < L * 4; i++)
         if (base_cache[i])
-            same &= same_bytes(base_cache[i], msa_cache_plane_data(cache, i / 4, (msa_plane)(i % 4)),
+            same &= same_bytes(base_cache[i],
+                               msa_cache_plane_data(cache, i / 4, (msa_plane)(i % 4)),
                                msa_cache_plane_bytes(cache, i / 4, (msa_plane)(i % 4)));
     return same;
 }
@@ -254,7 +257,8 @@ static int setup(void)
     base_topk = read_back(topk, topk_bytes);
     for (int i = 0; i < L * 4; i++) {
         size_t n = msa_cache_plane_bytes(cache, i / 4, (msa_plane)(i % 4));
-        base_cache[i] = n ? read_back(msa_cache_plane_data(cache, i / 4, (msa_plane)(i % 4)), n) : NULL;
+        base_cache[i] = n ? read_back(msa_cache_plane_data(cache, i / 4, (msa_plane)(i % 4)), n)
+                          : NULL;
     }
     return 0;
 }
@@ -268,7 +272,8 @@ static void reject_step(const char *what, const msa_step *step, msa_status a, ms
     snap_take(&s);
     const char *planted = plant_message();
     msa_status st = msa_plan_update(plan, step, NULL);
-    CHECK(status_in(st, a, b), "%s: got %s, want %s", what, msa_status_name(st), msa_status_name(a));
+    CHECK(status_in(st, a, b), "%s: got %s, want %s", what, msa_status_name(st),
+          msa_status_name(a));
     CHECK(fresh_message(planted), "%s: no message of its own (\"%s\")", what,
           msa_context_last_error(ctx));
     CHECK(snap_same(&s), "%s: rejected update wrote something", what);
@@ -280,15 +285,15 @@ static void test_plan_update(void)
     const msa_status IA = MSA_ERR_INVALID_ARGUMENT, OOR = MSA_ERR_OUT_OF_RANGE;
     int32_t ql[R], kl[R], tb[R * STRIDE];
     msa_step s;
-#define RESET()                                  \
-    do {                                         \
-        memcpy(ql, q_len, sizeof ql);            \
-        memcpy(kl, kv_len, sizeof kl);           \
-        memcpy(tb, table, sizeof tb);            \
-        s = good_step;                           \
-        s.q_len = ql;                            \
-        s.kv_len = kl;                           \
-        s.page_table = tb;                       \
+#define RESET()                        \
+    do {                               \
+        memcpy(ql, q_len, sizeof ql);  \
+        memcpy(kl, kv_len, sizeof kl); \
+        memcpy(tb, table, sizeof tb);  \
+        s = good_step;                 \
+        s.q_len = ql;                  \
+        s.kv_len = kl;                 \
+        s.page_table = tb;             \
     } while (0)
 
     reject_step("NULL step", NULL, IA, IA);
@@ -347,7 +352,8 @@ static void test_plan_update(void)
     if (!fixed)
         return;
     CHECK(msa_plan_update(fixed, &good_step, NULL) == MSA_OK, "fixed plan: valid step");
-    int32_t q3[3] = {1, 1, 1}, kv3[3] = {2, 2, 2}, t3[3 * STRIDE] = {0, -1, -1, 1, -1, -1, 2, -1, -1};
+    int32_t q3[3] = {1, 1, 1}, kv3[3] = {2, 2, 2},
+            t3[3 * STRIDE] = {0, -1, -1, 1, -1, -1, 2, -1, -1};
     msa_step big = {3, 3, q3, kv3, t3, STRIDE};
     const char *planted = plant_message();
     CHECK(msa_plan_update(fixed, &big, NULL) == MSA_ERR_CAPACITY, "too many requests");
@@ -358,8 +364,8 @@ static void test_plan_update(void)
     int32_t kv9[R] = {9, 3}, t9[R * STRIDE] = {3, 5, 6, 1, -1, -1};
     msa_step longer = {R, ROWS, q_len, kv9, t9, STRIDE};
     CHECK(msa_plan_update(fixed, &longer, NULL) == MSA_ERR_CAPACITY, "context beyond max_kv_len");
-    CHECK(run_both_layers(fixed) == MSA_OK &&
-              same_bytes(base_o, o, o_bytes) && same_bytes(base_topk, topk, topk_bytes),
+    CHECK(run_both_layers(fixed) == MSA_OK && same_bytes(base_o, o, o_bytes) &&
+              same_bytes(base_topk, topk, topk_bytes),
           "fixed plan still runs its previous step");
     msa_plan_free(fixed);
 }
@@ -405,22 +411,22 @@ static void test_collisions(void)
 {
     /* (a) Two requests of 8 new tokens each, both writing page 3. */
     small_step a = {2, {8, 8}, {8, 8}, {3, 4, -1, 3, 6, -1}, 0};
-    static const char *const a_names[] = {
-        "request 0 writes page 3 (logical page 0)", "request 1 also writes (logical page 0)", NULL};
+    static const char *const a_names[] = {"request 0 writes page 3 (logical page 0)",
+                                          "request 1 also writes (logical page 0)", NULL};
     reject_collision("two prefills write one page", &a, a_names);
     /* (b) A fresh prefill lands on the prefix page request 0 reads. */
     small_step b = {2, {1, 4}, {6, 4}, {3, 5, -1, 3, -1, -1}, 0};
-    static const char *const b_names[] = {
-        "request 1 writes page 3 (logical page 0)", "request 0 also uses (logical page 0)", NULL};
+    static const char *const b_names[] = {"request 1 writes page 3 (logical page 0)",
+                                          "request 0 also uses (logical page 0)", NULL};
     reject_collision("a prefill writes another request's prefix page", &b, b_names);
     /* (c) One request maps every logical page to page 5 while it writes. */
     small_step c = {1, {2}, {10}, {5, 5, 5}, 0};
-    static const char *const c_names[] = {
-        "request 0 writes page 5 (logical page 2)", "request 0 also uses (logical page 0)", NULL};
+    static const char *const c_names[] = {"request 0 writes page 5 (logical page 2)",
+                                          "request 0 also uses (logical page 0)", NULL};
     reject_collision("one request maps all its pages to one page", &c, c_names);
     small_step c2 = {1, {6}, {6}, {5, 5, -1}, 0};
-    static const char *const c2_names[] = {
-        "request 0 writes page 5 (logical page 0)", "request 0 also writes (logical page 1)", NULL};
+    static const char *const c2_names[] = {"request 0 writes page 5 (logical page 0)",
+                                           "request 0 also writes (logical page 1)", NULL};
     reject_collision("one request writes two logical pages of one page", &c2, c2_names);
     /* A decode row that writes the page two other requests read. */
     small_step d = {3, {0, 1, 1}, {4, 6, 3}, {3, -1, -1, 1, 4, -1, 3, -1, -1}, 0};
@@ -514,8 +520,9 @@ static void test_collisions_random(void)
         return;
     }
     uint64_t seed = 0x9e3779b97f4a7c15u;
-#define RND(n) ((seed = seed * 6364136223846793005u + 1442695040888963407u), \
-                (int32_t)((seed >> 33) % (uint64_t)(n)))
+#define RND(n)                                                    \
+    ((seed = seed * 6364136223846793005u + 1442695040888963407u), \
+     (int32_t)((seed >> 33) % (uint64_t)(n)))
     int accepted = 0, rejected = 0, mismatches = 0, wrong_page = 0;
     for (int it = 0; it < RSTEPS; it++) {
         int32_t nr = 1 + RND(RMAXR), ql[RMAXR], kl[RMAXR], tb[RMAXR * RSTRIDE];
@@ -576,7 +583,8 @@ static void reject_forward(const char *what, msa_context *c, msa_plan *p, int32_
     snap_take(&s);
     const char *planted = plant_message();
     msa_status st = msa_forward(c, p, layer, io);
-    CHECK(status_in(st, a, b), "%s: got %s, want %s", what, msa_status_name(st), msa_status_name(a));
+    CHECK(status_in(st, a, b), "%s: got %s, want %s", what, msa_status_name(st),
+          msa_status_name(a));
     if (c)
         CHECK(fresh_message(planted), "%s: no message of its own (\"%s\")", what,
               msa_context_last_error(ctx));
@@ -728,7 +736,8 @@ static void test_alignment(void)
             CHECK(strstr(msg, need) != NULL, "%s: the message says %s (\"%s\")", what, need, msg);
             msa_synchronize(ctx);
             CHECK(snap_same(&s), "%s: rejected forward wrote something", what);
-            CHECK(same_bytes(before, at, t[i].bytes), "%s: the misaligned tensor was written", what);
+            CHECK(same_bytes(before, at, t[i].bytes), "%s: the misaligned tensor was written",
+                  what);
             free(before);
         }
         /* Aligned to the element size only. */
@@ -904,12 +913,14 @@ static void test_objects(void)
     CHECK(p2 == NULL, "no plan from bad arguments");
     msa_plan_params_default(&lim);
     lim.act_dtype = MSA_DTYPE_FP8_E4M3;
-    expect_fail("plan: fp8 activations", msa_plan_create(ctx, model, cache, &lim, &p2), UNS, IA, NULL);
+    expect_fail("plan: fp8 activations", msa_plan_create(ctx, model, cache, &lim, &p2), UNS, IA,
+                NULL);
     CHECK(p2 == NULL, "no plan from an fp8 act_dtype");
     msa_plan_params_default(&lim);
     lim.max_q_len = -1;
     pl = plant_message();
-    expect_fail("plan: negative max_q_len", msa_plan_create(ctx, model, cache, &lim, &p2), IA, IA, pl);
+    expect_fail("plan: negative max_q_len", msa_plan_create(ctx, model, cache, &lim, &p2), IA, IA,
+                pl);
     CHECK(p2 == NULL, "no plan from a negative max_q_len");
     /* A plan of max_q_len 4 refuses a request of 5 new tokens and keeps
      * its previous step. */
@@ -957,8 +968,8 @@ static void test_objects(void)
     CHECK(c3 == NULL && err[0], "context: NULL and a message");
     dbg.cuda_num_sms = 0;
     dbg.cuda_no_prefill_wgmma = -1;
-    expect_fail("context: negative prefill debug option", msa_context_create(&cp, &c3, err, sizeof err),
-                IA, IA, NULL);
+    expect_fail("context: negative prefill debug option",
+                msa_context_create(&cp, &c3, err, sizeof err), IA, IA, NULL);
     CHECK(c3 == NULL, "context: NULL after a negative prefill debug option");
     dbg.cuda_no_prefill_wgmma = 0;
     CHECK(msa_context_create(&cp, &c3, NULL, 0) == MSA_OK && c3, "context: zeroed debug options");
@@ -977,10 +988,12 @@ static void test_objects(void)
     expect_fail("bench: zero reps", msa_bench_forward(ctx, plan, 1, &io, 1, 0, 0, t), IA, IA, NULL);
     expect_fail("bench: NULL times", msa_bench_forward(ctx, plan, 1, &io, 1, 0, 2, NULL), IA, IA,
                 NULL);
-    expect_fail("bench: no io sets", msa_bench_forward(ctx, plan, 1, &io, 0, 0, 2, t), IA, IA, NULL);
+    expect_fail("bench: no io sets", msa_bench_forward(ctx, plan, 1, &io, 0, 0, 2, t), IA, IA,
+                NULL);
     msa_layer_io bad = good_io(1);
     bad.o = NULL;
-    expect_fail("bench: invalid io", msa_bench_forward(ctx, plan, 1, &bad, 1, 0, 2, t), IA, IA, NULL);
+    expect_fail("bench: invalid io", msa_bench_forward(ctx, plan, 1, &bad, 1, 0, 2, t), IA, IA,
+                NULL);
     expect_fail("bench: layer 5", msa_bench_forward(ctx, plan, 5, &io, 1, 0, 2, t), OOR, OOR, NULL);
     CHECK(plan_reproduces_baseline(), "plan intact after all the rejected calls");
 }

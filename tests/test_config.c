@@ -96,7 +96,8 @@ static void build_json(char *out, size_t size, va_list ap)
             if (!found)
                 v = BASE_SPARSE[i].val;
             if (v) {
-                n += (size_t)snprintf(out + n, size - n, "%s\"%s\": %s", sep, BASE_SPARSE[i].key, v);
+                n +=
+                    (size_t)snprintf(out + n, size - n, "%s\"%s\": %s", sep, BASE_SPARSE[i].key, v);
                 sep = ", ";
             }
         }
@@ -224,7 +225,8 @@ static void test_fixtures(void)
 
     /* Keys under text_config, init/local given in tokens: 200 -> 2, 128 -> 2. */
     m = NULL;
-    CHECK(msa_model_load_config_file(ctx, MSA_FIXTURE_DIR "/m3_text_config.json", &m) == MSA_OK && m,
+    CHECK(msa_model_load_config_file(ctx, MSA_FIXTURE_DIR "/m3_text_config.json", &m) == MSA_OK &&
+              m,
           "text_config fixture: %s", msa_context_last_error(ctx));
     if (m)
         check_m3(m, "m3_text_config.json", 2, 2);
@@ -232,7 +234,9 @@ static void test_fixtures(void)
 
     /* lse, init block 1, local 100 tokens of 64 -> 3, index value on 1 and 3. */
     m = NULL;
-    CHECK(msa_model_load_config_file(ctx, MSA_FIXTURE_DIR "/small_mixed_value.json", &m) == MSA_OK && m,
+    CHECK(msa_model_load_config_file(ctx, MSA_FIXTURE_DIR "/small_mixed_value.json", &m) ==
+                  MSA_OK &&
+              m,
           "small fixture: %s", msa_context_last_error(ctx));
     if (m) {
         msa_model_config c = config_of(m);
@@ -259,7 +263,8 @@ static void test_tokens_to_blocks(void)
         msa_model *m;
         msa_status st = load(&m, "sparse_init_tokens", init[i].tokens, NULL);
         CHECK(st == MSA_OK && m && config_of(m).init_blocks == init[i].blocks,
-              "init_tokens %s -> %d blocks (%s)", init[i].tokens, init[i].blocks, msa_status_name(st));
+              "init_tokens %s -> %d blocks (%s)", init[i].tokens, init[i].blocks,
+              msa_status_name(st));
         msa_model_free(m);
         st = load(&m, "sparse_local_tokens", local[i].tokens, NULL);
         CHECK(st == MSA_OK && m && config_of(m).local_blocks == local[i].blocks,
@@ -300,7 +305,8 @@ static void test_defaults(void)
     msa_model_free(m);
 
     CHECK(load(&m, "sparse_attention_freq", "[1, 0, 1, 0]", "sparse_disable_index_value",
-               "[0, 0, 1, 1]", "sparse_score_type", "\"lse\"", NULL) == MSA_OK && m,
+               "[0, 0, 1, 1]", "sparse_score_type", "\"lse\"", NULL) == MSA_OK &&
+              m,
           "lists and lse");
     if (m) {
         CHECK(msa_model_layer_is_sparse(m, 0) && !msa_model_layer_is_sparse(m, 1) &&
@@ -314,7 +320,8 @@ static void test_defaults(void)
 
     /* Unrelated keys are ignored; heads may be unions or splits. */
     CHECK(load(&m, "rope_theta", "1e7", "sparse_num_index_heads", "4", "quantization_config",
-               "{\"quant_method\": \"fp8\"}", NULL) == MSA_OK && m && msa_model_topk_width(m) == 16,
+               "{\"quant_method\": \"fp8\"}", NULL) == MSA_OK &&
+              m && msa_model_topk_width(m) == 16,
           "Hi = 2 Hkv with extra keys");
     msa_model_free(m);
     CHECK(load(&m, "sparse_num_index_heads", "1", NULL) == MSA_OK && m, "Hkv = 2 Hi");
@@ -334,10 +341,10 @@ static void test_invalid(void)
 {
     msa_model *m;
     msa_status st;
-#define INVALID(what, ...)                      \
-    do {                                        \
-        st = load(&m, __VA_ARGS__, NULL);       \
-        expect_invalid(what, st, m);            \
+#define INVALID(what, ...)                \
+    do {                                  \
+        st = load(&m, __VA_ARGS__, NULL); \
+        expect_invalid(what, st, m);      \
     } while (0)
     INVALID("Hq % Hkv", "num_attention_heads", "7");
     INVALID("I + Lc > K", "sparse_init_block", "5", "sparse_local_block", "4");
@@ -354,10 +361,10 @@ static void test_invalid(void)
     INVALID("negative init", "sparse_init_block", "-1");
     INVALID("negative init tokens", "sparse_init_tokens", "-5");
     INVALID("negative local tokens", "sparse_local_tokens", "-1");
-    static const char *const sizes[] = {"num_hidden_layers", "num_attention_heads",
-                                        "num_key_value_heads", "head_dim",
+    static const char *const sizes[] = {"num_hidden_layers",      "num_attention_heads",
+                                        "num_key_value_heads",    "head_dim",
                                         "sparse_num_index_heads", "sparse_index_dim",
-                                        "sparse_block_size", "sparse_topk_blocks"};
+                                        "sparse_block_size",      "sparse_topk_blocks"};
     for (size_t i = 0; i < 8; i++) {
         char what[96];
         snprintf(what, sizeof what, "%s = 0", sizes[i]);
@@ -421,7 +428,14 @@ static void test_invalid(void)
 static void test_malformed(void)
 {
     static const char *const texts[] = {
-        "", "{", "}", "[]", "null", "42", "\"text\"", "{\"num_hidden_layers\": }",
+        "",
+        "{",
+        "}",
+        "[]",
+        "null",
+        "42",
+        "\"text\"",
+        "{\"num_hidden_layers\": }",
         "{\"num_attention_heads\": \"64\", \"num_key_value_heads\": 4, \"head_dim\": 128, "
         "\"num_hidden_layers\": 1}",
         "{\"num_attention_heads\": 64.5, \"num_key_value_heads\": 4, \"head_dim\": 128, "
@@ -459,7 +473,8 @@ static void test_malformed(void)
 
 /* A valid config whose top level is `top` (spliced in first) and whose
  * text_config holds `text`. */
-#define CFG_TOP "\"num_hidden_layers\": 4, \"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"head_dim\": 32"
+#define CFG_TOP \
+    "\"num_hidden_layers\": 4, \"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"head_dim\": 32"
 
 static int has(const char *s, const char *sub)
 {
@@ -483,7 +498,8 @@ static void expect_refused(const char *what, const char *text, size_t len, msa_s
     msa_model_free(m);
 }
 
-#define REFUSED(what, lit, st, ...) expect_refused(what, lit, sizeof(lit) - 1, st, __VA_ARGS__, NULL)
+#define REFUSED(what, lit, st, ...) \
+    expect_refused(what, lit, sizeof(lit) - 1, st, __VA_ARGS__, NULL)
 
 static void test_strict_json(void)
 {
@@ -507,8 +523,8 @@ static void test_strict_json(void)
             "escaped NUL");
     REFUSED("overlong UTF-8", "{" CFG_TOP ", \"model_type\": \"\xC0\xAF\"}", MSA_ERR_IO,
             "invalid UTF-8", "overlong");
-    REFUSED("overlong 3-byte UTF-8", "{" CFG_TOP ", \"model_type\": \"\xE0\x80\xAF\"}",
-            MSA_ERR_IO, "invalid UTF-8", "overlong");
+    REFUSED("overlong 3-byte UTF-8", "{" CFG_TOP ", \"model_type\": \"\xE0\x80\xAF\"}", MSA_ERR_IO,
+            "invalid UTF-8", "overlong");
     REFUSED("lone continuation byte", "{" CFG_TOP ", \"model_type\": \"a\x80z\"}", MSA_ERR_IO,
             "invalid UTF-8", "continuation byte");
     REFUSED("surrogate in UTF-8", "{" CFG_TOP ", \"model_type\": \"\xED\xA0\x80\"}", MSA_ERR_IO,
@@ -520,13 +536,11 @@ static void test_strict_json(void)
     REFUSED("lone surrogate escape", "{" CFG_TOP ", \"model_type\": \"\\ud800\"}", MSA_ERR_IO,
             "unpaired surrogate");
     REFUSED("duplicate key at the top level", "{" CFG_TOP ", \"num_attention_heads\": 16}",
-            MSA_ERR_IO, "duplicate key \"num_attention_heads\"", "at the top level",
-            "byte offset");
-    REFUSED("duplicate key through an escape", "{" CFG_TOP ", \"head_di\\u006d\": 16}",
-            MSA_ERR_IO, "duplicate key \"head_dim\"");
-    REFUSED("duplicate key in text_config",
-            "{\"text_config\": {" CFG_TOP ", \"head_dim\": 64}}", MSA_ERR_IO,
-            "duplicate key \"head_dim\"", "in \"text_config\"");
+            MSA_ERR_IO, "duplicate key \"num_attention_heads\"", "at the top level", "byte offset");
+    REFUSED("duplicate key through an escape", "{" CFG_TOP ", \"head_di\\u006d\": 16}", MSA_ERR_IO,
+            "duplicate key \"head_dim\"");
+    REFUSED("duplicate key in text_config", "{\"text_config\": {" CFG_TOP ", \"head_dim\": 64}}",
+            MSA_ERR_IO, "duplicate key \"head_dim\"", "in \"text_config\"");
     REFUSED("duplicate key in sparse_attention_config",
             "{" CFG_TOP ", \"sparse_attention_config\": {\"sparse_block_size\": 64, "
             "\"sparse_block_size\": 32}}",
@@ -535,8 +549,8 @@ static void test_strict_json(void)
             MSA_ERR_IO, "duplicate key \"text_config\"");
     REFUSED("text_config a number", "{" CFG_TOP ", \"text_config\": 5}", MSA_ERR_INVALID_CONFIG,
             "'text_config' must be an object", "a number");
-    REFUSED("text_config a string", "{" CFG_TOP ", \"text_config\": \"x\"}",
-            MSA_ERR_INVALID_CONFIG, "'text_config' must be an object", "a string");
+    REFUSED("text_config a string", "{" CFG_TOP ", \"text_config\": \"x\"}", MSA_ERR_INVALID_CONFIG,
+            "'text_config' must be an object", "a string");
     REFUSED("text_config an array", "{" CFG_TOP ", \"text_config\": [1]}", MSA_ERR_INVALID_CONFIG,
             "'text_config' must be an object", "an array");
     REFUSED("single quotes", "{'num_hidden_layers': 4}", MSA_ERR_IO, "byte offset 1");

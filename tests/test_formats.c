@@ -45,7 +45,8 @@ static void test_bf16(void)
     CHECK(tk_f32_to_bf16(INFINITY) == 0x7f80, "inf");
     CHECK(tk_f32_to_bf16(bits_f32(0x7f7fffffu)) == 0x7f80, "max float rounds to inf");
     CHECK(isnan(tk_bf16_to_f32(tk_f32_to_bf16(NAN))), "NaN stays NaN");
-    CHECK(isnan(tk_bf16_to_f32(tk_f32_to_bf16(bits_f32(0x7f800001u)))), "low-payload NaN stays NaN");
+    CHECK(isnan(tk_bf16_to_f32(tk_f32_to_bf16(bits_f32(0x7f800001u)))),
+          "low-payload NaN stays NaN");
     long bad = 0;
     for (uint32_t c = 0; c < 65536; c++) {
         float x = tk_bf16_to_f32((uint16_t)c);
@@ -219,11 +220,11 @@ static const char *put_file(const char *name, const void *bytes, size_t len)
     return path;
 }
 
-#define META_LAYER                                                                            \
+#define META_LAYER                                                                                \
     "\"layer\": {\"type\": \"sparse\", \"Hq\": 8, \"Hkv\": 2, \"D\": 16, \"Hi\": 2, \"Di\": 16, " \
     "\"block\": 16, \"topk\": 4}"
-#define META_REST                                                                        \
-    "\"cache\": {\"page_size\": 16, \"num_pages\": 8}, \"act_dtype\": \"bf16\", "         \
+#define META_REST                                                                 \
+    "\"cache\": {\"page_size\": 16, \"num_pages\": 8}, \"act_dtype\": \"bf16\", " \
     "\"tokens\": 1, \"requests\": [{\"q_len\": 1, \"kv_len\": 20, \"pages\": [1, 2]}]"
 #define META "{" META_LAYER ", " META_REST "}"
 
@@ -246,7 +247,8 @@ static void meta_refused(const char *what, const char *text, size_t len, msa_sta
         replay_meta_free(&m);
 }
 
-#define META_REFUSED(what, lit, st, ...) meta_refused(what, lit, sizeof(lit) - 1, st, __VA_ARGS__, NULL)
+#define META_REFUSED(what, lit, st, ...) \
+    meta_refused(what, lit, sizeof(lit) - 1, st, __VA_ARGS__, NULL)
 
 static void test_replay_meta(void)
 {
@@ -279,10 +281,11 @@ static void test_replay_meta(void)
                  MSA_ERR_IO, "invalid UTF-8", "surrogate");
     META_REFUSED("duplicate key at the top level", "{" META_LAYER ", " META_REST ", \"tokens\": 3}",
                  MSA_ERR_IO, "duplicate key \"tokens\"", "at the top level");
-    META_REFUSED("duplicate key in layer",
-                 "{\"layer\": {\"type\": \"dense\", \"Hq\": 8, \"Hkv\": 2, \"D\": 16, \"Hq\": 4}, "
-                 META_REST "}",
-                 MSA_ERR_IO, "duplicate key \"Hq\"", "in \"layer\"");
+    META_REFUSED(
+        "duplicate key in layer",
+        "{\"layer\": {\"type\": \"dense\", \"Hq\": 8, \"Hkv\": 2, \"D\": 16, \"Hq\": 4}, " META_REST
+        "}",
+        MSA_ERR_IO, "duplicate key \"Hq\"", "in \"layer\"");
     META_REFUSED("duplicate key in a request",
                  "{" META_LAYER ", \"cache\": {\"page_size\": 16, \"num_pages\": 8}, "
                  "\"act_dtype\": \"bf16\", \"tokens\": 1, \"requests\": [{\"q_len\": 1, "
@@ -292,18 +295,19 @@ static void test_replay_meta(void)
                  "\"layer\" must be an object");
 
     /* Number messages: no number, not whole, out of range. */
-    META_REFUSED("Hq 2^31",
-                 "{\"layer\": {\"type\": \"dense\", \"Hq\": 2147483648, \"Hkv\": 2, \"D\": 16}, "
-                 META_REST "}",
-                 MSA_ERR_INVALID_ARGUMENT, "layer.Hq is out of range", "2.14748e+09");
+    META_REFUSED(
+        "Hq 2^31",
+        "{\"layer\": {\"type\": \"dense\", \"Hq\": 2147483648, \"Hkv\": 2, \"D\": 16}, " META_REST
+        "}",
+        MSA_ERR_INVALID_ARGUMENT, "layer.Hq is out of range", "2.14748e+09");
     META_REFUSED("Hq 1.5",
                  "{\"layer\": {\"type\": \"dense\", \"Hq\": 1.5, \"Hkv\": 2, \"D\": 16}, " META_REST
                  "}",
                  MSA_ERR_INVALID_ARGUMENT, "layer.Hq must be an integer (got 1.5)");
-    META_REFUSED("Hq a string",
-                 "{\"layer\": {\"type\": \"dense\", \"Hq\": \"8\", \"Hkv\": 2, \"D\": 16}, " META_REST
-                 "}",
-                 MSA_ERR_INVALID_ARGUMENT, "layer.Hq must be an integer, not a string");
+    META_REFUSED(
+        "Hq a string",
+        "{\"layer\": {\"type\": \"dense\", \"Hq\": \"8\", \"Hkv\": 2, \"D\": 16}, " META_REST "}",
+        MSA_ERR_INVALID_ARGUMENT, "layer.Hq must be an integer, not a string");
     META_REFUSED("Hq 0",
                  "{\"layer\": {\"type\": \"dense\", \"Hq\": 0, \"Hkv\": 2, \"D\": 16}, " META_REST
                  "}",
@@ -343,7 +347,8 @@ static void workload_refused(const char *what, const char *text, size_t len, ...
         workload_free(cases, n);
 }
 
-#define WL_BODY "\"q_len_per_request\": 8, \"cases\": [{\"id\": \"a\", \"suite\": \"full\", \"kv_lens\": [100, 200]}]"
+#define WL_BODY \
+    "\"q_len_per_request\": 8, \"cases\": [{\"id\": \"a\", \"suite\": \"full\", \"kv_lens\": [100, 200]}]"
 #define WL "{" WL_BODY "}"
 #define WL_REFUSED(what, lit, ...) workload_refused(what, lit, sizeof(lit) - 1, __VA_ARGS__, NULL)
 
@@ -412,8 +417,8 @@ static void test_npy_header(void)
     npy_array a;
     size_t off = 0;
     char err[512] = "";
-    size_t n = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", buf,
-                         sizeof buf);
+    size_t n =
+        npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", buf, sizeof buf);
     CHECK(npy_parse_header(buf, n, &a, &off, err, sizeof err) == 0 && a.type == NPY_F32 &&
               a.ndim == 2 && a.count == 6 && off == n && n % 64 == 0,
           "npy header parses: %s", err);

@@ -49,7 +49,8 @@ static void test_selection_order(void)
 
     /* Forced {0, 7}; then 9 (b2) and 9 (b3). */
     msa_oracle_token(&L, &req, 0, NULL, NULL, row, NULL);
-    CHECK(row_is(row, (int32_t[]){0, 2, 3, 7}, 4), "K=4 got %d %d %d %d", row[0], row[1], row[2], row[3]);
+    CHECK(row_is(row, (int32_t[]){0, 2, 3, 7}, 4), "K=4 got %d %d %d %d", row[0], row[1], row[2],
+          row[3]);
     /* Tie between b2 and b3 goes to the lower id. */
     L.topk = 3;
     msa_oracle_token(&L, &req, 0, NULL, NULL, row, NULL);
@@ -145,7 +146,8 @@ static void test_head_mappings(void)
     int32_t row[4];
     CHECK(msa_oracle_topk_width(&L) == 4, "union width 2K");
     msa_oracle_token(&L, &req, 0, NULL, NULL, row, NULL);
-    CHECK(row_is(row, (int32_t[]){0, 1, 3, -1}, 4), "union %d %d %d %d", row[0], row[1], row[2], row[3]);
+    CHECK(row_is(row, (int32_t[]){0, 1, 3, -1}, 4), "union %d %d %d %d", row[0], row[1], row[2],
+          row[3]);
 
     /* Hkv = 2, Hi = 1: both KV heads repeat head 0's row. */
     float kk[8] = {0}, vv[8] = {0}, qq[2] = {0};

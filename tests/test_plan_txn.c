@@ -308,12 +308,13 @@ static void test_oom_then_forward(msa_backend backend)
     st = msa_plan_update(plan, &b, NULL);
     if (st == MSA_OK) {
         SKIP("%s: this machine holds the step of kv_len 2^22; the injection tests cover the "
-             "failure path", r.name);
+             "failure path",
+             r.name);
     } else {
         CHECK(st == MSA_ERR_OUT_OF_MEMORY, "%s: kv_len 2^22: got %s (%s)", r.name,
               msa_status_name(st), msa_context_last_error(r.ctx));
-        CHECK(message_ok(msa_context_last_error(r.ctx), "msa_plan_update"),
-              "%s: message \"%s\"", r.name, msa_context_last_error(r.ctx));
+        CHECK(message_ok(msa_context_last_error(r.ctx), "msa_plan_update"), "%s: message \"%s\"",
+              r.name, msa_context_last_error(r.ctx));
         st = run_step(&r, plan, &again);
         CHECK(st == MSA_OK, "%s: forward after the failed update: %s", r.name,
               msa_context_last_error(r.ctx));
@@ -396,7 +397,8 @@ static void test_injected_growth(msa_backend backend)
             continue;
         }
         if (!message_ok(msa_context_last_error(r.ctx), "msa_plan_update") && !bad_msg++)
-            CHECK(0, "%s: allocation %ld: message \"%s\"", r.name, n, msa_context_last_error(r.ctx));
+            CHECK(0, "%s: allocation %ld: message \"%s\"", r.name, n,
+                  msa_context_last_error(r.ctx));
         st = run_step(&r, plan, &again);
         if (st != MSA_OK || !outputs_same(&r, &base, &again)) {
             if (!bad_forward++)
@@ -412,8 +414,8 @@ static void test_injected_growth(msa_backend backend)
           "%s: %d bad statuses, %d bad messages, %d bad forwards in %d failed updates", r.name,
           bad_status, bad_msg, bad_forward, failures);
     if (backend == MSA_BACKEND_CPU)
-        CHECK(failures >= 10, "%s: only %d allocations of a growing update were injectable",
-              r.name, failures);
+        CHECK(failures >= 10, "%s: only %d allocations of a growing update were injectable", r.name,
+              failures);
     printf("%s: %d injected failures of a growing update, each left step A in place\n", r.name,
            failures);
     if (st == MSA_OK) {

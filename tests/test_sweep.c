@@ -16,9 +16,8 @@
 
 static int usage(void)
 {
-    fprintf(stderr,
-            "usage: test_sweep [--quick] [--decode-only] [--filter TEXT] [--threads N] "
-            "[--backend cpu|cuda]\n");
+    fprintf(stderr, "usage: test_sweep [--quick] [--decode-only] [--filter TEXT] [--threads N] "
+                    "[--backend cpu|cuda]\n");
     return 2;
 }
 

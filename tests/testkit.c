@@ -211,8 +211,8 @@ static msa_status load_step(tk_run *run, const tk_step *s, msa_case_result *res)
 }
 
 /* Uploads inputs and poisoned outputs, runs the layer, reads everything back. */
-static msa_status forward(tk_run *run, const msa_case *c, const tk_step *s,
-                          msa_case_result *res, tk_outputs *out)
+static msa_status forward(tk_run *run, const msa_case *c, const tk_step *s, msa_case_result *res,
+                          tk_outputs *out)
 {
     const msa_oracle_layer *L = &s->layer;
     const msa_dtype act = c->act_dtype;
@@ -414,10 +414,11 @@ static void judge(msa_case_result *res)
                   res->topk_mismatches == 0 && res->unwritten == 0 && res->cache_errors == 0 &&
                   res->padding_errors == 0;
     if (!res->passed)
-        note(res, "o %.2e lse %.2e idx_o %.2e (tol %.0e), topk rows %ld, unwritten %ld, "
-                  "cache rows %ld, padding %ld",
-             res->o_err, res->lse_err, res->idx_o_err, tol, res->topk_mismatches,
-             res->unwritten, res->cache_errors, res->padding_errors);
+        note(res,
+             "o %.2e lse %.2e idx_o %.2e (tol %.0e), topk rows %ld, unwritten %ld, "
+             "cache rows %ld, padding %ld",
+             res->o_err, res->lse_err, res->idx_o_err, tol, res->topk_mismatches, res->unwritten,
+             res->cache_errors, res->padding_errors);
 }
 
 static void release_step(tk_run *run, tk_outputs *out)
@@ -444,11 +445,10 @@ static void release(tk_run *run)
 /* Cases of one sequence must describe the same layer and cache. */
 static int same_setup(const msa_case *a, const msa_case *b)
 {
-    return a->Hq == b->Hq && a->Hkv == b->Hkv && a->D == b->D && a->Hi == b->Hi &&
-           a->Di == b->Di && a->block == b->block && a->topk == b->topk &&
-           a->init_blocks == b->init_blocks && a->local_blocks == b->local_blocks &&
-           a->score_lse == b->score_lse && a->sparse == b->sparse &&
-           a->index_value == b->index_value && a->scale == b->scale &&
+    return a->Hq == b->Hq && a->Hkv == b->Hkv && a->D == b->D && a->Hi == b->Hi && a->Di == b->Di &&
+           a->block == b->block && a->topk == b->topk && a->init_blocks == b->init_blocks &&
+           a->local_blocks == b->local_blocks && a->score_lse == b->score_lse &&
+           a->sparse == b->sparse && a->index_value == b->index_value && a->scale == b->scale &&
            a->index_scale == b->index_scale && a->page_size == b->page_size &&
            a->act_dtype == b->act_dtype && a->kv_dtype == b->kv_dtype &&
            a->index_dtype == b->index_dtype && a->k_scale == b->k_scale &&
@@ -468,8 +468,7 @@ static void merge(msa_case_result *into, const msa_case_result *step)
     into->padding_errors += step->padding_errors;
 }
 
-int msa_case_run_sequence(msa_context *ctx, const msa_case *cases, int n,
-                          msa_case_result *res)
+int msa_case_run_sequence(msa_context *ctx, const msa_case *cases, int n, msa_case_result *res)
 {
     const double t0 = now_seconds();
     tk_run run;
@@ -503,7 +502,8 @@ int msa_case_run_sequence(msa_context *ctx, const msa_case *cases, int n,
         if (tk_step_build(c, pages, &s, res->message, sizeof res->message) ||
             tk_avoid_near_ties(&s, c->seed, res->message, sizeof res->message)) {
             ok = 0;
-        } else if (load_step(&run, &s, res) != MSA_OK || forward(&run, c, &s, res, &out) != MSA_OK) {
+        } else if (load_step(&run, &s, res) != MSA_OK ||
+                   forward(&run, c, &s, res, &out) != MSA_OK) {
             ok = 0;
         } else {
             one.cache_errors = check_cache(&s, &out);

@@ -25,20 +25,20 @@ typedef struct msa_case {
     const int *q_len;
     const int *kv_len;
     int padding_rows;
-    int share_prefix;   /* requests share the physical pages of a common prefix */
-    int shuffle_pages;  /* physical pages in random order */
-    int write_cache;    /* 1 normally; 0 = entries pre-written by the test */
+    int share_prefix;  /* requests share the physical pages of a common prefix */
+    int shuffle_pages; /* physical pages in random order */
+    int write_cache;   /* 1 normally; 0 = entries pre-written by the test */
     uint64_t seed;
     /* Additions (kept at the end so existing initialisers stay valid). */
-    int tie_blocks;     /* >0: this many exact copies of one strong index-key block,
+    int tie_blocks;    /* >0: this many exact copies of one strong index-key block,
                            so the tie rule (lower id first) decides the selection */
-    int nan_blocks;     /* >0: this many cached blocks whose index keys are NaN */
-    int fixed_limits;   /* plan created with exact capacity limits (no growth) */
-    int omit_optional;  /* lse and topk outputs not requested */
-    int out_offset;     /* bytes (a multiple of 4, < 64) the output `o` starts after its
+    int nan_blocks;    /* >0: this many cached blocks whose index keys are NaN */
+    int fixed_limits;  /* plan created with exact capacity limits (no growth) */
+    int omit_optional; /* lse and topk outputs not requested */
+    int out_offset;    /* bytes (a multiple of 4, < 64) the output `o` starts after its
                          * buffer's start: 4 keeps 4-byte alignment but not 16 */
     float k_scale, v_scale, index_k_scale, index_v_scale; /* quantized planes; 0 = 1.0 */
-    int index_period;   /* >0: the cached index keys of block n >= index_period of a
+    int index_period; /* >0: the cached index keys of block n >= index_period of a
                          * request repeat those of block n mod index_period (exact
                          * ties in pairs or more, like `msa bench`'s repeated data) */
 } msa_case;
@@ -49,12 +49,12 @@ typedef struct msa_case_result {
     long unwritten;                   /* poisoned elements left unwritten / NaN */
     double tolerance;                 /* the SPEC 11 bound that applied */
     int passed;
-    int skipped;                      /* backend not available */
+    int skipped; /* backend not available */
     char message[256];
     /* Additions. */
-    long cache_errors;                /* cache rows that differ from the expected image */
-    long padding_errors;              /* padding-row outputs other than 0 / -inf / -1 */
-    double seconds;                   /* wall time of the whole case */
+    long cache_errors;   /* cache rows that differ from the expected image */
+    long padding_errors; /* padding-row outputs other than 0 / -inf / -1 */
+    double seconds;      /* wall time of the whole case */
 } msa_case_result;
 
 /* Runs one case on `ctx`'s backend against the oracle. Returns result->passed. */
@@ -64,8 +64,7 @@ int msa_case_run(msa_context *ctx, const msa_case *c, msa_case_result *result);
  * plan, the plan updated in place between steps (as an engine does).  The
  * cases must agree on everything but their steps and seeds; each step gets
  * fresh pool contents.  The result holds the worst error over the steps. */
-int msa_case_run_sequence(msa_context *ctx, const msa_case *cases, int n,
-                          msa_case_result *result);
+int msa_case_run_sequence(msa_context *ctx, const msa_case *cases, int n, msa_case_result *result);
 
 typedef struct msa_sweep_options {
     msa_backend backend;
@@ -74,8 +73,8 @@ typedef struct msa_sweep_options {
     const char *filter; /* substring of case names; NULL = all */
     FILE *log;          /* one line per case; NULL = silent */
     /* Additions. */
-    int num_threads;    /* CPU worker threads of the sweep's context; 0 = all cores */
-    int shard, shards;  /* shards > 1: only the selected cases i with i % shards == shard,
+    int num_threads;   /* CPU worker threads of the sweep's context; 0 = all cores */
+    int shard, shards; /* shards > 1: only the selected cases i with i % shards == shard,
                          * so that several processes can share a sweep */
     const msa_debug_options *debug; /* the sweep's context's debugging aids; NULL: none */
 } msa_sweep_options;

@@ -279,9 +279,7 @@ void tk_plane_put(const tk_plane *pl, uint8_t *img, int64_t page, int head, int 
     uint8_t *base = region(pl, img, page, head);
     const size_t D = (size_t)pl->dim, t = (size_t)slot;
     switch (pl->dtype) {
-    case MSA_DTYPE_FP32:
-        memcpy(base + t * D * 4, x, D * 4);
-        break;
+    case MSA_DTYPE_FP32: memcpy(base + t * D * 4, x, D * 4); break;
     case MSA_DTYPE_BF16:
     case MSA_DTYPE_FP16:
         for (size_t e = 0; e < D; e++)
@@ -311,9 +309,7 @@ void tk_plane_get(const tk_plane *pl, const uint8_t *img, int64_t page, int head
     const uint8_t *base = region(pl, img, page, head);
     const size_t D = (size_t)pl->dim, t = (size_t)slot;
     switch (pl->dtype) {
-    case MSA_DTYPE_FP32:
-        memcpy(x, base + t * D * 4, D * 4);
-        break;
+    case MSA_DTYPE_FP32: memcpy(x, base + t * D * 4, D * 4); break;
     case MSA_DTYPE_BF16:
     case MSA_DTYPE_FP16:
         for (size_t e = 0; e < D; e++)

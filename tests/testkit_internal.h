@@ -19,16 +19,16 @@ typedef struct tk_rng {
 } tk_rng;
 
 uint64_t tk_rng_next(tk_rng *rng);
-double tk_rng_uniform(tk_rng *rng); /* [0, 1) */
-float tk_rng_gauss(tk_rng *rng);    /* standard normal */
+double tk_rng_uniform(tk_rng *rng);   /* [0, 1) */
+float tk_rng_gauss(tk_rng *rng);      /* standard normal */
 int tk_rng_below(tk_rng *rng, int n); /* [0, n) */
 
 /* ---- element formats (testkit_formats.c) ------------------------------- */
 uint16_t tk_f32_to_bf16(float x); /* round to nearest even, NaN stays NaN */
 float tk_bf16_to_f32(uint16_t x);
-uint16_t tk_f32_to_f16(float x);  /* round to nearest even, overflow to inf */
+uint16_t tk_f32_to_f16(float x); /* round to nearest even, overflow to inf */
 float tk_f16_to_f32(uint16_t x);
-uint8_t tk_f32_to_e4m3(float x);  /* nearest, ties to even, saturating; NaN -> 0x7f */
+uint8_t tk_f32_to_e4m3(float x); /* nearest, ties to even, saturating; NaN -> 0x7f */
 float tk_e4m3_to_f32(uint8_t x);
 float tk_e2m1_to_f32(unsigned code);
 unsigned tk_f32_to_e2m1(float x); /* nearest, ties to even code, saturating */
@@ -45,11 +45,11 @@ void tk_poison_act(void *base, msa_dtype dtype, size_t n);
 /* ---- one cache plane of one layer (layout of msa.h / SPEC 8) ----------- */
 typedef struct tk_plane {
     msa_dtype dtype;
-    int heads;     /* Hkv for K/V, 1 for index planes */
-    int dim;       /* D or Di */
+    int heads; /* Hkv for K/V, 1 for index planes */
+    int dim;   /* D or Di */
     int page_size;
     int64_t pages;
-    float scale;   /* fp8 dequant scale / nvfp4 global scale */
+    float scale; /* fp8 dequant scale / nvfp4 global scale */
 } tk_plane;
 
 size_t tk_plane_bytes(const tk_plane *pl);
@@ -67,15 +67,15 @@ int tk_plane_row_equal(const tk_plane *pl, const uint8_t *a, const uint8_t *b, i
 typedef struct tk_step {
     msa_oracle_layer layer;
     msa_dtype act;
-    int has_plane[4];   /* indexed by msa_plane */
+    int has_plane[4]; /* indexed by msa_plane */
     tk_plane plane[4];
 
     /* Requests and rows of the token tensors. */
     int R;
     int *q_len, *kv_len;
-    int64_t *row0;      /* [R + 1] first row of each request */
-    int64_t rows;       /* num_tokens, padding included */
-    int64_t active;     /* sum(q_len) */
+    int64_t *row0;  /* [R + 1] first row of each request */
+    int64_t rows;   /* num_tokens, padding included */
+    int64_t active; /* sum(q_len) */
     int max_kv;
 
     /* Page tables: row r at table + r * stride, -1 where unused. */

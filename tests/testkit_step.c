@@ -78,8 +78,8 @@ static void fill_planes(const msa_case *c, tk_step *s)
 }
 
 /* Requests, rows and page tables. */
-static int build_layout(const msa_case *c, int64_t min_pages, tk_step *s, tk_rng *rng,
-                        char *err, size_t n)
+static int build_layout(const msa_case *c, int64_t min_pages, tk_step *s, tk_rng *rng, char *err,
+                        size_t n)
 {
     const int R = c->num_requests, P = c->page_size;
     s->R = R;
@@ -216,7 +216,8 @@ static int special_index_key(const msa_case *c, const float *tie_rows, int prefi
  * request: those of block n mod index_period (written before it), so blocks
  * tie exactly in pairs or more, as `msa bench`'s repeated data makes them.
  * Returns 1 when the row was produced here. */
-static int repeated_index_key(const msa_case *c, const tk_step *s, int r, int pos, int h, float *row)
+static int repeated_index_key(const msa_case *c, const tk_step *s, int r, int pos, int h,
+                              float *row)
 {
     const int B = c->block, P = c->index_period, n = pos / B;
     if (P <= 0 || n < P)
@@ -266,8 +267,9 @@ static void fill_images(const msa_case *c, tk_step *s, tk_rng *rng)
                     continue;
                 const tk_plane *pl = &s->plane[p];
                 for (int h = 0; h < pl->heads; h++) {
-                    if (!(p == MSA_PLANE_INDEX_K && (special_index_key(c, tie_rows, prefix, pos, row) ||
-                                                     repeated_index_key(c, s, r, pos, h, row))))
+                    if (!(p == MSA_PLANE_INDEX_K &&
+                          (special_index_key(c, tie_rows, prefix, pos, row) ||
+                           repeated_index_key(c, s, r, pos, h, row))))
                         for (int e = 0; e < pl->dim; e++)
                             row[e] = tk_rng_gauss(rng);
                     tk_plane_put(pl, s->after[p], pg, h, pos % s->page_size, row);
@@ -296,7 +298,8 @@ static void fill_images(const msa_case *c, tk_step *s, tk_rng *rng)
                     continue;
                 const tk_plane *pl = &s->plane[p];
                 for (int h = 0; h < pl->heads; h++) {
-                    const float *x = src[p] + ((size_t)rowi * (size_t)pl->heads + (size_t)h) * (size_t)pl->dim;
+                    const float *x =
+                        src[p] + ((size_t)rowi * (size_t)pl->heads + (size_t)h) * (size_t)pl->dim;
                     tk_plane_put(pl, s->after[p], pg, h, pos % s->page_size, x);
                     if (!c->write_cache)
                         tk_plane_put(pl, s->before[p], pg, h, pos % s->page_size, x);
@@ -388,7 +391,8 @@ void tk_view_gather(const tk_step *s, uint8_t *const img[4], int r, tk_view *vie
         for (int pos = 0; pos < kv; pos++)
             for (int h = 0; h < pl->heads; h++)
                 tk_plane_get(pl, img[p], phys_page(s, r, pos), h, pos % s->page_size,
-                             dst[p] + ((size_t)pos * (size_t)pl->heads + (size_t)h) * (size_t)pl->dim);
+                             dst[p] +
+                                 ((size_t)pos * (size_t)pl->heads + (size_t)h) * (size_t)pl->dim);
     }
     view->k = dst[MSA_PLANE_K];
     view->v = dst[MSA_PLANE_V];

@@ -58,7 +58,7 @@ static const tk_shape BIGK = {"bigk", 4, 1, 32, 4, 32, 16, 40, 2, 4};    /* widt
 static const tk_shape B24 = {"b24", 8, 2, 32, 2, 32, 24, 6, 1, 2};       /* blocks straddle pages */
 static const tk_shape TIGHT = {"tight", 4, 2, 32, 2, 32, 16, 3, 1, 2};   /* I + Lc == K */
 static const tk_shape B1 = {"b1", 4, 2, 16, 2, 16, 1, 8, 1, 2};          /* one key per block */
-static const tk_shape HUGEG = {"hugeg", 320, 1, 16, 1, 16, 16, 4, 0, 1};  /* one group > 256 rows */
+static const tk_shape HUGEG = {"hugeg", 320, 1, 16, 1, 16, 16, 4, 0, 1}; /* one group > 256 rows */
 
 /* ---- step kinds (B = 16: 1100 tokens are 69 blocks) -------------------- */
 static const int dec_q[] = {1, 1, 1, 1}, dec_kv[] = {1100, 517, 33, 1};
@@ -114,8 +114,8 @@ static const tk_dtypes DTYPES[] = {
 static const int PAGE_SIZES[] = {16, 1, 128, 256, 32, 64};
 #define N_PAGE_SIZES ((int)(sizeof PAGE_SIZES / sizeof PAGE_SIZES[0]))
 
-static msa_case *add(tk_list *l, int quick, const tk_shape *sh, const tk_steps *st,
-                     tk_dtypes dt, int page_size, int score_lse, int index_value)
+static msa_case *add(tk_list *l, int quick, const tk_shape *sh, const tk_steps *st, tk_dtypes dt,
+                     int page_size, int score_lse, int index_value)
 {
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 64;
@@ -188,10 +188,10 @@ static void name_entry(tk_entry *e)
     size_t n = 0, m = 0;
     for (int i = 0; i < e->n; i++)
         m += (size_t)snprintf(step + m, sizeof step - m, "%s%s", i ? ">" : "", e->step[i]);
-#define TAG(cond, text)                                                              \
-    do {                                                                             \
-        if (cond)                                                                    \
-            n += (size_t)snprintf(tags + n, sizeof tags - n, "/%s", text);           \
+#define TAG(cond, text)                                                    \
+    do {                                                                   \
+        if (cond)                                                          \
+            n += (size_t)snprintf(tags + n, sizeof tags - n, "/%s", text); \
     } while (0)
     TAG(!c->write_cache, "prewritten");
     TAG(c->fixed_limits, "fixed");
@@ -396,8 +396,8 @@ static void add_extreme_scales(tk_list *l)
  * verify, extend, fresh prefill, empty), dtypes, page sizes and flags. */
 static void add_random(tk_list *l, int count)
 {
-    static const tk_shape *const shapes[] = {&SMALL, &UNION2, &UNION4, &SPLIT, &MHA,
-                                             &ODD, &B32, &MID, &B24, &TIGHT, &BIGK};
+    static const tk_shape *const shapes[] = {&SMALL, &UNION2, &UNION4, &SPLIT, &MHA, &ODD,
+                                             &B32,   &MID,    &B24,    &TIGHT, &BIGK};
     static const tk_steps RANDOM = {"random", 0, NULL, NULL, 0, 0, 0};
     tk_rng rng = {0x72616e646f6dull};
     for (int i = 0; i < count; i++) {

@@ -102,13 +102,14 @@ int tk_avoid_near_ties(tk_step *s, uint64_t seed, char *err, size_t err_size)
         msa_oracle_request req = tk_oracle_request(s, &view, r);
         for (int i = 0; i < s->q_len[r] && rc == 0; i++) {
             for (int h = 0; h < L->Hi && rc == 0; h++) {
-                float *q = s->idx_q + ((size_t)(s->row0[r] + i) * (size_t)L->Hi + (size_t)h) * (size_t)L->Di;
+                float *q = s->idx_q +
+                           ((size_t)(s->row0[r] + i) * (size_t)L->Hi + (size_t)h) * (size_t)L->Di;
                 int tries = 0;
                 while (!selection_is_stable(L, &req, i, h, scores, cand)) {
                     if (++tries > TK_MAX_REDRAWS) {
                         snprintf(err, err_size,
-                                 "no tie-free index query found (request %d token %d head %d)",
-                                 r, i, h);
+                                 "no tie-free index query found (request %d token %d head %d)", r,
+                                 i, h);
                         rc = -1;
                         break;
                     }

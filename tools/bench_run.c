@@ -27,7 +27,7 @@ typedef struct run_state {
     int64_t tokens;
     int64_t num_pages;
     msa_cache_config cache_cfg; /* of every copy */
-    int32_t max_pages; /* page-table row length */
+    int32_t max_pages;          /* page-table row length */
     int32_t *page_table;
     int copies, sets;
     msa_cache *cache[MAX_COPIES];
@@ -63,7 +63,8 @@ static double cache_bytes_per_copy(const run_state *s)
 static double bytes_estimate(const run_state *s, int32_t layer)
 {
     const msa_model_config *m = &s->cfg;
-    double e = elem_bytes_per_value(s->env->kv_dtype), ie = elem_bytes_per_value(s->env->index_dtype);
+    double e = elem_bytes_per_value(s->env->kv_dtype),
+           ie = elem_bytes_per_value(s->env->index_dtype);
     double total = 0;
     for (int32_t r = 0; r < s->c->num_requests; r++) {
         double kv = s->c->kv_len[r];
@@ -115,7 +116,8 @@ static int make_io_sets(run_state *s, bench_result *res)
         io->idx_k = dev_random(s, T * m->index_dim);
         io->idx_v = any_iv ? dev_random(s, T * m->index_dim) : NULL;
         io->o = dev_pool_alloc(&s->pool, NULL, (size_t)(T * m->num_q_heads * m->head_dim) * act);
-        io->idx_o = any_iv ? dev_pool_alloc(&s->pool, NULL, (size_t)(T * m->num_index_heads * m->index_dim) * act)
+        io->idx_o = any_iv ? dev_pool_alloc(&s->pool, NULL,
+                                            (size_t)(T * m->num_index_heads * m->index_dim) * act)
                            : NULL;
         if (!io->q || !io->k || !io->v || !io->idx_q || !io->idx_k || !io->o ||
             (any_iv && (!io->idx_v || !io->idx_o))) {
@@ -192,8 +194,8 @@ static int make_copies(run_state *s, bench_result *res)
     for (int32_t r = 0; r < s->c->num_requests; r++)
         if (s->c->kv_len[r] > lim.max_kv_len)
             lim.max_kv_len = s->c->kv_len[r];
-    msa_step step = {s->c->num_requests, s->tokens, s->c->q_len, s->c->kv_len, s->page_table,
-                     s->max_pages};
+    msa_step step = {s->c->num_requests, s->tokens,     s->c->q_len,
+                     s->c->kv_len,       s->page_table, s->max_pages};
     int wanted = s->copies;
     s->copies = 0;
     for (int c = 0; c < wanted; c++) {
@@ -234,7 +236,8 @@ static int measure_work(run_state *s, int32_t layer, bench_layer_result *lr, ben
         io.topk = dev_ids;
         if (msa_forward(s->env->ctx, s->plan[0], layer, &io) != MSA_OK ||
             msa_synchronize(s->env->ctx) != MSA_OK ||
-            (sparse && msa_copy_from_buffer(s->env->ctx, ids, dev_ids, sizeof(int32_t) * n_ids) != MSA_OK)) {
+            (sparse &&
+             msa_copy_from_buffer(s->env->ctx, ids, dev_ids, sizeof(int32_t) * n_ids) != MSA_OK)) {
             free(ids);
             return fail_lib(s, res, "forward");
         }
@@ -263,8 +266,8 @@ static int time_layer(run_state *s, int32_t layer, bench_layer_result *lr, bench
     }
     msa_status st = MSA_OK;
     if (s->copies == 1) {
-        st = msa_bench_forward(env->ctx, s->plan[0], layer, s->io, s->sets, env->warmup,
-                               env->reps, times);
+        st = msa_bench_forward(env->ctx, s->plan[0], layer, s->io, s->sets, env->warmup, env->reps,
+                               times);
     } else {
         /* One run per call so consecutive runs read different caches. */
         for (int i = 0; st == MSA_OK && i < env->warmup + env->reps; i++) {
@@ -341,8 +344,8 @@ static void release(run_state *s)
     free(s->page_table);
 }
 
-int bench_run_case(const bench_env *env, const bench_case *c, const int32_t *layers,
-                   int num_layers, bench_result *res)
+int bench_run_case(const bench_env *env, const bench_case *c, const int32_t *layers, int num_layers,
+                   bench_result *res)
 {
     run_state s;
     memset(&s, 0, sizeof s);

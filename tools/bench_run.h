@@ -28,16 +28,16 @@ typedef struct bench_env {
     size_t target_ws;  /* bytes one rotation should touch (2 x LLC or L2) */
     size_t mem_budget; /* most cache bytes over all copies */
     int max_copies;
-    int min_sets;      /* input sets, at least 2 */
-    int verbose;       /* progress lines on stderr */
+    int min_sets; /* input sets, at least 2 */
+    int verbose;  /* progress lines on stderr */
     synth_rng *rng;
 } bench_env;
 
 typedef struct bench_layer_result {
     int32_t layer;
     int sparse;
-    double bytes;  /* decode work model, mean over input sets */
-    double flops;  /* prefill work model, mean over input sets */
+    double bytes;        /* decode work model, mean over input sets */
+    double flops;        /* prefill work model, mean over input sets */
     double union_blocks; /* sparse: mean blocks read per (request, KV head) */
     double working_set;  /* bytes one rotation touches (model bytes + inputs/outputs) */
     double median_us, p10_us, p90_us, min_us, max_us;
@@ -57,7 +57,7 @@ typedef struct bench_result {
 /* Times `num_layers` layers (ids in `layers`) on case `c`.  Returns 0 when
  * it ran or was skipped for size (res->skipped, res->message), -1 on a
  * library error (res->message). */
-int bench_run_case(const bench_env *env, const bench_case *c, const int32_t *layers,
-                   int num_layers, bench_result *res);
+int bench_run_case(const bench_env *env, const bench_case *c, const int32_t *layers, int num_layers,
+                   bench_result *res);
 
 #endif

@@ -60,8 +60,7 @@ int cli_double(const char *option, const char *text, double min, double max, dou
     errno = 0;
     double v = strtod(text, &end);
     if (errno != 0 || end == text || *end != '\0' || !(v >= min && v <= max)) {
-        fprintf(stderr, "msa: %s expects a number in [%g, %g], got '%s'\n", option, min, max,
-                text);
+        fprintf(stderr, "msa: %s expects a number in [%g, %g], got '%s'\n", option, min, max, text);
         return -1;
     }
     *out = v;
@@ -89,41 +88,6 @@ int cli_dtype(const char *option, const char *text, msa_dtype *out)
     fprintf(stderr, "msa: %s: unknown dtype '%s' (fp32, bf16, fp16, fp8_e4m3, nvfp4)\n", option,
             text);
     return -1;
-}
-
-char *cli_read_file(const char *path, size_t *len, char *err, size_t err_size)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, err_size, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - 1 - n, f);
-        if (n < cap - 1)
-            break;
-        /* Bounded: these are metadata files, never tensors. */
-        char *grown = cap >= ((size_t)128 << 20) ? NULL : realloc(buf, cap * 2);
-        if (!grown) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = grown;
-        cap *= 2;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
-        free(buf);
-        snprintf(err, err_size, "%s: cannot read (or larger than 128 MiB)", path);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
 }
 
 static int cmp_double(const void *a, const void *b)

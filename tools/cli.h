@@ -19,8 +19,8 @@ int cmd_replay(int argc, char **argv);
 /* Exit codes shared by the verbs. */
 enum {
     CLI_EXIT_OK = 0,
-    CLI_EXIT_FAIL = 1,  /* ran, but a check failed or the library refused */
-    CLI_EXIT_USAGE = 2  /* bad command line or rejected input */
+    CLI_EXIT_FAIL = 1, /* ran, but a check failed or the library refused */
+    CLI_EXIT_USAGE = 2 /* bad command line or rejected input */
 };
 
 /*
@@ -46,10 +46,6 @@ typedef struct cli_int_opt {
 int cli_int_options(int argc, char **argv, int *i, const cli_int_opt *opts, size_t n);
 int cli_backend(const char *text, msa_backend *out);
 int cli_dtype(const char *option, const char *text, msa_dtype *out);
-
-/* Reads a whole (text) file of at most 128 MiB, NUL-terminated.  Returns
- * the malloc'd text and its length, or NULL with a message in err. */
-char *cli_read_file(const char *path, size_t *len, char *err, size_t err_size);
 
 /* Sorts n doubles ascending (timings, for medians and percentiles). */
 void cli_sort_doubles(double *x, size_t n);

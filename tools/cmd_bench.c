@@ -43,28 +43,29 @@ typedef struct bench_opts {
 
 static void bench_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: msa bench [--backend cpu|cuda] [--threads N]\n"
-            "         --workload decode|prefill [--workload-file PATH]\n"
-            "             [--suite S] [--cases ID,ID] [--max-context L] [--q-len Q]\n"
-            "       | --decode-context L [--batch B] [--q-len Q]\n"
-            "         [--dense] [--reps N] [--warmup N] [--json FILE]\n"
-            "         [--act-dtype D] [--kv-dtype D] [--index-dtype D] [--prewritten]\n"
-            "         [--copies N] [--sets N] [--mem-gb G]\n"
-            "  --workload W       cases of bench/workloads/W.json\n"
-            "  --suite S          decode: full (default), low_latency, smoke, all;\n"
-            "                     prefill: representative (default), hot, batch_anchor, stress, all\n"
-            "  --cases IDS        these case ids only (comma-separated)\n"
-            "  --max-context L    scale every request of a longer case by L / longest\n"
-            "  --q-len Q          decode: tokens per request (default: the file's, 8)\n"
-            "  --decode-context L one decode shape: --batch requests (default 1) of context L\n"
-            "  --dense            also time a dense layer on the same step\n"
-            "  --reps N           timed runs per case (default 20); --warmup N (default 5)\n"
-            "  --prewritten       step entries already cached (time attention alone)\n"
-            "  --copies N         most cache copies rotated to defeat the LLC (default 16)\n"
-            "  --sets N           input sets rotated (default 2, at most 4)\n"
-            "  --mem-gb G         most cache memory for all copies (default: half of RAM\n"
-            "                     on the CPU, 100 on a GPU)\n");
+    fprintf(
+        f,
+        "usage: msa bench [--backend cpu|cuda] [--threads N]\n"
+        "         --workload decode|prefill [--workload-file PATH]\n"
+        "             [--suite S] [--cases ID,ID] [--max-context L] [--q-len Q]\n"
+        "       | --decode-context L [--batch B] [--q-len Q]\n"
+        "         [--dense] [--reps N] [--warmup N] [--json FILE]\n"
+        "         [--act-dtype D] [--kv-dtype D] [--index-dtype D] [--prewritten]\n"
+        "         [--copies N] [--sets N] [--mem-gb G]\n"
+        "  --workload W       cases of bench/workloads/W.json\n"
+        "  --suite S          decode: full (default), low_latency, smoke, all;\n"
+        "                     prefill: representative (default), hot, batch_anchor, stress, all\n"
+        "  --cases IDS        these case ids only (comma-separated)\n"
+        "  --max-context L    scale every request of a longer case by L / longest\n"
+        "  --q-len Q          decode: tokens per request (default: the file's, 8)\n"
+        "  --decode-context L one decode shape: --batch requests (default 1) of context L\n"
+        "  --dense            also time a dense layer on the same step\n"
+        "  --reps N           timed runs per case (default 20); --warmup N (default 5)\n"
+        "  --prewritten       step entries already cached (time attention alone)\n"
+        "  --copies N         most cache copies rotated to defeat the LLC (default 16)\n"
+        "  --sets N           input sets rotated (default 2, at most 4)\n"
+        "  --mem-gb G         most cache memory for all copies (default: half of RAM\n"
+        "                     on the CPU, 100 on a GPU)\n");
 }
 
 static int parse_opts(int argc, char **argv, bench_opts *o, int *help)
@@ -84,8 +85,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o, int *help)
         const char *name;
         const char **dst;
     } strs[] = {
-        {"--workload", &o->workload},   {"--workload-file", &o->workload_file},
-        {"--suite", &o->filter.suite},  {"--cases", &o->filter.ids},
+        {"--workload", &o->workload},  {"--workload-file", &o->workload_file},
+        {"--suite", &o->filter.suite}, {"--cases", &o->filter.ids},
         {"--json", &o->json},
     };
     struct {
@@ -345,8 +346,9 @@ int cmd_bench(int argc, char **argv)
     int rc = CLI_EXIT_FAIL;
     msa_model *model = NULL;
     cJSON *results = cJSON_CreateArray();
-    static const char *const headers[] = {"case", "layer", "batch", "q", "ctx", "median us",
-                                          "p10..p90 us", "rate", "% bw", "MB", "weight"};
+    static const char *const headers[] = {"case", "layer",     "batch",       "q",
+                                          "ctx",  "median us", "p10..p90 us", "rate",
+                                          "% bw", "MB",        "weight"};
     table *tab = table_new(11, headers);
     msa_context *ctx = cli_context(o.backend, (int)o.threads);
     if (!ctx || !results || !tab)
@@ -372,15 +374,24 @@ int cmd_bench(int argc, char **argv)
     synth_seed(&rng, 1701);
     size_t llc = sysinfo_llc_bytes((size_t)32 << 20);
     bench_env env = {
-        .ctx = ctx, .model = model, .act_dtype = o.act_dtype, .kv_dtype = o.kv_dtype,
-        .index_dtype = o.index_dtype, .page_size = 128, .warmup = (int)o.warmup,
-        .reps = (int)o.reps, .write_cache = !o.prewritten,
+        .ctx = ctx,
+        .model = model,
+        .act_dtype = o.act_dtype,
+        .kv_dtype = o.kv_dtype,
+        .index_dtype = o.index_dtype,
+        .page_size = 128,
+        .warmup = (int)o.warmup,
+        .reps = (int)o.reps,
+        .write_cache = !o.prewritten,
         /* twice the LLC on the CPU; above twice a GPU's 50 MB L2 */
         .target_ws = o.backend == MSA_BACKEND_CPU ? 2 * llc : (size_t)128 << 20,
-        .mem_budget = o.mem_gb > 0 ? (size_t)(o.mem_gb * 1e9)
+        .mem_budget = o.mem_gb > 0                   ? (size_t)(o.mem_gb * 1e9)
                       : o.backend == MSA_BACKEND_CPU ? sysinfo_phys_bytes((size_t)8 << 30) / 2
-                                                      : (size_t)100e9,
-        .max_copies = (int)o.max_copies, .min_sets = (int)o.sets, .verbose = 1, .rng = &rng,
+                                                     : (size_t)100e9,
+        .max_copies = (int)o.max_copies,
+        .min_sets = (int)o.sets,
+        .verbose = 1,
+        .rng = &rng,
     };
     printf("%s backend, %d threads, read bandwidth %.1f GB/s; %s; %s activations, %s K/V, %s "
            "index keys; %s\n",
@@ -397,8 +408,8 @@ int cmd_bench(int argc, char **argv)
     double t_start = cli_now();
     for (int i = 0; i < num_cases; i++) {
         const bench_case *c = &cases[i];
-        fprintf(stderr, "[%d/%d] %s: batch %d, q %d, mean context %.0f%s (%.0f s so far)\n",
-                i + 1, num_cases, c->id, c->num_requests, mean_q(c), mean_context(c),
+        fprintf(stderr, "[%d/%d] %s: batch %d, q %d, mean context %.0f%s (%.0f s so far)\n", i + 1,
+                num_cases, c->id, c->num_requests, mean_q(c), mean_context(c),
                 c->scaled ? " (scaled)" : "", cli_now() - t_start);
         bench_result res;
         if (bench_run_case(&env, c, layers, o.dense ? 2 : 1, &res) != 0) {
@@ -416,8 +427,9 @@ int cmd_bench(int argc, char **argv)
             const bench_layer_result *lr = &res.layers[li];
             add_row(tab, c, &res, li, bw);
             cJSON_AddItemToArray(results, result_json(c, &res, li, bw));
-            fprintf(stderr, "  %s: median %.1f us (p10..p90 %.1f..%.1f), %.2f %s, "
-                            "%d cop%s, working set %.0f MB\n",
+            fprintf(stderr,
+                    "  %s: median %.1f us (p10..p90 %.1f..%.1f), %.2f %s, "
+                    "%d cop%s, working set %.0f MB\n",
                     lr->sparse ? "sparse" : "dense", lr->median_us, lr->p10_us, lr->p90_us,
                     prefill ? lr->flops / lr->median_us * 1e-6 : lr->bytes / lr->median_us * 1e-3,
                     prefill ? "TFLOP/s" : "GB/s", res.copies, res.copies == 1 ? "y" : "ies",
@@ -470,7 +482,8 @@ int cmd_bench(int argc, char **argv)
                 cJSON_AddNumberToObject(a, "tflop_per_s", agg[k].w_work / agg[k].w_time * 1e-6);
             } else {
                 cJSON_AddNumberToObject(a, "gb_per_s", agg[k].w_work / agg[k].w_time * 1e-3);
-                cJSON_AddNumberToObject(a, "read_bw_fraction", agg[k].w_work / agg[k].w_time * 1e-3 / bw);
+                cJSON_AddNumberToObject(a, "read_bw_fraction",
+                                        agg[k].w_work / agg[k].w_time * 1e-3 / bw);
             }
         }
         cJSON_AddItemToObject(root, "results", results);

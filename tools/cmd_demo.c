@@ -56,8 +56,8 @@ typedef struct demo {
     msa_dtype act;
     float scales[4];
     int32_t page_size;
-    int32_t stride;  /* page-table row length */
-    int32_t *tables; /* [DEMO_MAX_REQ][stride]: row 0 request A, rows 1.. forks */
+    int32_t stride;                  /* page-table row length */
+    int32_t *tables;                 /* [DEMO_MAX_REQ][stride]: row 0 request A, rows 1.. forks */
     int32_t fork_page[DEMO_MAX_REQ]; /* first page a fork owns (its shared prefix length) */
     synth_rng rng;
     table *tab;
@@ -261,7 +261,8 @@ static int make_layer_io(demo *d, const layer_shape *sh, layer_bufs *b, msa_laye
         io->lse = dev_pool_alloc(&b->pool, NULL, sizeof(float) * (size_t)sh->n_lse);
         ok = io->o && io->lse;
         if (ok && sh->sparse)
-            ok = (io->topk = dev_pool_alloc(&b->pool, NULL, sizeof(int32_t) * (size_t)sh->n_ids)) != NULL;
+            ok = (io->topk = dev_pool_alloc(&b->pool, NULL, sizeof(int32_t) * (size_t)sh->n_ids)) !=
+                 NULL;
         if (ok && sh->iv)
             ok = (io->idx_o = dev_pool_alloc(&b->pool, NULL, (size_t)sh->n_iq * act)) != NULL;
     }
@@ -314,9 +315,11 @@ static int read_outputs(demo *d, const layer_shape *sh, const msa_layer_io *io, 
     ok = ok && msa_copy_from_buffer(d->ctx, stage, io->o, (size_t)sh->n_o * act) == MSA_OK;
     if (ok)
         elem_to_f32(b->o, d->act, stage, sh->n_o);
-    ok = ok && msa_copy_from_buffer(d->ctx, b->lse, io->lse, sizeof(float) * (size_t)sh->n_lse) == MSA_OK;
+    ok = ok &&
+         msa_copy_from_buffer(d->ctx, b->lse, io->lse, sizeof(float) * (size_t)sh->n_lse) == MSA_OK;
     if (ok && sh->sparse)
-        ok = msa_copy_from_buffer(d->ctx, b->topk, io->topk, sizeof(int32_t) * (size_t)sh->n_ids) == MSA_OK;
+        ok = msa_copy_from_buffer(d->ctx, b->topk, io->topk, sizeof(int32_t) * (size_t)sh->n_ids) ==
+             MSA_OK;
     if (ok && sh->iv) {
         ok = msa_copy_from_buffer(d->ctx, stage, io->idx_o, (size_t)sh->n_iq * act) == MSA_OK;
         if (ok)
@@ -335,7 +338,7 @@ typedef struct layer_row {
     double sel_mean; /* selected blocks per (token, KV head) */
     double kept;     /* of the reachable blocks */
     int64_t max_kv;
-    int num_rows;    /* tokens held against the oracle */
+    int num_rows; /* tokens held against the oracle */
     double tol;
     int passed;
     cmp_result res;
@@ -368,8 +371,8 @@ static void layer_stats(const demo *d, const msa_step *step, int32_t l, const la
     row->kept = reachable ? (double)selected / (double)reachable : 1.0;
 }
 
-static void report_row(demo *d, const char *step_name, int decode, const msa_step *step,
-                       int32_t l, const layer_shape *sh, const layer_row *row)
+static void report_row(demo *d, const char *step_name, int decode, const msa_step *step, int32_t l,
+                       const layer_shape *sh, const layer_row *row)
 {
     const cmp_result *res = &row->res;
     double rate = row->seconds > 0 ? row->work / row->seconds * 1e-9 : 0.0;
@@ -450,9 +453,19 @@ static int run_layer(demo *d, const char *step_name, int decode, const msa_step 
     int64_t rows[64];
     row.num_rows = pick_rows(d, step, rows, 64);
     cmp_inputs in = {
-        .ctx = d->ctx, .model = d->model, .cache = d->cache, .plane_scales = d->scales,
-        .layer = l, .step = step, .q = b.q, .idx_q = b.idx_q, .o = b.o, .lse = b.lse,
-        .idx_o = sh.iv ? b.idx_o : NULL, .topk = sh.sparse ? b.topk : NULL, .rows = rows,
+        .ctx = d->ctx,
+        .model = d->model,
+        .cache = d->cache,
+        .plane_scales = d->scales,
+        .layer = l,
+        .step = step,
+        .q = b.q,
+        .idx_q = b.idx_q,
+        .o = b.o,
+        .lse = b.lse,
+        .idx_o = sh.iv ? b.idx_o : NULL,
+        .topk = sh.sparse ? b.topk : NULL,
+        .rows = rows,
         .num_rows = row.num_rows,
     };
     row.tol = d->act == MSA_DTYPE_FP32 ? 1e-5 : 1e-2;
@@ -542,9 +555,12 @@ static void demo_usage(FILE *f)
 static int parse_opts(int argc, char **argv, demo_opts *o, int *help)
 {
     const cli_int_opt ints[] = {
-        {"--prefix", 1, 1 << 20, &o->prefix},    {"--chunk", 1, 1 << 20, &o->chunk},
-        {"--requests", 1, DEMO_MAX_REQ, &o->requests}, {"--verify", 1, 127, &o->verify_len},
-        {"--samples", 1, 64, &o->samples},      {"--reps", 1, 100000, &o->reps},
+        {"--prefix", 1, 1 << 20, &o->prefix},
+        {"--chunk", 1, 1 << 20, &o->chunk},
+        {"--requests", 1, DEMO_MAX_REQ, &o->requests},
+        {"--verify", 1, 127, &o->verify_len},
+        {"--samples", 1, 64, &o->samples},
+        {"--reps", 1, 100000, &o->reps},
         {"--seed", 0, INT64_MAX, &o->seed},
     };
     for (int i = 1; i < argc; i++) {
@@ -590,8 +606,13 @@ int cmd_demo(int argc, char **argv)
 {
     demo d;
     memset(&d, 0, sizeof d);
-    d.opt = (demo_opts){.backend = MSA_BACKEND_CPU, .prefix = 4096, .chunk = 1024,
-                        .requests = 4, .verify_len = 8, .samples = 4, .reps = 20,
+    d.opt = (demo_opts){.backend = MSA_BACKEND_CPU,
+                        .prefix = 4096,
+                        .chunk = 1024,
+                        .requests = 4,
+                        .verify_len = 8,
+                        .samples = 4,
+                        .reps = 20,
                         .seed = 20261130};
     int help = 0;
     if (parse_opts(argc, argv, &d.opt, &help) != 0) {
@@ -603,9 +624,9 @@ int cmd_demo(int argc, char **argv)
         return CLI_EXIT_OK;
     }
     synth_seed(&d.rng, (uint64_t)d.opt.seed);
-    static const char *const headers[] = {"step", "layer", "tokens", "ctx", "ms", "rate",
-                                          "blk/tok", "kept", "topk diff", "max err", "check",
-                                          "kernel"};
+    static const char *const headers[] = {"step",      "layer",   "tokens",  "ctx",
+                                          "ms",        "rate",    "blk/tok", "kept",
+                                          "topk diff", "max err", "check",   "kernel"};
     d.tab = table_new(12, headers);
     d.rows = cJSON_CreateArray();
     int rc = (d.tab && d.rows) ? demo_setup(&d) : -1;
@@ -652,7 +673,8 @@ int cmd_demo(int argc, char **argv)
         }
     }
     if (rc == 0)
-        printf("%s\n", d.failed ? "demo: FAILED (see the check column)" : "demo: all checks passed");
+        printf("%s\n",
+               d.failed ? "demo: FAILED (see the check column)" : "demo: all checks passed");
     cJSON_Delete(d.rows);
     table_free(d.tab);
     free(d.tables);

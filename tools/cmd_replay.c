@@ -121,8 +121,8 @@ static msa_status load_array(replay_run *r, const char *name, int ndim, const in
         char got[128], want[128];
         npy_shape_str(out->ndim, out->shape, got, sizeof got);
         npy_shape_str(ndim, shape, want, sizeof want);
-        return set_fail(r, MSA_ERR_INVALID_ARGUMENT,
-                        "%s has shape %s; meta.json implies %s", name, got, want);
+        return set_fail(r, MSA_ERR_INVALID_ARGUMENT, "%s has shape %s; meta.json implies %s", name,
+                        got, want);
     }
     return MSA_OK;
 }
@@ -463,7 +463,8 @@ static int write_status(const replay_run *r)
     cJSON *root = cJSON_CreateObject();
     if (!root)
         return -1;
-    cJSON_AddStringToObject(root, "status", r->status == MSA_OK ? "ok" : msa_status_name(r->status));
+    cJSON_AddStringToObject(root, "status",
+                            r->status == MSA_OK ? "ok" : msa_status_name(r->status));
     if (r->status != MSA_OK)
         cJSON_AddStringToObject(root, "message", r->msg);
     int rc = json_write_file(path, root, err, sizeof err);
@@ -530,8 +531,7 @@ int cmd_replay(int argc, char **argv)
         return CLI_EXIT_USAGE;
     }
     char meta_path[4096];
-    if (join(meta_path, sizeof meta_path, r.dir, "meta.json") != 0 ||
-        access(r.dir, W_OK) != 0) {
+    if (join(meta_path, sizeof meta_path, r.dir, "meta.json") != 0 || access(r.dir, W_OK) != 0) {
         fprintf(stderr, "msa replay: %s: not a writable directory\n", r.dir);
         return CLI_EXIT_USAGE;
     }
@@ -554,9 +554,8 @@ int cmd_replay(int argc, char **argv)
     r.status = st;
     if (st == MSA_OK) {
         printf("msa replay: ok: %s layer, %d requests, %lld token rows, %s backend, kernel %s\n",
-               r.meta.sparse ? "sparse" : "dense", r.meta.num_requests,
-               (long long)r.meta.tokens, msa_backend_name(r.backend),
-               msa_plan_kernel_name(r.plan, 0));
+               r.meta.sparse ? "sparse" : "dense", r.meta.num_requests, (long long)r.meta.tokens,
+               msa_backend_name(r.backend), msa_plan_kernel_name(r.plan, 0));
     } else {
         fprintf(stderr, "msa replay: %s: %s\n", msa_status_name(st), r.msg);
     }

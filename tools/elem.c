@@ -9,14 +9,38 @@
  * from the spec independently of the library: replay converts files with
  * the same code that the tests trust. */
 
-uint16_t elem_f32_to_bf16(float x) { return tk_f32_to_bf16(x); }
-float elem_bf16_to_f32(uint16_t x) { return tk_bf16_to_f32(x); }
-uint16_t elem_f32_to_f16(float x) { return tk_f32_to_f16(x); }
-float elem_f16_to_f32(uint16_t x) { return tk_f16_to_f32(x); }
-uint8_t elem_f32_to_e4m3(float x) { return tk_f32_to_e4m3(x); }
-float elem_e4m3_to_f32(uint8_t code) { return tk_e4m3_to_f32(code); }
-uint8_t elem_f32_to_e2m1(float x) { return (uint8_t)tk_f32_to_e2m1(x); }
-float elem_e2m1_to_f32(uint8_t code) { return tk_e2m1_to_f32(code); }
+uint16_t elem_f32_to_bf16(float x)
+{
+    return tk_f32_to_bf16(x);
+}
+float elem_bf16_to_f32(uint16_t x)
+{
+    return tk_bf16_to_f32(x);
+}
+uint16_t elem_f32_to_f16(float x)
+{
+    return tk_f32_to_f16(x);
+}
+float elem_f16_to_f32(uint16_t x)
+{
+    return tk_f16_to_f32(x);
+}
+uint8_t elem_f32_to_e4m3(float x)
+{
+    return tk_f32_to_e4m3(x);
+}
+float elem_e4m3_to_f32(uint8_t code)
+{
+    return tk_e4m3_to_f32(code);
+}
+uint8_t elem_f32_to_e2m1(float x)
+{
+    return (uint8_t)tk_f32_to_e2m1(x);
+}
+float elem_e2m1_to_f32(uint8_t code)
+{
+    return tk_e2m1_to_f32(code);
+}
 
 /* ---- activations -------------------------------------------------------- */
 

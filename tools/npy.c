@@ -132,14 +132,12 @@ static int scan_string(scanner *s, char *out, size_t out_size, size_t *n_out)
 }
 
 /* The message for a failed scan_string of `what`. */
-static void string_err(int rc, const char *what, size_t n, size_t max, char *err,
-                       size_t err_size)
+static void string_err(int rc, const char *what, size_t n, size_t max, char *err, size_t err_size)
 {
     if (rc == STR_LONG)
         set_err(err, err_size, "%s is too long (%zu characters; at most %zu)", what, n, max);
     else if (rc == STR_BAD_CHAR)
-        set_err(err, err_size, "%s holds a backslash or a byte that is not printable ASCII",
-                what);
+        set_err(err, err_size, "%s holds a backslash or a byte that is not printable ASCII", what);
     else if (rc == STR_OPEN)
         set_err(err, err_size, "%s has no closing quote", what);
     else
@@ -274,7 +272,9 @@ static int parse_header(const char *text, size_t len, npy_array *a, char *err, s
     }
     if (!have_descr || !have_order || !have_shape) {
         set_err(err, err_size, "header lacks '%s'",
-                !have_descr ? "descr" : !have_order ? "fortran_order" : "shape");
+                !have_descr   ? "descr"
+                : !have_order ? "fortran_order"
+                              : "shape");
         return -1;
     }
     return 0;
@@ -284,8 +284,8 @@ static int parse_header(const char *text, size_t len, npy_array *a, char *err, s
 
 /* The lengths of the fixed prefix (magic, version, header length) and of
  * the header dictionary, from the first n bytes of a file. */
-static int parse_prefix(const unsigned char *p, size_t n, size_t *prefix_len,
-                        size_t *header_len, char *err, size_t err_size)
+static int parse_prefix(const unsigned char *p, size_t n, size_t *prefix_len, size_t *header_len,
+                        char *err, size_t err_size)
 {
     if (n < 6 || memcmp(p, npy_magic, 6) != 0) {
         set_err(err, err_size, "not a .npy file (bad magic)");
@@ -319,8 +319,8 @@ static int parse_prefix(const unsigned char *p, size_t n, size_t *prefix_len,
     return 0;
 }
 
-int npy_parse_header(const void *buf, size_t len, npy_array *a, size_t *data_offset,
-                     char *err, size_t err_size)
+int npy_parse_header(const void *buf, size_t len, npy_array *a, size_t *data_offset, char *err,
+                     size_t err_size)
 {
     const unsigned char *p = buf;
     size_t prefix_len = 0, header_len = 0;
@@ -328,8 +328,8 @@ int npy_parse_header(const void *buf, size_t len, npy_array *a, size_t *data_off
     if (parse_prefix(p, len, &prefix_len, &header_len, err, err_size) != 0)
         return -1;
     if (len - prefix_len < header_len) {
-        set_err(err, err_size, "header length %zu does not fit the %zu bytes present",
-                header_len, len - prefix_len);
+        set_err(err, err_size, "header length %zu does not fit the %zu bytes present", header_len,
+                len - prefix_len);
         return -1;
     }
     if (parse_header((const char *)p + prefix_len, header_len, a, err, err_size) != 0)
@@ -447,8 +447,8 @@ void npy_free(npy_array *a)
 
 /* ---- writing ----------------------------------------------------------- */
 
-int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape,
-              const void *data, char *err, size_t err_size)
+int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape, const void *data,
+              char *err, size_t err_size)
 {
     if (ndim < 0 || ndim > NPY_MAX_DIMS) {
         set_err(err, err_size, "%s: %d dimensions not supported", path, ndim);
@@ -465,7 +465,8 @@ int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape,
     char shp[200];
     npy_shape_str(ndim, shape, shp, sizeof shp);
     char dict[300];
-    int dict_len = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
+    int dict_len = snprintf(dict, sizeof dict,
+                            "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
                             type == NPY_F32 ? "<f4" : "<i4", shp);
     /* magic(6) + version(2) + length(2) + dict + padding + '\n' = 64*k */
     size_t total = 10 + (size_t)dict_len + 1;

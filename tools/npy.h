@@ -34,13 +34,13 @@ void npy_free(npy_array *a);
  * shape and count (data stays NULL) and *data_offset (where the elements
  * begin) and returns 0; otherwise -1 with a message in err.  The data
  * itself is not looked at: len may end right after the header. */
-int npy_parse_header(const void *buf, size_t len, npy_array *a, size_t *data_offset,
-                     char *err, size_t err_size);
+int npy_parse_header(const void *buf, size_t len, npy_array *a, size_t *data_offset, char *err,
+                     size_t err_size);
 
 /* Writes a v1.0 file (header padded to a 64-byte multiple).  Returns 0 on
  * success; otherwise -1 with a message in err (a partial file is removed). */
-int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape,
-              const void *data, char *err, size_t err_size);
+int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape, const void *data,
+              char *err, size_t err_size);
 
 /* "(3, 4)" style text of a shape, for messages. */
 void npy_shape_str(int ndim, const int64_t *shape, char *buf, size_t buf_size);

@@ -41,9 +41,9 @@ static int read_planes(const cmp_inputs *in, plane_copy *pc, char *msg, size_t m
             snprintf(msg, msg_size, "out of memory reading the cache");
             return -1;
         }
-        msa_status st = msa_copy_from_buffer(in->ctx, raw,
-                                             msa_cache_plane_data(in->cache, in->layer, (msa_plane)p),
-                                             bytes);
+        msa_status st =
+            msa_copy_from_buffer(in->ctx, raw,
+                                 msa_cache_plane_data(in->cache, in->layer, (msa_plane)p), bytes);
         if (st != MSA_OK) {
             free(raw);
             snprintf(msg, msg_size, "reading the cache: %s", msa_context_last_error(in->ctx));
@@ -154,13 +154,20 @@ int cmp_layer(const cmp_inputs *in, cmp_result *res)
     msa_model_get_config(in->model, &cfg);
     msa_cache_get_config(in->cache, &cc);
     msa_oracle_layer L = {
-        .Hq = cfg.num_q_heads, .Hkv = cfg.num_kv_heads, .D = cfg.head_dim,
-        .Hi = cfg.num_index_heads, .Di = cfg.index_dim, .block = cfg.block_size,
-        .topk = cfg.topk_blocks, .init_blocks = cfg.init_blocks,
-        .local_blocks = cfg.local_blocks, .score_lse = cfg.score_type == MSA_SCORE_LSE,
+        .Hq = cfg.num_q_heads,
+        .Hkv = cfg.num_kv_heads,
+        .D = cfg.head_dim,
+        .Hi = cfg.num_index_heads,
+        .Di = cfg.index_dim,
+        .block = cfg.block_size,
+        .topk = cfg.topk_blocks,
+        .init_blocks = cfg.init_blocks,
+        .local_blocks = cfg.local_blocks,
+        .score_lse = cfg.score_type == MSA_SCORE_LSE,
         .sparse = msa_model_layer_is_sparse(in->model, in->layer),
         .index_value = msa_model_layer_has_index_value(in->model, in->layer),
-        .scale = cfg.softmax_scale, .index_scale = cfg.index_softmax_scale,
+        .scale = cfg.softmax_scale,
+        .index_scale = cfg.index_softmax_scale,
     };
     const msa_step *step = in->step;
     const int W = msa_oracle_topk_width(&L);
@@ -191,8 +198,11 @@ int cmp_layer(const cmp_inputs *in, cmp_result *res)
         msa_oracle_request req = {.q_len = step->q_len[r], .kv_len = step->kv_len[r]};
         float *k = gather(pc.data[MSA_PLANE_K], step, r, cc.page_size, L.Hkv, L.D);
         float *v = gather(pc.data[MSA_PLANE_V], step, r, cc.page_size, L.Hkv, L.D);
-        float *ik = L.sparse ? gather(pc.data[MSA_PLANE_INDEX_K], step, r, cc.page_size, 1, L.Di) : NULL;
-        float *iv = L.index_value ? gather(pc.data[MSA_PLANE_INDEX_V], step, r, cc.page_size, 1, L.Di) : NULL;
+        float *ik = L.sparse ? gather(pc.data[MSA_PLANE_INDEX_K], step, r, cc.page_size, 1, L.Di)
+                             : NULL;
+        float *iv = L.index_value
+                        ? gather(pc.data[MSA_PLANE_INDEX_V], step, r, cc.page_size, 1, L.Di)
+                        : NULL;
         if (!k || !v || (L.sparse && !ik) || (L.index_value && !iv)) {
             snprintf(res->message, sizeof res->message, "out of memory gathering the cache");
             rc = -1;

@@ -51,8 +51,7 @@ static const char *json_kind(const cJSON *v)
 /* Unknown keys are most often typos ("index_dtyp") that would silently take
  * a default, so they are reported; they are not errors because engines may
  * add their own fields to the dump. */
-static void warn_unknown(FILE *warn, const cJSON *obj, const char *where,
-                         const char *const *known)
+static void warn_unknown(FILE *warn, const cJSON *obj, const char *where, const char *const *known)
 {
     if (!warn)
         return;
@@ -81,8 +80,8 @@ static int get_field(meta_err *e, const cJSON *obj, const char *where, const cha
 }
 
 /* An integer field: absent -> def (or an error when required). */
-static int get_int(meta_err *e, const cJSON *obj, const char *where, const char *key,
-                   int required, int64_t def, int64_t min, int64_t max, int64_t *out)
+static int get_int(meta_err *e, const cJSON *obj, const char *where, const char *key, int required,
+                   int64_t def, int64_t min, int64_t max, int64_t *out)
 {
     const cJSON *it;
     const int has = get_field(e, obj, where, key, required, &it);
@@ -99,8 +98,8 @@ static int get_int(meta_err *e, const cJSON *obj, const char *where, const char 
         return fail(e, MSA_ERR_INVALID_ARGUMENT, "meta.json: %s%s%s must be an integer, not %s",
                     where, dot, key, json_kind(it));
     if (isfinite(v) && v != floor(v))
-        return fail(e, MSA_ERR_INVALID_ARGUMENT,
-                    "meta.json: %s%s%s must be an integer (got %.17g)", where, dot, key, v);
+        return fail(e, MSA_ERR_INVALID_ARGUMENT, "meta.json: %s%s%s must be an integer (got %.17g)",
+                    where, dot, key, v);
     if (!(v >= (double)min && v <= (double)max))
         return fail(e, MSA_ERR_INVALID_ARGUMENT,
                     "meta.json: %s%s%s is out of range: %.6g is not in [%lld, %lld]", where, dot,
@@ -109,8 +108,8 @@ static int get_int(meta_err *e, const cJSON *obj, const char *where, const char 
     return 0;
 }
 
-static int get_i32(meta_err *e, const cJSON *obj, const char *where, const char *key,
-                   int required, int32_t def, int32_t min, int32_t *out)
+static int get_i32(meta_err *e, const cJSON *obj, const char *where, const char *key, int required,
+                   int32_t def, int32_t min, int32_t *out)
 {
     int64_t v;
     if (get_int(e, obj, where, key, required, def, min, INT32_MAX, &v) != 0)
@@ -128,15 +127,15 @@ static int get_bool(meta_err *e, const cJSON *obj, const char *where, const char
         return 0;
     }
     if (!cJSON_IsBool(it))
-        return fail(e, MSA_ERR_INVALID_ARGUMENT, "meta.json: %s%s%s must be true or false",
-                    where, where[0] ? "." : "", key);
+        return fail(e, MSA_ERR_INVALID_ARGUMENT, "meta.json: %s%s%s must be true or false", where,
+                    where[0] ? "." : "", key);
     *out = cJSON_IsTrue(it);
     return 0;
 }
 
 /* A positive finite float; absent or null -> def. */
-static int get_scale(meta_err *e, const cJSON *obj, const char *where, const char *key,
-                     float def, float *out)
+static int get_scale(meta_err *e, const cJSON *obj, const char *where, const char *key, float def,
+                     float *out)
 {
     const cJSON *it;
     if (get_field(e, obj, where, key, 0, &it) == 0) {
@@ -181,9 +180,10 @@ static const cJSON *get_object(meta_err *e, const cJSON *root, const char *key)
 
 static int parse_layer(meta_err *e, const cJSON *layer, replay_meta *m)
 {
-    static const char *const known[] = {"type", "Hq", "Hkv", "D", "Hi", "Di", "block",
-                                        "topk", "init_blocks", "local_blocks", "score",
-                                        "index_value", "scale", "index_scale", NULL};
+    static const char *const known[] = {"type",        "Hq",           "Hkv",   "D",
+                                        "Hi",          "Di",           "block", "topk",
+                                        "init_blocks", "local_blocks", "score", "index_value",
+                                        "scale",       "index_scale",  NULL};
     warn_unknown(e->warn, layer, "layer", known);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(layer, "type");
     if (!cJSON_IsString(type) ||
@@ -243,9 +243,9 @@ static int check_plane_dtype(meta_err *e, const char *key, msa_dtype d, msa_dtyp
 
 static int parse_cache(meta_err *e, const cJSON *cache, replay_meta *m)
 {
-    static const char *const known[] = {"page_size", "num_pages", "dtype", "index_dtype",
-                                        "k_scale", "v_scale", "index_k_scale",
-                                        "index_v_scale", NULL};
+    static const char *const known[] = {"page_size",     "num_pages",     "dtype",
+                                        "index_dtype",   "k_scale",       "v_scale",
+                                        "index_k_scale", "index_v_scale", NULL};
     warn_unknown(e->warn, cache, "cache", known);
     if (get_i32(e, cache, "cache", "page_size", 1, 0, 1, &m->page_size) ||
         get_int(e, cache, "cache", "num_pages", 1, 0, 1, INT32_MAX, &m->num_pages) ||
@@ -296,14 +296,12 @@ static int parse_requests(meta_err *e, const cJSON *reqs, replay_meta *m)
         int64_t need = ((int64_t)q->kv_len + m->page_size - 1) / m->page_size;
         const cJSON *pages = cJSON_GetObjectItemCaseSensitive(it, "pages");
         if (!cJSON_IsArray(pages))
-            return fail(e, MSA_ERR_INVALID_ARGUMENT, "meta.json: %s.pages must be an array",
-                        where);
+            return fail(e, MSA_ERR_INVALID_ARGUMENT, "meta.json: %s.pages must be an array", where);
         if (cJSON_GetArraySize(pages) != need)
             return fail(e, MSA_ERR_INVALID_ARGUMENT,
                         "meta.json: %s.pages has %d entries; kv_len %d with page_size %d "
                         "needs exactly %lld",
-                        where, cJSON_GetArraySize(pages), q->kv_len, m->page_size,
-                        (long long)need);
+                        where, cJSON_GetArraySize(pages), q->kv_len, m->page_size, (long long)need);
         q->num_pages = (int32_t)need;
         q->pages = malloc((size_t)(need > 0 ? need : 1) * sizeof *q->pages);
         if (!q->pages)
@@ -317,8 +315,8 @@ static int parse_requests(meta_err *e, const cJSON *reqs, replay_meta *m)
                             json_kind(p));
             if (isfinite(v) && v != floor(v))
                 return fail(e, MSA_ERR_INVALID_ARGUMENT,
-                            "meta.json: %s.pages[%d] must be an integer (got %.17g)", where,
-                            n_page, v);
+                            "meta.json: %s.pages[%d] must be an integer (got %.17g)", where, n_page,
+                            v);
             /* Checked here as well as in the library: the program promises to
              * refuse a bad step with a status, whatever the library does. */
             if (!(v >= 0 && v < (double)m->num_pages))
@@ -340,8 +338,8 @@ static int parse_requests(meta_err *e, const cJSON *reqs, replay_meta *m)
 msa_status replay_meta_parse(const char *text, size_t len, replay_meta *m, char *msg,
                              size_t msg_size, FILE *warn)
 {
-    static const char *const known[] = {"layer", "cache", "act_dtype", "tokens", "requests",
-                                        "write_cache", NULL};
+    static const char *const known[] = {"layer",    "cache",       "act_dtype", "tokens",
+                                        "requests", "write_cache", NULL};
     meta_err e = {MSA_OK, msg, msg_size, warn};
     memset(m, 0, sizeof *m);
     /* cJSON alone would take the first of two objects or of two equal keys

@@ -72,8 +72,8 @@ void sysinfo_cpu_features(char *buf, size_t size)
     };
     for (size_t i = 0; i < sizeof feats / sizeof feats[0]; i++)
         if (feats[i].present && used < size)
-            used += (size_t)snprintf(buf + used, size - used, "%s%s", used ? " " : "",
-                                     feats[i].name);
+            used +=
+                (size_t)snprintf(buf + used, size - used, "%s%s", used ? " " : "", feats[i].name);
 #endif
     if (buf[0] == '\0')
         snprintf(buf, size, "none");

@@ -12,7 +12,7 @@ struct table {
     int ncols;
     int nrows; /* rows started, including the header row */
     int cap_rows;
-    int filled; /* cells in the current row */
+    int filled;                    /* cells in the current row */
     char (*cells)[TABLE_CELL_MAX]; /* [cap_rows * ncols] */
     int oom;
 };

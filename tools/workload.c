@@ -95,8 +95,8 @@ static int prefill_selected(const cJSON *c, const workload_filter *f)
 
 /* Reads one case's requests; decode lengths come as kv_lens, prefill as
  * {prefix, new} pairs. */
-static int read_requests(const cJSON *c, int prefill, int32_t q_default, bench_case *out,
-                         char *err, size_t err_size)
+static int read_requests(const cJSON *c, int prefill, int32_t q_default, bench_case *out, char *err,
+                         size_t err_size)
 {
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(c, prefill ? "requests" : "kv_lens");
     if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) < 1) {
@@ -153,8 +153,8 @@ static void scale_case(bench_case *c, int64_t max_context)
     c->scaled = 1;
 }
 
-int workload_load(const char *path, int prefill, const workload_filter *filter,
-                  bench_case **cases, int *num_cases, char *err, size_t err_size)
+int workload_load(const char *path, int prefill, const workload_filter *filter, bench_case **cases,
+                  int *num_cases, char *err, size_t err_size)
 {
     *cases = NULL;
     *num_cases = 0;
@@ -202,7 +202,8 @@ int workload_load(const char *path, int prefill, const workload_filter *filter,
         const cJSON *suite = cJSON_GetObjectItemCaseSensitive(c, "suite");
         const cJSON *tags = cJSON_GetObjectItemCaseSensitive(c, "tags");
         const cJSON *weight = cJSON_GetObjectItemCaseSensitive(c, "weight");
-        snprintf(bc->id, sizeof bc->id, "%s", cJSON_GetObjectItemCaseSensitive(c, "id")->valuestring);
+        snprintf(bc->id, sizeof bc->id, "%s",
+                 cJSON_GetObjectItemCaseSensitive(c, "id")->valuestring);
         if (cJSON_IsString(suite))
             snprintf(bc->suite, sizeof bc->suite, "%s", suite->valuestring);
         else if (tags && cJSON_IsString(tags->child))

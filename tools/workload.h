@@ -18,11 +18,11 @@ typedef struct bench_case {
     char id[96];
     char suite[32];
     double weight;
-    int prefill;          /* work model: 1 = FLOPs, 0 = bytes */
-    int scaled;           /* lengths were shrunk by --max-context */
+    int prefill; /* work model: 1 = FLOPs, 0 = bytes */
+    int scaled;  /* lengths were shrunk by --max-context */
     int32_t num_requests;
-    int32_t *q_len;       /* new tokens per request */
-    int32_t *kv_len;      /* tokens after the step */
+    int32_t *q_len;  /* new tokens per request */
+    int32_t *kv_len; /* tokens after the step */
 } bench_case;
 
 typedef struct workload_filter {
@@ -36,8 +36,8 @@ typedef struct workload_filter {
 
 /* Loads the cases of `path` that pass `filter`.  Returns 0 with *cases
  * (caller frees with workload_free) or -1 with a message. */
-int workload_load(const char *path, int prefill, const workload_filter *filter,
-                  bench_case **cases, int *num_cases, char *err, size_t err_size);
+int workload_load(const char *path, int prefill, const workload_filter *filter, bench_case **cases,
+                  int *num_cases, char *err, size_t err_size);
 void workload_free(bench_case *cases, int num_cases);
 
 /* A single decode shape: `batch` requests of context `context` (after the

@@ -5,8 +5,8 @@
 
 #include "elem.h"
 
-void work_layer_init(work_layer *w, const msa_model *model, int32_t layer,
-                     msa_dtype kv_dtype, msa_dtype index_dtype)
+void work_layer_init(work_layer *w, const msa_model *model, int32_t layer, msa_dtype kv_dtype,
+                     msa_dtype index_dtype)
 {
     msa_model_config cfg;
     msa_model_get_config(model, &cfg);
@@ -62,8 +62,7 @@ static void union_scan(const work_layer *w, int64_t kv_len, int32_t q_len, const
     free(seen);
 }
 
-double work_decode_bytes(const work_layer *w, int64_t kv_len, int32_t q_len,
-                         const int32_t *topk)
+double work_decode_bytes(const work_layer *w, int64_t kv_len, int32_t q_len, const int32_t *topk)
 {
     double kv_row = (double)w->D * w->kv_elem_bytes * 2.0; /* one token of K and V, one head */
     if (!w->sparse)
@@ -74,8 +73,7 @@ double work_decode_bytes(const work_layer *w, int64_t kv_len, int32_t q_len,
     return bytes + (double)keys * kv_row;
 }
 
-int64_t work_union_blocks(const work_layer *w, int64_t kv_len, int32_t q_len,
-                          const int32_t *topk)
+int64_t work_union_blocks(const work_layer *w, int64_t kv_len, int32_t q_len, const int32_t *topk)
 {
     int64_t blocks = 0, keys;
     if (w->sparse)
@@ -83,8 +81,7 @@ int64_t work_union_blocks(const work_layer *w, int64_t kv_len, int32_t q_len,
     return blocks;
 }
 
-double work_prefill_flops(const work_layer *w, int64_t kv_len, int32_t q_len,
-                          const int32_t *topk)
+double work_prefill_flops(const work_layer *w, int64_t kv_len, int32_t q_len, const int32_t *topk)
 {
     double flops = 0.0;
     int group = w->Hq / w->Hkv;
@@ -110,8 +107,8 @@ double work_prefill_flops(const work_layer *w, int64_t kv_len, int32_t q_len,
     return flops;
 }
 
-void work_selection_stats(const work_layer *w, int64_t kv_len, int32_t q_len,
-                          const int32_t *topk, int64_t *selected, int64_t *reachable)
+void work_selection_stats(const work_layer *w, int64_t kv_len, int32_t q_len, const int32_t *topk,
+                          int64_t *selected, int64_t *reachable)
 {
     *selected = 0;
     *reachable = 0;

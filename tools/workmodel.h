@@ -27,24 +27,21 @@ typedef struct work_layer {
 } work_layer;
 
 /* Fills *w for `layer` of `model` with the cache's formats. */
-void work_layer_init(work_layer *w, const msa_model *model, int32_t layer,
-                     msa_dtype kv_dtype, msa_dtype index_dtype);
+void work_layer_init(work_layer *w, const msa_model *model, int32_t layer, msa_dtype kv_dtype,
+                     msa_dtype index_dtype);
 
 /* One request of a step: kv_len after the step, q_len new tokens, and for
  * sparse layers its rows of selected ids, [q_len][Hkv][width]. */
-double work_decode_bytes(const work_layer *w, int64_t kv_len, int32_t q_len,
-                         const int32_t *topk);
-double work_prefill_flops(const work_layer *w, int64_t kv_len, int32_t q_len,
-                          const int32_t *topk);
+double work_decode_bytes(const work_layer *w, int64_t kv_len, int32_t q_len, const int32_t *topk);
+double work_prefill_flops(const work_layer *w, int64_t kv_len, int32_t q_len, const int32_t *topk);
 
 /* Blocks a sparse layer reads for the request, summed over KV heads (the
  * union over its tokens per head); 0 for dense layers. */
-int64_t work_union_blocks(const work_layer *w, int64_t kv_len, int32_t q_len,
-                          const int32_t *topk);
+int64_t work_union_blocks(const work_layer *w, int64_t kv_len, int32_t q_len, const int32_t *topk);
 
 /* Selected blocks summed over (token, KV head), and the blocks those tokens
  * could reach (N = floor(p/B) + 1 each), for "fraction kept". */
-void work_selection_stats(const work_layer *w, int64_t kv_len, int32_t q_len,
-                          const int32_t *topk, int64_t *selected, int64_t *reachable);
+void work_selection_stats(const work_layer *w, int64_t kv_len, int32_t q_len, const int32_t *topk,
+                          int64_t *selected, int64_t *reachable);
 
 #endif

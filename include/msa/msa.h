@@ -28,8 +28,7 @@ extern "C" {
 #define MSA_VERSION_MAJOR 0
 #define MSA_VERSION_MINOR 2
 #define MSA_VERSION_PATCH 0
-#define MSA_VERSION_NUMBER \
-    (MSA_VERSION_MAJOR * 10000 + MSA_VERSION_MINOR * 100 + MSA_VERSION_PATCH)
+#define MSA_VERSION_NUMBER (MSA_VERSION_MAJOR * 10000 + MSA_VERSION_MINOR * 100 + MSA_VERSION_PATCH)
 
 /* Runtime version of the linked library, e.g. "0.1.0" and 100. */
 const char *msa_version_string(void);
@@ -43,10 +42,10 @@ typedef enum msa_status {
     MSA_ERR_OUT_OF_RANGE = 3,     /* page id, layer index, token count out of range */
     MSA_ERR_UNSUPPORTED = 4,      /* dtype / backend / feature not in this build */
     MSA_ERR_OUT_OF_MEMORY = 5,
-    MSA_ERR_IO = 6,               /* file could not be read or parsed */
-    MSA_ERR_CAPACITY = 7,         /* step exceeds the plan's capacity limits */
-    MSA_ERR_BACKEND = 8,          /* device runtime error */
-    MSA_ERR_NO_DEVICE = 9         /* backend compiled in but no device present */
+    MSA_ERR_IO = 6,       /* file could not be read or parsed */
+    MSA_ERR_CAPACITY = 7, /* step exceeds the plan's capacity limits */
+    MSA_ERR_BACKEND = 8,  /* device runtime error */
+    MSA_ERR_NO_DEVICE = 9 /* backend compiled in but no device present */
 } msa_status;
 
 /* "MSA_OK", "MSA_ERR_INVALID_ARGUMENT", ...; "MSA_ERR_UNKNOWN" otherwise. */
@@ -68,10 +67,7 @@ msa_status msa_dtype_from_name(const char *name, msa_dtype *out);
 size_t msa_dtype_size(msa_dtype dtype);
 
 /* ---- context ----------------------------------------------------------- */
-typedef enum msa_backend {
-    MSA_BACKEND_CPU = 0,
-    MSA_BACKEND_CUDA = 1
-} msa_backend;
+typedef enum msa_backend { MSA_BACKEND_CPU = 0, MSA_BACKEND_CUDA = 1 } msa_backend;
 
 const char *msa_backend_name(msa_backend backend); /* "cpu", "cuda" */
 /* 1 when the backend is compiled into this build (CUDA: and a device exists). */
@@ -82,21 +78,21 @@ int msa_backend_available(msa_backend backend);
  * the device; results stay within the oracle's tolerances, times do not.
  * Read once, at context creation.  All 0 / NULL: none. */
 typedef struct msa_debug_options {
-    int cuda_num_sms;       /* > 0: size the persistent grids for this many SMs (at most
+    int cuda_num_sms;               /* > 0: size the persistent grids for this many SMs (at most
                              * the device's), so that each CTA of the one-CTA-per-SM
                              * kernels takes several units even at small steps */
-    int cuda_no_tma;        /* 1: no Hopper tensor-map kernels (the mma kernels run) */
-    int cuda_no_pdl;        /* 1: no programmatic dependent launch between kernels */
-    int cuda_sel_warp_rows; /* 1: the selection gives every decode row one warp, as it
+    int cuda_no_tma;                /* 1: no Hopper tensor-map kernels (the mma kernels run) */
+    int cuda_no_pdl;                /* 1: no programmatic dependent launch between kernels */
+    int cuda_sel_warp_rows;         /* 1: the selection gives every decode row one warp, as it
                              * does at large batches, however few rows a step has */
-    int cuda_sel_unions;    /* 1: the selection builds every union, also those the
+    int cuda_sel_unions;            /* 1: the selection builds every union, also those the
                              * Hopper attention would build from the selected rows */
-    int cuda_no_prefill_tma; /* 1: prefill rows of 128-row pages on Hopper run the
+    int cuda_no_prefill_tma;        /* 1: prefill rows of 128-row pages on Hopper run the
                              * mma.sync prefill attention, not the tensor-map one */
-    int cuda_no_prefill_indexer; /* 1: prefill rows of a sparse layer are scored and
+    int cuda_no_prefill_indexer;    /* 1: prefill rows of a sparse layer are scored and
                              * selected by the scalar roles of the decode indexer and
                              * selection, not by the tensor-core prefill indexer */
-    int cuda_no_prefill_wgmma; /* 1: the prefill indexer computes its products with
+    int cuda_no_prefill_wgmma;      /* 1: the prefill indexer computes its products with
                              * mma.sync on Hopper too, not with warpgroup products */
     const char *cuda_timeline_path; /* profiler: with a library built with
                              * -DMSA_TIMELINE, each forward's kernels stamp named
@@ -106,9 +102,9 @@ typedef struct msa_debug_options {
 } msa_debug_options;
 
 typedef struct msa_context_params {
-    msa_backend backend; /* default MSA_BACKEND_CPU */
-    int num_threads;     /* CPU worker threads; 0 = number of online cores */
-    int device;          /* CUDA device ordinal; default 0 */
+    msa_backend backend;            /* default MSA_BACKEND_CPU */
+    int num_threads;                /* CPU worker threads; 0 = number of online cores */
+    int device;                     /* CUDA device ordinal; default 0 */
     const msa_debug_options *debug; /* debugging aids; NULL (default): none */
 } msa_context_params;
 
@@ -118,8 +114,8 @@ typedef struct msa_context msa_context;
 
 /* On failure *out is NULL and, when errbuf is non-NULL, a message is written
  * there (NUL-terminated, truncated to errbuf_size). */
-msa_status msa_context_create(const msa_context_params *params, msa_context **out,
-                              char *errbuf, size_t errbuf_size);
+msa_status msa_context_create(const msa_context_params *params, msa_context **out, char *errbuf,
+                              size_t errbuf_size);
 void msa_context_free(msa_context *ctx); /* NULL is fine */
 /* Message of the last failed call on this context ("" when none). Owned by
  * the context; valid until the next call on it. */
@@ -128,22 +124,19 @@ msa_backend msa_context_backend(const msa_context *ctx);
 int msa_context_num_threads(const msa_context *ctx);
 
 /* ---- model ------------------------------------------------------------- */
-typedef enum msa_score_type {
-    MSA_SCORE_MAX = 0,
-    MSA_SCORE_LSE = 1
-} msa_score_type;
+typedef enum msa_score_type { MSA_SCORE_MAX = 0, MSA_SCORE_LSE = 1 } msa_score_type;
 
 typedef struct msa_model_config {
-    int32_t num_layers;       /* default 1 */
-    int32_t num_q_heads;      /* Hq, default 64 */
-    int32_t num_kv_heads;     /* Hkv, default 4 */
-    int32_t head_dim;         /* D, default 128 */
-    int32_t num_index_heads;  /* Hi, default 4 */
-    int32_t index_dim;        /* Di, default 128 */
-    int32_t block_size;       /* B, default 128 */
-    int32_t topk_blocks;      /* K, default 16 */
-    int32_t init_blocks;      /* I, default 0 */
-    int32_t local_blocks;     /* Lc, default 1 */
+    int32_t num_layers;        /* default 1 */
+    int32_t num_q_heads;       /* Hq, default 64 */
+    int32_t num_kv_heads;      /* Hkv, default 4 */
+    int32_t head_dim;          /* D, default 128 */
+    int32_t num_index_heads;   /* Hi, default 4 */
+    int32_t index_dim;         /* Di, default 128 */
+    int32_t block_size;        /* B, default 128 */
+    int32_t topk_blocks;       /* K, default 16 */
+    int32_t init_blocks;       /* I, default 0 */
+    int32_t local_blocks;      /* Lc, default 1 */
     msa_score_type score_type; /* default MSA_SCORE_MAX */
     /* Per layer 0/1, num_layers entries, copied by msa_model_create.
      * layer_sparse NULL: every layer sparse.  layer_index_value NULL: no
@@ -168,7 +161,7 @@ void msa_model_free(msa_model *model);
 /* Fills *cfg; its layer arrays point into the model (valid while it lives)
  * and the scales hold the resolved values. */
 void msa_model_get_config(const msa_model *model, msa_model_config *cfg);
-int msa_model_layer_is_sparse(const msa_model *model, int32_t layer);      /* 0 if out of range */
+int msa_model_layer_is_sparse(const msa_model *model, int32_t layer);       /* 0 if out of range */
 int msa_model_layer_has_index_value(const msa_model *model, int32_t layer); /* 0 if out of range */
 /* Width W of a selected-ids row: K, or m*K when Hi = m*Hkv (unions). */
 int32_t msa_model_topk_width(const msa_model *model);
@@ -201,8 +194,8 @@ void msa_cache_config_default(msa_cache_config *cfg);
 typedef struct msa_cache msa_cache;
 
 /* Library-allocated pool (zero-filled). */
-msa_status msa_cache_create(msa_context *ctx, const msa_model *model,
-                            const msa_cache_config *cfg, msa_cache **out);
+msa_status msa_cache_create(msa_context *ctx, const msa_model *model, const msa_cache_config *cfg,
+                            msa_cache **out);
 /* Wraps caller memory.  planes[layer * 4 + plane] points to the plane's
  * storage in the layout above (NULL for planes the layer does not have).
  * The caller keeps ownership; the memory must outlive the cache.
@@ -210,9 +203,8 @@ msa_status msa_cache_create(msa_context *ctx, const msa_model *model,
  * of 16 bytes (CUDA, whose kernels copy rows in 16-byte pieces; cudaMalloc
  * and msa_buffer_alloc give more); a misaligned plane is rejected with
  * MSA_ERR_INVALID_ARGUMENT. */
-msa_status msa_cache_wrap(msa_context *ctx, const msa_model *model,
-                          const msa_cache_config *cfg, void *const *planes,
-                          msa_cache **out);
+msa_status msa_cache_wrap(msa_context *ctx, const msa_model *model, const msa_cache_config *cfg,
+                          void *const *planes, msa_cache **out);
 void msa_cache_free(msa_cache *cache);
 void msa_cache_get_config(const msa_cache *cache, msa_cache_config *cfg);
 /* Bytes of one plane of one layer (0 when the layer has no such plane). */
@@ -221,8 +213,8 @@ size_t msa_cache_plane_bytes(const msa_cache *cache, int32_t layer, msa_plane pl
 void *msa_cache_plane_data(const msa_cache *cache, int32_t layer, msa_plane plane);
 /* Per-layer quantization scales (fp8: dequant scale; nvfp4: global scale).
  * Default 1.0; must be finite and positive. */
-msa_status msa_cache_set_scales(msa_cache *cache, int32_t layer, float k_scale,
-                                float v_scale, float index_k_scale, float index_v_scale);
+msa_status msa_cache_set_scales(msa_cache *cache, int32_t layer, float k_scale, float v_scale,
+                                float index_k_scale, float index_v_scale);
 
 /* ---- memory helpers (work for both backends) --------------------------- */
 /* Allocates memory the backend's kernels can read (host memory for CPU,
@@ -258,9 +250,9 @@ void msa_plan_params_default(msa_plan_params *params); /* limits 0, act_dtype bf
 
 typedef struct msa_step {
     int32_t num_requests;
-    int64_t num_tokens;        /* rows of the token tensors, >= sum(q_len) */
-    const int32_t *q_len;      /* [num_requests], host memory */
-    const int32_t *kv_len;     /* [num_requests], total tokens after the step */
+    int64_t num_tokens;    /* rows of the token tensors, >= sum(q_len) */
+    const int32_t *q_len;  /* [num_requests], host memory */
+    const int32_t *kv_len; /* [num_requests], total tokens after the step */
     /* Row r (at page_table + r * page_table_stride) maps logical page n of
      * request r to its physical page, n < ceil(kv_len[r] / page_size). */
     const int32_t *page_table;
@@ -297,12 +289,12 @@ typedef struct msa_layer_io {
     const void *idx_k; /* [T][Di]       sparse layers, write_cache */
     const void *idx_v; /* [T][Di]       index-value layers, write_cache */
     /* Outputs. */
-    void *o;           /* [T][Hq][D] act_dtype, required */
-    void *idx_o;       /* [T][Hi][Di] act_dtype, required for index-value layers */
-    float *lse;        /* [T][Hq] optional: natural-log sum-exp of scaled logits */
-    int32_t *topk;     /* [T][Hkv][W] optional, sparse layers: selected block ids */
-    int write_cache;   /* default 1; 0 = the step's entries are already cached */
-    void *stream;      /* CUDA stream (cudaStream_t); NULL = default stream */
+    void *o;         /* [T][Hq][D] act_dtype, required */
+    void *idx_o;     /* [T][Hi][Di] act_dtype, required for index-value layers */
+    float *lse;      /* [T][Hq] optional: natural-log sum-exp of scaled logits */
+    int32_t *topk;   /* [T][Hkv][W] optional, sparse layers: selected block ids */
+    int write_cache; /* default 1; 0 = the step's entries are already cached */
+    void *stream;    /* CUDA stream (cudaStream_t); NULL = default stream */
 } msa_layer_io;
 
 void msa_layer_io_default(msa_layer_io *io);
@@ -323,8 +315,8 @@ const char *msa_plan_fallback_reason(const msa_plan *plan, int32_t layer);
  * `reps` runs in microseconds to times_us[reps].  CUDA: each set's forward is
  * captured once in a graph and replays are timed with events. */
 msa_status msa_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
-                             const msa_layer_io *io_sets, int num_sets, int warmup,
-                             int reps, double *times_us);
+                             const msa_layer_io *io_sets, int num_sets, int warmup, int reps,
+                             double *times_us);
 /* Streaming-read bandwidth of the backend's memory (GB/s, 1e9 bytes/s):
  * reads `bytes` bytes `reps` times and reports the median rate. */
 msa_status msa_bench_read_bandwidth(msa_context *ctx, size_t bytes, int reps, double *gbps);

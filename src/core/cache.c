@@ -19,7 +19,8 @@ void msa_cache_config_default(msa_cache_config *cfg)
 
 int32_t msa_plane_dim(const msa_model *model, msa_plane plane)
 {
-    return plane == MSA_PLANE_K || plane == MSA_PLANE_V ? model->cfg.head_dim : model->cfg.index_dim;
+    return plane == MSA_PLANE_K || plane == MSA_PLANE_V ? model->cfg.head_dim
+                                                        : model->cfg.index_dim;
 }
 
 int msa_layer_has_plane(const msa_model *model, int32_t layer, msa_plane plane)
@@ -83,7 +84,8 @@ static msa_status validate_cache_config(msa_context *ctx, const msa_model *model
         (cfg->index_dtype == MSA_DTYPE_NVFP4 && (p * model->cfg.index_dim) % 16 != 0))
         return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "nvfp4 needs head dims multiple of 16");
     /* Bound every plane below 2^46 bytes so size arithmetic cannot overflow. */
-    int64_t dim = model->cfg.head_dim > model->cfg.index_dim ? model->cfg.head_dim : model->cfg.index_dim;
+    int64_t dim = model->cfg.head_dim > model->cfg.index_dim ? model->cfg.head_dim
+                                                             : model->cfg.index_dim;
     double bytes = (double)cfg->num_pages * p * dim * model->cfg.num_kv_heads * 4.0;
     if (bytes > (double)(INT64_C(1) << 46))
         return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "cache plane would exceed 2^46 bytes");
@@ -180,11 +182,12 @@ msa_status msa_cache_wrap(msa_context *ctx, const msa_model *model, const msa_ca
             if (ctx->backend == MSA_BACKEND_CUDA)
                 align = 16;
             if (align > 1 && (uintptr_t)planes[l * 4 + pl] % align != 0)
-                return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
-                                     "msa_cache_wrap: layer %d plane %d at %p is not aligned to %zu "
-                                     "bytes (%s planes, %s backend)",
-                                     l, pl, planes[l * 4 + pl], align, msa_dtype_name(dt),
-                                     msa_backend_name(ctx->backend));
+                return msa_set_error(
+                    ctx, MSA_ERR_INVALID_ARGUMENT,
+                    "msa_cache_wrap: layer %d plane %d at %p is not aligned to %zu "
+                    "bytes (%s planes, %s backend)",
+                    l, pl, planes[l * 4 + pl], align, msa_dtype_name(dt),
+                    msa_backend_name(ctx->backend));
         }
     msa_cache *c;
     if ((st = cache_alloc_struct(ctx, model, cfg, &c)) != MSA_OK)

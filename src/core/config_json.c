@@ -12,7 +12,7 @@
 
 typedef struct loader {
     msa_context *ctx;
-    const cJSON *top;  /* text_config when present, else the root */
+    const cJSON *top; /* text_config when present, else the root */
     const cJSON *root;
     const cJSON *sparse; /* sparse_attention_config or NULL */
 } loader;
@@ -52,18 +52,12 @@ typedef struct key_range {
 } key_range;
 
 static const key_range KEY_RANGES[] = {
-    {"num_hidden_layers", 1, 100000},
-    {"num_attention_heads", 1, 4096},
-    {"num_key_value_heads", 1, 4096},
-    {"head_dim", 1, 4096},
-    {"hidden_size", 1, INT32_MAX},
-    {"sparse_num_index_heads", 1, 4096},
-    {"sparse_index_dim", 1, 4096},
-    {"sparse_block_size", 1, 65536},
-    {"sparse_topk_blocks", 1, 65536},
-    {"sparse_init_block", 0, 65535},
-    {"sparse_local_block", 1, 65536},
-    {"sparse_init_tokens", 0, INT32_MAX},
+    {"num_hidden_layers", 1, 100000},      {"num_attention_heads", 1, 4096},
+    {"num_key_value_heads", 1, 4096},      {"head_dim", 1, 4096},
+    {"hidden_size", 1, INT32_MAX},         {"sparse_num_index_heads", 1, 4096},
+    {"sparse_index_dim", 1, 4096},         {"sparse_block_size", 1, 65536},
+    {"sparse_topk_blocks", 1, 65536},      {"sparse_init_block", 0, 65535},
+    {"sparse_local_block", 1, 65536},      {"sparse_init_tokens", 0, INT32_MAX},
     {"sparse_local_tokens", 0, INT32_MAX},
 };
 
@@ -103,8 +97,8 @@ static int read_int(const loader *ld, const cJSON *v, const char *key, int64_t *
     if (!(d >= (double)lo && d <= (double)hi)) {
         char shown[40];
         if (!isfinite(d))
-            snprintf(shown, sizeof shown, "%s", d > 0 ? "a number too large for a double"
-                                                      : "a number too small for a double");
+            snprintf(shown, sizeof shown, "%s",
+                     d > 0 ? "a number too large for a double" : "a number too small for a double");
         else if (fabs(d) < 1e18)
             snprintf(shown, sizeof shown, "%.0f", d);
         else
@@ -125,7 +119,8 @@ static int model_int(const loader *ld, const char *key, int64_t *out)
 
 static int sparse_int(const loader *ld, const char *key, int64_t *out)
 {
-    return ld->sparse ? read_int(ld, cJSON_GetObjectItemCaseSensitive(ld->sparse, key), key, out) : 0;
+    return ld->sparse ? read_int(ld, cJSON_GetObjectItemCaseSensitive(ld->sparse, key), key, out)
+                      : 0;
 }
 
 static msa_status clamp_int32(msa_context *ctx, const char *key, int64_t v, int32_t *out)
@@ -145,7 +140,8 @@ static msa_status layer_list(const loader *ld, const char *key, int32_t n, uint8
     if (!v || cJSON_IsNull(v))
         return MSA_OK;
     if (!cJSON_IsArray(v))
-        return msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG, "config key '%s' must be a list", key);
+        return msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG, "config key '%s' must be a list",
+                             key);
     int len = cJSON_GetArraySize(v);
     if (len != n)
         return msa_set_error(ld->ctx, MSA_ERR_INVALID_CONFIG,
@@ -220,7 +216,8 @@ static msa_status parse(loader *ld, msa_model **out)
      * hidden_size / heads. */
     if ((r = model_int(ld, "num_key_value_heads", &v)) < 0)
         return MSA_ERR_INVALID_CONFIG;
-    if ((st = clamp_int32(ctx, "num_key_value_heads", r ? v : cfg.num_q_heads, &cfg.num_kv_heads)) != MSA_OK)
+    if ((st = clamp_int32(ctx, "num_key_value_heads", r ? v : cfg.num_q_heads,
+                          &cfg.num_kv_heads)) != MSA_OK)
         return st;
     if ((r = model_int(ld, "head_dim", &v)) < 0)
         return MSA_ERR_INVALID_CONFIG;
@@ -297,12 +294,14 @@ fail:
     return st;
 }
 
-msa_status msa_model_load_config_json(msa_context *ctx, const char *json, size_t len, msa_model **out)
+msa_status msa_model_load_config_json(msa_context *ctx, const char *json, size_t len,
+                                      msa_model **out)
 {
     if (!ctx)
         return MSA_ERR_INVALID_ARGUMENT;
     if (!json || !out)
-        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "msa_model_load_config_json: NULL argument");
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                             "msa_model_load_config_json: NULL argument");
     *out = NULL;
     /* cJSON alone would take the first of two objects, the first of two
      * equal keys and strings cut at a NUL: the strict check refuses what
@@ -352,7 +351,8 @@ msa_status msa_model_load_config_file(msa_context *ctx, const char *path, msa_mo
     if (!ctx)
         return MSA_ERR_INVALID_ARGUMENT;
     if (!path || !out)
-        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "msa_model_load_config_file: NULL argument");
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                             "msa_model_load_config_file: NULL argument");
     *out = NULL;
     /* A FIFO or device in the file's place is refused, never waited on. */
     char why[512];

@@ -54,8 +54,8 @@ static msa_status create_fail(char *errbuf, size_t errbuf_size, msa_status st, c
     return st;
 }
 
-msa_status msa_context_create(const msa_context_params *params, msa_context **out,
-                              char *errbuf, size_t errbuf_size)
+msa_status msa_context_create(const msa_context_params *params, msa_context **out, char *errbuf,
+                              size_t errbuf_size)
 {
     if (errbuf && errbuf_size)
         errbuf[0] = '\0';
@@ -72,11 +72,11 @@ msa_status msa_context_create(const msa_context_params *params, msa_context **ou
                            "num_threads must be in 0..1024");
     if (params->backend != MSA_BACKEND_CPU && params->backend != MSA_BACKEND_CUDA)
         return create_fail(errbuf, errbuf_size, MSA_ERR_INVALID_ARGUMENT, "unknown backend");
-    if (params->debug && (params->debug->cuda_num_sms < 0 || params->debug->cuda_no_tma < 0 ||
-                          params->debug->cuda_no_pdl < 0 || params->debug->cuda_sel_warp_rows < 0 ||
-                          params->debug->cuda_sel_unions < 0 ||
-                          params->debug->cuda_no_prefill_tma < 0 || params->debug->cuda_no_prefill_indexer < 0 ||
-                          params->debug->cuda_no_prefill_wgmma < 0))
+    if (params->debug &&
+        (params->debug->cuda_num_sms < 0 || params->debug->cuda_no_tma < 0 ||
+         params->debug->cuda_no_pdl < 0 || params->debug->cuda_sel_warp_rows < 0 ||
+         params->debug->cuda_sel_unions < 0 || params->debug->cuda_no_prefill_tma < 0 ||
+         params->debug->cuda_no_prefill_indexer < 0 || params->debug->cuda_no_prefill_wgmma < 0))
         return create_fail(errbuf, errbuf_size, MSA_ERR_INVALID_ARGUMENT,
                            "debug options must not be negative");
     const msa_backend_ops *ops = backend_ops(params->backend);
@@ -121,8 +121,14 @@ void msa_context_free(msa_context *ctx)
     free(ctx);
 }
 
-msa_backend msa_context_backend(const msa_context *ctx) { return ctx ? ctx->backend : MSA_BACKEND_CPU; }
-int msa_context_num_threads(const msa_context *ctx) { return ctx ? ctx->num_threads : 0; }
+msa_backend msa_context_backend(const msa_context *ctx)
+{
+    return ctx ? ctx->backend : MSA_BACKEND_CPU;
+}
+int msa_context_num_threads(const msa_context *ctx)
+{
+    return ctx ? ctx->num_threads : 0;
+}
 
 msa_status msa_buffer_alloc(msa_context *ctx, size_t bytes, void **out)
 {

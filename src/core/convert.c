@@ -19,7 +19,10 @@ static inline float bits_f32(uint32_t u)
     return x;
 }
 
-float msa_bf16_to_f32(uint16_t x) { return bits_f32((uint32_t)x << 16); }
+float msa_bf16_to_f32(uint16_t x)
+{
+    return bits_f32((uint32_t)x << 16);
+}
 
 uint16_t msa_f32_to_bf16(float x)
 {
@@ -103,9 +106,7 @@ void msa_convert_from_f32(void *dst, msa_dtype dtype, const float *src, int64_t 
         for (int64_t i = 0; i < n; i++)
             ((uint16_t *)dst)[i] = msa_f32_to_f16(src[i]);
         break;
-    default:
-        memcpy(dst, src, (size_t)n * sizeof(float));
-        break;
+    default: memcpy(dst, src, (size_t)n * sizeof(float)); break;
     }
 }
 
@@ -122,8 +123,6 @@ void msa_convert_to_f32(float *dst, const void *src, msa_dtype dtype, int64_t n)
         for (int64_t i = 0; i < n; i++)
             dst[i] = msa_f16_to_f32(((const uint16_t *)src)[i]);
         break;
-    default:
-        memcpy(dst, src, (size_t)n * sizeof(float));
-        break;
+    default: memcpy(dst, src, (size_t)n * sizeof(float)); break;
     }
 }

@@ -51,12 +51,13 @@ static msa_status validate_alignment(msa_context *ctx, const msa_plan *plan, int
     };
     msa_status st;
     for (size_t i = 0; i < sizeof act_tensors / sizeof act_tensors[0]; i++)
-        if (act_tensors[i].used &&
-            (st = check_aligned(ctx, layer, act_tensors[i].p, act_tensors[i].name, es, act)) != MSA_OK)
+        if (act_tensors[i].used && (st = check_aligned(ctx, layer, act_tensors[i].p,
+                                                       act_tensors[i].name, es, act)) != MSA_OK)
             return st;
     if ((st = check_aligned(ctx, layer, io->lse, "lse", sizeof(float), "fp32")) != MSA_OK)
         return st;
-    if (sparse && (st = check_aligned(ctx, layer, io->topk, "topk", sizeof(int32_t), "int32")) != MSA_OK)
+    if (sparse &&
+        (st = check_aligned(ctx, layer, io->topk, "topk", sizeof(int32_t), "int32")) != MSA_OK)
         return st;
     return MSA_OK;
 }
@@ -71,9 +72,10 @@ static msa_status validate_io(msa_context *ctx, const msa_plan *plan, int32_t la
                              "activation dtype %s is not supported (fp32, bf16, fp16)",
                              msa_dtype_name(io->act_dtype));
     if (io->act_dtype != plan->params.act_dtype)
-        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
-                             "activation dtype %s differs from the plan's %s (msa_plan_params.act_dtype)",
-                             msa_dtype_name(io->act_dtype), msa_dtype_name(plan->params.act_dtype));
+        return msa_set_error(
+            ctx, MSA_ERR_INVALID_ARGUMENT,
+            "activation dtype %s differs from the plan's %s (msa_plan_params.act_dtype)",
+            msa_dtype_name(io->act_dtype), msa_dtype_name(plan->params.act_dtype));
     if (io->write_cache != 0 && io->write_cache != 1)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "write_cache must be 0 or 1");
     if (plan->num_tokens == 0)
@@ -157,8 +159,9 @@ msa_status msa_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
     if (st != MSA_OK)
         return st;
     if (!io_sets || num_sets < 1 || warmup < 0 || reps < 1 || !times_us)
-        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
-                             "msa_bench_forward: need io_sets, num_sets >= 1, warmup >= 0, reps >= 1, times_us");
+        return msa_set_error(
+            ctx, MSA_ERR_INVALID_ARGUMENT,
+            "msa_bench_forward: need io_sets, num_sets >= 1, warmup >= 0, reps >= 1, times_us");
     for (int i = 0; i < num_sets; i++)
         if ((st = validate_io(ctx, plan, layer, &io_sets[i])) != MSA_OK)
             return st;

@@ -16,8 +16,8 @@ typedef struct msa_threadpool msa_threadpool;
 typedef struct msa_backend_ops {
     const char *name;
     /* Context lifetime. */
-    msa_status (*init)(msa_context *ctx, const msa_context_params *params,
-                       char *err, size_t err_size);
+    msa_status (*init)(msa_context *ctx, const msa_context_params *params, char *err,
+                       size_t err_size);
     void (*shutdown)(msa_context *ctx);
     /* Memory: alloc returns zero-filled memory. */
     msa_status (*alloc)(msa_context *ctx, size_t bytes, void **out);
@@ -38,17 +38,14 @@ typedef struct msa_backend_ops {
     void (*plan_free)(msa_plan *plan);
     /* Kernel path for a layer under the current plan; `reason` gets "" when
      * the fast path is taken. */
-    void (*describe)(const msa_plan *plan, int32_t layer, const char **kernel,
-                     const char **reason);
+    void (*describe)(const msa_plan *plan, int32_t layer, const char **kernel, const char **reason);
     /* One layer, input already validated by msa_forward. */
-    msa_status (*forward)(msa_context *ctx, msa_plan *plan, int32_t layer,
-                          const msa_layer_io *io);
+    msa_status (*forward)(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);
     /* Benchmark helpers (arguments validated by the core). */
     msa_status (*bench_forward)(msa_context *ctx, msa_plan *plan, int32_t layer,
-                                const msa_layer_io *io_sets, int num_sets, int warmup,
-                                int reps, double *times_us);
-    msa_status (*bench_read_bandwidth)(msa_context *ctx, size_t bytes, int reps,
-                                       double *gbps);
+                                const msa_layer_io *io_sets, int num_sets, int warmup, int reps,
+                                double *times_us);
+    msa_status (*bench_read_bandwidth)(msa_context *ctx, size_t bytes, int reps, double *gbps);
 } msa_backend_ops;
 
 extern const msa_backend_ops msa_cpu_backend_ops;
@@ -70,8 +67,8 @@ struct msa_model {
     msa_model_config cfg; /* scales resolved; layer arrays point below */
     uint8_t *layer_sparse;
     uint8_t *layer_index_value;
-    int32_t group;        /* Hq / Hkv */
-    int32_t topk_width;   /* W */
+    int32_t group;      /* Hq / Hkv */
+    int32_t topk_width; /* W */
 };
 
 struct msa_cache {
@@ -79,9 +76,9 @@ struct msa_cache {
     const msa_model *model;
     msa_cache_config cfg;
     int owns_memory;
-    void **planes;        /* [num_layers * 4] */
-    size_t *plane_bytes;  /* [num_layers * 4] */
-    float *scales;        /* [num_layers * 4] */
+    void **planes;       /* [num_layers * 4] */
+    size_t *plane_bytes; /* [num_layers * 4] */
+    float *scales;       /* [num_layers * 4] */
 };
 
 /* Host arrays of one step, sized by the plan's capacities. */
@@ -105,9 +102,9 @@ struct msa_plan {
 
     /* Current step. */
     int32_t num_requests;
-    int64_t num_tokens;     /* rows of the token tensors */
-    int64_t active_tokens;  /* sum(q_len) */
-    int64_t max_kv_len;     /* max kv_len of this step */
+    int64_t num_tokens;    /* rows of the token tensors */
+    int64_t active_tokens; /* sum(q_len) */
+    int64_t max_kv_len;    /* max kv_len of this step */
     int32_t max_q_len;
     int32_t *q_len;         /* [cap_requests] */
     int32_t *kv_len;        /* [cap_requests] */
@@ -119,9 +116,9 @@ struct msa_plan {
      * writes the next step here and swaps the sets only when the backend
      * took the step, so a failed update leaves the current step intact. */
     msa_plan_arrays spare;
-    int has_step;           /* 1 once an msa_plan_update succeeded */
+    int has_step; /* 1 once an msa_plan_update succeeded */
 
-    void *backend;          /* backend-private plan state */
+    void *backend; /* backend-private plan state */
 
     /* [ceil(num_pages / 64)] scratch of the page-collision check, all-zero
      * between updates (src/core/step_pages.c). */
@@ -176,9 +173,9 @@ msa_status msa_step_pages_check(msa_plan *plan, const msa_step *step);
 
 /* Element conversions (exact bit-level implementations, no FPU mode tricks). */
 float msa_bf16_to_f32(uint16_t x);
-uint16_t msa_f32_to_bf16(float x);   /* round to nearest even, NaN kept */
+uint16_t msa_f32_to_bf16(float x); /* round to nearest even, NaN kept */
 float msa_f16_to_f32(uint16_t x);
-uint16_t msa_f32_to_f16(float x);    /* round to nearest even, overflow to inf */
+uint16_t msa_f32_to_f16(float x); /* round to nearest even, overflow to inf */
 /* Reads element i of an fp32/bf16/fp16 array as float. */
 float msa_load_act(const void *base, msa_dtype dtype, int64_t i);
 void msa_store_act(void *base, msa_dtype dtype, int64_t i, float value);
@@ -189,8 +186,8 @@ void msa_convert_to_f32(float *dst, const void *src, msa_dtype dtype, int64_t n)
 /* Row width of plane elements per token (D for K/V, Di for index). */
 int32_t msa_plane_dim(const msa_model *model, msa_plane plane);
 int msa_layer_has_plane(const msa_model *model, int32_t layer, msa_plane plane);
-size_t msa_plane_bytes_for(const msa_model *model, const msa_cache_config *cfg,
-                           int32_t layer, msa_plane plane);
+size_t msa_plane_bytes_for(const msa_model *model, const msa_cache_config *cfg, int32_t layer,
+                           msa_plane plane);
 
 /* Thread pool: run fn(arg, ith, nth) on nth = pool size threads (caller is
  * thread 0) and wait for all. */

@@ -60,8 +60,8 @@ static msa_status validate_config(msa_context *ctx, const msa_model_config *c)
         BAD("sparse local blocks must be >= 1: every token must see its own block (got %d)",
             c->local_blocks);
     if ((int64_t)c->init_blocks + c->local_blocks > c->topk_blocks)
-        BAD("init blocks (%d) + local blocks (%d) exceed sparse_topk_blocks (%d)",
-            c->init_blocks, c->local_blocks, c->topk_blocks);
+        BAD("init blocks (%d) + local blocks (%d) exceed sparse_topk_blocks (%d)", c->init_blocks,
+            c->local_blocks, c->topk_blocks);
     if (c->score_type != MSA_SCORE_MAX && c->score_type != MSA_SCORE_LSE)
         BAD("unknown sparse score type %d", (int)c->score_type);
     if (!(c->softmax_scale >= 0.0f) || isinf(c->softmax_scale))
@@ -149,4 +149,7 @@ int msa_model_layer_has_index_value(const msa_model *model, int32_t layer)
     return model->layer_index_value[layer];
 }
 
-int32_t msa_model_topk_width(const msa_model *model) { return model ? model->topk_width : 0; }
+int32_t msa_model_topk_width(const msa_model *model)
+{
+    return model ? model->topk_width : 0;
+}

@@ -167,10 +167,11 @@ static msa_status arrays_build(msa_plan *p, const char *fn, int64_t reqs, int64_
     const int64_t ppr = pages_for(kv_len, p->cache->cfg.page_size);
     arrays_bytes b;
     if (!arrays_size(reqs, tokens, ppr, &b) || b.total > SIZE_MAX / 2)
-        return msa_set_error(ctx, MSA_ERR_CAPACITY,
-                             "%s: capacities (requests %lld, tokens %lld, kv_len %lld) are too large "
-                             "to address",
-                             fn, (long long)reqs, (long long)tokens, (long long)kv_len);
+        return msa_set_error(
+            ctx, MSA_ERR_CAPACITY,
+            "%s: capacities (requests %lld, tokens %lld, kv_len %lld) are too large "
+            "to address",
+            fn, (long long)reqs, (long long)tokens, (long long)kv_len);
     if (!arrays_alloc(cur, &b))
         return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY,
                              "%s: out of memory for the step arrays (2 x %zu bytes)", fn, b.total);
@@ -313,7 +314,8 @@ static msa_status validate_step(msa_plan *p, const msa_step *s, int64_t *active,
         int32_t q = s->q_len[r], kv = s->kv_len[r];
         if (q < 0 || kv < 0)
             return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
-                                 "%s: request %d: negative length (q_len %d, kv_len %d)", fn, r, q, kv);
+                                 "%s: request %d: negative length (q_len %d, kv_len %d)", fn, r, q,
+                                 kv);
         if (q > kv)
             return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
                                  "%s: request %d: q_len %d exceeds kv_len %d", fn, r, q, kv);
@@ -339,8 +341,8 @@ static msa_status validate_step(msa_plan *p, const msa_step *s, int64_t *active,
                                      fn, r, (long long)n, kv - 1);
             if (row[n] >= cc->num_pages)
                 return msa_set_error(ctx, MSA_ERR_OUT_OF_RANGE,
-                                     "%s: request %d: page id %d outside the pool of %lld pages", fn,
-                                     r, row[n], (long long)cc->num_pages);
+                                     "%s: request %d: page id %d outside the pool of %lld pages",
+                                     fn, r, row[n], (long long)cc->num_pages);
         }
     }
     if (sum > s->num_tokens)
@@ -364,8 +366,8 @@ static msa_status validate_step(msa_plan *p, const msa_step *s, int64_t *active,
     }
     if (s->num_tokens > MSA_PLAN_MAX_TOKENS)
         return msa_set_error(ctx, MSA_ERR_CAPACITY,
-                             "%s: num_tokens %lld exceeds the largest plan capacity (2^40 rows)", fn,
-                             (long long)s->num_tokens);
+                             "%s: num_tokens %lld exceeds the largest plan capacity (2^40 rows)",
+                             fn, (long long)s->num_tokens);
     msa_status st = msa_step_pages_check(p, s);
     if (st != MSA_OK)
         return st;
@@ -421,8 +423,8 @@ msa_status msa_plan_update(msa_plan *p, const msa_step *s, void *stream)
 
     /* Everything the rollback needs: the plan as it is now. */
     const msa_plan saved = *p;
-    const int grow =
-        s->num_requests > p->cap_requests || s->num_tokens > p->cap_tokens || mkv > p->cap_kv_len;
+    const int grow = s->num_requests > p->cap_requests || s->num_tokens > p->cap_tokens ||
+                     mkv > p->cap_kv_len;
     msa_plan_arrays next, next_spare;
     memset(&next_spare, 0, sizeof next_spare);
     if (grow) {

@@ -162,4 +162,7 @@ void msa_threadpool_run(msa_threadpool *pool, msa_work_fn fn, void *arg)
     }
 }
 
-int msa_threadpool_size(const msa_threadpool *pool) { return pool ? pool->size : 1; }
+int msa_threadpool_size(const msa_threadpool *pool)
+{
+    return pool ? pool->size : 1;
+}

@@ -11,7 +11,10 @@ const char *msa_version_string(void)
     return MSA_STR(MSA_VERSION_MAJOR) "." MSA_STR(MSA_VERSION_MINOR) "." MSA_STR(MSA_VERSION_PATCH);
 }
 
-unsigned msa_version_number(void) { return MSA_VERSION_NUMBER; }
+unsigned msa_version_number(void)
+{
+    return MSA_VERSION_NUMBER;
+}
 
 const char *msa_status_name(msa_status status)
 {

@@ -18,7 +18,7 @@ typedef struct attn_job {
     cpu_chunk *chunks; /* attention chunks of this call */
     int64_t num_chunks;
     int32_t kv_heads;
-    int32_t splits;    /* per (chunk, KV head) */
+    int32_t splits; /* per (chunk, KV head) */
     int64_t items;
     atomic_llong next;
 } attn_job;
@@ -57,8 +57,8 @@ static int32_t sparse_union(const cpu_attention *a, const cpu_chunk *ch, int32_t
 
 /* Prefetches the K and V rows of the first tile of a block (the hardware
  * prefetcher cannot guess the jump between selected blocks). */
-static void prefetch_block(const cpu_attention *a, const int32_t *pt, int32_t g, int64_t j0, int32_t B,
-                           int64_t p_last)
+static void prefetch_block(const cpu_attention *a, const int32_t *pt, int32_t g, int64_t j0,
+                           int32_t B, int64_t p_last)
 {
     const int32_t P = a->k.page_size;
     int32_t n = B < MSA_CPU_TILE ? B : MSA_CPU_TILE;
@@ -92,7 +92,8 @@ static void store_output(const cpu_attention *a, const cpu_chunk *ch, int32_t g,
         int32_t n = D - d0 < 512 ? D - d0 : 512;
         for (int32_t d = 0; d < n; d++)
             tmp[d] = acc[d0 + d] * inv;
-        msa_convert_from_f32((char *)a->o + ((row * Hq + hq) * D + d0) * (int64_t)msa_dtype_size(a->act),
+        msa_convert_from_f32((char *)a->o +
+                                 ((row * Hq + hq) * D + d0) * (int64_t)msa_dtype_size(a->act),
                              a->act, tmp, n);
     }
     if (a->lse)
@@ -129,7 +130,7 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     int32_t *uni = (int32_t *)(s + (int64_t)MSA_CPU_TILE * GP);
     int32_t *cursor = uni + (int64_t)MSA_CPU_ATTN_ROWS * a->sel_width;
     uint32_t *pp = (uint32_t *)(cursor + MSA_CPU_ATTN_ROWS); /* [TILE/2][16] weight pairs */
-    (void)pp; /* used by the AVX512-BF16 path only */
+    (void)pp;                                                /* used by the AVX512-BF16 path only */
 
     /* bf16 queries and keys: q.k with bf16 dot products straight from the
      * stored values; the scale is applied to the fp32 sums. */
@@ -140,7 +141,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     const int bf16_pv = bf16_dot && D % 16 == 0;
     size_t es = msa_dtype_size(a->act);
     for (int32_t t = 0; t < ch->n; t++) {
-        const char *src = (const char *)a->q + ((ch->row0 + t) * a->q_row + (int64_t)g * G * D) * (int64_t)es;
+        const char *src =
+            (const char *)a->q + ((ch->row0 + t) * a->q_row + (int64_t)g * G * D) * (int64_t)es;
         if (bf16_dot) {
             /* [D/2][GP] bf16 pairs along the head dimension */
             const uint16_t *qb = (const uint16_t *)src;
@@ -148,7 +150,9 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
             for (int32_t d = 0; d < D; d += 2)
                 for (int32_t h = 0; h < GP; h++)
                     dst[(int64_t)(d / 2) * GP + h] =
-                        h < G ? (uint32_t)qb[(int64_t)h * D + d] | (uint32_t)qb[(int64_t)h * D + d + 1] << 16 : 0u;
+                        h < G ? (uint32_t)qb[(int64_t)h * D + d] |
+                                    (uint32_t)qb[(int64_t)h * D + d + 1] << 16
+                              : 0u;
             continue;
         }
         /* Pre-scaled by the softmax scale, transposed to [D][GP] (padding
@@ -169,7 +173,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
 
     /* This split's slice of the item's blocks. */
     int32_t nblocks = a->sel ? sparse_union(a, ch, g, uni, cursor) : chunk_block_count(ch, B);
-    int32_t u0 = (int32_t)((int64_t)nblocks * split / S), u1 = (int32_t)((int64_t)nblocks * (split + 1) / S);
+    int32_t u0 = (int32_t)((int64_t)nblocks * split / S),
+            u1 = (int32_t)((int64_t)nblocks * (split + 1) / S);
     if (a->sel) /* cursors track each token's position in its own row */
         for (int32_t t = 0; t < ch->n; t++)
             cursor[t] = 0;
@@ -178,7 +183,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
         int32_t n = a->sel ? uni[u] : u;
         int64_t blk0 = (int64_t)n * B;
         if (u + 1 < u1) /* the next block sits elsewhere: start its loads now */
-            prefetch_block(a, pt, g, (int64_t)(a->sel ? uni[u + 1] : u + 1) * B, B, ch->pos0 + ch->n - 1);
+            prefetch_block(a, pt, g, (int64_t)(a->sel ? uni[u + 1] : u + 1) * B, B,
+                           ch->pos0 + ch->n - 1);
         /* tokens that use this block */
         uint8_t uses[MSA_CPU_ATTN_ROWS];
         int64_t last = -1;
@@ -202,7 +208,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
             int32_t nk = (int32_t)(blk1 - j0 + 1 < TW ? blk1 - j0 + 1 : TW);
             const void *keys = kt;
             if (bf16_dot && (j0 % a->k.page_size) + nk <= a->k.page_size)
-                keys = cpu_plane_row(&a->k, pt[j0 / a->k.page_size], g, (int32_t)(j0 % a->k.page_size));
+                keys = cpu_plane_row(&a->k, pt[j0 / a->k.page_size], g,
+                                     (int32_t)(j0 % a->k.page_size));
             else if (bf16_dot)
                 msa_cpu_copy_rows(kt, &a->k, pt, g, j0, nk);
             else
@@ -213,7 +220,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                  * rows copied to the second half of vt when not in one page. */
                 const uint16_t *vrows;
                 if ((j0 % a->v.page_size) + nk <= a->v.page_size) {
-                    vrows = cpu_plane_row(&a->v, pt[j0 / a->v.page_size], g, (int32_t)(j0 % a->v.page_size));
+                    vrows = cpu_plane_row(&a->v, pt[j0 / a->v.page_size], g,
+                                          (int32_t)(j0 % a->v.page_size));
                 } else {
                     uint16_t *copy = (uint16_t *)(vt + (int64_t)MSA_CPU_TILE * D / 2);
                     msa_cpu_copy_rows(copy, &a->v, pt, g, j0, nk);
@@ -277,17 +285,18 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                             int has1 = 2 * jp + 1 < vis;
                             for (int l = 0; l < 16; l++)
                                 pp[jp * 16 + l] = (uint32_t)msa_f32_to_bf16(s0[l]) |
-                                                  (uint32_t)(has1 ? msa_f32_to_bf16(s1[l]) : 0u) << 16;
+                                                  (uint32_t)(has1 ? msa_f32_to_bf16(s1[l]) : 0u)
+                                                      << 16;
                         }
                         for (int l = 0; l < 16 && h0 + l < G; l++)
-                            msa_pv_tile_bf16(acc + ((int64_t)t * G + h0 + l) * D, corr[l], pp + l, 16,
-                                             (const uint32_t *)vt, D, vp_pairs);
+                            msa_pv_tile_bf16(acc + ((int64_t)t * G + h0 + l) * D, corr[l], pp + l,
+                                             16, (const uint32_t *)vt, D, vp_pairs);
                         continue;
                     }
 #endif
                     for (int l = 0; l < 16 && h0 + l < G; l++)
-                        msa_pv_tile(acc + ((int64_t)t * G + h0 + l) * D, corr[l], s + h0 + l, GP, vt, D,
-                                    vis);
+                        msa_pv_tile(acc + ((int64_t)t * G + h0 + l) * D, corr[l], s + h0 + l, GP,
+                                    vt, D, vis);
                 }
             }
         }

@@ -16,7 +16,10 @@ static msa_status cpu_init(msa_context *ctx, const msa_context_params *params, c
     return MSA_OK;
 }
 
-static void cpu_shutdown(msa_context *ctx) { (void)ctx; }
+static void cpu_shutdown(msa_context *ctx)
+{
+    (void)ctx;
+}
 
 static msa_status cpu_alloc(msa_context *ctx, size_t bytes, void **out)
 {
@@ -66,7 +69,10 @@ static void cpu_plan_free(msa_plan *plan)
     plan->backend = NULL;
 }
 
-static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t max64(int64_t a, int64_t b)
+{
+    return a > b ? a : b;
+}
 
 /* Per-thread scratch (floats) of the largest stage; see the layouts in
  * cpu_indexer.c and cpu_attention.c. */
@@ -82,7 +88,8 @@ static int64_t scratch_floats(const msa_model *m)
                    rows * m->topk_width + rows + MSA_CPU_TILE * 8;
     int64_t rows_i = (int64_t)MSA_CPU_INDEX_CHUNK * m->cfg.num_index_heads;
     const int64_t TW16 = (TW + 15) & ~15;
-    int64_t index = rows_i * m->cfg.index_dim + TW16 * m->cfg.index_dim + rows_i * TW16 + rows_i * 3;
+    int64_t index =
+        rows_i * m->cfg.index_dim + TW16 * m->cfg.index_dim + rows_i * TW16 + rows_i * 3;
     int64_t select = (int64_t)m->cfg.num_index_heads * m->cfg.topk_blocks;
     return max64(max64(attn, index), select) + 64;
 }
@@ -108,15 +115,15 @@ static size_t score_floats(const msa_plan *plan)
         return 0;
     const int64_t B = m->cfg.block_size;
     const size_t blocks = (size_t)((plan->cap_kv_len + B - 1) / B);
-    const size_t chunk = (size_t)(plan->cap_tokens < MSA_CPU_INDEX_CHUNK ? plan->cap_tokens
-                                                                          : MSA_CPU_INDEX_CHUNK);
+    const size_t chunk =
+        (size_t)(plan->cap_tokens < MSA_CPU_INDEX_CHUNK ? plan->cap_tokens : MSA_CPU_INDEX_CHUNK);
     size_t per_token, single, total;
     if (!msa_size_mul(blocks, (size_t)m->cfg.num_index_heads, &per_token) ||
         !msa_size_mul(per_token, chunk, &single) ||
         !msa_size_mul(per_token, (size_t)plan->cap_tokens, &total))
         return 0;
-    size_t wave = single > (size_t)MSA_CPU_SCORE_BUDGET_FLOATS ? single
-                                                             : (size_t)MSA_CPU_SCORE_BUDGET_FLOATS;
+    size_t wave =
+        single > (size_t)MSA_CPU_SCORE_BUDGET_FLOATS ? single : (size_t)MSA_CPU_SCORE_BUDGET_FLOATS;
     return wave < total ? wave : total;
 }
 
@@ -142,17 +149,18 @@ static msa_status cpu_plan_init(msa_plan *plan)
                                            "scan tasks",   "selections",       "partials",
                                            "scratch",      "block scores"};
     size_t bytes[NBUF], sel_cells, partial_floats, total = 0;
-    int ok = msa_size_mul(T, sizeof(cpu_chunk), &bytes[CHUNKS]) &&
-             msa_size_mul(T, sizeof(cpu_chunk), &bytes[ATTN_CHUNKS]) &&
-             msa_size_mul(T + 1, sizeof(int64_t), &bytes[WAVES]) &&
-             msa_size_mul(T, sizeof(int64_t), &bytes[TASKS]) &&
-             msa_size_mul(T, (size_t)m->cfg.num_kv_heads * (size_t)m->topk_width, &sel_cells) &&
-             msa_size_mul(sel_cells, sizeof(int32_t), &bytes[SEL]) &&
-             msa_size_mul((size_t)(4 * nth), (size_t)(partial_rows * (D + 2)), &partial_floats) &&
-             msa_size_mul(partial_floats, sizeof(float), &bytes[PARTIALS]) &&
-             msa_size_mul((size_t)scratch_per_thread * sizeof(float), (size_t)nth, &bytes[SCRATCH]) &&
-             (scores != 0 || !has_sparse_layer(m)) &&
-             msa_size_mul(scores, sizeof(float), &bytes[SCORES]);
+    int ok =
+        msa_size_mul(T, sizeof(cpu_chunk), &bytes[CHUNKS]) &&
+        msa_size_mul(T, sizeof(cpu_chunk), &bytes[ATTN_CHUNKS]) &&
+        msa_size_mul(T + 1, sizeof(int64_t), &bytes[WAVES]) &&
+        msa_size_mul(T, sizeof(int64_t), &bytes[TASKS]) &&
+        msa_size_mul(T, (size_t)m->cfg.num_kv_heads * (size_t)m->topk_width, &sel_cells) &&
+        msa_size_mul(sel_cells, sizeof(int32_t), &bytes[SEL]) &&
+        msa_size_mul((size_t)(4 * nth), (size_t)(partial_rows * (D + 2)), &partial_floats) &&
+        msa_size_mul(partial_floats, sizeof(float), &bytes[PARTIALS]) &&
+        msa_size_mul((size_t)scratch_per_thread * sizeof(float), (size_t)nth, &bytes[SCRATCH]) &&
+        (scores != 0 || !has_sparse_layer(m)) &&
+        msa_size_mul(scores, sizeof(float), &bytes[SCORES]);
     for (int i = 0; ok && i < NBUF; i++)
         ok = msa_size_add(total, bytes[i], &total);
     if (!ok)
@@ -162,11 +170,12 @@ static msa_status cpu_plan_init(msa_plan *plan)
                              (long long)plan->cap_tokens, (long long)plan->cap_kv_len);
     const size_t host = msa_host_memory_bytes();
     if (total > host)
-        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY,
-                             "the CPU workspaces of these capacities (tokens %lld, kv_len %lld) need "
-                             "%.1f GiB, more than the %.1f GiB of memory of this machine",
-                             (long long)plan->cap_tokens, (long long)plan->cap_kv_len,
-                             (double)total / (1 << 30), (double)host / (1 << 30));
+        return msa_set_error(
+            ctx, MSA_ERR_OUT_OF_MEMORY,
+            "the CPU workspaces of these capacities (tokens %lld, kv_len %lld) need "
+            "%.1f GiB, more than the %.1f GiB of memory of this machine",
+            (long long)plan->cap_tokens, (long long)plan->cap_kv_len, (double)total / (1 << 30),
+            (double)host / (1 << 30));
 
     cpu_plan *cp = msa_plan_malloc(sizeof *cp);
     if (!cp)
@@ -206,8 +215,8 @@ static msa_status cpu_plan_init(msa_plan *plan)
 /* Index-scan schedule: chunks of each request's tokens, grouped in waves
  * whose block scores fit the score buffer.  With chunks == NULL it only
  * counts chunks and waves and measures the largest wave. */
-static void schedule(const msa_plan *plan, cpu_chunk *chunks, int64_t *wave_start, int64_t *num_chunks,
-                     int64_t *num_waves, int64_t *need)
+static void schedule(const msa_plan *plan, cpu_chunk *chunks, int64_t *wave_start,
+                     int64_t *num_chunks, int64_t *num_waves, int64_t *need)
 {
     const msa_model *m = plan->model;
     const int32_t B = m->cfg.block_size, Hi = m->cfg.num_index_heads;
@@ -218,7 +227,8 @@ static void schedule(const msa_plan *plan, cpu_chunk *chunks, int64_t *wave_star
         for (int32_t t0 = 0; t0 < plan->q_len[r]; t0 += MSA_CPU_INDEX_CHUNK) {
             cpu_chunk ch;
             ch.request = r;
-            ch.n = plan->q_len[r] - t0 < MSA_CPU_INDEX_CHUNK ? plan->q_len[r] - t0 : MSA_CPU_INDEX_CHUNK;
+            ch.n = plan->q_len[r] - t0 < MSA_CPU_INDEX_CHUNK ? plan->q_len[r] - t0
+                                                             : MSA_CPU_INDEX_CHUNK;
             ch.row0 = plan->q_start[r] + t0;
             ch.pos0 = (int64_t)plan->kv_len[r] - plan->q_len[r] + t0;
             ch.blocks = (int32_t)((ch.pos0 + ch.n - 1) / B) + 1;
@@ -269,7 +279,8 @@ static msa_status cpu_plan_upload(msa_plan *plan, void *stream)
 
 /* The fast path reads bf16 planes with AVX512-BF16 dot products (bf16
  * activations needed too, which only msa_forward sees). */
-static void cpu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const char **reason)
+static void cpu_describe(const msa_plan *plan, int32_t layer, const char **kernel,
+                         const char **reason)
 {
     const int sparse = plan->model->layer_sparse[layer];
     const msa_cache_config *c = &plan->cache->cfg;
@@ -279,8 +290,9 @@ static void cpu_describe(const msa_plan *plan, int32_t layer, const char **kerne
         *reason = "";
     } else {
         *kernel = sparse ? "cpu_sparse" : "cpu_dense";
-        *reason = !MSA_CPU_HAVE_BF16_DOT ? "fp32 dot products: this build has no AVX512-BF16"
-                                         : "fp32 dot products: bf16 dot products need bf16 cache planes";
+        *reason = !MSA_CPU_HAVE_BF16_DOT
+                      ? "fp32 dot products: this build has no AVX512-BF16"
+                      : "fp32 dot products: bf16 dot products need bf16 cache planes";
     }
 }
 
@@ -305,7 +317,8 @@ static void fill_padding(const msa_plan *plan, int32_t layer, const msa_layer_io
             io->topk[i] = -1;
 }
 
-static msa_status cpu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io)
+static msa_status cpu_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
+                              const msa_layer_io *io)
 {
     const msa_model *m = plan->model;
     const msa_cache *c = plan->cache;
@@ -320,7 +333,8 @@ static msa_status cpu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, c
         msa_cpu_select(ctx, plan, layer, io);
         if (io->topk)
             memcpy(io->topk, cp->sel,
-                   (size_t)(plan->active_tokens * m->cfg.num_kv_heads * m->topk_width) * sizeof(int32_t));
+                   (size_t)(plan->active_tokens * m->cfg.num_kv_heads * m->topk_width) *
+                       sizeof(int32_t));
     }
     const int32_t P = c->cfg.page_size;
     cpu_attention a;

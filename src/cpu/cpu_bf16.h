@@ -25,7 +25,8 @@ static inline void msa_dot16_rows_bf16(float *out, const uint16_t *q, const uint
         const __m512bh qd = (__m512bh)_mm512_loadu_si512((const void *)(q + d));
         for (int j = 0; j < 16; j++)
             acc[j] = _mm512_dpbf16_ps(acc[j], qd,
-                                      (__m512bh)_mm512_loadu_si512((const void *)(k + (int64_t)j * dim + d)));
+                                      (__m512bh)_mm512_loadu_si512(
+                                          (const void *)(k + (int64_t)j * dim + d)));
     }
     for (int j = 0; j < 16; j++)
         memcpy(&p[j], &acc[j], sizeof p[j]);
@@ -48,7 +49,8 @@ static inline void msa_scores_heads_bf16(float *restrict s, const uint32_t *rest
             for (int i = 0; i < 4; i++)
                 a[i] = _mm512_setzero_ps();
             for (int d = 0; d < dim; d += 2) {
-                const __m512bh q = (__m512bh)_mm512_loadu_si512((const void *)(qt2 + (int64_t)(d / 2) * gp + h0));
+                const __m512bh q =
+                    (__m512bh)_mm512_loadu_si512((const void *)(qt2 + (int64_t)(d / 2) * gp + h0));
                 for (int i = 0; i < 4; i++) {
                     uint32_t w;
                     memcpy(&w, k0 + (int64_t)i * dim + d, 4);
@@ -62,7 +64,8 @@ static inline void msa_scores_heads_bf16(float *restrict s, const uint32_t *rest
             const uint16_t *k0 = k + (int64_t)j * dim;
             __m512 a0 = _mm512_setzero_ps();
             for (int d = 0; d < dim; d += 2) {
-                const __m512bh q = (__m512bh)_mm512_loadu_si512((const void *)(qt2 + (int64_t)(d / 2) * gp + h0));
+                const __m512bh q =
+                    (__m512bh)_mm512_loadu_si512((const void *)(qt2 + (int64_t)(d / 2) * gp + h0));
                 uint32_t w0;
                 memcpy(&w0, k0 + d, 4);
                 a0 = _mm512_dpbf16_ps(a0, q, (__m512bh)_mm512_set1_epi32((int)w0));
@@ -87,7 +90,8 @@ static inline void msa_pv_tile_bf16(float *restrict acc, float corr, const uint3
             const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pp[(int64_t)jp * stride]);
             const uint32_t *vr = vp + (int64_t)jp * dim + d0;
             for (int k = 0; k < 8; k++)
-                a[k] = _mm512_dpbf16_ps(a[k], w, (__m512bh)_mm512_loadu_si512((const void *)(vr + 16 * k)));
+                a[k] = _mm512_dpbf16_ps(a[k], w,
+                                        (__m512bh)_mm512_loadu_si512((const void *)(vr + 16 * k)));
         }
         for (int k = 0; k < 8; k++)
             _mm512_storeu_ps(acc + d0 + 16 * k, a[k]);
@@ -96,7 +100,8 @@ static inline void msa_pv_tile_bf16(float *restrict acc, float corr, const uint3
         __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(acc + d0), c);
         for (int jp = 0; jp < npairs; jp++)
             a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)pp[(int64_t)jp * stride]),
-                                  (__m512bh)_mm512_loadu_si512((const void *)(vp + (int64_t)jp * dim + d0)));
+                                  (__m512bh)_mm512_loadu_si512(
+                                      (const void *)(vp + (int64_t)jp * dim + d0)));
         _mm512_storeu_ps(acc + d0, a0);
     }
 }

@@ -11,8 +11,8 @@ typedef struct write_job {
 } write_job;
 
 /* Converts one row of `dim` activations into a plane row. */
-static void store_row(void *dst, msa_dtype plane_dtype, const void *src, msa_dtype act, int64_t src_off,
-                      int32_t dim)
+static void store_row(void *dst, msa_dtype plane_dtype, const void *src, msa_dtype act,
+                      int64_t src_off, int32_t dim)
 {
     size_t es = msa_dtype_size(act);
     const char *s = (const char *)src + src_off * (int64_t)es;
@@ -24,7 +24,8 @@ static void store_row(void *dst, msa_dtype plane_dtype, const void *src, msa_dty
     for (int32_t d0 = 0; d0 < dim; d0 += 512) {
         int32_t n = dim - d0 < 512 ? dim - d0 : 512;
         msa_convert_to_f32(tmp, s + (int64_t)d0 * es, act, n);
-        msa_convert_from_f32((char *)dst + (int64_t)d0 * msa_dtype_size(plane_dtype), plane_dtype, tmp, n);
+        msa_convert_from_f32((char *)dst + (int64_t)d0 * msa_dtype_size(plane_dtype), plane_dtype,
+                             tmp, n);
     }
 }
 
@@ -98,8 +99,8 @@ void msa_cpu_copy_rows(void *dst, const cpu_plane *plane, const int32_t *page_ro
         int64_t j = j0 + i;
         int32_t off = (int32_t)(j % P);
         int32_t run = P - off < n - i ? P - off : n - i;
-        memcpy((char *)dst + (size_t)i * row_bytes, cpu_plane_row(plane, page_row[j / P], head, off),
-               (size_t)run * row_bytes);
+        memcpy((char *)dst + (size_t)i * row_bytes,
+               cpu_plane_row(plane, page_row[j / P], head, off), (size_t)run * row_bytes);
         i += run;
     }
 }

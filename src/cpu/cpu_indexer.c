@@ -43,8 +43,8 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
     const int lse = m->cfg.score_type == MSA_SCORE_LSE;
     const float c_scale = m->cfg.index_softmax_scale;
     const int32_t rows = ch->n * Hi;
-    const cpu_plane ik = {cache->planes[job->layer * 4 + MSA_PLANE_INDEX_K], cache->cfg.index_dtype, 1,
-                          Di, cache->cfg.page_size};
+    const cpu_plane ik = {cache->planes[job->layer * 4 + MSA_PLANE_INDEX_K], cache->cfg.index_dtype,
+                          1, Di, cache->cfg.page_size};
     const int32_t *pt = p->page_table + (int64_t)ch->request * p->cap_pages_per_request;
 
     /* scratch: q [rows][Di] | key tile [TW16][Di] | raw scores [rows][TW16] | acc [rows] */
@@ -53,7 +53,8 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
     const int32_t TW16 = (TW + 15) & ~15;
     float *sr = tile + (int64_t)TW16 * Di;
     score_acc *acc = (score_acc *)(sr + (int64_t)rows * TW16);
-    const char *q_src = (const char *)job->io->idx_q + ch->row0 * Hi * Di * (int64_t)msa_dtype_size(job->io->act_dtype);
+    const char *q_src = (const char *)job->io->idx_q +
+                        ch->row0 * Hi * Di * (int64_t)msa_dtype_size(job->io->act_dtype);
     /* bf16 queries and keys: dot products straight from the stored bf16
      * values (no conversion pass). */
     const int bf16_dot = MSA_CPU_HAVE_BF16_DOT && job->io->act_dtype == MSA_DTYPE_BF16 &&
@@ -93,8 +94,11 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
             for (int32_t jj = 0; jj < nk; jj += 16) {
                 if (jj + 16 < nk) /* the next group, while this one computes */
                     for (int64_t b = 0; b < (int64_t)16 * Di * (bf16_dot ? 2 : 4); b += 64)
-                        __builtin_prefetch((const char *)(bf16_dot ? (const void *)(keys + (int64_t)(jj + 16) * Di)
-                                                                   : (const void *)(tile + (int64_t)(jj + 16) * Di)) + b);
+                        __builtin_prefetch(
+                            (const char *)(bf16_dot
+                                               ? (const void *)(keys + (int64_t)(jj + 16) * Di)
+                                               : (const void *)(tile + (int64_t)(jj + 16) * Di)) +
+                            b);
                 for (int32_t rr = 0; rr < rows; rr++) {
                     if (ch->pos0 + rr / Hi < j0 + jj)
                         continue; /* keys after this token */
@@ -106,7 +110,7 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                                             keys + (int64_t)jj * Di, Di);
                     else
 #endif
-                    if (Di % 16 == 0)
+                        if (Di % 16 == 0)
                         msa_dot16_rows(out16, qr, tile + (int64_t)jj * Di, Di);
                     else
                         for (int32_t l = 0; l < 16; l++)

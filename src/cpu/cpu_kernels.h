@@ -24,29 +24,29 @@ typedef struct cpu_chunk {
     int32_t request;
     int32_t n;
     int64_t row0;
-    int64_t pos0;    /* position of the first token */
-    int32_t blocks;  /* blocks reachable by the last token: floor(p/B) + 1 */
+    int64_t pos0;      /* position of the first token */
+    int32_t blocks;    /* blocks reachable by the last token: floor(p/B) + 1 */
     int64_t score_off; /* offset of its scores in the wave's buffer */
 } cpu_chunk;
 
 typedef struct cpu_plan {
     /* Index scan schedule (sparse layers), rebuilt by plan_upload. */
-    cpu_chunk *chunks;   /* chunks of the index scan, MSA_CPU_INDEX_CHUNK tokens */
+    cpu_chunk *chunks; /* chunks of the index scan, MSA_CPU_INDEX_CHUNK tokens */
     int64_t num_chunks;
     int64_t chunk_cap;
     int64_t *wave_start; /* chunk index where each wave starts, num_waves + 1 */
     int64_t *task_start; /* [chunk_cap]: first scan task of each chunk of a wave */
     int64_t num_waves;
-    float *scores;       /* [score budget] */
+    float *scores; /* [score budget] */
     int64_t score_cap;
     cpu_chunk *attn_chunks; /* [cap_tokens]: attention chunks of one call */
     /* Selection rows of every token row: [cap_tokens][Hkv][W]. */
     int32_t *sel;
     /* Attention partials for split work items and per-thread scratch. */
     float *partials;
-    int64_t partial_cap; /* floats */
+    int64_t partial_cap;  /* floats */
     int64_t partial_rows; /* rows of one partial slot: >= every item's rows */
-    float *scratch;      /* nth * scratch_per_thread floats */
+    float *scratch;       /* nth * scratch_per_thread floats */
     int64_t scratch_per_thread;
 } cpu_plan;
 
@@ -78,17 +78,17 @@ void msa_cpu_write_cache(msa_context *ctx, msa_plan *plan, int32_t layer, const 
 void msa_cpu_select(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);
 
 typedef struct cpu_attention {
-    const void *q;       /* token rows, act dtype */
-    int64_t q_row;       /* elements per token row */
-    int32_t q_heads;     /* query heads of the whole layer (rows of o) */
-    int32_t group;       /* query heads per KV head */
-    cpu_plane k, v;      /* K and V planes (heads = KV heads) */
+    const void *q;   /* token rows, act dtype */
+    int64_t q_row;   /* elements per token row */
+    int32_t q_heads; /* query heads of the whole layer (rows of o) */
+    int32_t group;   /* query heads per KV head */
+    cpu_plane k, v;  /* K and V planes (heads = KV heads) */
     float scale;
-    int32_t block;       /* tile size in keys (the selection block for sparse) */
-    const int32_t *sel;  /* [tokens][kv heads][width] or NULL for dense */
+    int32_t block;      /* tile size in keys (the selection block for sparse) */
+    const int32_t *sel; /* [tokens][kv heads][width] or NULL for dense */
     int32_t sel_width;
-    void *o;             /* [tokens][q_heads][dim] act dtype */
-    float *lse;          /* [tokens][q_heads] or NULL */
+    void *o;    /* [tokens][q_heads][dim] act dtype */
+    float *lse; /* [tokens][q_heads] or NULL */
     msa_dtype act;
 } cpu_attention;
 

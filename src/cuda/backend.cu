@@ -38,11 +38,13 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
     msa_debug_options none;
     memset(&none, 0, sizeof none);
     const msa_debug_options *dbg = params && params->debug ? params->debug : &none;
-    const char *tl_path = dbg->cuda_timeline_path && dbg->cuda_timeline_path[0] ? dbg->cuda_timeline_path : NULL;
+    const char *tl_path =
+        dbg->cuda_timeline_path && dbg->cuda_timeline_path[0] ? dbg->cuda_timeline_path : NULL;
 #ifndef MSA_TIMELINE
     if (tl_path) {
         if (err && err_size)
-            snprintf(err, err_size, "cuda_timeline_path is set but the library was built without -DMSA_TIMELINE");
+            snprintf(err, err_size,
+                     "cuda_timeline_path is set but the library was built without -DMSA_TIMELINE");
         return MSA_ERR_UNSUPPORTED;
     }
 #endif
@@ -171,7 +173,9 @@ static msa_status cu_alloc(msa_context *ctx, size_t bytes, void **out)
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        return msa_set_error(ctx, e == cudaErrorMemoryAllocation ? MSA_ERR_OUT_OF_MEMORY : MSA_ERR_BACKEND,
+        return msa_set_error(ctx,
+                             e == cudaErrorMemoryAllocation ? MSA_ERR_OUT_OF_MEMORY
+                                                            : MSA_ERR_BACKEND,
                              "cudaMalloc(%zu): %s", bytes, cudaGetErrorString(e));
     }
     e = cudaMemset(p, 0, bytes);
@@ -213,19 +217,7 @@ static msa_status cu_synchronize(msa_context *ctx)
 }
 
 extern "C" const msa_backend_ops msa_cuda_backend_ops = {
-    "cuda",
-    cu_init,
-    cu_shutdown,
-    cu_alloc,
-    cu_free,
-    cu_copy_in,
-    cu_copy_out,
-    cu_synchronize,
-    cu_plan_init,
-    cu_plan_upload,
-    cu_plan_free,
-    cu_describe,
-    cu_forward,
-    cu_bench_forward,
-    cu_bench_read_bandwidth,
+    "cuda",       cu_init,     cu_shutdown,    cu_alloc,         cu_free,
+    cu_copy_in,   cu_copy_out, cu_synchronize, cu_plan_init,     cu_plan_upload,
+    cu_plan_free, cu_describe, cu_forward,     cu_bench_forward, cu_bench_read_bandwidth,
 };

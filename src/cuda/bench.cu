@@ -129,8 +129,7 @@ msa_status cu_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
 
 /* Sums the words so the loads cannot be removed; the store never happens
  * for real data (the sum would have to equal the flag). */
-__global__ void cu_read_kernel(const uint4 *__restrict__ p, size_t n, unsigned flag,
-                               unsigned *out)
+__global__ void cu_read_kernel(const uint4 *__restrict__ p, size_t n, unsigned flag, unsigned *out)
 {
     unsigned acc = 0u;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -194,7 +193,8 @@ msa_status cu_bench_read_bandwidth(msa_context *ctx, size_t bytes, int reps, dou
             rates[i] = (double)(n * sizeof(uint4)) / ((double)ms * 1e-3) / 1e9;
     }
     if (e != cudaSuccess) {
-        st = msa_set_error(ctx, e == cudaErrorMemoryAllocation ? MSA_ERR_OUT_OF_MEMORY : MSA_ERR_BACKEND,
+        st = msa_set_error(ctx,
+                           e == cudaErrorMemoryAllocation ? MSA_ERR_OUT_OF_MEMORY : MSA_ERR_BACKEND,
                            "read bandwidth: %s", cudaGetErrorString(e));
     } else {
         qsort(rates, (size_t)reps, sizeof(double), cu_cmp_double);

@@ -64,7 +64,8 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
 
     const int act16 = cu_is16(act);
     if (!act16)
-        cu_why(why, why_size, "act dtype fp32: SIMT kernels (exact fp32 products, no tensor cores)");
+        cu_why(why, why_size,
+               "act dtype fp32: SIMT kernels (exact fp32 products, no tensor cores)");
     const int kv_ok = act16 && cc->kv_dtype == act;
     const int idx_ok = act16 && cc->index_dtype == act;
     if (act16 && !kv_ok) {
@@ -131,13 +132,15 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
         if (out->pf_fast && st->pfh)
             out->pf_tma = cu_pfh_fits(cfg->head_dim, cc->page_size, cfg->block_size, m->group,
                                       m->topk_width, sparse, &pf_why) &&
-                          cc->num_pages * (int64_t)cc->page_size * cfg->num_kv_heads < ((int64_t)1 << 31);
+                          cc->num_pages * (int64_t)cc->page_size * cfg->num_kv_heads <
+                              ((int64_t)1 << 31);
         if (pf_why)
             cu_why(why, why_size, pf_why);
         else if (out->pf_fast && !out->pf_tma)
             cu_why(why, why_size,
-                   st->pfh ? "cache rows beyond tensor-map coordinates: mma.sync prefill kernel"
-                           : "no sm_90a products (or cuda_no_prefill_tma): mma.sync prefill kernel");
+                   st->pfh
+                       ? "cache rows beyond tensor-map coordinates: mma.sync prefill kernel"
+                       : "no sm_90a products (or cuda_no_prefill_tma): mma.sync prefill kernel");
     }
 
     /* Hopper kernels: a key block is one page, streamed by tensor maps
@@ -178,7 +181,8 @@ int cu_plan_paths(const msa_plan *plan, cu_plan_state *st)
         return 1;
     st->sparse_tma = 0;
     for (int32_t l = 0; l < layers; ++l) {
-        cu_choose_paths(plan, st, l, plan->params.act_dtype, &st->path[l], st->path_why[l], CU_WHY_BYTES);
+        cu_choose_paths(plan, st, l, plan->params.act_dtype, &st->path[l], st->path_why[l],
+                        CU_WHY_BYTES);
         if (plan->model->layer_sparse[l] && st->path[l].attn_tma)
             st->sparse_tma = 1;
     }
@@ -191,9 +195,10 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
     static const char *names[2][3] = {{"cuda.dense.simt", "cuda.dense.mma", "cuda.dense.mma"},
                                       {"cuda.sparse.simt", "cuda.sparse.mma", "cuda.sparse.tma"}};
     /* Steps with prefill rows on the Hopper prefill kernel. */
-    static const char *names_pfh[2][3] = {
-        {"cuda.dense.simt", "cuda.dense.mma+pf.tma", "cuda.dense.mma+pf.tma"},
-        {"cuda.sparse.simt", "cuda.sparse.mma+pf.tma", "cuda.sparse.tma+pf.tma"}};
+    static const char *names_pfh[2][3] = {{"cuda.dense.simt", "cuda.dense.mma+pf.tma",
+                                           "cuda.dense.mma+pf.tma"},
+                                          {"cuda.sparse.simt", "cuda.sparse.mma+pf.tma",
+                                           "cuda.sparse.tma+pf.tma"}};
     const msa_model *m = plan->model;
     const int sparse = m->layer_sparse[layer] != 0;
     static char no_state[] = "plan has no device state";
@@ -212,13 +217,15 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
         /* The step's notes beside the plan's reason. */
         snprintf(st->why_step, sizeof st->why_step, "%s", st->path_why[layer]);
         cu_why(st->why_step, sizeof st->why_step,
-               p->pf_tma    ? "prefill requests (q_len > 16) in this step: Hopper prefill kernel"
-               : p->pf_fast ? "prefill requests (q_len > 16) in this step: tensor-core prefill kernel"
-                            : "prefill requests (q_len > 16) in this step: simple prefill kernels");
+               p->pf_tma ? "prefill requests (q_len > 16) in this step: Hopper prefill kernel"
+               : p->pf_fast
+                   ? "prefill requests (q_len > 16) in this step: tensor-core prefill kernel"
+                   : "prefill requests (q_len > 16) in this step: simple prefill kernels");
         if (sparse)
             cu_why(st->why_step, sizeof st->why_step,
-                   p->idx_fast && st->pfi_scratch ? "prefill index scores and selection: tensor cores"
-                                                  : "prefill index scores and selection: scalar (shape or dtype)");
+                   p->idx_fast && st->pfi_scratch
+                       ? "prefill index scores and selection: tensor cores"
+                       : "prefill index scores and selection: scalar (shape or dtype)");
         *reason = st->why_step;
     }
 }
@@ -268,9 +275,8 @@ static void cu_attn_index_value(const cu_layer *L, cu_attn *A)
 /* maps: the K map, then the V map (NULL: no tensor-map kernel); pf_maps
  * the same for the Hopper prefill kernel (NULL: the mma.sync one). */
 static_assert(CU_MAP_V == CU_MAP_K + 1, "a layer's V map follows its K map");
-static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
-                             int fast, const CUtensorMap *maps, const CUtensorMap *pf_maps,
-                             cudaStream_t s)
+static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const cu_attn *A, int fast,
+                             const CUtensorMap *maps, const CUtensorMap *pf_maps, cudaStream_t s)
 {
     if (maps)
         cu_launch_attn_tma(L, st, A, &maps[0], &maps[1], s);
@@ -419,7 +425,8 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     L.att_union = 0;
     /* A plan whose requests reach at most K blocks has no union to build
      * (each selects all its blocks): no shared memory is set aside for one. */
-    if (paths.attn_tma && !cs->sel_unions && st->cap_union <= CU_ATT_UNION_LIST && st->cap_blocks > L.K)
+    if (paths.attn_tma && !cs->sel_unions && st->cap_union <= CU_ATT_UNION_LIST &&
+        st->cap_blocks > L.K)
         L.att_union = union_blocks < CU_ATT_UNION_BLOCKS ? union_blocks : CU_ATT_UNION_BLOCKS;
 
     /* Prefill rows on the tensor-core indexer and selection (its own
@@ -450,7 +457,8 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
             cu_launch_indexer_prefill_mma(&L, st, s);
         cu_attn_main(&L, &A, 1);
         A.pf_fast = paths.pf_fast;
-        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL, pf_maps, s);
+        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL,
+                         pf_maps, s);
         if (L.iv) {
             cu_attn_index_value(&L, &A);
             A.pf_fast = paths.pf_iv_fast;

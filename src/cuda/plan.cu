@@ -38,7 +38,7 @@ static int32_t cu_ceil_div32(int64_t a, int64_t b)
 size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m)
 {
     size_t off = 0;
-#define CARVE(field, type, count)              \
+#define CARVE(field, type, count)               \
     m->field = (type *)(base + (uintptr_t)off); \
     off = cu_align16(off + sizeof(type) * (size_t)(count))
     CARVE(hdr, cu_step_hdr, 1);
@@ -192,8 +192,8 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
     /* Work units of one step: (decode request, KV head, 64-row chunk). */
     const int32_t chunks_main = cu_ceil_div32((int64_t)CU_DEC_MAX_Q * G, CU_ROWS_PER_ITEM);
     const int32_t chunks_iv = cu_ceil_div32((int64_t)CU_DEC_MAX_Q * Hi, CU_ROWS_PER_ITEM);
-    const int64_t units_cap = (int64_t)st->cap_req * (Hkv * chunks_main > chunks_iv ? Hkv * chunks_main
-                                                                                   : chunks_iv);
+    const int64_t units_cap =
+        (int64_t)st->cap_req * (Hkv * chunks_main > chunks_iv ? Hkv * chunks_main : chunks_iv);
     const int32_t target = 2 * st->grid_att_fast;
     st->att_cap = (int32_t)(units_cap + target);
     st->merge_cap = (int32_t)units_cap;
@@ -209,7 +209,8 @@ void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int gri
     if (st->cap_q > CU_DEC_MAX_Q) {
         st->pf_tiles_cap[0] = cu_pfa_tiles_cap(st->cap_tok, st->cap_req, cu_pfa_tile_tokens(G));
         if (cu_any_layer(m, 1, 1))
-            st->pf_tiles_cap[1] = cu_pfa_tiles_cap(st->cap_tok, st->cap_req, cu_pfa_tile_tokens(Hi));
+            st->pf_tiles_cap[1] =
+                cu_pfa_tiles_cap(st->cap_tok, st->cap_req, cu_pfa_tile_tokens(Hi));
     }
 
     {
@@ -313,9 +314,11 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     if (e == cudaSuccess && any_sparse)
         e = cu_zalloc((void **)&st->sel, sizeof(int32_t) * (size_t)st->cap_tok * Hkv * W);
     if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->uids, sizeof(int32_t) * (size_t)st->cap_req * Hkv * st->cap_union);
+        e = cu_zalloc((void **)&st->uids,
+                      sizeof(int32_t) * (size_t)st->cap_req * Hkv * st->cap_union);
     if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->umask, sizeof(uint32_t) * (size_t)st->cap_req * Hkv * st->cap_union);
+        e = cu_zalloc((void **)&st->umask,
+                      sizeof(uint32_t) * (size_t)st->cap_req * Hkv * st->cap_union);
     if (e == cudaSuccess && any_sparse)
         e = cu_zalloc((void **)&st->ucnt, sizeof(int32_t) * (size_t)st->cap_req * Hkv);
     if (e == cudaSuccess && any_sparse)
@@ -326,7 +329,8 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
         e = cu_zalloc((void **)&st->pf_scratch,
                       sizeof(float) * (size_t)st->grid_pf * mi * st->cap_blocks);
     if (e == cudaSuccess)
-        e = cu_zalloc((void **)&st->part, sizeof(float) * (size_t)st->part_rows_cap * st->part_stride);
+        e = cu_zalloc((void **)&st->part,
+                      sizeof(float) * (size_t)st->part_rows_cap * st->part_stride);
     /* Prefill indexer on tensor cores: shapes it covers (cu_choose_paths'
      * idx_fast conditions on the model and the cache; the forward runs it
      * where the plan's paths take idx_fast) and a plan that can hold a
@@ -334,19 +338,23 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
      * per CTA (CU_PFI_ROWS x cap_blocks floats, 256 KB a CTA at 128K
      * tokens).  The debugging option cuda_no_prefill_indexer keeps the
      * scalar role. */
-    if (e == cudaSuccess && any_sparse && cs->pfi && cu_pfidx_shape(plan) && st->cap_q > CU_DEC_MAX_Q) {
+    if (e == cudaSuccess && any_sparse && cs->pfi && cu_pfidx_shape(plan) &&
+        st->cap_q > CU_DEC_MAX_Q) {
         st->grid_pfi = cu_pfidx_grid(st->num_sms);
         e = cu_zalloc((void **)&st->pfi_scratch,
                       sizeof(float) * cu_pfidx_scratch_floats(st->grid_pfi, st->cap_blocks));
         if (e == cudaSuccess)
-            e = cu_zalloc((void **)&st->pfi_split, sizeof(int32_t) * cu_pfidx_split_words(st->grid_pfi));
+            e = cu_zalloc((void **)&st->pfi_split,
+                          sizeof(int32_t) * cu_pfidx_split_words(st->grid_pfi));
         if (e == cudaSuccess)
             e = cu_pfidx_setup(cu_pfidx_smem(mi, cfg->topk_blocks, W, st->sel_cache));
     }
     if (e != cudaSuccess) {
         cu_state_release(st);
         cudaGetLastError();
-        return msa_set_error(ctx, e == cudaErrorMemoryAllocation ? MSA_ERR_OUT_OF_MEMORY : MSA_ERR_BACKEND,
+        return msa_set_error(ctx,
+                             e == cudaErrorMemoryAllocation ? MSA_ERR_OUT_OF_MEMORY
+                                                            : MSA_ERR_BACKEND,
                              "CUDA plan allocation failed: %s", cudaGetErrorString(e));
     }
     cu_meta_carve(st, (uintptr_t)st->meta_dev, &st->dev);
@@ -385,7 +393,8 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     }
     /* The kernels of every layer, once the state knows its grids, its
      * prefill kernels and its tensor maps. */
-    if ((st->tma && (any_sparse || st->pfh) && cu_state_maps(plan, st) != 0) || cu_plan_paths(plan, st) != 0) {
+    if ((st->tma && (any_sparse || st->pfh) && cu_state_maps(plan, st) != 0) ||
+        cu_plan_paths(plan, st) != 0) {
         cu_state_release(st);
         return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "out of host memory");
     }
@@ -420,8 +429,8 @@ void cu_plan_free(msa_plan *plan)
 
 typedef struct cu_sched_kind {
     int kind;
-    int32_t groups;   /* KV heads of the pass */
-    int32_t g;        /* query heads per KV head */
+    int32_t groups;    /* KV heads of the pass */
+    int32_t g;         /* query heads per KV head */
     int32_t one_round; /* the Hopper kernel: one CTA per SM, items in turn */
 } cu_sched_kind;
 
@@ -583,9 +592,9 @@ static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_met
                  * merge reads them back: keep each split's keys worth that. */
                 const int32_t s_work = cu_max32((int32_t)((int64_t)est_tiles * 8 / nrows0), 1);
                 int32_t S = cu_min32(s_policy, s_work);
-                if (S > 1 && (*part_used + (int64_t)S * urows > st->part_rows_cap ||
-                              n_items + (int64_t)S * nch > st->att_cap ||
-                              n_merge + nch > st->merge_cap))
+                if (S > 1 &&
+                    (*part_used + (int64_t)S * urows > st->part_rows_cap ||
+                     n_items + (int64_t)S * nch > st->att_cap || n_merge + nch > st->merge_cap))
                     S = 1;
                 int32_t pbase[2] = {0, 0};
                 for (int32_t c = 0; c < nch && S > 1; ++c) {
@@ -611,7 +620,8 @@ static void cu_build_items(const msa_plan *plan, const cu_plan_state *st, cu_met
                 int32_t unit_cost = 0;
                 if (sk->kind == CU_KIND_SPARSE) {
                     const int64_t utok = cu_ceil_div32(urows, sk->g);
-                    const int64_t ublk = reach < utok * m->topk_width ? reach : utok * m->topk_width;
+                    const int64_t ublk = reach < utok * m->topk_width ? reach
+                                                                      : utok * m->topk_width;
                     const int32_t tiles = cu_ceil_div32(ublk * B, CU_TILE_KEYS);
                     unit_cost = cu_min32(cu_ceil_div32(tiles, S) + 2, st->sched_costs - 1);
                 }
@@ -717,7 +727,8 @@ void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h)
         cu_tok_info *ti = &h->tok_info[t];
         ti->r = r;
         ti->pos = (int32_t)pos;
-        ti->page = r >= 0 ? plan->page_table[(int64_t)r * plan->cap_pages_per_request + pos / P] : -1;
+        ti->page = r >= 0 ? plan->page_table[(int64_t)r * plan->cap_pages_per_request + pos / P]
+                          : -1;
         ti->pad = 0;
     }
     for (int32_t r = 0; r < R; ++r)
@@ -772,7 +783,8 @@ msa_status cu_plan_upload(msa_plan *plan, void *stream)
     cu_meta_carve(st, (uintptr_t)st->staging[si], &h);
     cu_step_fill(plan, st, &h);
 
-    const size_t bytes = st->pt_offset + sizeof(int32_t) * (size_t)plan->num_requests * st->cap_pages;
+    const size_t bytes =
+        st->pt_offset + sizeof(int32_t) * (size_t)plan->num_requests * st->cap_pages;
     cudaStream_t s = (cudaStream_t)stream;
     CU_TRY(ctx, cudaMemcpyAsync(st->meta_dev, st->staging[si], bytes, cudaMemcpyHostToDevice, s));
     CU_TRY(ctx, cudaEventRecord(st->staged[si], s));

@@ -26,7 +26,8 @@ enum { CU_MAP_INDEX_K = 0, CU_MAP_K = 1, CU_MAP_V = 2, CU_MAPS = 3 };
  * (row = token * G + head in group), split `split` of `nsplit` over the key
  * stream.  With nsplit > 1 the item writes partial rows starting at
  * part_base + split * nrows; a merge item combines them. */
-typedef struct __align__(16) cu_att_item {
+typedef struct __align__(16) cu_att_item
+{
     int32_t dec;
     int32_t group;
     int32_t row0;
@@ -34,21 +35,24 @@ typedef struct __align__(16) cu_att_item {
     int32_t split;
     int32_t nsplit;
     int32_t part_base;
-    int32_t r;          /* request, its q_len, kv_len and first token row: */
-    int32_t ql;         /* host-known, so an item starts without a chain of */
-    int32_t kl;         /* dependent loads */
+    int32_t r;  /* request, its q_len, kv_len and first token row: */
+    int32_t ql; /* host-known, so an item starts without a chain of */
+    int32_t kl; /* dependent loads */
     int32_t t0;
-    int32_t unit_len;   /* first item of a unit (att_units): its items, 1 or 2 */
-} cu_att_item;
+    int32_t unit_len; /* first item of a unit (att_units): its items, 1 or 2 */
+}
+cu_att_item;
 
 /* One decode request as the indexer sees it (one 32-byte load). */
-typedef struct __align__(16) cu_dec_info {
+typedef struct __align__(16) cu_dec_info
+{
     int32_t r, ql, kl, t0;
     int32_t d0;         /* first compact decode row */
     int32_t blk0, blk1; /* its blocks in the end-to-end block sequence (none
                          * when it has at most K: nothing to score) */
     int32_t nblk;       /* blocks its last token reaches: ceil(kl / B) */
-} cu_dec_info;
+}
+cu_dec_info;
 
 typedef struct cu_merge_item {
     int32_t dec;
@@ -57,7 +61,7 @@ typedef struct cu_merge_item {
     int32_t nrows;
     int32_t nsplit;
     int32_t part_base;
-    int32_t t0;         /* first token row of the request (host-known) */
+    int32_t t0; /* first token row of the request (host-known) */
     int32_t pad1;
 } cu_merge_item;
 
@@ -69,61 +73,67 @@ typedef struct cu_merge_item {
 
 /* One token row, for the prologue: request (-1: padding), position, and
  * the physical page holding that position. */
-typedef struct __align__(16) cu_tok_info {
+typedef struct __align__(16) cu_tok_info
+{
     int32_t r, pos, page, pad;
-} cu_tok_info;
+}
+cu_tok_info;
 
 /* One compact decode row, for the selection. */
-typedef struct __align__(16) cu_dec_row {
+typedef struct __align__(16) cu_dec_row
+{
     int32_t t;    /* token row */
     int32_t nblk; /* blocks its position reaches: pos / B + 1 */
     int32_t slot; /* decode slot */
     int32_t ql;   /* the request's q_len */
-} cu_dec_row;
+}
+cu_dec_row;
 
 /* Per-step counts, read by the kernels from device memory. */
 typedef struct cu_step_hdr {
     int32_t num_requests;
-    int32_t num_tokens;      /* rows of the token tensors */
-    int32_t n_dec;           /* decode requests */
-    int32_t n_dec_rows;      /* their tokens */
-    int32_t n_pf;            /* prefill tokens */
-    int32_t total_dec_blocks;/* sum of ceil(kv_len / B) over the decode requests
+    int32_t num_tokens;       /* rows of the token tensors */
+    int32_t n_dec;            /* decode requests */
+    int32_t n_dec_rows;       /* their tokens */
+    int32_t n_pf;             /* prefill tokens */
+    int32_t total_dec_blocks; /* sum of ceil(kv_len / B) over the decode requests
                               * with more than K blocks (those the indexer scores) */
     int32_t n_att[CU_KINDS];
     int32_t n_merge[CU_KINDS];
-    int32_t n_att_units;     /* sparse pass: entries of att_units */
-    int32_t max_dec_nblk;    /* largest nblk of the decode rows (0: none) */
-    int32_t n_pf_tiles[2];   /* prefill attention tiles: main passes, index-value pass */
+    int32_t n_att_units;   /* sparse pass: entries of att_units */
+    int32_t max_dec_nblk;  /* largest nblk of the decode rows (0: none) */
+    int32_t n_pf_tiles[2]; /* prefill attention tiles: main passes, index-value pass */
 } cu_step_hdr;
 
 /* Prefill attention tile (kernels/attention/attention_prefill_mma_sm80):
  * token rows t0 .. t0 + ntok - 1 of request r, at positions pos0 ... */
-typedef struct __align__(16) cu_pf_tile {
+typedef struct __align__(16) cu_pf_tile
+{
     int32_t r, t0, ntok, pos0;
-} cu_pf_tile;
+}
+cu_pf_tile;
 
 /* Typed views into the metadata blob (device or staging copy). */
 typedef struct cu_meta {
     cu_step_hdr *hdr;
-    int32_t *q_len;      /* [cap_req] */
-    int32_t *kv_len;     /* [cap_req] */
-    int32_t *q_start;    /* [cap_req] */
-    cu_tok_info *tok_info; /* [cap_tok] request of a row (-1 padding), position, page */
-    int32_t *dec_req;    /* [cap_req] request of decode slot k */
-    int32_t *dec_row0;   /* [cap_req] first compact row of decode slot k */
-    int32_t *dec_blk0;   /* [cap_req + 1] prefix sum of blocks over decode slots */
-    cu_dec_info *dec_info; /* [cap_req] */
-    cu_dec_row *dec_row; /* [dec_rows_cap] */
-    int32_t *pf_tok;     /* [cap_tok] token rows of prefill requests */
-    cu_pf_tile *pf_tiles[2]; /* [pf_tiles_cap[i]] prefill attention tiles (main, index value) */
-    cu_att_item *att[CU_KINDS];     /* [att_cap] each */
+    int32_t *q_len;             /* [cap_req] */
+    int32_t *kv_len;            /* [cap_req] */
+    int32_t *q_start;           /* [cap_req] */
+    cu_tok_info *tok_info;      /* [cap_tok] request of a row (-1 padding), position, page */
+    int32_t *dec_req;           /* [cap_req] request of decode slot k */
+    int32_t *dec_row0;          /* [cap_req] first compact row of decode slot k */
+    int32_t *dec_blk0;          /* [cap_req + 1] prefix sum of blocks over decode slots */
+    cu_dec_info *dec_info;      /* [cap_req] */
+    cu_dec_row *dec_row;        /* [dec_rows_cap] */
+    int32_t *pf_tok;            /* [cap_tok] token rows of prefill requests */
+    cu_pf_tile *pf_tiles[2];    /* [pf_tiles_cap[i]] prefill attention tiles (main, index value) */
+    cu_att_item *att[CU_KINDS]; /* [att_cap] each */
     cu_merge_item *merge[CU_KINDS]; /* [merge_cap] each */
     /* Sparse pass, Hopper kernel: first item of each unit.  A unit is one
      * item, or two adjacent items of the same (request, KV head, split)
      * whose rows follow each other (8 tokens of 16 heads): the kernel
      * streams the union tiles once for both. */
-    int32_t *att_units;  /* [att_cap] */
+    int32_t *att_units; /* [att_cap] */
     /* The units of the Hopper kernel's CTA c: att_units[att_cta[c] ..
      * att_cta[c + 1]), balanced by estimated cost (cu_balance_units). */
     int32_t *att_cta;    /* [num_sms + 1] */
@@ -138,14 +148,14 @@ typedef struct cu_meta {
  * device, the model, the cache and the plan's act_dtype (cu_plan_paths);
  * the schedule, the description and the forward read it. */
 typedef struct cu_paths {
-    int idx_fast;  /* tensor-core indexer (else SIMT) */
-    int attn_fast; /* tensor-core attention (else SIMT) */
-    int iv_fast;   /* tensor-core index-value attention (else SIMT) */
-    int idx_tma;   /* Hopper indexer (tensor maps), when idx_fast */
-    int attn_tma;  /* Hopper sparse attention (tensor maps), when attn_fast */
-    int pf_fast;   /* prefill rows of the main pass on tensor cores (attention_prefill_mma_sm80) */
-    int pf_iv_fast;/* and of the index-value pass */
-    int pf_tma;    /* the main pass's on Hopper (attention_prefill_tma_sm90), when pf_fast */
+    int idx_fast;   /* tensor-core indexer (else SIMT) */
+    int attn_fast;  /* tensor-core attention (else SIMT) */
+    int iv_fast;    /* tensor-core index-value attention (else SIMT) */
+    int idx_tma;    /* Hopper indexer (tensor maps), when idx_fast */
+    int attn_tma;   /* Hopper sparse attention (tensor maps), when attn_fast */
+    int pf_fast;    /* prefill rows of the main pass on tensor cores (attention_prefill_mma_sm80) */
+    int pf_iv_fast; /* and of the index-value pass */
+    int pf_tma;     /* the main pass's on Hopper (attention_prefill_tma_sm90), when pf_fast */
 } cu_paths;
 
 /* Bytes of a layer's fallback reason. */
@@ -157,54 +167,54 @@ typedef struct cu_plan_state {
     int64_t plan_caps[4];
     int32_t cap_req;
     int32_t cap_tok;
-    int32_t cap_q;         /* longest request a step can hold: min(cap_tok, max_q_len) */
+    int32_t cap_q; /* longest request a step can hold: min(cap_tok, max_q_len) */
     int32_t cap_kv;
     int32_t cap_pages;
-    int32_t cap_blocks;    /* ceil(cap_kv / B) (1 for dense-only models) */
-    int32_t dec_rows_cap;  /* min(cap_tok, CU_DEC_MAX_Q * cap_req) */
-    int32_t cap_union;     /* union entries per (decode slot, KV head) */
-    int32_t att_cap;       /* items per kind */
+    int32_t cap_blocks;   /* ceil(cap_kv / B) (1 for dense-only models) */
+    int32_t dec_rows_cap; /* min(cap_tok, CU_DEC_MAX_Q * cap_req) */
+    int32_t cap_union;    /* union entries per (decode slot, KV head) */
+    int32_t att_cap;      /* items per kind */
     int32_t merge_cap;
     int32_t part_rows_cap;
-    int32_t part_stride;   /* floats per partial row */
-    int32_t sched_costs;   /* distinct unit costs of the balancing (cu_balance_units) */
+    int32_t part_stride;     /* floats per partial row */
+    int32_t sched_costs;     /* distinct unit costs of the balancing (cu_balance_units) */
     int32_t pf_tiles_cap[2]; /* prefill attention tiles per list (0: the plan has no prefill) */
 
     /* Grids (fixed by device and capacities). */
     int grid_tok, grid_idx, grid_idx_fast, grid_pf, grid_att, grid_att_fast;
-    int grid_sel;          /* selection: decode rows on every CTA, prefill on grid_pf */
+    int grid_sel; /* selection: decode rows on every CTA, prefill on grid_pf */
     int grid_merge;
-    int grid_pfa;          /* prefill attention on tensor cores (0: not set up, scalar rows) */
-    int pfh;               /* and its Hopper kernel (attention_prefill_tma_sm90) set up */
+    int grid_pfa; /* prefill attention on tensor cores (0: not set up, scalar rows) */
+    int pfh;      /* and its Hopper kernel (attention_prefill_tma_sm90) set up */
     int num_sms;
-    int pdl;               /* programmatic dependent launch between kernels */
-    int tma;               /* Hopper tensor-map kernels available */
-    int wgmma;             /* and the sm_90a warpgroup products (the Hopper indexer) */
-    int pfi_wgmma;         /* the prefill indexer's products as warpgroup products */
+    int pdl;       /* programmatic dependent launch between kernels */
+    int tma;       /* Hopper tensor-map kernels available */
+    int wgmma;     /* and the sm_90a warpgroup products (the Hopper indexer) */
+    int pfi_wgmma; /* the prefill indexer's products as warpgroup products */
 
     /* Metadata blob: device copy, two pinned staging copies (an upload
      * never overwrites a staging buffer an earlier async copy may still
      * read: each has an event recorded after its copy). */
     size_t meta_bytes;
-    size_t pt_offset;      /* byte offset of the page table */
+    size_t pt_offset; /* byte offset of the page table */
     void *meta_dev;
     void *staging[2];
     cudaEvent_t staged[2];
     int staging_used[2];
     int next_staging;
-    cu_meta dev;           /* views into meta_dev */
+    cu_meta dev; /* views into meta_dev */
 
     /* Workspaces. */
-    float *scores;         /* [dec_rows_cap][Hi][cap_blocks] block scores */
-    int32_t *sel;          /* [cap_tok][Hkv][W] selected blocks per KV head */
-    int32_t *uids;         /* [cap_req][Hkv][cap_union] union of a request's blocks */
-    uint32_t *umask;       /* same shape: bit i = token i selected the block */
-    int32_t *ucnt;         /* [cap_req][Hkv] */
-    int32_t *sel_done;     /* [cap_req][units] selection completion counters (kept 0) */
-    int32_t *idx_next;     /* the Hopper indexer's next on-demand chunk (back to 0 at each end) */
-    int32_t sel_cache;     /* scores cached per selecting warp (shared memory) */
-    float *pf_scratch;     /* [grid_pf][mi][cap_blocks] prefill block scores */
-    float *part;           /* [part_rows_cap][part_stride] split partials */
+    float *scores;     /* [dec_rows_cap][Hi][cap_blocks] block scores */
+    int32_t *sel;      /* [cap_tok][Hkv][W] selected blocks per KV head */
+    int32_t *uids;     /* [cap_req][Hkv][cap_union] union of a request's blocks */
+    uint32_t *umask;   /* same shape: bit i = token i selected the block */
+    int32_t *ucnt;     /* [cap_req][Hkv] */
+    int32_t *sel_done; /* [cap_req][units] selection completion counters (kept 0) */
+    int32_t *idx_next; /* the Hopper indexer's next on-demand chunk (back to 0 at each end) */
+    int32_t sel_cache; /* scores cached per selecting warp (shared memory) */
+    float *pf_scratch; /* [grid_pf][mi][cap_blocks] prefill block scores */
+    float *part;       /* [part_rows_cap][part_stride] split partials */
     /* Prefill indexer on tensor cores (kernels/indexer/indexer_prefill_mma_sm80.cu):
      * its persistent grid and block-score workspace [grid_pfi][64][cap_blocks];
      * NULL where no layer's shapes fit it (the selection's scalar role then);
@@ -223,9 +233,9 @@ typedef struct cu_plan_state {
 
     /* The kernels of every layer (cu_plan_paths), NULL before they are
      * decided, and why a fast path was not taken ("" when it was). */
-    cu_paths *path;        /* [num_layers] */
+    cu_paths *path;                 /* [num_layers] */
     char (*path_why)[CU_WHY_BYTES]; /* [num_layers] */
-    int sparse_tma;        /* some sparse layer runs the Hopper attention */
+    int sparse_tma;                 /* some sparse layer runs the Hopper attention */
 
     /* Host view of the current step (for describe). */
     int32_t max_q_len;
@@ -254,8 +264,8 @@ typedef struct cu_layer {
     /* Shapes. */
     int32_t Hq, Hkv, D, G;
     int32_t Hi, Di, B, K, I, Lc, W;
-    int32_t mi, mk, units;   /* index heads per unit, KV heads per unit, units per token */
-    int32_t hi_magic;        /* ceil(65536 / Hi): (c * hi_magic) >> 16 == c / Hi for c < 64 */
+    int32_t mi, mk, units; /* index heads per unit, KV heads per unit, units per token */
+    int32_t hi_magic;      /* ceil(65536 / Hi): (c * hi_magic) >> 16 == c / Hi for c < 64 */
     int32_t score_lse, sparse, iv;
     float scale, iscale;
     int32_t P, logP;
@@ -270,27 +280,27 @@ typedef struct cu_layer {
     float *lse;
     int32_t *topk;
     int32_t write_cache;
-    int32_t row_vec;         /* cache write in 16-byte pieces (cu_rows_vec_ok) */
+    int32_t row_vec; /* cache write in 16-byte pieces (cu_rows_vec_ok) */
     /* Plan. */
     cu_meta m;
     int32_t cap_pages, cap_blocks, cap_union, part_stride, sel_cache;
-    int32_t pf_ctas;         /* CTAs of the selection that own a prefill scratch row */
-    int32_t sel_cta_rows;    /* decode rows (x units) up to which each is selected by a whole CTA */
+    int32_t pf_ctas;      /* CTAs of the selection that own a prefill scratch row */
+    int32_t sel_cta_rows; /* decode rows (x units) up to which each is selected by a whole CTA */
     float *scores;
     int32_t *sel;
     int32_t *uids;
     uint32_t *umask;
     int32_t *ucnt;
     int32_t *sel_done;
-    int32_t att_union;       /* > 0: the Hopper attention builds the unions of requests of
+    int32_t att_union; /* > 0: the Hopper attention builds the unions of requests of
                               * several tokens and at most this many blocks from the rows in
                               * sel (cu_attt_union), the selection the others; 0: the
                               * selection builds every union */
-    int32_t *idx_next;       /* NULL: the indexer's shares are all fixed (indexer_decode_tma_sm90.cu) */
+    int32_t *idx_next; /* NULL: the indexer's shares are all fixed (indexer_decode_tma_sm90.cu) */
     float *pf_scratch;
     float *part;
 #ifdef MSA_TIMELINE
-    unsigned long long *tl;  /* kernel timeline (common/timeline.cuh), NULL: off */
+    unsigned long long *tl; /* kernel timeline (common/timeline.cuh), NULL: off */
 #endif
 } cu_layer;
 
@@ -316,11 +326,11 @@ typedef struct cu_attn {
     const void *q;
     const void *kp, *vp;
     void *o;
-    float *lse;              /* NULL for the index-value pass */
-    int32_t B;               /* key-stream block size (sparse unions) */
-    int32_t sparse;          /* keys from the union / sel rows, else all causal keys */
-    int32_t W;               /* width of sel rows */
-    int32_t pf_fast;         /* prefill rows run on tensor cores (attention_prefill_mma_sm80),
+    float *lse;      /* NULL for the index-value pass */
+    int32_t B;       /* key-stream block size (sparse unions) */
+    int32_t sparse;  /* keys from the union / sel rows, else all causal keys */
+    int32_t W;       /* width of sel rows */
+    int32_t pf_fast; /* prefill rows run on tensor cores (attention_prefill_mma_sm80),
                               * not in the merge kernel */
 } cu_attn;
 

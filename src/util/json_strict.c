@@ -476,8 +476,9 @@ int msa_json_check(const char *text, size_t len, char *err, size_t err_size)
         skip_ws(&c);
         if (c.pos < c.len)
             rc = c.s[c.pos] == 0 ? fail_at(&c, c.pos, "NUL byte after the value")
-                                 : fail_at(&c, c.pos, "unexpected text after the value "
-                                                      "(only whitespace may follow it)");
+                                 : fail_at(&c, c.pos,
+                                           "unexpected text after the value "
+                                           "(only whitespace may follow it)");
     }
     free(c.arena);
     free(c.keys);

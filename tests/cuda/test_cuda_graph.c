@@ -272,7 +272,8 @@ static void build_step(const cfg *c, const stepdef *sd, int64_t num_pages, const
     int64_t used = 0;
     for (int r = 0; r < sd->nreq; ++r)
         for (int64_t n = 0; n < im->stride; ++n)
-            im->pt[r * im->stride + n] = n < (sd->kv[r] + P - 1) / P ? (int32_t)perm_pages[used++] : -1;
+            im->pt[r * im->stride + n] = n < (sd->kv[r] + P - 1) / P ? (int32_t)perm_pages[used++]
+                                                                     : -1;
     free(perm_pages);
 
     /* Cache images: NaN everywhere, then each request's cached prefix. */
@@ -485,7 +486,8 @@ static void compare(side *gpu, side *cpu, const cfg *c, const stepdef *sd, int s
             long diff = 0;
             for (size_t i = 0; i < T * HKV * (size_t)W; ++i)
                 diff += gt[i] != ct[i];
-            CHECK(diff == 0, "%s step %d layer %d: %ld selected ids differ", c->name, step, l, diff);
+            CHECK(diff == 0, "%s step %d layer %d: %ld selected ids differ", c->name, step, l,
+                  diff);
             free(gt);
             free(ct);
         }
@@ -504,8 +506,10 @@ static void compare(side *gpu, side *cpu, const cfg *c, const stepdef *sd, int s
             if (!bytes)
                 continue;
             unsigned char *a = xmalloc(bytes), *b = xmalloc(bytes);
-            msa_copy_from_buffer(gpu->ctx, a, msa_cache_plane_data(gpu->cache, l, (msa_plane)p), bytes);
-            msa_copy_from_buffer(cpu->ctx, b, msa_cache_plane_data(cpu->cache, l, (msa_plane)p), bytes);
+            msa_copy_from_buffer(gpu->ctx, a, msa_cache_plane_data(gpu->cache, l, (msa_plane)p),
+                                 bytes);
+            msa_copy_from_buffer(cpu->ctx, b, msa_cache_plane_data(cpu->cache, l, (msa_plane)p),
+                                 bytes);
             CHECK(memcmp(a, b, bytes) == 0, "%s step %d layer %d plane %d: caches differ", c->name,
                   step, l, p);
             free(a);
@@ -520,7 +524,8 @@ static void run_config(const cfg *c)
     side gpu, cpu;
     if (!make_side(&gpu, MSA_BACKEND_CUDA, c, num_pages) ||
         !make_side(&cpu, MSA_BACKEND_CPU, c, num_pages)) {
-        CHECK(0, "%s: setup failed: %s / %s", c->name, gpu.ctx ? msa_context_last_error(gpu.ctx) : "",
+        CHECK(0, "%s: setup failed: %s / %s", c->name,
+              gpu.ctx ? msa_context_last_error(gpu.ctx) : "",
               cpu.ctx ? msa_context_last_error(cpu.ctx) : "");
         return;
     }

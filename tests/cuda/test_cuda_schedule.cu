@@ -28,17 +28,17 @@
 
 static int g_failed = 0, g_checks = 0;
 
-#define EXPECT(cond, ...)                                                                  \
-    do {                                                                                   \
-        ++g_checks;                                                                        \
-        if (!(cond)) {                                                                     \
-            if (g_failed < 20) {                                                           \
-                printf("FAIL %s:%d: ", __FILE__, __LINE__);                                \
-                printf(__VA_ARGS__);                                                       \
-                printf("\n");                                                              \
-            }                                                                              \
-            ++g_failed;                                                                    \
-        }                                                                                  \
+#define EXPECT(cond, ...)                                   \
+    do {                                                    \
+        ++g_checks;                                         \
+        if (!(cond)) {                                      \
+            if (g_failed < 20) {                            \
+                printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+                printf(__VA_ARGS__);                        \
+                printf("\n");                               \
+            }                                               \
+            ++g_failed;                                     \
+        }                                                   \
     } while (0)
 
 static int cmp_u64(const void *a, const void *b)
@@ -80,10 +80,10 @@ static void check_kind(const msa_plan *plan, const cu_plan_state *st, const cu_m
         EXPECT(it->r == r && it->ql == plan->q_len[r] && it->kl == plan->kv_len[r] &&
                    it->t0 == (int32_t)plan->q_start[r],
                "%s: item %d lengths", what, i);
-        EXPECT(it->row0 % CU_ROWS_PER_ITEM == 0 && it->row0 < rows, "%s: item %d row0 %d", what,
-               i, it->row0);
-        const int32_t want_rows =
-            rows - it->row0 < CU_ROWS_PER_ITEM ? rows - it->row0 : CU_ROWS_PER_ITEM;
+        EXPECT(it->row0 % CU_ROWS_PER_ITEM == 0 && it->row0 < rows, "%s: item %d row0 %d", what, i,
+               it->row0);
+        const int32_t want_rows = rows - it->row0 < CU_ROWS_PER_ITEM ? rows - it->row0
+                                                                     : CU_ROWS_PER_ITEM;
         EXPECT(it->nrows == want_rows, "%s: item %d rows %d, want %d", what, i, it->nrows,
                want_rows);
         EXPECT(it->nsplit >= 1 && it->split >= 0 && it->split < it->nsplit,
@@ -194,8 +194,8 @@ static void check_rows(const msa_plan *plan, const cu_meta *h)
         const int32_t nb = (plan->kv_len[h->dec_req[k]] + B - 1) / B;
         const int32_t want = nb > plan->model->cfg.topk_blocks ? nb : 0;
         EXPECT(h->dec_blk0[k] == blocks && di->blk0 == blocks && di->blk1 == blocks + want,
-               "decode slot %d (%d blocks): indexer blocks [%d, %d), prefix %d, want [%d, %d)", k, nb,
-               di->blk0, di->blk1, h->dec_blk0[k], blocks, blocks + want);
+               "decode slot %d (%d blocks): indexer blocks [%d, %d), prefix %d, want [%d, %d)", k,
+               nb, di->blk0, di->blk1, h->dec_blk0[k], blocks, blocks + want);
         /* Its reach, for the selection's test of who builds its unions. */
         EXPECT(di->nblk == nb, "decode slot %d: reach %d blocks, want %d", k, di->nblk, nb);
         blocks += want;
@@ -222,7 +222,8 @@ static int64_t unit_cost(const msa_model *model, const cu_att_item *a)
 }
 
 /* The Hopper units of the sparse pass. */
-static void check_units(const msa_model *model, const cu_plan_state *st, const cu_meta *h, int on_tma)
+static void check_units(const msa_model *model, const cu_plan_state *st, const cu_meta *h,
+                        int on_tma)
 {
     const int32_t n_items = h->hdr->n_att[CU_KIND_SPARSE];
     const int32_t n_units = h->hdr->n_att_units;
@@ -303,8 +304,8 @@ static void check_units(const msa_model *model, const cu_plan_state *st, const c
  * with q_len > CU_DEC_MAX_Q in exactly one tile, a tile at most tt
  * consecutive tokens of one request at their positions, within the list's
  * capacity, a request's later tiles first. */
-static void check_pf_tiles(const msa_plan *plan, const cu_plan_state *st, const cu_meta *h, int list,
-                           int32_t g, const char *what)
+static void check_pf_tiles(const msa_plan *plan, const cu_plan_state *st, const cu_meta *h,
+                           int list, int32_t g, const char *what)
 {
     const int32_t tt = cu_pfa_tile_tokens(g);
     const int32_t n = h->hdr->n_pf_tiles[list];
@@ -322,21 +323,24 @@ static void check_pf_tiles(const msa_plan *plan, const cu_plan_state *st, const 
                "%s tile %d: request %d", what, i, t->r);
         if (!(t->r >= 0 && t->r < plan->num_requests))
             continue;
-        EXPECT(t->ntok >= 1 && t->ntok <= tt, "%s tile %d: %d tokens (tt %d)", what, i, t->ntok, tt);
+        EXPECT(t->ntok >= 1 && t->ntok <= tt, "%s tile %d: %d tokens (tt %d)", what, i, t->ntok,
+               tt);
         const int64_t first = t->t0 - plan->q_start[t->r];
-        EXPECT(first >= 0 && first + t->ntok <= plan->q_len[t->r], "%s tile %d: tokens %lld+%d", what,
-               i, (long long)first, t->ntok);
-        EXPECT(t->pos0 == plan->kv_len[t->r] - plan->q_len[t->r] + first, "%s tile %d: pos0 %d", what,
-               i, t->pos0);
+        EXPECT(first >= 0 && first + t->ntok <= plan->q_len[t->r], "%s tile %d: tokens %lld+%d",
+               what, i, (long long)first, t->ntok);
+        EXPECT(t->pos0 == plan->kv_len[t->r] - plan->q_len[t->r] + first, "%s tile %d: pos0 %d",
+               what, i, t->pos0);
         if (i > 0 && h->pf_tiles[list][i - 1].r == t->r)
-            EXPECT(h->pf_tiles[list][i - 1].t0 > t->t0, "%s tile %d: not after its later tile", what, i);
+            EXPECT(h->pf_tiles[list][i - 1].t0 > t->t0, "%s tile %d: not after its later tile",
+                   what, i);
         for (int32_t k = 0; k < t->ntok && t->t0 + k < plan->num_tokens; ++k) {
             EXPECT(!seen[t->t0 + k], "%s: token %d in two tiles", what, t->t0 + k);
             seen[t->t0 + k] = 1;
             ++got;
         }
     }
-    EXPECT(got == want, "%s: tiles hold %lld tokens, want %lld", what, (long long)got, (long long)want);
+    EXPECT(got == want, "%s: tiles hold %lld tokens, want %lld", what, (long long)got,
+           (long long)want);
     free(seen);
 }
 
@@ -417,7 +421,8 @@ static void run_case(msa_model *model, const sched_case *sc, unsigned seed)
     check_rows(&plan, &h);
     check_pf_tiles(&plan, &st, &h, CU_PFA_MAIN, model->group, "prefill tiles");
     if (model->layer_index_value[0] || (cfg->num_layers > 1 && model->layer_index_value[1]))
-        check_pf_tiles(&plan, &st, &h, CU_PFA_IV, cfg->num_index_heads, "prefill index-value tiles");
+        check_pf_tiles(&plan, &st, &h, CU_PFA_IV, cfg->num_index_heads,
+                       "prefill index-value tiles");
     if (model->layer_index_value[0] || (cfg->num_layers > 1 && model->layer_index_value[1]))
         check_kind(&plan, &st, &h, CU_KIND_IV, 1, cfg->num_index_heads, "index value");
     if (cfg->num_layers > 1)
@@ -476,8 +481,8 @@ int main(void)
                 for (int bi = 0; bi < (int)(sizeof batches / sizeof *batches); ++bi)
                     for (int qi = 0; qi < (int)(sizeof qs / sizeof *qs); ++qi)
                         for (int ci = 0; ci < (int)(sizeof ctxs / sizeof *ctxs); ++ci) {
-                            const sched_case sc = {sms_list[si], tma, batches[bi], qs[qi],
-                                                   ctxs[ci], (bi + qi + ci) % 4 == 0};
+                            const sched_case sc = {sms_list[si], tma,      batches[bi],
+                                                   qs[qi],       ctxs[ci], (bi + qi + ci) % 4 == 0};
                             const int before = g_failed;
                             run_case(models[mi], &sc, seed += 7919u);
                             ++cases;

@@ -28,10 +28,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int any_sparse = 0;
         for (int32_t l = 0; l < c.num_layers; l++)
             any_sparse |= msa_model_layer_is_sparse(m, l);
-        if (any_sparse && (c.init_blocks + c.local_blocks > c.topk_blocks || c.block_size < 1 ||
-                           c.index_dim < 1 || c.num_index_heads < 1 ||
-                           (c.num_index_heads % c.num_kv_heads != 0 &&
-                            c.num_kv_heads % c.num_index_heads != 0)))
+        if (any_sparse &&
+            (c.init_blocks + c.local_blocks > c.topk_blocks || c.block_size < 1 ||
+             c.index_dim < 1 || c.num_index_heads < 1 ||
+             (c.num_index_heads % c.num_kv_heads != 0 && c.num_kv_heads % c.num_index_heads != 0)))
             abort();
         if (msa_model_topk_width(m) < c.topk_blocks)
             abort();

@@ -52,7 +52,9 @@ static void *tensor(msa_dtype dt, size_t n, uint32_t seed)
             } else {
                 int e = (int)((u >> 23) & 0xff);
                 uint16_t s = (uint16_t)((u >> 16) & 0x8000u);
-                h = e == 0 ? s : (uint16_t)(s | (uint16_t)((e - 112) << 10) | (uint16_t)((u >> 13) & 0x3ffu));
+                h = e == 0 ? s
+                           : (uint16_t)(s | (uint16_t)((e - 112) << 10) |
+                                        (uint16_t)((u >> 13) & 0x3ffu));
             }
             memcpy(t + 2 * i, &h, 2);
         }
@@ -69,7 +71,8 @@ static int finite_rows(const void *o, msa_dtype dt, size_t n)
         } else {
             uint16_t h;
             memcpy(&h, (const char *)o + 2 * i, 2);
-            uint16_t expo = dt == MSA_DTYPE_BF16 ? (uint16_t)(h & 0x7f80u) : (uint16_t)(h & 0x7c00u);
+            uint16_t expo = dt == MSA_DTYPE_BF16 ? (uint16_t)(h & 0x7f80u)
+                                                 : (uint16_t)(h & 0x7c00u);
             x = expo == (dt == MSA_DTYPE_BF16 ? 0x7f80u : 0x7c00u) ? NAN : 0.0f;
         }
         if (!isfinite(x))

@@ -10,8 +10,10 @@
 #include "cuda/common/common.cuh"
 
 /* Tags selecting the 16-bit element type of the fast kernels. */
-struct cu_bf16_tag {};
-struct cu_f16_tag {};
+struct cu_bf16_tag {
+};
+struct cu_f16_tag {
+};
 
 __device__ __forceinline__ void cu_mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                             uint32_t a3, uint32_t b0, uint32_t b1, cu_bf16_tag)

@@ -51,7 +51,8 @@ __device__ __forceinline__ void cu_mbar_arrive(uint64_t *bar)
 /* Arrival that also announces `bytes` of copies completing on the barrier. */
 __device__ __forceinline__ void cu_mbar_arrive_tx(uint64_t *bar, uint32_t bytes)
 {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(cu_smem_addr(bar)),
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                     cu_smem_addr(bar)),
                  "r"(bytes)
                  : "memory");
 }

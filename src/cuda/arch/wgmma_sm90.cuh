@@ -70,10 +70,16 @@ __device__ __forceinline__ void cu_wgmma_hold(float (&d)[NJ][4])
 /* Accumulators d[j][e] (the D layout above: d[j][e] is d[4j + e]). */
 #define CU_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define CU_WG_W4(j) "=f"(d[j][0]), "=f"(d[j][1]), "=f"(d[j][2]), "=f"(d[j][3])
-#define CU_WG_W32 CU_WG_W4(0), CU_WG_W4(1), CU_WG_W4(2), CU_WG_W4(3), CU_WG_W4(4), CU_WG_W4(5), CU_WG_W4(6), CU_WG_W4(7)
-#define CU_WG_D32 CU_WG_D4(0), CU_WG_D4(1), CU_WG_D4(2), CU_WG_D4(3), CU_WG_D4(4), CU_WG_D4(5), CU_WG_D4(6), CU_WG_D4(7)
-#define CU_WG_D64 CU_WG_D32, CU_WG_D4(8), CU_WG_D4(9), CU_WG_D4(10), CU_WG_D4(11), CU_WG_D4(12), CU_WG_D4(13), CU_WG_D4(14), CU_WG_D4(15)
-#define CU_WG_REGS32 \
+#define CU_WG_W32                                                                              \
+    CU_WG_W4(0), CU_WG_W4(1), CU_WG_W4(2), CU_WG_W4(3), CU_WG_W4(4), CU_WG_W4(5), CU_WG_W4(6), \
+        CU_WG_W4(7)
+#define CU_WG_D32                                                                              \
+    CU_WG_D4(0), CU_WG_D4(1), CU_WG_D4(2), CU_WG_D4(3), CU_WG_D4(4), CU_WG_D4(5), CU_WG_D4(6), \
+        CU_WG_D4(7)
+#define CU_WG_D64                                                                                \
+    CU_WG_D32, CU_WG_D4(8), CU_WG_D4(9), CU_WG_D4(10), CU_WG_D4(11), CU_WG_D4(12), CU_WG_D4(13), \
+        CU_WG_D4(14), CU_WG_D4(15)
+#define CU_WG_REGS32                                                                              \
     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
     "%25,%26,%27,%28,%29,%30,%31}"
 #define CU_WG_REGS64                                                                               \
@@ -85,44 +91,45 @@ __device__ __forceinline__ void cu_wgmma_hold(float (&d)[NJ][4])
  * A registers, the B descriptor, the accumulate flag), shared by the
  * accumulating form and the first step, which differ only in how the
  * accumulators are bound (read and written, or written only). */
-#define CU_WG_M64N64(TY)                                                       \
-    "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                              \
+#define CU_WG_M64N64(TY)                                                      \
+    "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                            \
     " wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " CU_WG_REGS32 \
     ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
 
 /* The products for one 16-bit input type (TAG, its PTX name TY): the
  * instruction strings differ only in the type. */
-#define CU_WGMMA_PRODUCTS(TAG, TY)                                                                    \
+#define CU_WGMMA_PRODUCTS(TAG, TY)                                                                      \
     /* d (64 x 64, fp32) = (accumulate ? d : 0) + A (64 x 16, registers) x                            \
-     * B (64 x 16 at descriptor b, K-major). */                                                       \
-    __device__ __forceinline__ void cu_wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4],      \
-                                                       uint64_t b, int accumulate, TAG)               \
-    {                                                                                                 \
-        asm volatile(CU_WG_M64N64(TY)                                                                 \
-                     : CU_WG_D32                                                                      \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));          \
-    }                                                                                                 \
+     * B (64 x 16 at descriptor b, K-major). */ \
+    __device__ __forceinline__ void cu_wgmma_m64n64k16(float(&d)[8][4], const uint32_t(&a)[4],          \
+                                                       uint64_t b, int accumulate, TAG)                 \
+    {                                                                                                   \
+        asm volatile(CU_WG_M64N64(TY)                                                                   \
+                     : CU_WG_D32                                                                        \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));            \
+    }                                                                                                   \
     /* The same with d written only (the first step of a product, so the                              \
-     * compiler does not clear d first). */                                                           \
-    __device__ __forceinline__ void cu_wgmma_m64n64k16_first(float (&d)[8][4],                        \
-                                                             const uint32_t (&a)[4], uint64_t b, TAG) \
-    {                                                                                                 \
-        asm volatile(CU_WG_M64N64(TY)                                                                 \
-                     : CU_WG_W32                                                                      \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0));                   \
-    }                                                                                                 \
+     * compiler does not clear d first). */ \
+    __device__ __forceinline__ void cu_wgmma_m64n64k16_first(float(&d)[8][4],                           \
+                                                             const uint32_t(&a)[4], uint64_t b,         \
+                                                             TAG)                                       \
+    {                                                                                                   \
+        asm volatile(CU_WG_M64N64(TY)                                                                   \
+                     : CU_WG_W32                                                                        \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0));                     \
+    }                                                                                                   \
     /* d (64 x 128, fp32) = (accumulate ? d : 0) + A (64 x 16, registers) x                           \
-     * B (128 x 16 at descriptor b; TB 0: K-major, 1: MN-major). */                                   \
-    template <int TB>                                                                                 \
-    __device__ __forceinline__ void cu_wgmma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4],    \
-                                                        uint64_t b, int accumulate, TAG)              \
-    {                                                                                                 \
-        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"                                   \
-                     " wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " CU_WG_REGS64       \
-                     ", {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"                                   \
-                     : CU_WG_D64                                                                      \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate),           \
-                       "n"(TB));                                                                      \
+     * B (128 x 16 at descriptor b; TB 0: K-major, 1: MN-major). */ \
+    template <int TB>                                                                                   \
+    __device__ __forceinline__ void cu_wgmma_m64n128k16(float(&d)[16][4], const uint32_t(&a)[4],        \
+                                                        uint64_t b, int accumulate, TAG)                \
+    {                                                                                                   \
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"                                     \
+                     " wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " CU_WG_REGS64         \
+                     ", {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"                                     \
+                     : CU_WG_D64                                                                        \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate),             \
+                       "n"(TB));                                                                        \
     }
 
 CU_WGMMA_PRODUCTS(cu_bf16_tag, "bf16")

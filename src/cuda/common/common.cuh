@@ -28,13 +28,13 @@ extern "C" {
 #define CU_PART_STRIDE(d) ((d) + 4)
 
 /* Records a CUDA error on the context and returns MSA_ERR_BACKEND. */
-#define CU_TRY(ctx, call)                                                        \
-    do {                                                                         \
-        cudaError_t cu_err_ = (call);                                            \
-        if (cu_err_ != cudaSuccess) {                                            \
-            return msa_set_error((ctx), MSA_ERR_BACKEND, "%s: %s (%s:%d)", #call, \
+#define CU_TRY(ctx, call)                                                          \
+    do {                                                                           \
+        cudaError_t cu_err_ = (call);                                              \
+        if (cu_err_ != cudaSuccess) {                                              \
+            return msa_set_error((ctx), MSA_ERR_BACKEND, "%s: %s (%s:%d)", #call,  \
                                  cudaGetErrorString(cu_err_), __FILE__, __LINE__); \
-        }                                                                        \
+        }                                                                          \
     } while (0)
 
 /* ---- element access by run-time dtype (fp32 / bf16 / fp16) ------------ */

@@ -30,10 +30,7 @@
 #include <stdint.h>
 
 enum { CU_TL_PROLOGUE, CU_TL_INDEXER, CU_TL_SELECT, CU_TL_ATTN, CU_TL_MERGE, CU_TL_KERNELS };
-enum {
-    CU_TL_ENTRY, CU_TL_WAITED, CU_TL_ISSUED, CU_TL_FIRST, CU_TL_LAST, CU_TL_EXIT,
-    CU_TL_EVENTS
-};
+enum { CU_TL_ENTRY, CU_TL_WAITED, CU_TL_ISSUED, CU_TL_FIRST, CU_TL_LAST, CU_TL_EXIT, CU_TL_EVENTS };
 /* The CSV columns of the events, in enum order. */
 #define CU_TL_EVENT_COLUMNS "entry_ns,waited_ns,issued_ns,first_ns,last_ns,exit_ns"
 #define CU_TL_MAX_CTAS 4096
@@ -48,7 +45,8 @@ __device__ __forceinline__ unsigned long long cu_tl_now()
     return t;
 }
 /* Stores `value` as event `event` of kernel `kernel` for this CTA. */
-__device__ __forceinline__ void cu_tl_put(unsigned long long *tl, int kernel, int event, unsigned long long value)
+__device__ __forceinline__ void cu_tl_put(unsigned long long *tl, int kernel, int event,
+                                          unsigned long long value)
 {
     if (tl && blockIdx.x < CU_TL_MAX_CTAS)
         tl[((size_t)kernel * CU_TL_MAX_CTAS + blockIdx.x) * CU_TL_EVENTS + event] = value;

@@ -85,8 +85,9 @@ __device__ __forceinline__ cu_att_loc cu_att_locate(const cu_layer &L, const cu_
     return b;
 }
 
-__device__ __forceinline__ void cu_att_issue(const cu_layer &L, const cu_attn &A, unsigned char *smem,
-                                             int32_t group, const cu_att_loc &b, int stage)
+__device__ __forceinline__ void cu_att_issue(const cu_layer &L, const cu_attn &A,
+                                             unsigned char *smem, int32_t group,
+                                             const cu_att_loc &b, int stage)
 {
     unsigned char *st = smem + stage * ATT_MMA_STAGE_BYTES;
     uint32_t *kmask = (uint32_t *)(st + 2 * ATT_MMA_TILE_BYTES);
@@ -197,9 +198,9 @@ template <typename Tag, int RT>
 __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned char *smem,
                                 const cu_att_item &it)
 {
-    constexpr int KS = 4 / RT;         /* warps sharing one row tile */
+    constexpr int KS = 4 / RT;            /* warps sharing one row tile */
     constexpr int KW = CU_TILE_KEYS / KS; /* keys per warp per tile */
-    constexpr int NS = KW / 8;         /* S n-tiles */
+    constexpr int NS = KW / 8;            /* S n-tiles */
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int rt = warp % RT;
@@ -293,7 +294,8 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
     if (KS > 1) {
         float *comb = (float *)smem;
         if (ks > 0)
-            cu_rows_save(comb + ((ks - 1) * RT + rt) * CU_ROWS_SLOT_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
+            cu_rows_save(comb + ((ks - 1) * RT + rt) * CU_ROWS_SLOT_FLOATS, o, m_lo, m_hi, l_lo,
+                         l_hi);
         __syncthreads();
         if (ks == 0)
             for (int k2 = 1; k2 < KS; ++k2)
@@ -328,11 +330,11 @@ void cu_launch_attn_decode_mma(const cu_layer *L, const cu_plan_state *st, const
                                cudaStream_t s)
 {
     if (A->act == MSA_DTYPE_BF16)
-        cu_launch(cu_attn_mma_kernel<cu_bf16_tag>, st->grid_att_fast, ATT_MMA_THREADS, ATT_MMA_SMEM_BYTES, s,
-                  st->pdl, *L, *A);
+        cu_launch(cu_attn_mma_kernel<cu_bf16_tag>, st->grid_att_fast, ATT_MMA_THREADS,
+                  ATT_MMA_SMEM_BYTES, s, st->pdl, *L, *A);
     else
-        cu_launch(cu_attn_mma_kernel<cu_f16_tag>, st->grid_att_fast, ATT_MMA_THREADS, ATT_MMA_SMEM_BYTES, s,
-                  st->pdl, *L, *A);
+        cu_launch(cu_attn_mma_kernel<cu_f16_tag>, st->grid_att_fast, ATT_MMA_THREADS,
+                  ATT_MMA_SMEM_BYTES, s, st->pdl, *L, *A);
 }
 
 cudaError_t cu_attn_mma_setup(int num_sms, int *grid)

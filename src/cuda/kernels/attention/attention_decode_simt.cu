@@ -9,8 +9,8 @@
 
 #define ATT_SIMT_WARPS 4
 
-__global__ void __launch_bounds__(ATT_SIMT_WARPS * 32) cu_attn_decode_simt_kernel(cu_layer L,
-                                                                                  cu_attn A)
+__global__ void __launch_bounds__(ATT_SIMT_WARPS * 32)
+    cu_attn_decode_simt_kernel(cu_layer L, cu_attn A)
 {
     cu_pdl_wait();
     cu_pdl_trigger();
@@ -37,8 +37,9 @@ __global__ void __launch_bounds__(ATT_SIMT_WARPS * 32) cu_attn_decode_simt_kerne
                 cu_row_write_out(st, A, qrow * A.d, qrow);
             else
                 cu_row_write_part(st, A,
-                                  L.part + ((int64_t)it.part_base + (int64_t)it.split * it.nrows + rl) *
-                                               L.part_stride);
+                                  L.part +
+                                      ((int64_t)it.part_base + (int64_t)it.split * it.nrows + rl) *
+                                          L.part_stride);
         }
     }
 }
@@ -48,4 +49,3 @@ void cu_launch_attn_decode_simt(const cu_layer *L, const cu_plan_state *st, cons
 {
     cu_launch(cu_attn_decode_simt_kernel, st->grid_att, ATT_SIMT_WARPS * 32, 0, s, st->pdl, *L, *A);
 }
-

@@ -42,12 +42,14 @@
  * keys (K-major in the slot: dimensions 0-63 in the first box, 64-127 in
  * the second). */
 template <typename Tag>
-__device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][4], float (&sc)[8][4])
+__device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][4],
+                                           float (&sc)[8][4])
 {
     cu_wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-        const uint32_t at = ka + (uint32_t)(ks >> 2) * (ATT_TMA_HALF_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
+        const uint32_t at =
+            ka + (uint32_t)(ks >> 2) * (ATT_TMA_HALF_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
         if (ks == 0)
             cu_wgmma_m64n64k16_first(sc, qa[ks], cu_wgmma_desc(at, 16), Tag());
         else
@@ -80,8 +82,9 @@ __device__ __forceinline__ float cu_attt_exp2(float x)
  * scores is the scaled max.  O keeps its scale while both rows' maxima
  * hold in every lane of the warp, as they do on most tiles once the max
  * has settled. */
-__device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, float sl2, float (&o)[16][4],
-                                                float &m_lo, float &m_hi, float &l_lo, float &l_hi)
+__device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, float sl2,
+                                                float (&o)[16][4], float &m_lo, float &m_hi,
+                                                float &l_lo, float &l_hi)
 {
     const int lane = threadIdx.x & 31;
     if (lim < ATT_TMA_TILE - 1) {
@@ -121,7 +124,8 @@ __device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, 
  * (ATT_TMA_HALF_BYTES / 2) after 0-63.  A warp whose token does not use the
  * tile gives weight 0 to every key (its rows of the product add zero). */
 template <typename Tag>
-__device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], bool member, float (&o)[16][4])
+__device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], bool member,
+                                           float (&o)[16][4])
 {
     uint32_t pa[4][4];
 #pragma unroll
@@ -134,7 +138,8 @@ __device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], 
     cu_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-        cu_wgmma_m64n128k16<1>(o, pa[kk], cu_wgmma_desc(va + (uint32_t)kk * 2048u, ATT_TMA_HALF_BYTES / 2), 1,
+        cu_wgmma_m64n128k16<1>(o, pa[kk],
+                               cu_wgmma_desc(va + (uint32_t)kk * 2048u, ATT_TMA_HALF_BYTES / 2), 1,
                                Tag());
     cu_wgmma_commit();
     cu_wgmma_wait_all();
@@ -165,8 +170,10 @@ __device__ __forceinline__ void cu_attt_write_rows(const cu_attn &A, int64_t q_l
     __syncwarp(); /* the warp's lanes have read the slot (cu_rows_absorb) */
 #pragma unroll
     for (uint32_t n = 0; n < 16; ++n) {
-        cu_sts32(stage + r_lo * 256u + ((n ^ r_lo) << 4) + cb, cu_pack2(o[n][0] * inv_lo, o[n][1] * inv_lo, Tag()));
-        cu_sts32(stage + r_hi * 256u + ((n ^ r_hi) << 4) + cb, cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag()));
+        cu_sts32(stage + r_lo * 256u + ((n ^ r_lo) << 4) + cb,
+                 cu_pack2(o[n][0] * inv_lo, o[n][1] * inv_lo, Tag()));
+        cu_sts32(stage + r_hi * 256u + ((n ^ r_hi) << 4) + cb,
+                 cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag()));
     }
     __syncwarp();
     uint4 *dst = (uint4 *)((char *)A.o + (q_lo - r_lo) * 256); /* the warp's first row */
@@ -192,15 +199,17 @@ __device__ __forceinline__ void cu_attt_write_rows(const cu_attn &A, int64_t q_l
  * so (batch 8 and 32, 10K and batch 1, 128K, 1 token: the round trip
  * through shared memory at the end of the step's critical path, as
  * measured on the H200). */
-__device__ __forceinline__ void cu_attt_write_part(const cu_layer &L, const cu_att_item &it, int32_t row0,
-                                                   uint32_t stage, const float (&o)[16][4], float m_lo,
-                                                   float m_hi, float l_lo, float l_hi)
+__device__ __forceinline__ void cu_attt_write_part(const cu_layer &L, const cu_att_item &it,
+                                                   int32_t row0, uint32_t stage,
+                                                   const float (&o)[16][4], float m_lo, float m_hi,
+                                                   float l_lo, float l_hi)
 {
     const int lane = threadIdx.x & 31;
     const uint32_t r = (uint32_t)lane >> 2, q = (uint32_t)(lane & 3);
     const float inv_lo = cu_rows_inv(l_lo), inv_hi = cu_rows_inv(l_hi);
     /* Row row0 + i of the item's partials of this split. */
-    float *pb = L.part + ((int64_t)it.part_base + (int64_t)it.split * it.nrows + row0) * L.part_stride;
+    float *pb =
+        L.part + ((int64_t)it.part_base + (int64_t)it.split * it.nrows + row0) * L.part_stride;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const float inv = half ? inv_hi : inv_lo;
@@ -217,7 +226,8 @@ __device__ __forceinline__ void cu_attt_write_part(const cu_layer &L, const cu_a
 #pragma unroll
         for (uint32_t i = 0; i < 8; ++i) { /* row i of the half, chunk `lane` */
             const uint32_t c = (uint32_t)lane ^ ((i & 3u) << 1);
-            *(uint4 *)(pb + (int64_t)(8 * half + i) * L.part_stride + 4 * lane) = cu_lds128(stage + i * 512u + c * 16u);
+            *(uint4 *)(pb + (int64_t)(8 * half + i) * L.part_stride + 4 * lane) =
+                cu_lds128(stage + i * 512u + c * 16u);
         }
     }
     __syncwarp();
@@ -246,10 +256,10 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
     const cu_att_item *itp = L.m.att[CU_KIND_SPARSE] + un.first + half;
     const cu_att_item it = *itp;
     const int ntok = un.ntok[half];
-    const bool active = w < ntok;                    /* the warp's rows exist */
+    const bool active = w < ntok; /* the warp's rows exist */
     const int32_t tok0 = it.row0 / 16;
-    const int32_t tok = tok0 + w;                    /* request-local token */
-    const int32_t last = it.kl - it.ql + tok;        /* its position */
+    const int32_t tok = tok0 + w;             /* request-local token */
+    const int32_t last = it.kl - it.ql + tok; /* its position */
     const uint32_t tbit = active ? 1u << tok : 0u;
     const uint32_t gbits = cu_attt_item_bits(tok0, ntok); /* the group's tokens */
 
@@ -305,7 +315,8 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
             cu_rows_absorb(sm.scr + w * ATT_TMA_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
         /* The warp's staging area: its slot of the scratch, half h of it
          * for a pair (the slot's own state is absorbed by then). */
-        const uint32_t stage = cu_smem_addr(sm.scr + w * ATT_TMA_SCR_FLOATS) + (pair ? h : 0) * 4096u;
+        const uint32_t stage =
+            cu_smem_addr(sm.scr + w * ATT_TMA_SCR_FLOATS) + (pair ? h : 0) * 4096u;
         /* The item's split fields from memory again (*itp), not kept in
          * registers through the tile loop. */
         const cu_att_item wi = *itp;
@@ -314,8 +325,8 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         else if (wi.nsplit > 1 && pair)
             cu_attt_write_part(L, wi, w * 16, stage, o, m_lo, m_hi, l_lo, l_hi);
         else
-            cu_rows_write<Tag>(L, A, wi, w * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo, m_hi,
-                               l_lo, l_hi);
+            cu_rows_write<Tag>(L, A, wi, w * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo,
+                               m_hi, l_lo, l_hi);
     }
     cu_named_sync(1, ATT_TMA_CONSUMERS * 32); /* the scratch is reused by the next unit */
 }
@@ -371,7 +382,8 @@ __global__ void __launch_bounds__(ATT_TMA_THREADS, 1)
         if (warp >= ATT_TMA_CONSUMERS) {
             const int j = warp - ATT_TMA_CONSUMERS;
             if (k % ATT_TMA_PRODUCERS == j)
-                cu_attt_producer(L, A, &map_k, &map_v, sm, un, gs, tail_par, j, k == 0, ui + 1 < u_end);
+                cu_attt_producer(L, A, &map_k, &map_v, sm, un, gs, tail_par, j, k == 0,
+                                 ui + 1 < u_end);
         } else {
             cu_attt_consumer<Tag>(L, A, sm, un, gs);
         }
@@ -392,15 +404,15 @@ void cu_launch_attn_tma(const cu_layer *L, const cu_plan_state *st, const cu_att
 {
     const size_t smem = ATT_TMA_SMEM_BYTES + cu_attt_union_bytes(*L);
     if (A->act == MSA_DTYPE_BF16)
-        cu_launch(cu_attn_tma_kernel<cu_bf16_tag>, st->num_sms, ATT_TMA_THREADS, smem, s, st->pdl, *L, *A,
-                  *map_k, *map_v);
+        cu_launch(cu_attn_tma_kernel<cu_bf16_tag>, st->num_sms, ATT_TMA_THREADS, smem, s, st->pdl,
+                  *L, *A, *map_k, *map_v);
     else
-        cu_launch(cu_attn_tma_kernel<cu_f16_tag>, st->num_sms, ATT_TMA_THREADS, smem, s, st->pdl, *L, *A,
-                  *map_k, *map_v);
+        cu_launch(cu_attn_tma_kernel<cu_f16_tag>, st->num_sms, ATT_TMA_THREADS, smem, s, st->pdl,
+                  *L, *A, *map_k, *map_v);
 }
 
 cudaError_t cu_attn_tma_setup(void)
 {
-    return cu_allow_smem(ATT_TMA_SMEM_BYTES + ATT_TMA_UNION_MAX_BYTES, cu_attn_tma_kernel<cu_bf16_tag>,
-                         cu_attn_tma_kernel<cu_f16_tag>);
+    return cu_allow_smem(ATT_TMA_SMEM_BYTES + ATT_TMA_UNION_MAX_BYTES,
+                         cu_attn_tma_kernel<cu_bf16_tag>, cu_attn_tma_kernel<cu_f16_tag>);
 }

@@ -26,14 +26,14 @@ static_assert(ATT_TMA_STAGES >= 2, "the attention ring needs two stages");
 #define ATT_TMA_PRODUCERS 2
 #define ATT_TMA_THREADS ((ATT_TMA_CONSUMERS + ATT_TMA_PRODUCERS) * 32)
 #define ATT_TMA_TILE 64
-#define ATT_TMA_HALF_BYTES (ATT_TMA_TILE * 256)          /* K or V of one tile */
+#define ATT_TMA_HALF_BYTES (ATT_TMA_TILE * 256) /* K or V of one tile */
 #define ATT_TMA_STAGE_BYTES (2 * ATT_TMA_HALF_BYTES)
 /* Partial state of a warp for the in-CTA merge: 16 x 128 O, then m, l.
  * Only the second group's warps save theirs (a single item): 4 slots. */
 #define ATT_TMA_SCR_FLOATS CU_ROWS_SLOT_FLOATS
 #define ATT_TMA_SCR_SLOTS 4
 #define ATT_TMA_SMEM_BYTES                                                                      \
-    (1024 + ATT_TMA_STAGES * ATT_TMA_STAGE_BYTES + ATT_TMA_SCR_SLOTS * ATT_TMA_SCR_FLOATS * 4 +            \
+    (1024 + ATT_TMA_STAGES * ATT_TMA_STAGE_BYTES + ATT_TMA_SCR_SLOTS * ATT_TMA_SCR_FLOATS * 4 + \
      ATT_TMA_STAGES * 16 + (2 * ATT_TMA_STAGES + ATT_TMA_PRODUCERS) * 8 + 16)
 
 /* Beyond ATT_TMA_SMEM_BYTES, when the kernel builds its own unions
@@ -42,9 +42,18 @@ static_assert(ATT_TMA_STAGES >= 2, "the attention ring needs two stages");
  * bitmap word in use, U / 32 words), the request's page-table row (U
  * words) and a list of CU_ATT_UNION_LIST ids, then as many membership
  * masks.  The offsets in words (cu_attt_uarea_of) and the size: */
-__host__ __device__ constexpr int32_t cu_attt_union_sum_off(int32_t U) { return U; }
-__host__ __device__ constexpr int32_t cu_attt_union_pages_off(int32_t U) { return U + U / 32; }
-__host__ __device__ constexpr int32_t cu_attt_union_list_off(int32_t U) { return 2 * U + U / 32; }
+__host__ __device__ constexpr int32_t cu_attt_union_sum_off(int32_t U)
+{
+    return U;
+}
+__host__ __device__ constexpr int32_t cu_attt_union_pages_off(int32_t U)
+{
+    return U + U / 32;
+}
+__host__ __device__ constexpr int32_t cu_attt_union_list_off(int32_t U)
+{
+    return 2 * U + U / 32;
+}
 __host__ __device__ constexpr int32_t cu_attt_union_words(int32_t U)
 {
     return U > 0 ? cu_attt_union_list_off(U) + 2 * CU_ATT_UNION_LIST : 0;
@@ -57,7 +66,8 @@ __host__ __device__ __forceinline__ size_t cu_attt_union_bytes(const cu_layer &L
 
 static_assert(ATT_TMA_SMEM_BYTES + ATT_TMA_UNION_MAX_BYTES <= 227 * 1024,
               "attention ring, scratch and unions exceed shared memory");
-static_assert((ATT_TMA_SMEM_BYTES - 1024) % 16 == 0, "the union area after the ring's is 16-byte aligned");
+static_assert((ATT_TMA_SMEM_BYTES - 1024) % 16 == 0,
+              "the union area after the ring's is 16-byte aligned");
 
 /* Every lane of a consumer warp reads a slot's meta (below) and every
  * lane arrives on the slot's empty barrier: each lane's arrival releases
@@ -106,8 +116,8 @@ __device__ __forceinline__ uint4 cu_lds128(uint32_t a)
 
 /* What the producer tells the consumers about a ring slot. */
 typedef struct cu_attt_meta {
-    int32_t pos0;   /* position of the tile's first key; -1: end of the item */
-    uint32_t bits;  /* item tokens (request-local bit) that use any key of it */
+    int32_t pos0;  /* position of the tile's first key; -1: end of the item */
+    uint32_t bits; /* item tokens (request-local bit) that use any key of it */
     int32_t pad0, pad1;
 } cu_attt_meta;
 
@@ -118,7 +128,7 @@ typedef struct cu_attt_smem {
     float *scr;
     cu_attt_meta *meta;
     uint64_t *full, *empty;
-    uint64_t *tail;  /* a barrier per producer for the tiles it finishes itself */
+    uint64_t *tail;    /* a barrier per producer for the tiles it finishes itself */
     uint32_t *handoff; /* the ring's slot count, from one producer to the next */
     /* Producer j's own union (cu_layer.att_union): its area, uwords words
      * from uarea + j * uwords: bitmap, summary (both all zero between
@@ -145,7 +155,8 @@ typedef struct cu_attt_unit {
 #endif
 } cu_attt_unit;
 
-__device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32_t u, bool first_of_cta)
+__device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32_t u,
+                                                        bool first_of_cta)
 {
     cu_attt_unit un;
     const cu_att_item *items = L.m.att[CU_KIND_SPARSE];

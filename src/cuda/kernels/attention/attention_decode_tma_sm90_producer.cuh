@@ -23,7 +23,8 @@ typedef struct cu_attt_turn {
     bool pending; /* the turn is still to be taken */
 } cu_attt_turn;
 
-__device__ __forceinline__ void cu_attt_take_turn(const cu_attt_smem &sm, cu_attt_turn &tn, uint32_t &gs)
+__device__ __forceinline__ void cu_attt_take_turn(const cu_attt_smem &sm, cu_attt_turn &tn,
+                                                  uint32_t &gs)
 {
     if (!tn.pending)
         return;
@@ -63,8 +64,8 @@ typedef struct cu_attt_tail {
     int32_t valid; /* rows of the tile before kv_len */
 } cu_attt_tail;
 
-__device__ __forceinline__ void cu_attt_tail_finish(const cu_attt_smem &sm, cu_attt_tail &pend, int j,
-                                                    uint32_t &tail_par)
+__device__ __forceinline__ void cu_attt_tail_finish(const cu_attt_smem &sm, cu_attt_tail &pend,
+                                                    int j, uint32_t &tail_par)
 {
     if (pend.s < 0)
         return;
@@ -129,7 +130,8 @@ __device__ __forceinline__ cu_attt_uarea cu_attt_uarea_of(const cu_attt_smem &sm
 
 /* Producer j's bitmap and summary to zero (once, at the kernel's start;
  * each use leaves them zero again). */
-__device__ __forceinline__ void cu_attt_union_clear(const cu_layer &L, const cu_attt_smem &sm, int j)
+__device__ __forceinline__ void cu_attt_union_clear(const cu_layer &L, const cu_attt_smem &sm,
+                                                    int j)
 {
     const cu_attt_uarea a = cu_attt_uarea_of(sm, L.att_union, j);
     for (int32_t n = threadIdx.x & 31; n < L.att_union + L.att_union / 32; n += 32)
@@ -140,7 +142,8 @@ __device__ __forceinline__ void cu_attt_union_clear(const cu_layer &L, const cu_
 /* The request's page-table row (N pages) into producer j's area, before
  * the launch wait: plan data, so the page of each tile is a shared-memory
  * load on the way from the union to the first copy, not a trip to L2. */
-__device__ __forceinline__ void cu_attt_stage_pages(const cu_attt_uarea &a, const int32_t *pt, int32_t N)
+__device__ __forceinline__ void cu_attt_stage_pages(const cu_attt_uarea &a, const int32_t *pt,
+                                                    int32_t N)
 {
     for (int32_t n0 = 0; n0 < N; n0 += 32 * 8) {
         int32_t v[8];
@@ -171,8 +174,8 @@ __device__ __forceinline__ void cu_attt_stage_pages(const cu_attt_uarea &a, cons
  * count and the dependent loads and stores on the way from the last row to
  * the first copy.  Returns its length. */
 __device__ __forceinline__ int32_t cu_attt_union(const cu_layer &L, const cu_attt_uarea &a,
-                                                 const int32_t *rows, int64_t tok_stride, int32_t tot,
-                                                 int32_t N)
+                                                 const int32_t *rows, int64_t tok_stride,
+                                                 int32_t tot, int32_t N)
 {
     const int lane = threadIdx.x & 31;
     for (int32_t e0 = 0; e0 < tot; e0 += 128) {
@@ -235,15 +238,16 @@ typedef struct cu_attt_feed {
     cu_attt_uarea area; /* the producer's shared memory for both */
     int tok0, ntok;
 #ifdef MSA_TIMELINE
-    bool first_of_cta;  /* the CTA's first unit (timeline marks) */
-    uint32_t gs_first;  /* the slot count before its first tile's claim */
+    bool first_of_cta; /* the CTA's first unit (timeline marks) */
+    uint32_t gs_first; /* the slot count before its first tile's claim */
 #endif
 } cu_attt_feed;
 
 /* Copies one tile (K and V, 64 rows from page row `row` on) into slot s,
  * completing on barrier bar. */
-__device__ __forceinline__ void cu_attt_copy(const cu_layer &L, const CUtensorMap *mk, const CUtensorMap *mv,
-                                             const cu_attt_smem &sm, const cu_attt_feed &f, int s, int32_t row,
+__device__ __forceinline__ void cu_attt_copy(const cu_layer &L, const CUtensorMap *mk,
+                                             const CUtensorMap *mv, const cu_attt_smem &sm,
+                                             const cu_attt_feed &f, int s, int32_t row,
                                              uint64_t *bar, uint32_t gs)
 {
     unsigned char *kd = sm.ring + s * ATT_TMA_STAGE_BYTES;
@@ -275,10 +279,11 @@ __device__ __forceinline__ void cu_attt_copy(const cu_layer &L, const CUtensorMa
  * returns.  A tail tile lands on producer pj's own barrier (its V rows
  * past kv_len are zeroed before the slot is handed over), any other on the
  * slot's full barrier. */
-__device__ __forceinline__ int cu_attt_issue_tile(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
-                                                  const CUtensorMap *mv, const cu_attt_smem &sm,
-                                                  const cu_attt_feed &f, int j, int32_t pos0, uint32_t bits,
-                                                  int32_t page, uint32_t &gs, bool tail, int pj)
+__device__ __forceinline__ int cu_attt_issue_tile(const cu_layer &L, const cu_attn &A,
+                                                  const CUtensorMap *mk, const CUtensorMap *mv,
+                                                  const cu_attt_smem &sm, const cu_attt_feed &f,
+                                                  int j, int32_t pos0, uint32_t bits, int32_t page,
+                                                  uint32_t &gs, bool tail, int pj)
 {
     const int32_t p0 = __shfl_sync(0xffffffffu, pos0, j);
     const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
@@ -294,9 +299,10 @@ __device__ __forceinline__ int cu_attt_issue_tile(const cu_layer &L, const cu_at
  * the unit uses) into the ring, the tail tile (rows past kv_len) last and
  * left pending in pend.  The turn is taken before the first slot, after
  * the window's ids and pages have been read. */
-__device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &A, const CUtensorMap *mk,
-                                              const CUtensorMap *mv, const cu_attt_smem &sm,
-                                              const cu_attt_feed &f, int32_t t_lo, int32_t t_hi, uint32_t &gs,
+__device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &A,
+                                              const CUtensorMap *mk, const CUtensorMap *mv,
+                                              const cu_attt_smem &sm, const cu_attt_feed &f,
+                                              int32_t t_lo, int32_t t_hi, uint32_t &gs,
                                               cu_attt_turn &tn, cu_attt_tail &pend)
 {
     const int lane = threadIdx.x & 31;
@@ -320,7 +326,8 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
             pos0 = id * 128 + (t & 1) * ATT_TMA_TILE;
             bits = mk & cu_causal_bits(pos0, cs.base, cs.ql) & f.mine;
             if (bits)
-                page = f.staged ? (int32_t)cu_lds32(f.area.pages + 4u * (uint32_t)(pos0 >> 7)) : f.pt[pos0 >> 7];
+                page = f.staged ? (int32_t)cu_lds32(f.area.pages + 4u * (uint32_t)(pos0 >> 7))
+                                : f.pt[pos0 >> 7];
         }
         /* At most one tile of a stream reaches past kv_len (the one holding
          * position kv_len - 1; a tile wholly past it has no token that
@@ -431,7 +438,8 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
 #endif
         }
         if (phase == 1 && f.own) {
-            const int32_t cnt = cu_attt_union(L, f.area, L.sel + ((int64_t)it.t0 * L.Hkv + it.group) * L.W,
+            const int32_t cnt = cu_attt_union(L, f.area,
+                                              L.sel + ((int64_t)it.t0 * L.Hkv + it.group) * L.W,
                                               (int64_t)L.Hkv * L.W, it.ql * L.W, nblk);
             /* The issue loop reads them by their shared addresses (f.own). */
             f.cs = cu_stream_of(L, A, it, false, (const int32_t *)f.area.list,

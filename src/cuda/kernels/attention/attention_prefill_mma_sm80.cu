@@ -53,18 +53,18 @@ struct cu_pfa_swz {
 /* One work item as the CTA sees it. */
 typedef struct cu_pfa_item {
     int32_t r, t0, ntok, pos0;
-    int32_t g, h0, nh;   /* KV head, first query head of the chunk, heads in it */
-    int32_t kv_end;      /* last token's position + 1 */
-    int32_t nkeys;       /* keys of the stream */
-    int32_t nunion;      /* sparse: union blocks */
+    int32_t g, h0, nh; /* KV head, first query head of the chunk, heads in it */
+    int32_t kv_end;    /* last token's position + 1 */
+    int32_t nkeys;     /* keys of the stream */
+    int32_t nunion;    /* sparse: union blocks */
 } cu_pfa_item;
 
 /* Where the union lives in shared memory (after the ring). */
 typedef struct cu_pfa_union {
-    int32_t *stage;      /* [tt * W] the tokens' selection rows */
-    int32_t *blk;        /* [tt * W] union block ids, ascending */
-    uint32_t *msk;       /* [tt * W] bit i: token i selected the block */
-    int32_t *count;      /* union blocks */
+    int32_t *stage; /* [tt * W] the tokens' selection rows */
+    int32_t *blk;   /* [tt * W] union block ids, ascending */
+    uint32_t *msk;  /* [tt * W] bit i: token i selected the block */
+    int32_t *count; /* union blocks */
 } cu_pfa_union;
 
 /* Key u of the stream: its position, page (-1: no token uses it) and the

@@ -47,28 +47,28 @@ static inline int32_t cu_pfa_tiles_cap(int32_t cap_tok, int32_t cap_req, int32_t
 
 /* What the kernel reads and writes, nothing else. */
 typedef struct cu_pfa_params {
-    int32_t act;             /* MSA_DTYPE_BF16 or MSA_DTYPE_FP16: activations and planes */
-    int32_t hq_total;        /* query heads of a token row (q, o, lse) */
-    int32_t hkv;             /* KV heads of the planes */
-    int32_t g;               /* query heads per KV head */
-    int32_t tt;              /* tokens per tile: cu_pfa_tile_tokens(g) */
-    int32_t nh;              /* query heads per chunk: min(g, 128) */
-    int32_t hchunks;         /* chunks of a KV head's query heads: ceil(g / nh) */
-    int32_t sparse;          /* keys of the tokens' selected blocks, else all causal keys */
-    int32_t W;               /* width of a selection row */
-    int32_t B;               /* block size */
-    int32_t P, logP;         /* page size (a power of two) and its log */
-    int32_t cap_pages;       /* page-table row length */
-    int32_t list;            /* CU_PFA_MAIN or CU_PFA_IV */
-    float scale_log2;        /* softmax scale x log2(e) */
-    const void *q;           /* [tokens][hq_total][128] */
-    const void *kp, *vp;     /* planes [pages][hkv][P][128] */
-    void *o;                 /* [tokens][hq_total][128] */
-    float *lse;              /* [tokens][hq_total] natural-log LSE, or NULL */
-    const int32_t *sel;      /* [tokens][hkv][W] ascending block ids, -1 padded (sparse) */
-    const int32_t *page_table;     /* [cap_req][cap_pages] */
-    const cu_step_hdr *hdr;        /* n_pf_tiles[list] */
-    const cu_pf_tile *tiles;       /* the list's tiles */
+    int32_t act;               /* MSA_DTYPE_BF16 or MSA_DTYPE_FP16: activations and planes */
+    int32_t hq_total;          /* query heads of a token row (q, o, lse) */
+    int32_t hkv;               /* KV heads of the planes */
+    int32_t g;                 /* query heads per KV head */
+    int32_t tt;                /* tokens per tile: cu_pfa_tile_tokens(g) */
+    int32_t nh;                /* query heads per chunk: min(g, 128) */
+    int32_t hchunks;           /* chunks of a KV head's query heads: ceil(g / nh) */
+    int32_t sparse;            /* keys of the tokens' selected blocks, else all causal keys */
+    int32_t W;                 /* width of a selection row */
+    int32_t B;                 /* block size */
+    int32_t P, logP;           /* page size (a power of two) and its log */
+    int32_t cap_pages;         /* page-table row length */
+    int32_t list;              /* CU_PFA_MAIN or CU_PFA_IV */
+    float scale_log2;          /* softmax scale x log2(e) */
+    const void *q;             /* [tokens][hq_total][128] */
+    const void *kp, *vp;       /* planes [pages][hkv][P][128] */
+    void *o;                   /* [tokens][hq_total][128] */
+    float *lse;                /* [tokens][hq_total] natural-log LSE, or NULL */
+    const int32_t *sel;        /* [tokens][hkv][W] ascending block ids, -1 padded (sparse) */
+    const int32_t *page_table; /* [cap_req][cap_pages] */
+    const cu_step_hdr *hdr;    /* n_pf_tiles[list] */
+    const cu_pf_tile *tiles;   /* the list's tiles */
 } cu_pfa_params;
 
 /* Dynamic shared memory of one CTA for tiles of tt tokens and selection

@@ -50,8 +50,8 @@
 static_assert(4 * 32 * PFH_PRODUCER_REGS + PFH_CONSUMER_WARPS * 32 * PFH_CONSUMER_REGS <= 65536,
               "the register file holds the producer and the consumers");
 #define PFH_KEYS 128
-#define PFH_BOX_BYTES (64 * 128)              /* one box: 64 rows of 64 columns */
-#define PFH_TILE_BYTES (PFH_KEYS * 256)        /* K or V of one block */
+#define PFH_BOX_BYTES (64 * 128)        /* one box: 64 rows of 64 columns */
+#define PFH_TILE_BYTES (PFH_KEYS * 256) /* K or V of one block */
 #define PFH_STAGE_BYTES (2 * PFH_TILE_BYTES)
 /* Three stages of 64 KB: the next two blocks are in flight while one is
  * computed (a block's products take about as long as a copy's latency). */
@@ -72,7 +72,8 @@ static_assert(4 * 32 * PFH_PRODUCER_REGS + PFH_CONSUMER_WARPS * 32 * PFH_CONSUME
 
 #define PFH_LOG2E 1.4426950408889634f
 
-static_assert(PFH_STAGES >= 2, "the ring needs two stages (a pending tail is finished before the next claim)");
+static_assert(PFH_STAGES >= 2,
+              "the ring needs two stages (a pending tail is finished before the next claim)");
 static_assert(PFH_FIXED_BYTES <= PFH_SMEM_LIMIT, "the ring exceeds shared memory");
 
 /* Shared memory of a launch: the fixed part and the producer's staging of
@@ -85,11 +86,12 @@ static size_t cu_pfh_smem(int32_t tt, int32_t W, int sparse)
 /* One work item as the CTA sees it. */
 typedef struct cu_pfh_item {
     int32_t r, t0, ntok, pos0;
-    int32_t g, h0, nh;   /* KV head, first query head of the chunk, heads in it */
-    int32_t kv_end;      /* last token's position + 1 */
+    int32_t g, h0, nh; /* KV head, first query head of the chunk, heads in it */
+    int32_t kv_end;    /* last token's position + 1 */
 } cu_pfh_item;
 
-__device__ __forceinline__ cu_pfh_item cu_pfh_item_of(const cu_pfh_params &p, int64_t w, int32_t per_tile)
+__device__ __forceinline__ cu_pfh_item cu_pfh_item_of(const cu_pfh_params &p, int64_t w,
+                                                      int32_t per_tile)
 {
     const int32_t ti = (int32_t)(w / per_tile);
     const int32_t rest = (int32_t)(w - (int64_t)ti * per_tile);
@@ -109,8 +111,8 @@ __device__ __forceinline__ cu_pfh_item cu_pfh_item_of(const cu_pfh_params &p, in
 typedef struct cu_pfh_smem_t {
     unsigned char *ring;
     uint64_t *full_k, *full_v, *empty, *tail;
-    int4 *meta;      /* per slot: first position, token bits, last (1: ends the item) */
-    int32_t *stage;  /* [tt * W] the tile's selection rows (producer) */
+    int4 *meta;     /* per slot: first position, token bits, last (1: ends the item) */
+    int32_t *stage; /* [tt * W] the tile's selection rows (producer) */
 } cu_pfh_smem_t;
 
 /* The layout: the ring (1024-byte aligned, as the 128-byte swizzle's
@@ -133,8 +135,8 @@ __device__ __forceinline__ cu_pfh_smem_t cu_pfh_smem_of(unsigned char *raw)
 /* A box of the tensor map into shared memory, completing on bar; no cache
  * hint: a dense item's pages are read again by every later tile of the
  * request, so they should stay in L2. */
-__device__ __forceinline__ void cu_pfh_tma_load(uint32_t dst, const CUtensorMap *map, int32_t col, int32_t row,
-                                                uint64_t *bar)
+__device__ __forceinline__ void cu_pfh_tma_load(uint32_t dst, const CUtensorMap *map, int32_t col,
+                                                int32_t row, uint64_t *bar)
 {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
@@ -145,11 +147,13 @@ __device__ __forceinline__ void cu_pfh_tma_load(uint32_t dst, const CUtensorMap 
 /* The four boxes of one [128][128] page (plane row `row`: the page's first
  * row for this KV head) into a slot half: columns 0-63 in its first 16 KB
  * (rows 0-63, then 64-127), columns 64-127 in the next. */
-__device__ __forceinline__ void cu_pfh_load_page(uint32_t dst, const CUtensorMap *map, int32_t row, uint64_t *bar)
+__device__ __forceinline__ void cu_pfh_load_page(uint32_t dst, const CUtensorMap *map, int32_t row,
+                                                 uint64_t *bar)
 {
 #pragma unroll
     for (int b = 0; b < 4; ++b)
-        cu_pfh_tma_load(dst + (uint32_t)b * PFH_BOX_BYTES, map, (b >> 1) * 64, row + (b & 1) * 64, bar);
+        cu_pfh_tma_load(dst + (uint32_t)b * PFH_BOX_BYTES, map, (b >> 1) * 64, row + (b & 1) * 64,
+                        bar);
 }
 
 /* ---- producer -------------------------------------------------------------- */
@@ -180,7 +184,8 @@ __device__ __forceinline__ void cu_pfh_tail_finish(const cu_pfh_smem_t &sm, cu_p
      * a row only, so whole rows are cleared wherever their chunks sit. */
     for (int32_t e = pr.pend_valid * 16 + lane; e < PFH_KEYS * 16; e += 32) {
         const int32_t r = e >> 4, c = e & 15;
-        *(uint4 *)(vd + (c >> 3) * (PFH_TILE_BYTES / 2) + r * 128 + (c & 7) * 16) = make_uint4(0u, 0u, 0u, 0u);
+        *(uint4 *)(vd + (c >> 3) * (PFH_TILE_BYTES / 2) + r * 128 + (c & 7) * 16) =
+            make_uint4(0u, 0u, 0u, 0u);
     }
     /* Seen by the products (async proxy), and a later copy into this slot
      * lands after these writes. */
@@ -195,10 +200,11 @@ __device__ __forceinline__ void cu_pfh_tail_finish(const cu_pfh_smem_t &sm, cu_p
  * previous use), publishes its meta and issues the block's copies: page
  * `page` of the request (-1: no block, an empty item's end marker), first
  * position pos, token bits, last flag.  kv_len: the request's. */
-__device__ __forceinline__ void cu_pfh_issue(const cu_pfh_params &p, const cu_pfh_smem_t &sm, cu_pfh_prod &pr,
-                                             const CUtensorMap *map_k, const CUtensorMap *map_v,
-                                             const cu_pfh_item &it, int32_t page, int32_t pos, uint32_t bits,
-                                             int last, int32_t kv_len)
+__device__ __forceinline__ void cu_pfh_issue(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
+                                             cu_pfh_prod &pr, const CUtensorMap *map_k,
+                                             const CUtensorMap *map_v, const cu_pfh_item &it,
+                                             int32_t page, int32_t pos, uint32_t bits, int last,
+                                             int32_t kv_len)
 {
     const int lane = threadIdx.x & 31;
     const int s = (int)(pr.gs % PFH_STAGES);
@@ -230,8 +236,9 @@ __device__ __forceinline__ void cu_pfh_issue(const cu_pfh_params &p, const cu_pf
     }
 }
 
-__device__ void cu_pfh_producer(const cu_pfh_params &p, const cu_pfh_smem_t &sm, const CUtensorMap *map_k,
-                                const CUtensorMap *map_v, const cu_pfh_item &it, cu_pfh_prod &pr)
+__device__ void cu_pfh_producer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
+                                const CUtensorMap *map_k, const CUtensorMap *map_v,
+                                const cu_pfh_item &it, cu_pfh_prod &pr)
 {
     const int lane = threadIdx.x & 31;
     const int32_t *pt = p.page_table + (int64_t)it.r * p.cap_pages;
@@ -240,7 +247,8 @@ __device__ void cu_pfh_producer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
     if (!p.sparse) {
         const int32_t nblk = (it.kv_end - 1) / PFH_KEYS + 1;
         for (int32_t b = 0; b < nblk; ++b)
-            cu_pfh_issue(p, sm, pr, map_k, map_v, it, pt[b], b * PFH_KEYS, all, b + 1 == nblk, kv_len);
+            cu_pfh_issue(p, sm, pr, map_k, map_v, it, pt[b], b * PFH_KEYS, all, b + 1 == nblk,
+                         kv_len);
         return;
     }
     /* The tokens' rows into the staging area, then the merge. */
@@ -268,7 +276,8 @@ __device__ void cu_pfh_producer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
             h = i < p.W && row[i] >= 0 ? row[i] : INT32_MAX;
         }
         const int32_t next = __reduce_min_sync(0xffffffffu, h);
-        cu_pfh_issue(p, sm, pr, map_k, map_v, it, page, cur * PFH_KEYS, bits & all, next == INT32_MAX, kv_len);
+        cu_pfh_issue(p, sm, pr, map_k, map_v, it, page, cur * PFH_KEYS, bits & all,
+                     next == INT32_MAX, kv_len);
         if (next == INT32_MAX)
             break;
         cur = next;
@@ -289,12 +298,14 @@ __device__ __forceinline__ float cu_pfh_exp2(float x)
 /* S = Q K^T for the group's 64 rows against the block's 128 keys (K-major
  * in the slot: dimensions 0-63 in the first 16 KB, 64-127 in the next). */
 template <typename Tag>
-__device__ __forceinline__ void cu_pfh_qk(uint32_t ka, const uint32_t (&qa)[8][4], float (&sc)[16][4])
+__device__ __forceinline__ void cu_pfh_qk(uint32_t ka, const uint32_t (&qa)[8][4],
+                                          float (&sc)[16][4])
 {
     cu_wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-        const uint32_t at = ka + (uint32_t)(ks >> 2) * (PFH_TILE_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
+        const uint32_t at =
+            ka + (uint32_t)(ks >> 2) * (PFH_TILE_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
         cu_wgmma_m64n128k16<0>(sc, qa[ks], cu_wgmma_desc(at, 16), ks > 0, Tag());
     }
     cu_wgmma_commit();
@@ -319,7 +330,8 @@ __device__ __forceinline__ void cu_pfh_pv(uint32_t va, const float (&pw)[16][4],
     cu_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
-        cu_wgmma_m64n128k16<1>(o, pa[kk], cu_wgmma_desc(va + (uint32_t)kk * 2048u, PFH_TILE_BYTES / 2), 1,
+        cu_wgmma_m64n128k16<1>(o, pa[kk],
+                               cu_wgmma_desc(va + (uint32_t)kk * 2048u, PFH_TILE_BYTES / 2), 1,
                                Tag());
     cu_wgmma_commit();
     cu_wgmma_wait_all();
@@ -329,9 +341,9 @@ __device__ __forceinline__ void cu_pfh_pv(uint32_t va, const float (&pw)[16][4],
 /* The block's scores into weights: keys j <= lim_lo (lim_hi) count for the
  * thread's low (high) row (lim -1: none), the scale sl2 (log2 units, > 0)
  * applied inside the exponent; running max, sum and O's scale updated. */
-__device__ __forceinline__ void cu_pfh_softmax(float (&sc)[16][4], int32_t lim_lo, int32_t lim_hi, float sl2,
-                                               float (&o)[16][4], float &m_lo, float &m_hi, float &l_lo,
-                                               float &l_hi)
+__device__ __forceinline__ void cu_pfh_softmax(float (&sc)[16][4], int32_t lim_lo, int32_t lim_hi,
+                                               float sl2, float (&o)[16][4], float &m_lo,
+                                               float &m_hi, float &l_lo, float &l_hi)
 {
     const int lane = threadIdx.x & 31;
     if (min(lim_lo, lim_hi) < PFH_KEYS - 1) {
@@ -366,8 +378,8 @@ __device__ __forceinline__ void cu_pfh_softmax(float (&sc)[16][4], int32_t lim_l
 }
 
 template <typename Tag>
-__device__ void cu_pfh_consumer(const cu_pfh_params &p, const cu_pfh_smem_t &sm, const cu_pfh_item &it,
-                                uint32_t &gs)
+__device__ void cu_pfh_consumer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
+                                const cu_pfh_item &it, uint32_t &gs)
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -456,7 +468,8 @@ __device__ void cu_pfh_consumer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
 
 template <typename Tag>
 __global__ void __launch_bounds__(PFH_THREADS, 1)
-    cu_pfh_kernel(const __grid_constant__ cu_pfh_params p, const __grid_constant__ CUtensorMap map_k,
+    cu_pfh_kernel(const __grid_constant__ cu_pfh_params p,
+                  const __grid_constant__ CUtensorMap map_k,
                   const __grid_constant__ CUtensorMap map_v)
 {
 #ifdef CU_HAVE_WGMMA
@@ -515,7 +528,8 @@ __global__ void __launch_bounds__(PFH_THREADS, 1)
 
 /* ---- host side ----------------------------------------------------------- */
 
-int cu_pfh_fits(int32_t d, int32_t page, int32_t block, int32_t g, int32_t W, int sparse, const char **why)
+int cu_pfh_fits(int32_t d, int32_t page, int32_t block, int32_t g, int32_t W, int sparse,
+                const char **why)
 {
     /* The dense stream did not finish on the H200 for a step of several
      * requests with ragged last pages (its sparse stream passed every
@@ -571,16 +585,16 @@ void cu_pfh_build(const cu_layer *L, const cu_attn *A, cu_pfh_params *p)
     p->tiles = L->m.pf_tiles[CU_PFA_MAIN];
 }
 
-void cu_launch_attn_prefill_tma(const cu_pfh_params *p, const cu_plan_state *st, const CUtensorMap *maps,
-                                cudaStream_t s)
+void cu_launch_attn_prefill_tma(const cu_pfh_params *p, const cu_plan_state *st,
+                                const CUtensorMap *maps, cudaStream_t s)
 {
     const size_t smem = cu_pfh_smem(p->tt, p->W, p->sparse);
     if (p->act == MSA_DTYPE_BF16)
-        cu_launch(cu_pfh_kernel<cu_bf16_tag>, st->num_sms, PFH_THREADS, smem, s, st->pdl, *p, maps[0],
-                  maps[1]);
+        cu_launch(cu_pfh_kernel<cu_bf16_tag>, st->num_sms, PFH_THREADS, smem, s, st->pdl, *p,
+                  maps[0], maps[1]);
     else
-        cu_launch(cu_pfh_kernel<cu_f16_tag>, st->num_sms, PFH_THREADS, smem, s, st->pdl, *p, maps[0],
-                  maps[1]);
+        cu_launch(cu_pfh_kernel<cu_f16_tag>, st->num_sms, PFH_THREADS, smem, s, st->pdl, *p,
+                  maps[0], maps[1]);
 }
 
 cudaError_t cu_pfh_setup(void)

@@ -21,25 +21,25 @@
 
 /* What the kernel reads and writes, nothing else. */
 typedef struct cu_pfh_params {
-    int32_t act;             /* MSA_DTYPE_BF16 or MSA_DTYPE_FP16: activations and planes */
-    int32_t hq_total;        /* query heads of a token row (q, o, lse) */
-    int32_t hkv;             /* KV heads of the planes */
-    int32_t g;               /* query heads per KV head */
-    int32_t tt;              /* tokens per tile: cu_pfa_tile_tokens(g) */
-    int32_t nh;              /* query heads per chunk: min(g, 128) */
-    int32_t hchunks;         /* chunks of a KV head's query heads */
-    int32_t sparse;          /* keys of the tokens' selected blocks, else all causal keys */
-    int32_t W;               /* width of a selection row */
-    int32_t cap_pages;       /* page-table row length */
-    float scale_log2;        /* softmax scale x log2(e) */
-    const void *q;           /* [tokens][hq_total][128] */
-    void *o;                 /* [tokens][hq_total][128] */
-    float *lse;              /* [tokens][hq_total] natural-log LSE, or NULL */
-    const int32_t *sel;      /* [tokens][hkv][W] ascending block ids, -1 padded (sparse) */
-    const int32_t *page_table;     /* [cap_req][cap_pages] */
-    const int32_t *kv_len;         /* [cap_req]: rows at and past it in a page are stale */
-    const cu_step_hdr *hdr;        /* n_pf_tiles[CU_PFA_MAIN] */
-    const cu_pf_tile *tiles;       /* the main list's tiles */
+    int32_t act;               /* MSA_DTYPE_BF16 or MSA_DTYPE_FP16: activations and planes */
+    int32_t hq_total;          /* query heads of a token row (q, o, lse) */
+    int32_t hkv;               /* KV heads of the planes */
+    int32_t g;                 /* query heads per KV head */
+    int32_t tt;                /* tokens per tile: cu_pfa_tile_tokens(g) */
+    int32_t nh;                /* query heads per chunk: min(g, 128) */
+    int32_t hchunks;           /* chunks of a KV head's query heads */
+    int32_t sparse;            /* keys of the tokens' selected blocks, else all causal keys */
+    int32_t W;                 /* width of a selection row */
+    int32_t cap_pages;         /* page-table row length */
+    float scale_log2;          /* softmax scale x log2(e) */
+    const void *q;             /* [tokens][hq_total][128] */
+    void *o;                   /* [tokens][hq_total][128] */
+    float *lse;                /* [tokens][hq_total] natural-log LSE, or NULL */
+    const int32_t *sel;        /* [tokens][hkv][W] ascending block ids, -1 padded (sparse) */
+    const int32_t *page_table; /* [cap_req][cap_pages] */
+    const int32_t *kv_len;     /* [cap_req]: rows at and past it in a page are stale */
+    const cu_step_hdr *hdr;    /* n_pf_tiles[CU_PFA_MAIN] */
+    const cu_pf_tile *tiles;   /* the main list's tiles */
 } cu_pfh_params;
 
 /* Whether the kernel serves the main pass of this shape: head dim 128,

@@ -17,9 +17,9 @@
 
 typedef struct cu_stream {
     int32_t r, ql, kl, base, t0;
-    int32_t u0, u1;         /* this split's keys */
-    const int32_t *uid;     /* sparse: union ids */
-    const uint32_t *umk;    /* sparse: membership */
+    int32_t u0, u1;      /* this split's keys */
+    const int32_t *uid;  /* sparse: union ids */
+    const uint32_t *umk; /* sparse: membership */
     int32_t B;
     int32_t sparse;
 } cu_stream;
@@ -43,7 +43,8 @@ __device__ __forceinline__ void cu_stream_split(cu_stream &s, const cu_att_item 
 __device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_attn &A,
                                                   const cu_att_item &it, bool all_blocks = false,
                                                   const int32_t *own_uid = NULL,
-                                                  const uint32_t *own_umk = NULL, int32_t own_cnt = 0)
+                                                  const uint32_t *own_umk = NULL,
+                                                  int32_t own_cnt = 0)
 {
     cu_stream s;
     s.r = it.r;

@@ -17,8 +17,8 @@
 
 /* Query fragments (A operand) of the thread's rows q_lo / q_hi (rows of the
  * query tensor, D = 128); rows that do not exist read as zero. */
-__device__ __forceinline__ void cu_rows_load_q(const void *q, int64_t q_lo, int64_t q_hi, bool ok_lo,
-                                               bool ok_hi, uint32_t (&qa)[8][4])
+__device__ __forceinline__ void cu_rows_load_q(const void *q, int64_t q_lo, int64_t q_hi,
+                                               bool ok_lo, bool ok_hi, uint32_t (&qa)[8][4])
 {
     const int lane = threadIdx.x & 31;
     const uint32_t *qp = (const uint32_t *)q;
@@ -95,7 +95,8 @@ __device__ __forceinline__ void cu_rows_pv(uint32_t va, int k0, const float (&sc
 /* Maxima of a tile of scores in the thread's two rows, over the four
  * lanes that hold each row. */
 template <int NS>
-__device__ __forceinline__ void cu_rows_tile_max(const float (&sc)[NS][4], float &mx_lo, float &mx_hi)
+__device__ __forceinline__ void cu_rows_tile_max(const float (&sc)[NS][4], float &mx_lo,
+                                                 float &mx_hi)
 {
     mx_lo = -INFINITY;
     mx_hi = -INFINITY;

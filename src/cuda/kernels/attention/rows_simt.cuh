@@ -96,8 +96,8 @@ __device__ __forceinline__ int64_t cu_plane_off(const cu_layer &L, const cu_attn
 /* Prefill rows (requests with q_len > 16): one warp per (token, query head)
  * over the token's own keys, its selected blocks (sparse) or every causal
  * key; writes o and lse.  CTAs cta .. of nctas, `warps` warps each. */
-static __device__ __forceinline__ void cu_attn_prefill_role(const cu_layer &L, const cu_attn &A, int cta, int nctas,
-                                     int warps)
+static __device__ __forceinline__ void cu_attn_prefill_role(const cu_layer &L, const cu_attn &A,
+                                                            int cta, int nctas, int warps)
 {
     const int warp = threadIdx.x >> 5;
     const int64_t total = (int64_t)L.m.hdr->n_pf * A.hq_total;

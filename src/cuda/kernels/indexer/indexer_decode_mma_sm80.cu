@@ -21,7 +21,7 @@
 /* Page entries of the key rows, looked up IDX_MMA_STAGES tiles before their copies. */
 #define IDX_MMA_PRING (2 * IDX_MMA_STAGES)
 #define IDX_MMA_SMEM_BYTES                                                                    \
-    (IDX_MMA_STAGES * IDX_MMA_TILE_BYTES + IDX_MMA_TILE_BYTES + 4 * 64 * 4 * 2 + 64 * 4 * 2 +         \
+    (IDX_MMA_STAGES * IDX_MMA_TILE_BYTES + IDX_MMA_TILE_BYTES + 4 * 64 * 4 * 2 + 64 * 4 * 2 + \
      IDX_MMA_PRING * 64 * 4)
 
 /* A position in this CTA's tile sequence, walked tile by tile (no search
@@ -40,7 +40,7 @@ typedef struct cu_idx_ctx {
     unsigned char *ktile;
     unsigned char *qtile;
     float *red_m, *red_l, *run_m, *run_l;
-    int32_t *pring;                /* [IDX_MMA_PRING][64] */
+    int32_t *pring; /* [IDX_MMA_PRING][64] */
     cu_idx_it issue, look;
 } cu_idx_ctx;
 
@@ -187,8 +187,8 @@ __device__ __forceinline__ void cu_idx_tile(const cu_layer &L, const cu_idx_ctx 
 }
 
 template <typename Tag, int NT>
-__device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin,
-                               int32_t f_end, int32_t n0, int32_t base, int32_t d0, int32_t nq)
+__device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin, int32_t f_end,
+                               int32_t n0, int32_t base, int32_t d0, int32_t nq)
 {
     constexpr int NR = NT < 4 ? NT : 4;
     uint32_t bq[NR][8][2];
@@ -208,9 +208,9 @@ __device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin
         if (fn + 1 < c.F)
             cu_idx_it_advance(L, c.issue, c.n_dec);
         const int stage = f % IDX_MMA_STAGES;
-        const int32_t blk = f / c.tpb;                   /* block index in this CTA's range */
+        const int32_t blk = f / c.tpb; /* block index in this CTA's range */
         const int32_t tb = f - blk * c.tpb;
-        const int32_t n = n0 + blk - f_begin / c.tpb;    /* block id within the request */
+        const int32_t n = n0 + blk - f_begin / c.tpb; /* block id within the request */
         const int32_t key0 = n * L.B + tb * CU_TILE_KEYS;
         if (NT > 4) {
             cu_idx_bfrags<NR>(c.qtile, 0, bq);
@@ -338,11 +338,11 @@ __global__ void __launch_bounds__(IDX_MMA_THREADS, 3) cu_indexer_mma_kernel(cu_l
 void cu_launch_indexer_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
 {
     if (L->act == MSA_DTYPE_BF16)
-        cu_launch(cu_indexer_mma_kernel<cu_bf16_tag>, st->grid_idx_fast, IDX_MMA_THREADS, IDX_MMA_SMEM_BYTES,
-                  s, st->pdl, *L);
+        cu_launch(cu_indexer_mma_kernel<cu_bf16_tag>, st->grid_idx_fast, IDX_MMA_THREADS,
+                  IDX_MMA_SMEM_BYTES, s, st->pdl, *L);
     else
-        cu_launch(cu_indexer_mma_kernel<cu_f16_tag>, st->grid_idx_fast, IDX_MMA_THREADS, IDX_MMA_SMEM_BYTES,
-                  s, st->pdl, *L);
+        cu_launch(cu_indexer_mma_kernel<cu_f16_tag>, st->grid_idx_fast, IDX_MMA_THREADS,
+                  IDX_MMA_SMEM_BYTES, s, st->pdl, *L);
 }
 
 cudaError_t cu_indexer_mma_setup(int num_sms, int *grid)

@@ -86,8 +86,8 @@ __device__ __forceinline__ float cu_fmax_nan(float a, float b)
  * c_lo = 16 w + lane / 4 and c_hi = c_lo + 8 of the group's 64; columns at
  * or past nq are zero.  Word ks * 8 + lane % 4 holds dimensions
  * 16 ks + 2 (lane % 4) and the next. */
-__device__ __forceinline__ void cu_idxt_afrags(const cu_layer &L, int32_t t0, int32_t nq, int32_t c_lo,
-                                               uint32_t (&a)[8][4])
+__device__ __forceinline__ void cu_idxt_afrags(const cu_layer &L, int32_t t0, int32_t nq,
+                                               int32_t c_lo, uint32_t (&a)[8][4])
 {
     const int lane = threadIdx.x & 31;
     const uint32_t *q = (const uint32_t *)L.iq + (int64_t)t0 * L.Hi * 64;
@@ -108,8 +108,9 @@ __device__ __forceinline__ void cu_idxt_afrags(const cu_layer &L, int32_t t0, in
  * four lanes that share the columns.  Keys past a column's last visible
  * position (MASK) do not count: max of no keys is -inf. */
 template <bool LSE, bool MASK>
-__device__ __forceinline__ void cu_idxt_epilogue(const float (&d)[16][4], int32_t key0, int32_t last_lo,
-                                                 int32_t last_hi, float iscale, float &s_lo, float &s_hi)
+__device__ __forceinline__ void cu_idxt_epilogue(const float (&d)[16][4], int32_t key0,
+                                                 int32_t last_lo, int32_t last_hi, float iscale,
+                                                 float &s_lo, float &s_hi)
 {
     const int lane = threadIdx.x & 31;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
@@ -156,9 +157,10 @@ __device__ __forceinline__ void cu_idxt_epilogue(const float (&d)[16][4], int32_
 /* What a consumer thread keeps of its block's request di: the query
  * columns (nq), the position of the first token (base), the last
  * position its two columns c_lo, c_lo + 8 see, and their A fragments. */
-__device__ __forceinline__ void cu_idxt_request(const cu_layer &L, const cu_dec_info &di, int32_t c_lo,
-                                                int32_t &nq, int32_t &base, int32_t &last_lo,
-                                                int32_t &last_hi, uint32_t (&a)[8][4])
+__device__ __forceinline__ void cu_idxt_request(const cu_layer &L, const cu_dec_info &di,
+                                                int32_t c_lo, int32_t &nq, int32_t &base,
+                                                int32_t &last_lo, int32_t &last_hi,
+                                                uint32_t (&a)[8][4])
 {
     nq = di.ql * L.Hi;
     base = di.kl - di.ql;
@@ -172,8 +174,8 @@ __device__ __forceinline__ void cu_idxt_request(const cu_layer &L, const cu_dec_
  * blocks). */
 template <typename Tag, bool LSE>
 __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_t *full,
-                                 uint64_t *empty, const volatile int32_t *slot_gb, int32_t gb_begin, int32_t F,
-                                 int32_t n_dec, int g)
+                                 uint64_t *empty, const volatile int32_t *slot_gb, int32_t gb_begin,
+                                 int32_t F, int32_t n_dec, int g)
 {
     const int lane = threadIdx.x & 31;
     const int32_t c_lo = 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2); /* query columns */
@@ -225,7 +227,8 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
             /* Dimensions 0-63 in the first box, 64-127 in the second. */
-            const uint32_t at = slot + (uint32_t)(ks >> 2) * (IDX_TMA_BLOCK_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
+            const uint32_t at =
+                slot + (uint32_t)(ks >> 2) * (IDX_TMA_BLOCK_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
             cu_wgmma_m64n128k16<0>(d, a[ks], cu_wgmma_desc(at, 16), ks > 0, Tag());
         }
         cu_wgmma_commit();
@@ -257,9 +260,10 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
 /* Ring use x (lane 0): slot x % IDX_TMA_STAGES, once its previous use is
  * handed back, announced as block gb; a block (gb >= 0, page pg) arrives
  * by two copies, an end mark by a plain arrival. */
-__device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned char *ring, uint64_t *full,
-                                            uint64_t *empty, volatile int32_t *slot_gb, int32_t x,
-                                            int32_t gb, int32_t pg)
+__device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned char *ring,
+                                            uint64_t *full, uint64_t *empty,
+                                            volatile int32_t *slot_gb, int32_t x, int32_t gb,
+                                            int32_t pg)
 {
     const int s = x % IDX_TMA_STAGES;
     const int32_t use = x / IDX_TMA_STAGES;
@@ -284,9 +288,10 @@ __device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned cha
 /* Blocks gb0 .. gb0 + cnt - 1 (cnt <= 32) into the ring from use x on:
  * their pages looked up one per lane (k: the decode slot of gb0 or an
  * earlier one), then the copies issued in order. */
-__device__ __forceinline__ void cu_idxt_stream(const cu_layer &L, const CUtensorMap *map, unsigned char *ring,
-                                               uint64_t *full, uint64_t *empty, volatile int32_t *slot_gb,
-                                               int32_t &x, int32_t k, int32_t n_dec, int32_t gb0, int32_t cnt,
+__device__ __forceinline__ void cu_idxt_stream(const cu_layer &L, const CUtensorMap *map,
+                                               unsigned char *ring, uint64_t *full, uint64_t *empty,
+                                               volatile int32_t *slot_gb, int32_t &x, int32_t k,
+                                               int32_t n_dec, int32_t gb0, int32_t cnt,
                                                bool wait_first)
 {
     const int lane = threadIdx.x & 31;
@@ -318,14 +323,16 @@ __device__ __forceinline__ void cu_idxt_stream(const cu_layer &L, const CUtensor
  * from blocks stat .. total - 1, then an end mark for each group. */
 __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsigned char *ring,
                                  uint64_t *full, uint64_t *empty, volatile int32_t *slot_gb,
-                                 int32_t gb_begin, int32_t F, int32_t stat, int32_t total, int32_t n_dec)
+                                 int32_t gb_begin, int32_t F, int32_t stat, int32_t total,
+                                 int32_t n_dec)
 {
     const int lane = threadIdx.x & 31;
     int32_t x = 0;
     int32_t k = F > 0 ? cu_dec_of_block(L.m.dec_blk0, n_dec, gb_begin) : 0;
     for (int32_t c0 = 0; c0 < F; c0 += 32) {
         const int32_t cnt = min(32, F - c0);
-        cu_idxt_stream(L, map, ring, full, empty, slot_gb, x, k, n_dec, gb_begin + c0, cnt, c0 == 0);
+        cu_idxt_stream(L, map, ring, full, empty, slot_gb, x, k, n_dec, gb_begin + c0, cnt,
+                       c0 == 0);
         k = cu_idxt_slot(L, k, n_dec, gb_begin + c0 + cnt - 1);
     }
     if (F == 0) {
@@ -351,8 +358,9 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
             const int32_t gb0 = stat + c * IDX_TMA_CHUNK;
             if (lane == 0)
                 next = atomicAdd(L.idx_next, 1);
-            cu_idxt_stream(L, map, ring, full, empty, slot_gb, x, cu_dec_of_block(L.m.dec_blk0, n_dec, gb0),
-                           n_dec, gb0, min(IDX_TMA_CHUNK, total - gb0), false);
+            cu_idxt_stream(L, map, ring, full, empty, slot_gb, x,
+                           cu_dec_of_block(L.m.dec_blk0, n_dec, gb0), n_dec, gb0,
+                           min(IDX_TMA_CHUNK, total - gb0), false);
         }
     }
     if (lane == 0)
@@ -383,18 +391,20 @@ __device__ __forceinline__ void cu_idxt_prefetch_att_plan(const cu_layer &L)
     const int lane = threadIdx.x & 31;
     const int64_t stride = (int64_t)gridDim.x * 32 * 128;
     const int64_t first = ((int64_t)blockIdx.x * 32 + lane) * 128;
-    cu_idxt_prefetch_span(L.m.att_units, (int64_t)L.m.hdr->n_att_units * (int64_t)sizeof(int32_t), first,
-                          stride);
+    cu_idxt_prefetch_span(L.m.att_units, (int64_t)L.m.hdr->n_att_units * (int64_t)sizeof(int32_t),
+                          first, stride);
     /* The attention CTAs' unit bounds (its grid is this one's). */
-    cu_idxt_prefetch_span(L.m.att_cta, ((int64_t)gridDim.x + 1) * (int64_t)sizeof(int32_t), first, stride);
-    cu_idxt_prefetch_span(L.m.att[CU_KIND_SPARSE],
-                          (int64_t)L.m.hdr->n_att[CU_KIND_SPARSE] * (int64_t)sizeof(cu_att_item), first,
+    cu_idxt_prefetch_span(L.m.att_cta, ((int64_t)gridDim.x + 1) * (int64_t)sizeof(int32_t), first,
                           stride);
+    cu_idxt_prefetch_span(L.m.att[CU_KIND_SPARSE],
+                          (int64_t)L.m.hdr->n_att[CU_KIND_SPARSE] * (int64_t)sizeof(cu_att_item),
+                          first, stride);
 }
 
 template <typename Tag>
 __global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
-    cu_indexer_tma_kernel(const __grid_constant__ cu_layer L, const __grid_constant__ CUtensorMap map)
+    cu_indexer_tma_kernel(const __grid_constant__ cu_layer L,
+                          const __grid_constant__ CUtensorMap map)
 {
 #ifdef CU_HAVE_WGMMA
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -402,7 +412,8 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
         (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023); /* swizzle atoms */
     uint64_t *full = (uint64_t *)(ring + IDX_TMA_STAGES * IDX_TMA_BLOCK_BYTES);
     uint64_t *empty = full + IDX_TMA_STAGES;
-    volatile int32_t *slot_gb = (volatile int32_t *)(empty + IDX_TMA_STAGES); /* block of each slot */
+    volatile int32_t *slot_gb =
+        (volatile int32_t *)(empty + IDX_TMA_STAGES); /* block of each slot */
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_ENTRY);
@@ -433,9 +444,11 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
         if (warp == IDX_TMA_GROUPS * 4)
             cu_idxt_producer(L, &map, ring, full, empty, slot_gb, gb_begin, F, stat, total, n_dec);
         else if (L.score_lse)
-            cu_idxt_consumer<Tag, true>(L, ring, full, empty, slot_gb, gb_begin, F, n_dec, warp >> 2);
+            cu_idxt_consumer<Tag, true>(L, ring, full, empty, slot_gb, gb_begin, F, n_dec,
+                                        warp >> 2);
         else
-            cu_idxt_consumer<Tag, false>(L, ring, full, empty, slot_gb, gb_begin, F, n_dec, warp >> 2);
+            cu_idxt_consumer<Tag, false>(L, ring, full, empty, slot_gb, gb_begin, F, n_dec,
+                                         warp >> 2);
     }
     cu_pdl_wait(); /* every CTA, before it ends (arch/launch.cuh) */
     if (threadIdx.x == 0)
@@ -450,11 +463,11 @@ void cu_launch_indexer_tma(const cu_layer *L, const cu_plan_state *st, const CUt
                            cudaStream_t s)
 {
     if (L->act == MSA_DTYPE_BF16)
-        cu_launch(cu_indexer_tma_kernel<cu_bf16_tag>, st->num_sms, IDX_TMA_THREADS, IDX_TMA_SMEM_BYTES, s,
-                  st->pdl, *L, *map);
+        cu_launch(cu_indexer_tma_kernel<cu_bf16_tag>, st->num_sms, IDX_TMA_THREADS,
+                  IDX_TMA_SMEM_BYTES, s, st->pdl, *L, *map);
     else
-        cu_launch(cu_indexer_tma_kernel<cu_f16_tag>, st->num_sms, IDX_TMA_THREADS, IDX_TMA_SMEM_BYTES, s,
-                  st->pdl, *L, *map);
+        cu_launch(cu_indexer_tma_kernel<cu_f16_tag>, st->num_sms, IDX_TMA_THREADS,
+                  IDX_TMA_SMEM_BYTES, s, st->pdl, *L, *map);
 }
 
 cudaError_t cu_indexer_tma_setup(void)

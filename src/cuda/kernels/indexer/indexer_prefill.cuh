@@ -42,15 +42,15 @@
 /* select_row.cuh defines a device function that is not inline
  * (cu_select_list64), as select.cu does by the same header: in this
  * kernel's files it gets internal linkage, so the library links. */
-namespace {
+namespace
+{
 #include "cuda/kernels/select/select_row.cuh"
 }
 #include "cuda/arch/wgmma_sm90.cuh"
 
-
 #define PFI_WARPS 4
 #define PFI_THREADS (PFI_WARPS * 32)
-#define PFI_CHUNK 64                    /* keys a stage */
+#define PFI_CHUNK 64 /* keys a stage */
 #define PFI_STAGES 3
 #define PFI_STAGE_BYTES (PFI_CHUNK * 256) /* 64 keys of 128 16-bit values */
 #define PFI_Q_BYTES (CU_PFI_ROWS * 256)
@@ -67,7 +67,8 @@ template <bool WG>
 __device__ __forceinline__ uint32_t cu_pfi_swz(int row, int chunk)
 {
     if (WG)
-        return (uint32_t)((chunk >> 3) * (PFI_CHUNK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+        return (uint32_t)((chunk >> 3) * (PFI_CHUNK * 128) + row * 128 +
+                          (((chunk & 7) ^ (row & 7)) << 4));
     return cu_swz(row, chunk);
 }
 
@@ -80,7 +81,8 @@ __device__ __forceinline__ uint32_t cu_pfi_swz(int row, int chunk)
 /* Shared words of one selecting warp: histogram / candidate list, mi lists
  * of K, one row of W, then the score cache (as the selection kernel's),
  * which the merge of split candidates uses for their scores and ids. */
-__host__ __device__ __forceinline__ size_t cu_pfi_warp_words(int32_t mi, int32_t K, int32_t W, int32_t cache)
+__host__ __device__ __forceinline__ size_t cu_pfi_warp_words(int32_t mi, int32_t K, int32_t W,
+                                                             int32_t cache)
 {
     const int32_t merge = 2 * PFI_SPLIT_MAX * PFI_CAND;
     return 256 + (size_t)mi * K + (size_t)W + (size_t)(cache > merge ? cache : merge);
@@ -98,8 +100,8 @@ __device__ __forceinline__ int32_t cu_pfi_tiles(const cu_pfidx_params &p, int32_
  * tile's last position p_last are zero-filled, never read from the cache
  * (their page may not exist); the mask drops them. */
 template <bool WG>
-__device__ __forceinline__ void cu_pfi_issue(const cu_pfidx_params &p, unsigned char *stages, int32_t c,
-                                             int32_t x, int32_t r, int32_t p_last)
+__device__ __forceinline__ void cu_pfi_issue(const cu_pfidx_params &p, unsigned char *stages,
+                                             int32_t c, int32_t x, int32_t r, int32_t p_last)
 {
     const int row = threadIdx.x >> 1;
     const int half = threadIdx.x & 1;
@@ -114,7 +116,8 @@ __device__ __forceinline__ void cu_pfi_issue(const cu_pfidx_params &p, unsigned 
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int chunk = half * 8 + i;
-        cu_cp_async16(dst + cu_pfi_swz<WG>(row, chunk), src + (valid ? chunk * 16 : 0), valid ? 16 : 0);
+        cu_cp_async16(dst + cu_pfi_swz<WG>(row, chunk), src + (valid ? chunk * 16 : 0),
+                      valid ? 16 : 0);
     }
 }
 
@@ -122,8 +125,9 @@ __device__ __forceinline__ void cu_pfi_issue(const cu_pfidx_params &p, unsigned 
  * reduced over the visible keys and the row's four lanes, merged into the
  * row's running state (m, l). */
 template <bool LSE>
-__device__ __forceinline__ void cu_pfi_reduce(const float (&acc)[8][4], int h, int32_t key0, int32_t prow,
-                                              bool full, float iscale, float &rm, float &rl)
+__device__ __forceinline__ void cu_pfi_reduce(const float (&acc)[8][4], int h, int32_t key0,
+                                              int32_t prow, bool full, float iscale, float &rm,
+                                              float &rl)
 {
     const int lane = threadIdx.x & 31;
     float v[16];
@@ -168,8 +172,8 @@ __device__ __forceinline__ void cu_pfi_reduce(const float (&acc)[8][4], int h, i
 /* The unit's KV-head rows of token row t from its mi lists (lists, K ids
  * each, ascending, -1 padded; their union into row[W] when mi > 1),
  * written as the plan's sel rows and the caller's topk rows by one warp. */
-__device__ __forceinline__ void cu_pfi_write_rows(const cu_pfidx_params &p, const int32_t *lists, int32_t *row,
-                                                  int32_t t, int32_t u)
+__device__ __forceinline__ void cu_pfi_write_rows(const cu_pfidx_params &p, const int32_t *lists,
+                                                  int32_t *row, int32_t t, int32_t u)
 {
     const int lane = threadIdx.x & 31;
     const int32_t *src = lists;
@@ -192,16 +196,16 @@ __device__ __forceinline__ void cu_pfi_write_rows(const cu_pfidx_params &p, cons
 /* The unit's rows of token row t (block scores at scores + hl * cap_blocks
  * for its mi index heads, N reachable blocks) selected by this warp and
  * written.  wsm: the warp's shared words (cu_pfi_warp_words). */
-__device__ __forceinline__ void cu_pfi_select_unit(const cu_pfidx_params &p, const float *scores, int32_t N,
-                                                   int32_t t, int32_t u, uint32_t *wsm)
+__device__ __forceinline__ void cu_pfi_select_unit(const cu_pfidx_params &p, const float *scores,
+                                                   int32_t N, int32_t t, int32_t u, uint32_t *wsm)
 {
     uint32_t *hist = wsm;
     int32_t *lists = (int32_t *)(wsm + 256);
     int32_t *row = lists + p.mi * p.K;
     float *cache = (float *)(row + p.W);
     for (int hl = 0; hl < p.mi; ++hl)
-        cu_select_row(scores + (int64_t)hl * p.cap_blocks, N, p.K, p.I, p.Lc, lists + hl * p.K, hist, cache,
-                      p.sel_cache);
+        cu_select_row(scores + (int64_t)hl * p.cap_blocks, N, p.K, p.I, p.Lc, lists + hl * p.K,
+                      hist, cache, p.sel_cache);
     cu_pfi_write_rows(p, lists, row, t, u);
 }
 
@@ -212,9 +216,9 @@ __device__ __forceinline__ void cu_pfi_select_unit(const cu_pfidx_params &p, con
  * their scores, into the candidate workspace.  A global winner of a row is
  * a winner of its own split (whatever beats it there beats it overall), so
  * the union of the splits' lists holds every winner. */
-__device__ __forceinline__ void cu_pfi_candidates(const cu_pfidx_params &p, const float *scratch, int32_t g,
-                                                  int32_t base, int32_t nrow, int32_t b0, int32_t b1,
-                                                  uint32_t *wsm)
+__device__ __forceinline__ void cu_pfi_candidates(const cu_pfidx_params &p, const float *scratch,
+                                                  int32_t g, int32_t base, int32_t nrow, int32_t b0,
+                                                  int32_t b1, uint32_t *wsm)
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -248,8 +252,8 @@ __device__ __forceinline__ void cu_pfi_candidates(const cu_pfidx_params &p, cons
  * still go to the lower id), adds the forced blocks and writes the rows.
  * Candidates of other CTAs are read with .cg loads (L2), after the fence
  * that follows their completion count. */
-__device__ __forceinline__ void cu_pfi_merge(const cu_pfidx_params &p, int32_t g_first, int32_t S, int32_t base,
-                                             int32_t ntok, int32_t t0, uint32_t *wsm)
+__device__ __forceinline__ void cu_pfi_merge(const cu_pfidx_params &p, int32_t g_first, int32_t S,
+                                             int32_t base, int32_t ntok, int32_t t0, uint32_t *wsm)
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -305,9 +309,10 @@ __device__ __forceinline__ void cu_pfi_merge(const cu_pfidx_params &p, int32_t g
  * blocks, the last one possibly cut at the tile's last key) into the CTA's
  * workspace rows. */
 template <typename Tag, bool LSE, bool WG>
-__device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned char *smem, float *scratch,
-                                              int32_t r, int32_t t0, int32_t base, int32_t nrow, int32_t p_last,
-                                              int32_t c_begin, int32_t c_end)
+__device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned char *smem,
+                                              float *scratch, int32_t r, int32_t t0, int32_t base,
+                                              int32_t nrow, int32_t p_last, int32_t c_begin,
+                                              int32_t c_end)
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -337,7 +342,8 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
         const int row = warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks)
-            cu_ldsm_x4(qa + cu_swz(row, 2 * ks + (lane >> 4)), a[ks][0], a[ks][1], a[ks][2], a[ks][3]);
+            cu_ldsm_x4(qa + cu_swz(row, 2 * ks + (lane >> 4)), a[ks][0], a[ks][1], a[ks][2],
+                       a[ks][3]);
     }
     /* This thread's two rows: g and g + 8 of the warp's 16. */
     const int row_lo = warp * 16 + (lane >> 2);
@@ -367,7 +373,8 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
             cu_wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks) {
-                const uint32_t at = ka + (uint32_t)(ks >> 2) * (PFI_CHUNK * 128) + (uint32_t)(ks & 3) * 32u;
+                const uint32_t at =
+                    ka + (uint32_t)(ks >> 2) * (PFI_CHUNK * 128) + (uint32_t)(ks & 3) * 32u;
                 if (ks == 0)
                     cu_wgmma_m64n64k16_first(acc, a[ks], cu_wgmma_desc(at, 16), Tag());
                 else
@@ -391,7 +398,8 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
                     const int krow = n2 * 16 + ((lane >> 4) & 1) * 8 + (lane & 7);
                     cu_ldsm_x4(ka + cu_swz(krow, 2 * ks + ((lane >> 3) & 1)), b0, b1, b2, b3);
                     cu_mma16816(acc[2 * n2], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b0, b1, Tag());
-                    cu_mma16816(acc[2 * n2 + 1], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b2, b3, Tag());
+                    cu_mma16816(acc[2 * n2 + 1], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b2, b3,
+                                Tag());
                 }
             }
         }
@@ -410,7 +418,8 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
                 for (int h = 0; h < 2; ++h) {
                     const int row = row_lo + 8 * h;
                     if (row < nrow)
-                        scratch[(int64_t)row * p.cap_blocks + n] = LSE ? cu_lse_value(rm[h], rl[h]) : rm[h];
+                        scratch[(int64_t)row * p.cap_blocks + n] = LSE ? cu_lse_value(rm[h], rl[h])
+                                                                       : rm[h];
                 }
             }
         }
@@ -456,7 +465,8 @@ __global__ void __launch_bounds__(PFI_THREADS, 2) cu_pfidx_kernel(const cu_pfidx
      * alternating direction. */
     int32_t r = 0, g0 = 0, ntr = R > 0 ? cu_pfi_tiles(p, 0) : 0;
     for (int32_t k = 0;; ++k) {
-        const int32_t g = k * grid + ((k & 1) ? grid - 1 - (int32_t)blockIdx.x : (int32_t)blockIdx.x);
+        const int32_t g =
+            k * grid + ((k & 1) ? grid - 1 - (int32_t)blockIdx.x : (int32_t)blockIdx.x);
         const int32_t tg = g / S, sp = g - tg * S;
         while (r < R && tg >= g0 + ntr) {
             g0 += ntr;
@@ -467,18 +477,21 @@ __global__ void __launch_bounds__(PFI_THREADS, 2) cu_pfidx_kernel(const cu_pfidx
             break;
         const int32_t ql = p.q_len[r], kl = p.kv_len[r];
         const int32_t i1 = ql - (tg - g0) * p.tt, i0 = max(0, i1 - p.tt);
-        const int32_t base = kl - ql + i0;         /* position of the tile's first token */
-        const int32_t p_last = kl - ql + i1 - 1;   /* and of its last */
-        const int32_t t0 = p.q_start[r] + i0;      /* its first token row */
+        const int32_t base = kl - ql + i0;       /* position of the tile's first token */
+        const int32_t p_last = kl - ql + i1 - 1; /* and of its last */
+        const int32_t t0 = p.q_start[r] + i0;    /* its first token row */
         const int32_t ntok = i1 - i0;
         const int32_t nblk = p_last / p.B + 1;
-        const int32_t b0 = (int32_t)((int64_t)nblk * sp / S), b1 = (int32_t)((int64_t)nblk * (sp + 1) / S);
+        const int32_t b0 = (int32_t)((int64_t)nblk * sp / S),
+                      b1 = (int32_t)((int64_t)nblk * (sp + 1) / S);
         const int32_t c_begin = b0 * cpb, c_end = min(b1 * cpb, p_last / PFI_CHUNK + 1);
         if (c_begin < c_end) {
             if (p.score_lse)
-                cu_pfi_scores<Tag, true, WG>(p, smem, scratch, r, t0, base, ntok * p.Hi, p_last, c_begin, c_end);
+                cu_pfi_scores<Tag, true, WG>(p, smem, scratch, r, t0, base, ntok * p.Hi, p_last,
+                                             c_begin, c_end);
             else
-                cu_pfi_scores<Tag, false, WG>(p, smem, scratch, r, t0, base, ntok * p.Hi, p_last, c_begin, c_end);
+                cu_pfi_scores<Tag, false, WG>(p, smem, scratch, r, t0, base, ntok * p.Hi, p_last,
+                                              c_begin, c_end);
         }
         if (S == 1) {
             /* Selection of the tile's (token, unit) items, a warp each. */
@@ -486,8 +499,10 @@ __global__ void __launch_bounds__(PFI_THREADS, 2) cu_pfidx_kernel(const cu_pfidx
                 const int32_t tok = item / p.units;
                 const int32_t u = item - tok * p.units;
                 const int32_t N = (base + tok) / p.B + 1;
-                cu_pfi_select_unit(p, scratch + ((int64_t)tok * p.Hi + (int64_t)u * p.mi) * p.cap_blocks, N,
-                                   t0 + tok, u, wsm);
+                cu_pfi_select_unit(p,
+                                   scratch +
+                                       ((int64_t)tok * p.Hi + (int64_t)u * p.mi) * p.cap_blocks,
+                                   N, t0 + tok, u, wsm);
             }
         } else {
             cu_pfi_candidates(p, scratch, g, base, ntok * p.Hi, b0, b1, wsm);

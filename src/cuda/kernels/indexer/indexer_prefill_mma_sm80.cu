@@ -14,7 +14,8 @@ int cu_pfidx_shape(const msa_plan *plan)
     const msa_model_config *cfg = &plan->model->cfg;
     const msa_dtype idt = plan->cache->cfg.index_dtype;
     return (idt == MSA_DTYPE_BF16 || idt == MSA_DTYPE_FP16) && cfg->index_dim == 128 &&
-           cfg->block_size % PFI_CHUNK == 0 && cfg->num_index_heads >= 1 && cfg->num_index_heads <= 4;
+           cfg->block_size % PFI_CHUNK == 0 && cfg->num_index_heads >= 1 &&
+           cfg->num_index_heads <= 4;
 }
 
 void cu_pfidx_build(const cu_layer *L, const cu_plan_state *st, cu_pfidx_params *p)
@@ -70,7 +71,8 @@ cudaError_t cu_pfidx_setup(size_t smem)
     static size_t allowed = 48 * 1024;
     if (smem <= allowed)
         return cudaSuccess;
-    cudaError_t e = cu_allow_smem(smem, cu_pfidx_kernel<cu_bf16_tag, false>, cu_pfidx_kernel<cu_f16_tag, false>);
+    cudaError_t e = cu_allow_smem(smem, cu_pfidx_kernel<cu_bf16_tag, false>,
+                                  cu_pfidx_kernel<cu_f16_tag, false>);
     if (e == cudaSuccess)
         e = cu_pfidx_wgmma_setup(smem);
     if (e == cudaSuccess)
@@ -104,7 +106,9 @@ void cu_launch_indexer_prefill_mma(const cu_layer *L, const cu_plan_state *st, c
     if (st->pfi_wgmma)
         cu_pfidx_wgmma_launch(&p, bf16, st->grid_pfi, smem, s, st->pdl);
     else if (bf16)
-        cu_launch(cu_pfidx_kernel<cu_bf16_tag, false>, st->grid_pfi, PFI_THREADS, smem, s, st->pdl, p);
+        cu_launch(cu_pfidx_kernel<cu_bf16_tag, false>, st->grid_pfi, PFI_THREADS, smem, s, st->pdl,
+                  p);
     else
-        cu_launch(cu_pfidx_kernel<cu_f16_tag, false>, st->grid_pfi, PFI_THREADS, smem, s, st->pdl, p);
+        cu_launch(cu_pfidx_kernel<cu_f16_tag, false>, st->grid_pfi, PFI_THREADS, smem, s, st->pdl,
+                  p);
 }

@@ -25,8 +25,8 @@
 typedef struct cu_pfidx_params {
     /* Shapes. */
     int32_t Hi, Hkv, B, K, I, Lc, W;
-    int32_t mi, mk, units;     /* as in cu_layer */
-    int32_t tt;                /* tokens per tile: CU_PFI_ROWS / Hi */
+    int32_t mi, mk, units; /* as in cu_layer */
+    int32_t tt;            /* tokens per tile: CU_PFI_ROWS / Hi */
     int32_t score_lse;
     float iscale;
     int32_t P, logP, cap_pages, cap_blocks, sel_cache;
@@ -71,7 +71,8 @@ size_t cu_pfidx_split_words(int grid);
 /* The wgmma variant (indexer_prefill_wgmma_sm90.cu): its shared-memory
  * limit, and its launch with parameters p (bf16: else fp16). */
 cudaError_t cu_pfidx_wgmma_setup(size_t smem);
-void cu_pfidx_wgmma_launch(const cu_pfidx_params *p, int bf16, int grid, size_t smem, cudaStream_t s, int pdl);
+void cu_pfidx_wgmma_launch(const cu_pfidx_params *p, int bf16, int grid, size_t smem,
+                           cudaStream_t s, int pdl);
 
 /* Enqueues the kernel (after the selection kernel, which then leaves the
  * prefill rows to it: cu_layer.pf_ctas = 0). */

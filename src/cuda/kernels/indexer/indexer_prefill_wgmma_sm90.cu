@@ -9,10 +9,12 @@
 
 cudaError_t cu_pfidx_wgmma_setup(size_t smem)
 {
-    return cu_allow_smem(smem, cu_pfidx_kernel<cu_bf16_tag, true>, cu_pfidx_kernel<cu_f16_tag, true>);
+    return cu_allow_smem(smem, cu_pfidx_kernel<cu_bf16_tag, true>,
+                         cu_pfidx_kernel<cu_f16_tag, true>);
 }
 
-void cu_pfidx_wgmma_launch(const cu_pfidx_params *p, int bf16, int grid, size_t smem, cudaStream_t s, int pdl)
+void cu_pfidx_wgmma_launch(const cu_pfidx_params *p, int bf16, int grid, size_t smem,
+                           cudaStream_t s, int pdl)
 {
     if (bf16)
         cu_launch(cu_pfidx_kernel<cu_bf16_tag, true>, grid, PFI_THREADS, smem, s, pdl, *p);

@@ -25,10 +25,12 @@ __device__ __forceinline__ void cu_merge_load(const float *p0, int64_t step, int
     for (int u = 0; u < MERGE_GROUP; ++u)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            x[u][j] = s0 + u < nsplit && lane + 32 * j < d ? p0[(s0 + u) * step + lane + 32 * j] : 0.0f;
+            x[u][j] = s0 + u < nsplit && lane + 32 * j < d ? p0[(s0 + u) * step + lane + 32 * j]
+                                                           : 0.0f;
 }
 
-__device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &A, int cta, int nctas)
+__device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &A, int cta,
+                                              int nctas)
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -36,7 +38,8 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
     const cu_merge_item *items = L.m.merge[A.kind];
     /* Rows of all merge items enumerated item by item, CU_ROWS_PER_ITEM each. */
     const int64_t total = (int64_t)n_items * CU_ROWS_PER_ITEM;
-    for (int64_t w = (int64_t)cta * MERGE_WARPS + warp; w < total; w += (int64_t)nctas * MERGE_WARPS) {
+    for (int64_t w = (int64_t)cta * MERGE_WARPS + warp; w < total;
+         w += (int64_t)nctas * MERGE_WARPS) {
         const int32_t ii = (int32_t)(w / CU_ROWS_PER_ITEM);
         const int32_t rl = (int32_t)(w - (int64_t)ii * CU_ROWS_PER_ITEM);
         const cu_merge_item it = items[ii];
@@ -109,7 +112,8 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
     }
 }
 
-__global__ void __launch_bounds__(MERGE_WARPS * 32, 2) cu_merge_prefill_kernel(cu_layer L, cu_attn A)
+__global__ void __launch_bounds__(MERGE_WARPS * 32, 2)
+    cu_merge_prefill_kernel(cu_layer L, cu_attn A)
 {
     cu_pdl_trigger();
     if (threadIdx.x == 0)

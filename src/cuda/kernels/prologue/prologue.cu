@@ -32,9 +32,9 @@ __device__ __forceinline__ void cu_copy_elem(void *dst, int dst_dt, int64_t di, 
 __device__ __forceinline__ void cu_prologue_row_vec(const cu_layer &L, int32_t t, int32_t page,
                                                     int32_t slot)
 {
-    const int32_t pk = L.D / 8;                 /* pieces per KV head row */
-    const int32_t nkv = L.Hkv * pk;             /* pieces of k (and of v) */
-    const int32_t pi = L.Di / 8;                /* pieces of an index row */
+    const int32_t pk = L.D / 8;     /* pieces per KV head row */
+    const int32_t nkv = L.Hkv * pk; /* pieces of k (and of v) */
+    const int32_t pi = L.Di / 8;    /* pieces of an index row */
     const int32_t nidx = L.sparse ? pi : 0;
     const int32_t niv = L.iv ? pi : 0;
     const int32_t total = 2 * nkv + nidx + niv;

@@ -40,7 +40,8 @@ __host__ __device__ __forceinline__ size_t cu_sel_warp_words(int32_t mi, int32_t
  * the fill counter, a pad word and 32 winners. */
 #define SEL_GRP_WORDS (2 * SEL_WARPS * SEL_XS + SEL_WARPS * SEL_TOP + 2 + 32)
 
-__host__ __device__ __forceinline__ size_t cu_sel_grp_offset(int32_t mi, int32_t K, int32_t W, int32_t cache)
+__host__ __device__ __forceinline__ size_t cu_sel_grp_offset(int32_t mi, int32_t K, int32_t W,
+                                                             int32_t cache)
 {
     return (SEL_WARPS * cu_sel_warp_words(mi, K, W, cache) + 3) & ~(size_t)3;
 }
@@ -63,9 +64,10 @@ __device__ __forceinline__ cu_sel_grp cu_sel_grp_of(const cu_layer &L, uint32_t 
  * with the whole CTA (cta) or one warp, then, in the first warp, writes the
  * KV-head rows of token t and returns the row (that warp's shared memory
  * wsm, W ids ascending, -1 padded); the CTA's other warps get NULL. */
-__device__ __forceinline__ const int32_t *cu_select_unit(const cu_layer &L, const float *scores, int64_t row_stride,
-                               int32_t N, int32_t t, int32_t u, uint32_t *wsm, bool cta,
-                               const cu_sel_grp &g)
+__device__ __forceinline__ const int32_t *cu_select_unit(const cu_layer &L, const float *scores,
+                                                         int64_t row_stride, int32_t N, int32_t t,
+                                                         int32_t u, uint32_t *wsm, bool cta,
+                                                         const cu_sel_grp &g)
 {
     const int lane = threadIdx.x & 31;
     uint32_t *hist = wsm;
@@ -98,7 +100,8 @@ __device__ __forceinline__ const int32_t *cu_select_unit(const cu_layer &L, cons
 /* The union of a one-token request for KV head g: its own row (src, this
  * warp's shared memory), written by the warp that selected it (no other
  * token to wait for, no read back of the row). */
-__device__ __forceinline__ void cu_single_union(const cu_layer &L, int32_t k, int32_t g, const int32_t *src)
+__device__ __forceinline__ void cu_single_union(const cu_layer &L, int32_t k, int32_t g,
+                                                const int32_t *src)
 {
     const int lane = threadIdx.x & 31;
     const int64_t w = (int64_t)k * L.Hkv + g;
@@ -122,7 +125,8 @@ __device__ __forceinline__ void cu_single_union(const cu_layer &L, int32_t k, in
 /* Union of decode slot k's selections (q_len > 1) for KV head g into the
  * plan's union arrays.  Rows are read with .cg loads: other SMs wrote them
  * in this launch. */
-__device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, int32_t g, uint32_t *wsm)
+__device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, int32_t g,
+                                                 uint32_t *wsm)
 {
     const int lane = threadIdx.x & 31;
     const uint32_t below = (1u << lane) - 1u;
@@ -208,7 +212,8 @@ __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, i
     __syncwarp();
 }
 
-__device__ __forceinline__ void cu_select_prefill_role(const cu_layer &L, int cta, int nctas, uint32_t *smem)
+__device__ __forceinline__ void cu_select_prefill_role(const cu_layer &L, int cta, int nctas,
+                                                       uint32_t *smem)
 {
     const int warp = threadIdx.x >> 5;
     float *scratch = L.pf_scratch + (int64_t)cta * L.mi * L.cap_blocks;
@@ -238,8 +243,9 @@ __device__ __forceinline__ void cu_select_prefill_role(const cu_layer &L, int ct
 
 /* Decode row (token row d, unit u) by the whole CTA (cta) or one warp:
  * the row, then, in the first warp, the union(s) it completes. */
-__device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int32_t d, int32_t u, uint32_t *wsm,
-                                                     bool cta, const cu_sel_grp &g, bool first_row)
+__device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int32_t d, int32_t u,
+                                                     uint32_t *wsm, bool cta, const cu_sel_grp &g,
+                                                     bool first_row)
 {
     const bool mark = first_row && threadIdx.x == 0; /* the CTA's timeline marks */
     const int lane = threadIdx.x & 31;
@@ -290,7 +296,8 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int32_t 
  * contexts: nothing to select, a CTA per row only waits on barriers): one
  * warp per row, rows side by side.  One loop for both, so the row code is
  * inlined once. */
-__device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta, int nctas, uint32_t *smem)
+__device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta, int nctas,
+                                                      uint32_t *smem)
 {
     const int warp = threadIdx.x >> 5;
     const int64_t total = (int64_t)L.m.hdr->n_dec_rows * L.units;

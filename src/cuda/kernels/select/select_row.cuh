@@ -93,8 +93,8 @@ __device__ __forceinline__ T cu_warp_bitonic(T x)
  * lanes' two largest keys, ascending, into list[] (SEL_LIST entries);
  * returns how many passed (more than SEL_LIST: the list is incomplete,
  * do not use it).  1 <= need <= 32. */
-__device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int32_t I, int32_t c_end,
-                                                       int32_t need, int32_t *list)
+__device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int32_t I,
+                                                       int32_t c_end, int32_t need, int32_t *list)
 {
     const int lane = threadIdx.x & 31;
     const uint32_t below = (1u << lane) - 1u;
@@ -110,7 +110,8 @@ __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int3
     /* T = the need-th largest of the 64 values.  With the a's sorted
      * descending and the b's ascending, the lane-wise maxima are the 32
      * largest of the 64 as a bitonic sequence; five merge steps sort them. */
-    const uint32_t c = cu_warp_bitonic_merge<true>(max(cu_warp_bitonic<true>(a), cu_warp_bitonic<false>(b)));
+    const uint32_t c =
+        cu_warp_bitonic_merge<true>(max(cu_warp_bitonic<true>(a), cu_warp_bitonic<false>(b)));
     const uint32_t T = __shfl_sync(0xffffffffu, c, need - 1);
     int32_t count = 0;
     for (int32_t b0 = I; b0 < c_end; b0 += 32) {
@@ -129,8 +130,8 @@ __device__ __forceinline__ int32_t cu_select_prefilter(const float *scores, int3
 /* The lone warp's one-sort paths, after their winners: the forced ids
  * around them, init blocks 0 .. I-1 first and the local blocks c_end ..
  * c_end + Lc - 1 after the `need` winners; then the row is the warp's. */
-__device__ __forceinline__ void cu_select_forced_ids(int32_t I, int32_t Lc, int32_t need, int32_t c_end,
-                                                     int32_t *out)
+__device__ __forceinline__ void cu_select_forced_ids(int32_t I, int32_t Lc, int32_t need,
+                                                     int32_t c_end, int32_t *out)
 {
     const int lane = threadIdx.x & 31;
     if (lane < I)
@@ -146,8 +147,9 @@ __device__ __forceinline__ void cu_select_forced_ids(int32_t I, int32_t Lc, int3
  * blocks score the same (repeated content), which before went to the
  * insertion path.  Not inlined: the two sorts inlined into the row took
  * the kernel from 94 to 157 registers. */
-__device__ __noinline__ void cu_select_list64(const float *scores, int32_t count, int32_t I, int32_t Lc,
-                                              int32_t need, int32_t c_end, const int32_t *list, int32_t *out)
+__device__ __noinline__ void cu_select_list64(const float *scores, int32_t count, int32_t I,
+                                              int32_t Lc, int32_t need, int32_t c_end,
+                                              const int32_t *list, int32_t *out)
 {
     const int lane = threadIdx.x & 31;
     const uint32_t below = (1u << lane) - 1u;
@@ -156,16 +158,16 @@ __device__ __noinline__ void cu_select_list64(const float *scores, int32_t count
     const uint32_t key0 = cu_score_key(scores[n0]);
     const uint32_t key1 = valid1 ? cu_score_key(scores[n1]) : 0u;
     /* The 32 largest of the 64 as a bitonic sequence, merged. */
-    const uint32_t top = cu_warp_bitonic_merge<true>(
-        max(cu_warp_bitonic<true>(key0), cu_warp_bitonic<false>(key1)));
+    const uint32_t top =
+        cu_warp_bitonic_merge<true>(max(cu_warp_bitonic<true>(key0), cu_warp_bitonic<false>(key1)));
     const uint32_t kth = __shfl_sync(0xffffffffu, top, need - 1);
     const uint32_t eq0 = __ballot_sync(0xffffffffu, key0 == kth);
     const uint32_t eq1 = __ballot_sync(0xffffffffu, valid1 && key1 == kth);
     const int32_t missing = need - __popc(__ballot_sync(0xffffffffu, key0 > kth)) -
                             __popc(__ballot_sync(0xffffffffu, valid1 && key1 > kth));
     const bool win0 = key0 > kth || (key0 == kth && __popc(eq0 & below) < missing);
-    const bool win1 =
-        valid1 && (key1 > kth || (key1 == kth && __popc(eq0) + __popc(eq1 & below) < missing));
+    const bool win1 = valid1 &&
+                      (key1 > kth || (key1 == kth && __popc(eq0) + __popc(eq1 & below) < missing));
     const uint32_t wins0 = __ballot_sync(0xffffffffu, win0);
     const uint32_t wins1 = __ballot_sync(0xffffffffu, win1);
     if (win0)
@@ -176,7 +178,8 @@ __device__ __noinline__ void cu_select_list64(const float *scores, int32_t count
 }
 
 __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t N, int32_t K,
-                                                    int32_t I, int32_t Lc, int32_t *out, int32_t *list)
+                                                    int32_t I, int32_t Lc, int32_t *out,
+                                                    int32_t *list)
 {
     const int lane = threadIdx.x & 31;
     const uint32_t below = (1u << lane) - 1u;
@@ -206,7 +209,8 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
             const uint32_t above = __ballot_sync(0xffffffffu, valid && key > kth);
             const uint32_t equal = __ballot_sync(0xffffffffu, valid && key == kth);
             const int32_t missing = need - __popc(above);
-            const bool win = valid && (key > kth || (key == kth && __popc(equal & below) < missing));
+            const bool win = valid &&
+                             (key > kth || (key == kth && __popc(equal & below) < missing));
             const uint32_t wins = __ballot_sync(0xffffffffu, win);
             if (win)
                 out[I + __popc(wins & below)] = n;
@@ -227,8 +231,8 @@ __device__ __forceinline__ void cu_select_row_small(const float *scores, int32_t
         t[i] = 0ull; /* below every candidate (their low word is never 0) */
     for (int32_t i = i_begin; i < i_end; i += 32) {
         const int32_t n = ids ? ids[i] : i;
-        const unsigned long long x =
-            ((unsigned long long)cu_score_key(scores[n]) << 32) | (uint32_t)(0xffffffffu - (uint32_t)n);
+        const unsigned long long x = ((unsigned long long)cu_score_key(scores[n]) << 32) |
+                                     (uint32_t)(0xffffffffu - (uint32_t)n);
         if (x > t[SEL_SMALL - 1]) {
             /* Insert into the descending list; computed from the old values. */
 #pragma unroll
@@ -301,7 +305,8 @@ typedef struct cu_sel_grp {
 } cu_sel_grp;
 
 #define SEL_XS 128 /* list entries per warp of the CTA */
-#define SEL_TOP 16 /* keys per warp in the CTA's threshold (the list path's tw words: SEL_TOP a warp) */
+#define SEL_TOP \
+    16 /* keys per warp in the CTA's threshold (the list path's tw words: SEL_TOP a warp) */
 
 /* The need-th largest (1 <= need <= SEL_TOP) of the NW * SEL_TOP
  * keys in top[] (NW >= 2, a power of two: each warp's SEL_TOP largest,
@@ -327,9 +332,9 @@ __device__ __forceinline__ uint32_t cu_sel_top_threshold(const uint32_t *top, in
 /* keys: N words of shared memory; N > K, 1 <= need <= 32; NT = blockDim.x,
  * every thread calls. */
 template <int NT>
-__device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t N, int32_t K, int32_t I,
-                                                   int32_t Lc, int32_t *out, uint32_t *keys,
-                                                   const cu_sel_grp &g)
+__device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t N, int32_t K,
+                                                   int32_t I, int32_t Lc, int32_t *out,
+                                                   uint32_t *keys, const cu_sel_grp &g)
 {
     constexpr int PER = 1024 / NT; /* loads in flight per thread: one L2 round trip per 1024 */
     const int tid = threadIdx.x;
@@ -369,7 +374,8 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
         if (lane < SEL_TOP)
             g.tw[warp * SEL_TOP + lane] = sorted;
     } else {
-        const uint32_t tw = __shfl_sync(0xffffffffu, sorted, need - 1); /* the whole warp: `top` is uniform */
+        const uint32_t tw =
+            __shfl_sync(0xffffffffu, sorted, need - 1); /* the whole warp: `top` is uniform */
         if (lane == 0)
             g.tw[warp * SEL_TOP] = tw;
     }
@@ -378,7 +384,7 @@ __device__ __forceinline__ bool cu_select_row_list(const float *scores, int32_t 
     __syncthreads(); /* keys, thresholds and the counter visible */
     uint32_t T = 0u;
     if (top) {
-        T = cu_sel_top_threshold<NW < 2 ? 2 : NW>(g.tw, need);
+        T = cu_sel_top_threshold < NW < 2 ? 2 : NW > (g.tw, need);
     } else {
 #pragma unroll
         for (int w = 0; w < NW; ++w)
@@ -469,8 +475,8 @@ __device__ __forceinline__ void cu_stage_scores(const float *scores, int32_t N, 
  * The five passes read the scores from `cache` (this warp's shared memory,
  * cache_cap floats) when they fit, else from global memory. */
 __device__ __forceinline__ void cu_select_row(const float *scores, int32_t N, int32_t K, int32_t I,
-                                              int32_t Lc, int32_t *out, uint32_t *hist, float *cache,
-                                              int32_t cache_cap)
+                                              int32_t Lc, int32_t *out, uint32_t *hist,
+                                              float *cache, int32_t cache_cap)
 {
     const int lane = threadIdx.x & 31;
     const uint32_t below = (1u << lane) - 1u;
@@ -589,9 +595,10 @@ __device__ __forceinline__ void cu_select_row(const float *scores, int32_t N, in
  * is a run-time flag, not a template: the lone-warp paths are large, and
  * a second inlined copy made the whole kernel slower. */
 template <int NT>
-__device__ __forceinline__ void cu_select_row_by(bool cta, const float *scores, int32_t N, int32_t K,
-                                                 int32_t I, int32_t Lc, int32_t *out, uint32_t *hist,
-                                                 float *cache, int32_t cache_cap, const cu_sel_grp &g)
+__device__ __forceinline__ void cu_select_row_by(bool cta, const float *scores, int32_t N,
+                                                 int32_t K, int32_t I, int32_t Lc, int32_t *out,
+                                                 uint32_t *hist, float *cache, int32_t cache_cap,
+                                                 const cu_sel_grp &g)
 {
     const int32_t need = K - I - Lc;
     if (cta && N > K && need >= 1 && need <= 32 && N <= cache_cap &&
@@ -604,7 +611,8 @@ __device__ __forceinline__ void cu_select_row_by(bool cta, const float *scores, 
 }
 
 /* Union of `nl` ascending lists (each K wide, -1 padded) into row[W]. */
-__device__ __forceinline__ void cu_union_lists(const int32_t *lists, int nl, int32_t K, int32_t W, int32_t *row)
+__device__ __forceinline__ void cu_union_lists(const int32_t *lists, int nl, int32_t K, int32_t W,
+                                               int32_t *row)
 {
     const int lane = threadIdx.x & 31;
     int32_t ptr = 0;
