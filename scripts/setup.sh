@@ -10,6 +10,7 @@ command -v python3 >/dev/null 2>&1 || need+=(python3)
 if [ "${MSA_WITH_FUZZ:-0}" = 1 ]; then
   command -v clang >/dev/null 2>&1 || need+=(clang)
   dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
+  command -v clang-format >/dev/null 2>&1 || need+=(clang-format)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
