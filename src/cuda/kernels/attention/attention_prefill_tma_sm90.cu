@@ -164,7 +164,10 @@ __device__ __forceinline__ void cu_pfh_load_page(uint32_t dst, const CUtensorMap
  * consumers.  That is done after the next block's copies are issued (not
  * at once, so the copy's latency is not waited for with nothing else in
  * flight), and always before the following claim: that claim may wait for
- * the tail's own slot. */
+ * the tail's own slot.  There is one tail barrier, so at most one tail is
+ * armed at a time: a tail block right after another (an item ending in its
+ * request's last page, then an item whose first block is its request's
+ * last page: kv_len <= 128) first finishes the pending one. */
 typedef struct cu_pfh_prod {
     uint32_t gs;        /* slots claimed so far */
     uint32_t tail_par;  /* the tail barrier's next phase parity */
@@ -210,6 +213,12 @@ __device__ __forceinline__ void cu_pfh_issue(const cu_pfh_params &p, const cu_pf
     const int s = (int)(pr.gs % PFH_STAGES);
     const uint32_t par = (pr.gs / PFH_STAGES) & 1u;
     const bool tail = page >= 0 && pos + PFH_KEYS > kv_len;
+    /* Arming the tail barrier again while the pending tail's phase has not
+     * completed would merge both copies into one phase (the second arrival
+     * on a phase whose count is already reached): the second tail's wait
+     * would then never see its phase complete. */
+    if (tail)
+        cu_pfh_tail_finish(sm, pr);
     if (lane == 0) {
         if (pr.gs >= PFH_STAGES)
             cu_mbar_wait(&sm.empty[s], par ^ 1u);
@@ -533,8 +542,19 @@ int cu_pfh_fits(int32_t d, int32_t page, int32_t block, int32_t g, int32_t W, in
 {
     /* The dense stream did not finish on the H200 for a step of several
      * requests with ragged last pages (its sparse stream passed every
-     * sweep case), so dense passes keep the mma.sync kernel until it is
-     * found and fixed. */
+     * sweep case), so dense passes keep the mma.sync kernel until a GPU
+     * run validates the fix.  The cause found by reading: with more items
+     * than SMs, a CTA's item ending in its request's last (ragged) page
+     * was followed by an item whose first block is a last page too (a
+     * request of at most 128 keys), and the producer armed the single
+     * tail barrier for the second block before it had waited for the
+     * first's phase; both copies then fell into one phase and the second
+     * tail's wait never completed.  cu_pfh_issue now finishes a pending
+     * tail before it arms another.  The sparse stream had the same
+     * sequence but staged the next item's selection rows in between,
+     * which in practice let the first copy land first.  To validate, open
+     * this gate and run
+     *   test_cuda_sweep --quick --prefill --filter pfm3/prefill-several/dense */
     if (!sparse) {
         if (why)
             *why = "dense pass: mma.sync prefill kernel (the Hopper dense stream is not validated)";
