@@ -36,11 +36,11 @@ typedef struct msa_case {
     int fixed_limits;  /* plan created with exact capacity limits (no growth) */
     int omit_optional; /* lse and topk outputs not requested */
     int out_offset;    /* bytes (a multiple of 4, < 64) the output `o` starts after its
-                         * buffer's start: 4 keeps 4-byte alignment but not 16 */
+                        * buffer's start: 4 keeps 4-byte alignment but not 16 */
     float k_scale, v_scale, index_k_scale, index_v_scale; /* quantized planes; 0 = 1.0 */
     int index_period; /* >0: the cached index keys of block n >= index_period of a
-                         * request repeat those of block n mod index_period (exact
-                         * ties in pairs or more, like `msa bench`'s repeated data) */
+                       * request repeat those of block n mod index_period (exact
+                       * ties in pairs or more, like `msa bench`'s repeated data) */
 } msa_case;
 
 typedef struct msa_case_result {
@@ -75,7 +75,7 @@ typedef struct msa_sweep_options {
     /* Additions. */
     int num_threads;   /* CPU worker threads of the sweep's context; 0 = all cores */
     int shard, shards; /* shards > 1: only the selected cases i with i % shards == shard,
-                         * so that several processes can share a sweep */
+                        * so that several processes can share a sweep */
     const msa_debug_options *debug; /* the sweep's context's debugging aids; NULL: none */
 } msa_sweep_options;
 

@@ -78,27 +78,35 @@ int msa_backend_available(msa_backend backend);
  * the device; results stay within the oracle's tolerances, times do not.
  * Read once, at context creation.  All 0 / NULL: none. */
 typedef struct msa_debug_options {
-    int cuda_num_sms;               /* > 0: size the persistent grids for this many SMs (at most
-                             * the device's), so that each CTA of the one-CTA-per-SM
-                             * kernels takes several units even at small steps */
-    int cuda_no_tma;                /* 1: no Hopper tensor-map kernels (the mma kernels run) */
-    int cuda_no_pdl;                /* 1: no programmatic dependent launch between kernels */
-    int cuda_sel_warp_rows;         /* 1: the selection gives every decode row one warp, as it
-                             * does at large batches, however few rows a step has */
-    int cuda_sel_unions;            /* 1: the selection builds every union, also those the
-                             * Hopper attention would build from the selected rows */
-    int cuda_no_prefill_tma;        /* 1: prefill rows of 128-row pages on Hopper run the
-                             * mma.sync prefill attention, not the tensor-map one */
-    int cuda_no_prefill_indexer;    /* 1: prefill rows of a sparse layer are scored and
-                             * selected by the scalar roles of the decode indexer and
-                             * selection, not by the tensor-core prefill indexer */
-    int cuda_no_prefill_wgmma;      /* 1: the prefill indexer computes its products with
-                             * mma.sync on Hopper too, not with warpgroup products */
-    const char *cuda_timeline_path; /* profiler: with a library built with
-                             * -DMSA_TIMELINE, each forward's kernels stamp named
-                             * events (docs/CUDA.md) and the last forward's stamps
-                             * are written to this CSV file when the context is freed;
-                             * NULL: off.  Copied at creation. */
+    /* > 0: size the persistent grids for this many SMs (at most the device's),
+     * so that each CTA of the one-CTA-per-SM kernels takes several units even
+     * at small steps. */
+    int cuda_num_sms;
+    /* 1: no Hopper tensor-map kernels (the mma kernels run). */
+    int cuda_no_tma;
+    /* 1: no programmatic dependent launch between kernels. */
+    int cuda_no_pdl;
+    /* 1: the selection gives every decode row one warp, as it does at large
+     * batches, however few rows a step has. */
+    int cuda_sel_warp_rows;
+    /* 1: the selection builds every union, also those the Hopper attention
+     * would build from the selected rows. */
+    int cuda_sel_unions;
+    /* 1: prefill rows of 128-row pages on Hopper run the mma.sync prefill
+     * attention, not the tensor-map one. */
+    int cuda_no_prefill_tma;
+    /* 1: prefill rows of a sparse layer are scored and selected by the scalar
+     * roles of the decode indexer and selection, not by the tensor-core
+     * prefill indexer. */
+    int cuda_no_prefill_indexer;
+    /* 1: the prefill indexer computes its products with mma.sync on Hopper
+     * too, not with warpgroup products. */
+    int cuda_no_prefill_wgmma;
+    /* Profiler: with a library built with -DMSA_TIMELINE, each forward's
+     * kernels stamp named events (docs/CUDA.md) and the last forward's stamps
+     * are written to this CSV file when the context is freed; NULL: off.
+     * Copied at creation. */
+    const char *cuda_timeline_path;
 } msa_debug_options;
 
 typedef struct msa_context_params {

@@ -11,7 +11,7 @@
 typedef struct cu_ctx_state {
     int device;
     int num_sms;            /* the SMs the grids are sized for: all of the device's, or fewer
-                         * (msa_debug_options.cuda_num_sms) */
+                             * (msa_debug_options.cuda_num_sms) */
     int grid_idx_fast;      /* persistent grid of the tensor-core indexer */
     int grid_att_fast;      /* persistent grid of the tensor-core attention */
     int pdl;                /* Hopper+: programmatic dependent launch (unless cuda_no_pdl) */
@@ -22,7 +22,7 @@ typedef struct cu_ctx_state {
     int pf_tma;             /* wgmma: the Hopper prefill attention (unless cuda_no_prefill_tma) */
     int pfi;                /* the tensor-core prefill indexer (unless cuda_no_prefill_indexer) */
     int pfi_wgmma;          /* wgmma: its products as warpgroup products (unless
-                         * cuda_no_prefill_wgmma) */
+                             * cuda_no_prefill_wgmma) */
     unsigned long long *tl; /* profiler (msa_debug_options.cuda_timeline_path): kernel
                              * timeline stamps (common/timeline.cuh), written to tl_path when
                              * the context ends */

@@ -97,7 +97,7 @@ typedef struct cu_step_hdr {
     int32_t n_dec_rows;       /* their tokens */
     int32_t n_pf;             /* prefill tokens */
     int32_t total_dec_blocks; /* sum of ceil(kv_len / B) over the decode requests
-                              * with more than K blocks (those the indexer scores) */
+                               * with more than K blocks (those the indexer scores) */
     int32_t n_att[CU_KINDS];
     int32_t n_merge[CU_KINDS];
     int32_t n_att_units;   /* sparse pass: entries of att_units */
@@ -293,9 +293,9 @@ typedef struct cu_layer {
     int32_t *ucnt;
     int32_t *sel_done;
     int32_t att_union; /* > 0: the Hopper attention builds the unions of requests of
-                              * several tokens and at most this many blocks from the rows in
-                              * sel (cu_attt_union), the selection the others; 0: the
-                              * selection builds every union */
+                        * several tokens and at most this many blocks from the rows in
+                        * sel (cu_attt_union), the selection the others; 0: the
+                        * selection builds every union */
     int32_t *idx_next; /* NULL: the indexer's shares are all fixed (indexer_decode_tma_sm90.cu) */
     float *pf_scratch;
     float *part;
@@ -331,7 +331,7 @@ typedef struct cu_attn {
     int32_t sparse;  /* keys from the union / sel rows, else all causal keys */
     int32_t W;       /* width of sel rows */
     int32_t pf_fast; /* prefill rows run on tensor cores (attention_prefill_mma_sm80),
-                              * not in the merge kernel */
+                      * not in the merge kernel */
 } cu_attn;
 
 /* Physical page of logical position pos of request r. */
