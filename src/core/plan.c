@@ -271,6 +271,7 @@ msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *
     if (st != MSA_OK) {
         arrays_free(&cur);
         arrays_free(&spare);
+        msa_step_pages_free(p);
         free(p);
         return backend_failed(ctx, st, fn);
     }
