@@ -537,6 +537,9 @@ static void test_strict_json(void)
             "unpaired surrogate");
     REFUSED("duplicate key at the top level", "{" CFG_TOP ", \"num_attention_heads\": 16}",
             MSA_ERR_IO, "duplicate key \"num_attention_heads\"", "at the top level", "byte offset");
+    /* Only empty keys: the checker stores no key bytes at all (a fuzzer
+     * found the sanitizers' complaint on this input). */
+    REFUSED("duplicate empty keys", "{\"\" :8, \"\": [2]}", MSA_ERR_IO, "duplicate key \"\"");
     REFUSED("duplicate key through an escape", "{" CFG_TOP ", \"head_di\\u006d\": 16}", MSA_ERR_IO,
             "duplicate key \"head_dim\"");
     REFUSED("duplicate key in text_config", "{\"text_config\": {" CFG_TOP ", \"head_dim\": 64}}",

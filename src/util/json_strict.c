@@ -310,8 +310,10 @@ static int check_duplicates(checker *c, size_t base, const char *where)
     if (n < 2)
         return 0;
     key_ref *k = c->keys + base;
+    /* Keys that are all empty leave the arena unallocated: point them at
+     * an empty string rather than offset a null pointer. */
     for (size_t i = 0; i < n; i++)
-        k[i].p = c->arena + k[i].off;
+        k[i].p = c->arena ? c->arena + k[i].off : "";
     qsort(k, n, sizeof *k, cmp_key);
     const key_ref *dup = NULL;
     for (size_t i = 1; i < n; i++)
