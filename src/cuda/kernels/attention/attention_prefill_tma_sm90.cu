@@ -540,26 +540,6 @@ __global__ void __launch_bounds__(PFH_THREADS, 1)
 int cu_pfh_fits(int32_t d, int32_t page, int32_t block, int32_t g, int32_t W, int sparse,
                 const char **why)
 {
-    /* The dense stream did not finish on the H200 for a step of several
-     * requests with ragged last pages (its sparse stream passed every
-     * sweep case), so dense passes keep the mma.sync kernel until a GPU
-     * run validates the fix.  The cause found by reading: with more items
-     * than SMs, a CTA's item ending in its request's last (ragged) page
-     * was followed by an item whose first block is a last page too (a
-     * request of at most 128 keys), and the producer armed the single
-     * tail barrier for the second block before it had waited for the
-     * first's phase; both copies then fell into one phase and the second
-     * tail's wait never completed.  cu_pfh_issue now finishes a pending
-     * tail before it arms another.  The sparse stream had the same
-     * sequence but staged the next item's selection rows in between,
-     * which in practice let the first copy land first.  To validate, open
-     * this gate and run
-     *   test_cuda_sweep --quick --prefill --filter pfm3/prefill-several/dense */
-    if (!sparse) {
-        if (why)
-            *why = "dense pass: mma.sync prefill kernel (the Hopper dense stream is not validated)";
-        return 0;
-    }
     if (d != 128) {
         if (why)
             *why = "head dim != 128: mma.sync prefill kernel";
