@@ -995,6 +995,20 @@ static void test_objects(void)
     expect_fail("bench: invalid io", msa_bench_forward(ctx, plan, 1, &bad, 1, 0, 2, t), IA, IA,
                 NULL);
     expect_fail("bench: layer 5", msa_bench_forward(ctx, plan, 5, &io, 1, 0, 2, t), OOR, OOR, NULL);
+    double stage_us[MSA_STAGE_COUNT];
+    expect_fail("stages: zero reps", msa_bench_stages(ctx, plan, 1, &io, 1, 0, stage_us), IA, IA,
+                NULL);
+    expect_fail("stages: NULL times", msa_bench_stages(ctx, plan, 1, &io, 1, 2, NULL), IA, IA, NULL);
+    expect_fail("stages: invalid io", msa_bench_stages(ctx, plan, 1, &bad, 1, 2, stage_us), IA, IA,
+                NULL);
+    expect_fail("stages: layer 5", msa_bench_stages(ctx, plan, 5, &io, 1, 2, stage_us), OOR, OOR,
+                NULL);
+    pl = plant_message();
+    expect_fail("stages: CPU backend", msa_bench_stages(ctx, plan, 1, &io, 1, 2, stage_us), UNS,
+                UNS, pl);
+    CHECK(!strcmp(msa_stage_name(MSA_STAGE_PREFILL_INDEXER), "prefill_indexer") &&
+              !strcmp(msa_stage_name(MSA_STAGE_COUNT), "?"),
+          "stage names");
     CHECK(plan_reproduces_baseline(), "plan intact after all the rejected calls");
 }
 

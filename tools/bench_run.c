@@ -282,6 +282,15 @@ static int time_layer(run_state *s, int32_t layer, bench_layer_result *lr, bench
         free(times);
         return fail_lib(s, res, "timing");
     }
+    lr->has_stages = 0;
+    if (env->stages) {
+        if (msa_bench_stages(env->ctx, s->plan[0], layer, s->io, s->sets, env->reps,
+                             lr->stage_us) != MSA_OK) {
+            free(times);
+            return fail_lib(s, res, "stage timing");
+        }
+        lr->has_stages = 1;
+    }
     cli_sort_doubles(times, (size_t)env->reps);
     int n = env->reps;
     lr->median_us = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);

@@ -30,6 +30,7 @@ typedef struct bench_env {
     int max_copies;
     int min_sets; /* input sets, at least 2 */
     int verbose;  /* progress lines on stderr */
+    int stages;   /* 1: also time each stage (msa_bench_stages) */
     synth_rng *rng;
 } bench_env;
 
@@ -41,6 +42,8 @@ typedef struct bench_layer_result {
     double union_blocks; /* sparse: mean blocks read per (request, KV head) */
     double working_set;  /* bytes one rotation touches (model bytes + inputs/outputs) */
     double median_us, p10_us, p90_us, min_us, max_us;
+    int has_stages;                    /* stage_us holds msa_bench_stages' medians */
+    double stage_us[MSA_STAGE_COUNT];
     char kernel[64];
     char fallback[160];
 } bench_layer_result;

@@ -38,6 +38,7 @@ typedef struct bench_opts {
     double mem_gb;
     msa_dtype act_dtype, kv_dtype, index_dtype;
     int prewritten;
+    int stages; /* -1: default (prefill workloads on CUDA), 0: off, 1: on */
     const char *json;
 } bench_opts;
 
@@ -49,7 +50,7 @@ static void bench_usage(FILE *f)
         "         --workload decode|prefill [--workload-file PATH]\n"
         "             [--suite S] [--cases ID,ID] [--max-context L] [--q-len Q]\n"
         "       | --decode-context L [--batch B] [--q-len Q]\n"
-        "         [--dense] [--reps N] [--warmup N] [--json FILE]\n"
+        "         [--dense] [--stages] [--reps N] [--warmup N] [--json FILE]\n"
         "         [--act-dtype D] [--kv-dtype D] [--index-dtype D] [--prewritten]\n"
         "         [--copies N] [--sets N] [--mem-gb G]\n"
         "  --workload W       cases of bench/workloads/W.json\n"
@@ -62,6 +63,9 @@ static void bench_usage(FILE *f)
         "  --dense            also time a dense layer on the same step\n"
         "  --reps N           timed runs per case (default 20); --warmup N (default 5)\n"
         "  --prewritten       step entries already cached (time attention alone)\n"
+        "  --stages           also time each stage (cache write, indexer, selection,\n"
+        "                     prefill indexer, attention, index value; CUDA only; the\n"
+        "                     default for prefill workloads on CUDA; --no-stages: off)\n"
         "  --copies N         most cache copies rotated to defeat the LLC (default 16)\n"
         "  --sets N           input sets rotated (default 2, at most 4)\n"
         "  --mem-gb G         most cache memory for all copies (default: half of RAM\n"
@@ -110,6 +114,10 @@ static int parse_opts(int argc, char **argv, bench_opts *o, int *help)
         }
         if (strcmp(argv[i], "--prewritten") == 0) {
             o->prewritten = 1;
+            continue;
+        }
+        if (strcmp(argv[i], "--stages") == 0 || strcmp(argv[i], "--no-stages") == 0) {
+            o->stages = argv[i][2] == 's';
             continue;
         }
         if ((r = cli_option(argc, argv, &i, "--backend", &val)) != 0) {
@@ -248,6 +256,11 @@ static cJSON *result_json(const bench_case *c, const bench_result *res, int li, 
     cJSON_AddNumberToObject(t, "p90", lr->p90_us);
     cJSON_AddNumberToObject(t, "min", lr->min_us);
     cJSON_AddNumberToObject(t, "max", lr->max_us);
+    if (lr->has_stages) {
+        cJSON *st = cJSON_AddObjectToObject(o, "stage_us");
+        for (int k = 0; k < MSA_STAGE_COUNT; k++)
+            cJSON_AddNumberToObject(st, msa_stage_name((msa_stage)k), lr->stage_us[k]);
+    }
     cJSON_AddNumberToObject(o, "bytes", lr->bytes);
     cJSON_AddNumberToObject(o, "flops", lr->flops);
     cJSON_AddNumberToObject(o, "gb_per_s", lr->bytes / lr->median_us * 1e-3);
@@ -292,6 +305,19 @@ static void add_row(table *tab, const bench_case *c, const bench_result *res, in
     table_cell(tab, "%g", c->weight);
 }
 
+static void add_stage_row(table *tab, const bench_case *c, const bench_layer_result *lr)
+{
+    double sum = 0;
+    table_cell(tab, "%s%s", c->id, c->scaled ? "*" : "");
+    table_cell(tab, "%s", lr->sparse ? "sparse" : "dense");
+    for (int k = 0; k < MSA_STAGE_COUNT; k++) {
+        table_cell(tab, "%.1f", lr->stage_us[k]);
+        sum += lr->stage_us[k];
+    }
+    table_cell(tab, "%.1f", sum);
+    table_cell(tab, "%.1f", lr->median_us);
+}
+
 static void print_aggregate(const char *kind, const aggregate *a, int prefill, double bw)
 {
     if (a->cases == 0 || a->w_time <= 0)
@@ -315,6 +341,7 @@ int cmd_bench(int argc, char **argv)
     o.warmup = 5;
     o.max_copies = 16;
     o.sets = 2;
+    o.stages = -1;
     o.act_dtype = o.kv_dtype = o.index_dtype = MSA_DTYPE_BF16;
     int help = 0;
     if (parse_opts(argc, argv, &o, &help) != 0) {
@@ -329,6 +356,12 @@ int cmd_bench(int argc, char **argv)
     bench_case *cases = NULL;
     int num_cases = 0, prefill = o.workload && strcmp(o.workload, "prefill") == 0;
     char err[600], path[4096];
+    if (o.stages < 0)
+        o.stages = prefill && o.backend == MSA_BACKEND_CUDA;
+    if (o.stages && o.backend != MSA_BACKEND_CUDA) {
+        fprintf(stderr, "msa bench: --stages needs --backend cuda\n");
+        return CLI_EXIT_USAGE;
+    }
     if (o.workload) {
         if (find_workload(&o, path, sizeof path) != 0)
             return CLI_EXIT_USAGE;
@@ -350,6 +383,10 @@ int cmd_bench(int argc, char **argv)
                                           "ctx",  "median us", "p10..p90 us", "rate",
                                           "% bw", "MB",        "weight"};
     table *tab = table_new(11, headers);
+    static const char *const stage_headers[] = {
+        "case",     "layer",     "write us",    "indexer us", "select us",
+        "pf idx us", "attn us",  "idx val us",  "sum us",     "forward us"};
+    table *stages = o.stages ? table_new(10, stage_headers) : NULL;
     msa_context *ctx = cli_context(o.backend, (int)o.threads);
     if (!ctx || !results || !tab)
         goto done;
@@ -391,6 +428,7 @@ int cmd_bench(int argc, char **argv)
         .max_copies = (int)o.max_copies,
         .min_sets = (int)o.sets,
         .verbose = 1,
+        .stages = o.stages,
         .rng = &rng,
     };
     printf("%s backend, %d threads, read bandwidth %.1f GB/s; %s; %s activations, %s K/V, %s "
@@ -434,6 +472,13 @@ int cmd_bench(int argc, char **argv)
                     prefill ? lr->flops / lr->median_us * 1e-6 : lr->bytes / lr->median_us * 1e-3,
                     prefill ? "TFLOP/s" : "GB/s", res.copies, res.copies == 1 ? "y" : "ies",
                     lr->working_set * 1e-6);
+            if (lr->has_stages) {
+                fprintf(stderr, "  %s stages (us):", lr->sparse ? "sparse" : "dense");
+                for (int k = 0; k < MSA_STAGE_COUNT; k++)
+                    fprintf(stderr, " %s %.1f", msa_stage_name((msa_stage)k), lr->stage_us[k]);
+                fprintf(stderr, "\n");
+                add_stage_row(stages, c, lr);
+            }
             if (c->weight > 0) {
                 aggregate *a = &agg[lr->sparse ? 0 : 1];
                 a->w_work += c->weight * (prefill ? lr->flops : lr->bytes);
@@ -450,6 +495,12 @@ int cmd_bench(int argc, char **argv)
     printf("\n");
     table_print(tab, stdout);
     printf("\n");
+    if (stages) {
+        printf("stages (msa_bench_stages: eager runs, each stage waits for the previous one;\n"
+               "pf idx: the prefill rows' index scores and selection)\n");
+        table_print(stages, stdout);
+        printf("\n");
+    }
     print_aggregate("sparse", &agg[0], prefill, bw);
     print_aggregate("dense", &agg[1], prefill, bw);
     printf("rate: %s; MB: bytes of the model per run; * = lengths scaled by --max-context\n",
@@ -498,6 +549,7 @@ int cmd_bench(int argc, char **argv)
 done:
     cJSON_Delete(results);
     table_free(tab);
+    table_free(stages);
     msa_model_free(model);
     msa_context_free(ctx);
     workload_free(cases, num_cases);

@@ -325,6 +325,31 @@ const char *msa_plan_fallback_reason(const msa_plan *plan, int32_t layer);
 msa_status msa_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
                              const msa_layer_io *io_sets, int num_sets, int warmup, int reps,
                              double *times_us);
+/* The stages of one layer's forward, in launch order.  The prefill indexer
+ * stage scores and selects the blocks of prefill rows (requests of more
+ * new tokens than the decode path takes) in one kernel; the indexer and
+ * selection stages serve the other rows. */
+typedef enum msa_stage {
+    MSA_STAGE_CACHE_WRITE = 0,
+    MSA_STAGE_INDEXER,
+    MSA_STAGE_SELECTION,
+    MSA_STAGE_PREFILL_INDEXER,
+    MSA_STAGE_ATTENTION,
+    MSA_STAGE_INDEX_VALUE,
+    MSA_STAGE_COUNT
+} msa_stage;
+/* "cache_write", "indexer", ...; "?" for a value out of range. */
+const char *msa_stage_name(msa_stage stage);
+/* Times each stage of msa_forward of `layer` on the current plan: `reps`
+ * runs rotating through the io sets (after one untimed run per set), and
+ * writes each stage's median time in microseconds to
+ * stage_us[MSA_STAGE_COUNT] (0 for a stage the layer does not run).  The
+ * runs are not graphs and each stage boundary is a full dependency (no
+ * overlap of a kernel's start with its predecessor's end), so the stages
+ * add up to somewhat more than msa_bench_forward's time.  CUDA backend
+ * only: the CPU backend returns MSA_ERR_UNSUPPORTED. */
+msa_status msa_bench_stages(msa_context *ctx, msa_plan *plan, int32_t layer,
+                            const msa_layer_io *io_sets, int num_sets, int reps, double *stage_us);
 /* Streaming-read bandwidth of the backend's memory (GB/s, 1e9 bytes/s):
  * reads `bytes` bytes `reps` times and reports the median rate. */
 msa_status msa_bench_read_bandwidth(msa_context *ctx, size_t bytes, int reps, double *gbps);

@@ -168,3 +168,37 @@ msa_status msa_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
     msa_clear_error(ctx);
     return ctx->ops->bench_forward(ctx, plan, layer, io_sets, num_sets, warmup, reps, times_us);
 }
+
+const char *msa_stage_name(msa_stage stage)
+{
+    static const char *const names[MSA_STAGE_COUNT] = {
+        "cache_write", "indexer", "selection", "prefill_indexer", "attention", "index_value"};
+    return (int)stage >= 0 && stage < MSA_STAGE_COUNT ? names[stage] : "?";
+}
+
+msa_status msa_bench_stages(msa_context *ctx, msa_plan *plan, int32_t layer,
+                            const msa_layer_io *io_sets, int num_sets, int reps, double *stage_us)
+{
+    if (!ctx)
+        return MSA_ERR_INVALID_ARGUMENT;
+    msa_status st = validate_call(ctx, plan, layer);
+    if (st != MSA_OK)
+        return st;
+    if (!io_sets || num_sets < 1 || reps < 1 || !stage_us)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                             "msa_bench_stages: need io_sets, num_sets >= 1, reps >= 1, stage_us");
+    for (int i = 0; i < num_sets; i++)
+        if ((st = validate_io(ctx, plan, layer, &io_sets[i])) != MSA_OK)
+            return st;
+    if (!ctx->ops->bench_stages)
+        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
+                             "msa_bench_stages: the %s backend does not time stages",
+                             ctx->ops->name);
+    msa_clear_error(ctx);
+    if (plan->num_tokens == 0) { /* msa_forward runs nothing */
+        for (int k = 0; k < MSA_STAGE_COUNT; k++)
+            stage_us[k] = 0;
+        return MSA_OK;
+    }
+    return ctx->ops->bench_stages(ctx, plan, layer, io_sets, num_sets, reps, stage_us);
+}

@@ -46,6 +46,10 @@ typedef struct msa_backend_ops {
                                 const msa_layer_io *io_sets, int num_sets, int warmup, int reps,
                                 double *times_us);
     msa_status (*bench_read_bandwidth)(msa_context *ctx, size_t bytes, int reps, double *gbps);
+    /* NULL: the backend does not time stages. */
+    msa_status (*bench_stages)(msa_context *ctx, msa_plan *plan, int32_t layer,
+                               const msa_layer_io *io_sets, int num_sets, int reps,
+                               double *stage_us);
 } msa_backend_ops;
 
 extern const msa_backend_ops msa_cpu_backend_ops;

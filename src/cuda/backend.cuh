@@ -27,13 +27,25 @@ typedef struct cu_ctx_state {
                              * timeline stamps (common/timeline.cuh), written to tl_path when
                              * the context ends */
     char *tl_path;
+    struct cu_stage_marks *stages; /* set while msa_bench_stages runs, NULL otherwise */
 } cu_ctx_state;
+
+/* Stage boundaries of one forward for msa_bench_stages: ev[k] is recorded
+ * where stage k starts (ev[MSA_STAGE_COUNT] after the last), and bit k of
+ * skipped is set for a stage the layer does not run (its event is then
+ * not recorded). */
+typedef struct cu_stage_marks {
+    cudaEvent_t ev[MSA_STAGE_COUNT + 1];
+    unsigned skipped;
+} cu_stage_marks;
 
 msa_status cu_plan_init(msa_plan *plan);
 msa_status cu_plan_upload(msa_plan *plan, void *stream);
 void cu_plan_free(msa_plan *plan);
 void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const char **reason);
 msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);
+msa_status cu_bench_stages(msa_context *ctx, msa_plan *plan, int32_t layer,
+                           const msa_layer_io *io_sets, int num_sets, int reps, double *stage_us);
 
 /* Which kernels layer `layer` runs with activations of type act on plan
  * state st (its device flags, prefill kernels and tensor maps), and why a

@@ -127,6 +127,73 @@ msa_status cu_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
     return st;
 }
 
+/* bench_stages: eager forwards (no graph) with the stage events recorded
+ * between the stages (cu_stage_marks); each run waits behind a spin kernel
+ * so that its launches are queued before the GPU reaches them. */
+static msa_status cu_stages_run(msa_context *ctx, msa_plan *plan, int32_t layer,
+                                const msa_layer_io *io_sets, int num_sets, int reps,
+                                double *samples, cudaStream_t stream, cu_stage_marks *marks)
+{
+    cu_ctx_state *cs = (cu_ctx_state *)ctx->backend_state;
+    for (int i = 0; i < num_sets + reps; ++i) {
+        msa_layer_io io = io_sets[i % num_sets];
+        io.stream = stream;
+        cu_spin_kernel<<<1, 1, 0, stream>>>(200000ull);
+        CU_TRY(ctx, cudaGetLastError());
+        marks->skipped = 0;
+        cs->stages = marks;
+        msa_status st = msa_forward(ctx, plan, layer, &io);
+        cs->stages = NULL;
+        if (st != MSA_OK)
+            return st;
+        CU_TRY(ctx, cudaStreamSynchronize(stream));
+        if (i < num_sets) /* the untimed first run of each set */
+            continue;
+        for (int k = 0; k < MSA_STAGE_COUNT; ++k) {
+            float ms = 0.0f;
+            if (!(marks->skipped >> k & 1u))
+                CU_TRY(ctx, cudaEventElapsedTime(&ms, marks->ev[k], marks->ev[k + 1]));
+            samples[(size_t)k * reps + (i - num_sets)] = (double)ms * 1000.0;
+        }
+    }
+    return MSA_OK;
+}
+
+msa_status cu_bench_stages(msa_context *ctx, msa_plan *plan, int32_t layer,
+                           const msa_layer_io *io_sets, int num_sets, int reps, double *stage_us)
+{
+    const cu_ctx_state *cs = (const cu_ctx_state *)ctx->backend_state;
+    CU_TRY(ctx, cudaSetDevice(cs->device));
+    double *samples = (double *)malloc(sizeof(double) * (size_t)reps * MSA_STAGE_COUNT);
+    if (!samples)
+        return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "out of host memory");
+    cu_stage_marks marks = {};
+    cudaStream_t stream = NULL;
+    int made = 0;
+    cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    for (; e == cudaSuccess && made < MSA_STAGE_COUNT + 1; ++made)
+        e = cudaEventCreate(&marks.ev[made]);
+    msa_status st =
+        e == cudaSuccess
+            ? cu_stages_run(ctx, plan, layer, io_sets, num_sets, reps, samples, stream, &marks)
+            : msa_set_error(ctx, MSA_ERR_BACKEND, "stage timing: %s", cudaGetErrorString(e));
+    if (stream)
+        cudaStreamSynchronize(stream);
+    for (int k = 0; k < made; ++k)
+        if (marks.ev[k])
+            cudaEventDestroy(marks.ev[k]);
+    if (stream)
+        cudaStreamDestroy(stream);
+    cudaGetLastError();
+    for (int k = 0; st == MSA_OK && k < MSA_STAGE_COUNT; ++k) {
+        double *x = samples + (size_t)k * reps;
+        qsort(x, (size_t)reps, sizeof(double), cu_cmp_double);
+        stage_us[k] = reps % 2 ? x[reps / 2] : 0.5 * (x[reps / 2 - 1] + x[reps / 2]);
+    }
+    free(samples);
+    return st;
+}
+
 /* Sums the words so the loads cannot be removed; the store never happens
  * for real data (the sum would have to equal the flag). */
 __global__ void cu_read_kernel(const uint4 *__restrict__ p, size_t n, unsigned flag, unsigned *out)

@@ -441,34 +441,59 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         pfi = st->n_pf > 0 || cap != cudaStreamCaptureStatusNone;
     }
 
+    /* For msa_bench_stages: CU_STAGE_MARK(first, last) marks stages first to
+     * last - 1 as not run and records the start of stage last. */
+#define CU_STAGE_MARK(first, last)                                                                  \
+    do {                                                                                           \
+        if (cs->stages) {                                                                          \
+            for (int skip_ = (first); skip_ < (last); skip_++)                                     \
+                cs->stages->skipped |= 1u << skip_;                                                \
+            CU_TRY(ctx, cudaEventRecord(cs->stages->ev[(last)], s));                               \
+        }                                                                                          \
+    } while (0)
     if (cs->tl) /* profiling aid: the timeline holds this forward's stamps only */
         CU_TRY(ctx, cudaMemsetAsync(cs->tl, 0, CU_TL_WORDS * sizeof(unsigned long long), s));
+    CU_STAGE_MARK(MSA_STAGE_CACHE_WRITE, MSA_STAGE_CACHE_WRITE);
     cu_launch_prologue(&L, st, s);
     cu_attn A;
     if (L.sparse) {
+        CU_STAGE_MARK(MSA_STAGE_INDEXER, MSA_STAGE_INDEXER);
         if (paths.idx_tma)
             cu_launch_indexer_tma(&L, st, &maps[CU_MAP_INDEX_K], s);
         else if (paths.idx_fast)
             cu_launch_indexer_mma(&L, st, s);
         else
             cu_launch_indexer_simt(&L, st, s);
+        CU_STAGE_MARK(MSA_STAGE_SELECTION, MSA_STAGE_SELECTION);
         cu_launch_select(&L, st, s);
-        if (pfi)
+        if (pfi) {
+            CU_STAGE_MARK(MSA_STAGE_PREFILL_INDEXER, MSA_STAGE_PREFILL_INDEXER);
             cu_launch_indexer_prefill_mma(&L, st, s);
+            CU_STAGE_MARK(MSA_STAGE_ATTENTION, MSA_STAGE_ATTENTION);
+        } else {
+            CU_STAGE_MARK(MSA_STAGE_PREFILL_INDEXER, MSA_STAGE_ATTENTION);
+        }
         cu_attn_main(&L, &A, 1);
         A.pf_fast = paths.pf_fast;
         cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL,
                          pf_maps, s);
         if (L.iv) {
+            CU_STAGE_MARK(MSA_STAGE_INDEX_VALUE, MSA_STAGE_INDEX_VALUE);
             cu_attn_index_value(&L, &A);
             A.pf_fast = paths.pf_iv_fast;
             cu_run_attention(&L, st, &A, paths.iv_fast, NULL, NULL, s);
+            CU_STAGE_MARK(MSA_STAGE_COUNT, MSA_STAGE_COUNT);
+        } else {
+            CU_STAGE_MARK(MSA_STAGE_INDEX_VALUE, MSA_STAGE_COUNT);
         }
     } else {
+        CU_STAGE_MARK(MSA_STAGE_INDEXER, MSA_STAGE_ATTENTION);
         cu_attn_main(&L, &A, 0);
         A.pf_fast = paths.pf_fast;
         cu_run_attention(&L, st, &A, paths.attn_fast, NULL, pf_maps, s);
+        CU_STAGE_MARK(MSA_STAGE_INDEX_VALUE, MSA_STAGE_COUNT);
     }
+#undef CU_STAGE_MARK
     CU_TRY(ctx, cudaGetLastError());
     return MSA_OK;
 }

@@ -518,6 +518,33 @@ static void compare(side *gpu, side *cpu, const cfg *c, const stepdef *sd, int s
     }
 }
 
+/* msa_bench_stages on a step with a prefill row: every layer writes its
+ * entries and attends; only sparse layers score and select. */
+static void check_stages(side *gpu, const cfg *c)
+{
+    for (int l = 0; l < NLAYERS; ++l) {
+        msa_layer_io io;
+        io_for(gpu, l, c->act, NULL, &io);
+        double us[MSA_STAGE_COUNT];
+        msa_status st = msa_bench_stages(gpu->ctx, gpu->plan, l, &io, 1, 3, us);
+        CHECK(st == MSA_OK, "%s layer %d: stages: %s", c->name, l, msa_context_last_error(gpu->ctx));
+        if (st != MSA_OK)
+            continue;
+        int finite = 1;
+        for (int k = 0; k < MSA_STAGE_COUNT; ++k)
+            finite &= us[k] >= 0 && us[k] < 1e6;
+        const int sparse = msa_model_layer_is_sparse(gpu->model, l);
+        CHECK(finite && us[MSA_STAGE_CACHE_WRITE] > 0 && us[MSA_STAGE_ATTENTION] > 0,
+              "%s layer %d: stage times %.1f %.1f %.1f %.1f %.1f %.1f", c->name, l, us[0], us[1],
+              us[2], us[3], us[4], us[5]);
+        CHECK(sparse ? us[MSA_STAGE_INDEXER] > 0 && us[MSA_STAGE_SELECTION] > 0
+                     : us[MSA_STAGE_INDEXER] == 0 && us[MSA_STAGE_SELECTION] == 0 &&
+                           us[MSA_STAGE_PREFILL_INDEXER] == 0,
+              "%s layer %d (%s): indexer %.1f us, selection %.1f us", c->name, l,
+              sparse ? "sparse" : "dense", us[MSA_STAGE_INDEXER], us[MSA_STAGE_SELECTION]);
+    }
+}
+
 static void run_config(const cfg *c)
 {
     const int64_t num_pages = (int64_t)MAXREQ * ((MAXKV + c->page - 1) / c->page) + 4;
@@ -579,6 +606,8 @@ static void run_config(const cfg *c)
             e = cudaStreamSynchronize(stream);
         CHECK(e == cudaSuccess, "%s step %zu: replay: %s", c->name, si, cudaGetErrorString(e));
         compare(&gpu, &cpu, c, sd, (int)si);
+        if (sd->q[2] > 16)
+            check_stages(&gpu, c);
         free_images(&im);
     }
     if (exec)
