@@ -150,9 +150,14 @@ static msa_status cu_stages_run(msa_context *ctx, msa_plan *plan, int32_t layer,
         if (i < num_sets) /* the untimed first run of each set */
             continue;
         for (int k = 0; k < MSA_STAGE_COUNT; ++k) {
+            /* A stage ends where the next stage that runs starts (skipped
+             * stages record no event). */
+            int end = k + 1;
+            while (end < MSA_STAGE_COUNT && (marks->skipped >> end & 1u))
+                ++end;
             float ms = 0.0f;
             if (!(marks->skipped >> k & 1u))
-                CU_TRY(ctx, cudaEventElapsedTime(&ms, marks->ev[k], marks->ev[k + 1]));
+                CU_TRY(ctx, cudaEventElapsedTime(&ms, marks->ev[k], marks->ev[end]));
             samples[(size_t)k * reps + (i - num_sets)] = (double)ms * 1000.0;
         }
     }

@@ -95,23 +95,32 @@ __device__ __forceinline__ int32_t cu_pfi_tiles(const cu_pfidx_params &p, int32_
     return ql > CU_DEC_MAX_Q ? (ql + p.tt - 1) / p.tt : 0;
 }
 
-/* Copies of chunk c (keys c*64 .. c*64+63 of request r), the x-th of the
- * tile's range, into ring stage x % PFI_STAGES: each thread half a key row, 8 pieces of 16 bytes.  Keys past the
- * tile's last position p_last are zero-filled, never read from the cache
- * (their page may not exist); the mask drops them. */
+/* The cache offset (bytes) of this thread's key row of chunk c (keys
+ * c*64 .. c*64+63 of request r; each thread copies half a row), or -1 for
+ * a key past the tile's last position p_last: that row is zero-filled,
+ * never read from the cache (its page may not exist), and the mask drops
+ * it.  Looked up one stage before the copies that use it, so the
+ * page-table load is not on the copies' path. */
+__device__ __forceinline__ int64_t cu_pfi_row_offset(const cu_pfidx_params &p, int32_t c,
+                                                     int32_t r, int32_t p_last)
+{
+    const int32_t pos = c * PFI_CHUNK + (int32_t)(threadIdx.x >> 1);
+    if (pos > p_last)
+        return -1;
+    const int32_t page = p.page_table[(int64_t)r * p.cap_pages + (pos >> p.logP)];
+    return ((int64_t)page * p.P + (pos & (p.P - 1))) * 256;
+}
+
+/* Copies of this thread's half key row (8 pieces of 16 bytes, at cache
+ * offset off from cu_pfi_row_offset) into ring stage x % PFI_STAGES. */
 template <bool WG>
 __device__ __forceinline__ void cu_pfi_issue(const cu_pfidx_params &p, unsigned char *stages,
-                                             int32_t c, int32_t x, int32_t r, int32_t p_last)
+                                             int32_t x, int64_t off)
 {
     const int row = threadIdx.x >> 1;
     const int half = threadIdx.x & 1;
-    const int32_t pos = c * PFI_CHUNK + row;
-    const bool valid = pos <= p_last;
-    const unsigned char *src = (const unsigned char *)p.ikp;
-    if (valid) {
-        const int32_t page = p.page_table[(int64_t)r * p.cap_pages + (pos >> p.logP)];
-        src += ((int64_t)page * p.P + (pos & (p.P - 1))) * 256;
-    }
+    const bool valid = off >= 0;
+    const unsigned char *src = (const unsigned char *)p.ikp + (valid ? off : 0);
     const uint32_t dst = cu_smem_addr(stages + (x % PFI_STAGES) * PFI_STAGE_BYTES);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -332,9 +341,13 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
     const int32_t F = c_end - c_begin;
     for (int s = 0; s < PFI_STAGES - 1; ++s) {
         if (s < F)
-            cu_pfi_issue<WG>(p, stages, c_begin + s, s, r, p_last);
+            cu_pfi_issue<WG>(p, stages, s, cu_pfi_row_offset(p, c_begin + s, r, p_last));
         cu_cp_async_commit();
     }
+    /* The row of the next stage to copy, looked up a stage ahead. */
+    int64_t next_off = PFI_STAGES - 1 < F
+                           ? cu_pfi_row_offset(p, c_begin + PFI_STAGES - 1, r, p_last)
+                           : -1;
     __syncthreads();
     uint32_t a[8][4];
     {
@@ -351,19 +364,23 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
     const int32_t pos_hi = base + (row_lo + 8) / p.Hi;
     const int32_t cpb = p.B / PFI_CHUNK;
     float rm[2] = {-INFINITY, -INFINITY}, rl[2] = {0.0f, 0.0f};
-    int32_t cb = 0; /* chunk within its block (c_begin starts a block) */
-    for (int32_t x = 0; x < F; ++x) {
-        const int32_t c = c_begin + x;
+
+    /* Stage x's copies waited for, the ring's next copies issued (their
+     * rows looked up one stage earlier) and its products started into acc
+     * (on Hopper asynchronous: products_wait ends them). */
+    auto products = [&](int32_t x, float (&acc)[8][4]) {
         cu_cp_async_wait<PFI_STAGES - 2>();
 #ifdef CU_HAVE_WGMMA
         if (WG) /* the copies' writes seen by the products' operand reads */
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
         __syncthreads(); /* stage x landed for all; stage x - 1 read by all */
-        if (x + PFI_STAGES - 1 < F)
-            cu_pfi_issue<WG>(p, stages, c + PFI_STAGES - 1, x + PFI_STAGES - 1, r, p_last);
+        if (x + PFI_STAGES - 1 < F) {
+            cu_pfi_issue<WG>(p, stages, x + PFI_STAGES - 1, next_off);
+            if (x + PFI_STAGES < F)
+                next_off = cu_pfi_row_offset(p, c_begin + x + PFI_STAGES, r, p_last);
+        }
         cu_cp_async_commit();
-        float acc[8][4];
         const uint32_t ka = cu_smem_addr(stages + (x % PFI_STAGES) * PFI_STAGE_BYTES);
         if (WG) {
 #ifdef CU_HAVE_WGMMA
@@ -381,8 +398,6 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
                     cu_wgmma_m64n64k16(acc, a[ks], cu_wgmma_desc(at, 16), 1, Tag());
             }
             cu_wgmma_commit();
-            cu_wgmma_wait_all();
-            cu_wgmma_hold(acc);
 #else
             __trap(); /* launched only with sm_90a code (cu_launch_indexer_prefill_mma) */
 #endif
@@ -403,6 +418,23 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
                 }
             }
         }
+    };
+    auto products_wait = [&](float (&acc)[8][4]) {
+#ifdef CU_HAVE_WGMMA
+        if (WG) {
+            cu_wgmma_wait_all();
+            cu_wgmma_hold(acc);
+        }
+#else
+        (void)acc;
+#endif
+    };
+    /* Stage x's scores (in acc) reduced into the rows' running states; a
+     * block's last stage (or the range's) writes the block scores.  c_begin
+     * starts a block, so stage x is chunk x % cpb of its block. */
+    auto reduce = [&](int32_t x, const float (&acc)[8][4]) {
+        const int32_t c = c_begin + x;
+        const int32_t cb = x % cpb;
         const int32_t key0 = c * PFI_CHUNK;
         const bool full = key0 + PFI_CHUNK - 1 <= base; /* visible to every row of the tile */
         if (cb == 0) {
@@ -423,7 +455,13 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
                 }
             }
         }
-        cb = cb + 1 == cpb ? 0 : cb + 1;
+    };
+
+    for (int32_t x = 0; x < F; ++x) {
+        float acc[8][4];
+        products(x, acc);
+        products_wait(acc);
+        reduce(x, acc);
     }
     cu_cp_async_wait<0>();
     __syncthreads(); /* the workspace rows written; the ring free for reuse */
