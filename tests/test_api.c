@@ -386,12 +386,56 @@ static void test_cache(msa_context *ctx)
     msa_model_free(m);
 }
 
+/* The CPU kernel level: every level the CPU runs gives a context of that
+ * level; a level out of range, or one this build or CPU lacks, is refused
+ * with a message and no context. */
+static void test_cpu_isa(void)
+{
+    msa_context_params cp;
+    msa_context_params_default(&cp);
+    CHECK(cp.cpu_isa_max == MSA_CPU_ISA_AUTO, "default cap is auto");
+    CHECK(msa_cpu_isa_supported(MSA_CPU_ISA_PORTABLE), "portable level always present");
+    CHECK(!strcmp(msa_cpu_isa_name(MSA_CPU_ISA_AVX512_BF16), "avx512_bf16"), "level name");
+    CHECK(!strcmp(msa_cpu_isa_name((msa_cpu_isa)99), "?"), "name of no level");
+    msa_context *ctx = NULL;
+    char err[256];
+    for (int l = MSA_CPU_ISA_PORTABLE; l <= MSA_CPU_ISA_NEON; l++) {
+        cp.cpu_isa_max = (msa_cpu_isa)l;
+        cp.num_threads = 1;
+        msa_status st = msa_context_create(&cp, &ctx, err, sizeof err);
+        if (msa_cpu_isa_supported((msa_cpu_isa)l)) {
+            CHECK(st == MSA_OK && msa_context_cpu_isa(ctx) == (msa_cpu_isa)l, "level %s runs",
+                  msa_cpu_isa_name((msa_cpu_isa)l));
+            CHECK(msa_context_cpu_kernel(ctx, "indexer") &&
+                      msa_context_cpu_kernel(ctx, "attention") &&
+                      msa_context_cpu_kernel(ctx, "gather") && !msa_context_cpu_kernel(ctx, "x"),
+                  "stage kernels of %s", msa_cpu_isa_name((msa_cpu_isa)l));
+        } else {
+            CHECK(st == MSA_ERR_UNSUPPORTED && !ctx && strstr(err, "cpu_isa_max"),
+                  "level %s refused: %s", msa_cpu_isa_name((msa_cpu_isa)l), err);
+        }
+        msa_context_free(ctx);
+        ctx = NULL;
+    }
+    cp.cpu_isa_max = (msa_cpu_isa)42;
+    CHECK(msa_context_create(&cp, &ctx, err, sizeof err) == MSA_ERR_INVALID_ARGUMENT && !ctx,
+          "cap out of range refused");
+    cp.cpu_isa_max = MSA_CPU_ISA_AUTO;
+    CHECK(msa_context_create(&cp, &ctx, err, sizeof err) == MSA_OK &&
+              msa_cpu_isa_supported(msa_context_cpu_isa(ctx)),
+          "auto picks a supported level");
+    msa_context_free(ctx);
+    CHECK(msa_context_cpu_isa(NULL) == MSA_CPU_ISA_AUTO && !msa_context_cpu_kernel(NULL, "indexer"),
+          "NULL context");
+}
+
 int main(void)
 {
     test_version();
     test_names();
     test_defaults();
     test_context();
+    test_cpu_isa();
     msa_context_params cp;
     msa_context_params_default(&cp);
     msa_context *ctx = NULL;

@@ -1,7 +1,9 @@
 /*
  * The oracle sweep as a CTest program.
  *   test_sweep [--quick] [--decode-only] [--filter TEXT] [--threads N]
- *              [--backend cpu|cuda]
+ *              [--backend cpu|cuda] [--cpu-isa LEVEL]
+ * --cpu-isa runs the CPU kernels of one level (portable, avx2, avx512,
+ * avx512_bf16, neon): skipped where this build or this CPU lacks it.
  * MSA_TEST_QUICK=1 in the environment also selects the quick subset, so a
  * sanitizer job can run every registered test without a long sweep.
  * Exit: 0 all passed, 1 something failed, 77 nothing could run (skipped).
@@ -17,7 +19,7 @@
 static int usage(void)
 {
     fprintf(stderr, "usage: test_sweep [--quick] [--decode-only] [--filter TEXT] [--threads N] "
-                    "[--backend cpu|cuda]\n");
+                    "[--backend cpu|cuda] [--cpu-isa LEVEL]\n");
     return 2;
 }
 
@@ -39,6 +41,16 @@ int main(int argc, char **argv)
             opts.num_threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
             opts.filter = argv[++i];
+        } else if (!strcmp(argv[i], "--cpu-isa") && i + 1 < argc) {
+            const char *name = argv[++i];
+            int found = 0;
+            for (int l = MSA_CPU_ISA_PORTABLE; l <= MSA_CPU_ISA_NEON && !found; l++)
+                if (!strcmp(name, msa_cpu_isa_name((msa_cpu_isa)l))) {
+                    opts.cpu_isa_max = (msa_cpu_isa)l;
+                    found = 1;
+                }
+            if (!found)
+                return usage();
         } else if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
             const char *b = argv[++i];
             if (!strcmp(b, "cpu"))
@@ -55,6 +67,13 @@ int main(int argc, char **argv)
     if (!msa_backend_available(opts.backend)) {
         printf("backend %s not available in this build or machine\n",
                msa_backend_name(opts.backend));
+        printf("0 passed, 0 failed, 1 skipped\n");
+        return EXIT_SKIPPED;
+    }
+
+    if (opts.cpu_isa_max != MSA_CPU_ISA_AUTO && !msa_cpu_isa_supported(opts.cpu_isa_max)) {
+        printf("CPU kernel level %s: not in this build or not run by this CPU\n",
+               msa_cpu_isa_name(opts.cpu_isa_max));
         printf("0 passed, 0 failed, 1 skipped\n");
         return EXIT_SKIPPED;
     }

@@ -77,6 +77,7 @@ typedef struct msa_sweep_options {
     int shard, shards; /* shards > 1: only the selected cases i with i % shards == shard,
                         * so that several processes can share a sweep */
     const msa_debug_options *debug; /* the sweep's context's debugging aids; NULL: none */
+    msa_cpu_isa cpu_isa_max;        /* CPU kernel level cap of the sweep's context */
 } msa_sweep_options;
 
 /* Runs the oracle sweep; counts go to *passed / *failed / *skipped.

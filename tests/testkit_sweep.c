@@ -593,6 +593,7 @@ int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *
     cp.backend = opts->backend;
     cp.num_threads = opts->num_threads;
     cp.debug = opts->debug;
+    cp.cpu_isa_max = opts->cpu_isa_max;
     msa_status st = msa_context_create(&cp, &ctx, err, sizeof err);
     if (st != MSA_OK && opts->log)
         fprintf(opts->log, "backend %s not usable (%s: %s): every case skipped\n",

@@ -145,6 +145,21 @@ msa_context *cli_context(msa_backend backend, int threads)
     params.debug = cli_debug_options();
     params.backend = backend;
     params.num_threads = threads;
+    /* MSA_CPU_ISA_MAX caps the CPU kernel level ("avx2", ...; docs/CPU.md). */
+    const char *isa = getenv("MSA_CPU_ISA_MAX");
+    if (isa && isa[0] && backend == MSA_BACKEND_CPU) {
+        int found = 0;
+        for (int i = MSA_CPU_ISA_AUTO; i <= MSA_CPU_ISA_NEON && !found; i++)
+            if (strcmp(isa, msa_cpu_isa_name((msa_cpu_isa)i)) == 0) {
+                params.cpu_isa_max = (msa_cpu_isa)i;
+                found = 1;
+            }
+        if (!found) {
+            fprintf(stderr, "msa: MSA_CPU_ISA_MAX=%s names no CPU kernel level (auto, portable, "
+                            "avx2, avx512, avx512_bf16, neon)\n", isa);
+            return NULL;
+        }
+    }
     msa_context *ctx = NULL;
     char err[512] = "";
     msa_status st = msa_context_create(&params, &ctx, err, sizeof err);

@@ -109,11 +109,28 @@ typedef struct msa_debug_options {
     const char *cuda_timeline_path;
 } msa_debug_options;
 
+/* Instruction-set levels of the CPU kernels (docs/CPU.md).  A CPU context
+ * runs the best level that this build has, the CPU runs and the cap
+ * allows.  On x86-64 the levels rank PORTABLE < AVX2 (with FMA and F16C) <
+ * AVX512 (F, BW, DQ, VL) < AVX512_BF16; on Arm64 PORTABLE < NEON. */
+typedef enum msa_cpu_isa {
+    MSA_CPU_ISA_AUTO = 0, /* no cap: the best level */
+    MSA_CPU_ISA_PORTABLE = 1,
+    MSA_CPU_ISA_AVX2 = 2,
+    MSA_CPU_ISA_AVX512 = 3,
+    MSA_CPU_ISA_AVX512_BF16 = 4,
+    MSA_CPU_ISA_NEON = 5
+} msa_cpu_isa;
+
 typedef struct msa_context_params {
     msa_backend backend;            /* default MSA_BACKEND_CPU */
     int num_threads;                /* CPU worker threads; 0 = number of online cores */
     int device;                     /* CUDA device ordinal; default 0 */
     const msa_debug_options *debug; /* debugging aids; NULL (default): none */
+    /* CPU backend: the highest kernel level to use; MSA_CPU_ISA_AUTO
+     * (default) = the best one.  A level that this build or this CPU lacks
+     * is refused with MSA_ERR_UNSUPPORTED. */
+    msa_cpu_isa cpu_isa_max;
 } msa_context_params;
 
 void msa_context_params_default(msa_context_params *params);
@@ -130,6 +147,16 @@ void msa_context_free(msa_context *ctx); /* NULL is fine */
 const char *msa_context_last_error(const msa_context *ctx);
 msa_backend msa_context_backend(const msa_context *ctx);
 int msa_context_num_threads(const msa_context *ctx);
+/* "portable", "avx2", "avx512", "avx512_bf16", "neon"; "auto"; "?" when
+ * not a level. */
+const char *msa_cpu_isa_name(msa_cpu_isa isa);
+/* 1 when this build has the level's kernels and this CPU runs them. */
+int msa_cpu_isa_supported(msa_cpu_isa isa);
+/* The level a CPU context runs; MSA_CPU_ISA_AUTO for other contexts. */
+msa_cpu_isa msa_context_cpu_isa(const msa_context *ctx);
+/* What a CPU context runs for a stage: "indexer", "attention" or "gather";
+ * NULL for another stage or context. */
+const char *msa_context_cpu_kernel(const msa_context *ctx, const char *stage);
 
 /* ---- model ------------------------------------------------------------- */
 typedef enum msa_score_type { MSA_SCORE_MAX = 0, MSA_SCORE_LSE = 1 } msa_score_type;

@@ -1,24 +1,45 @@
 /* The CPU backend: memory, plan state and the order of the stages. */
-#include "cpu/cpu_bf16.h"
 #include "cpu/cpu_kernels.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+/* Picks the kernel table: the best level under the cap that this build
+ * has and this CPU runs.  A cap that names a level the build or the CPU
+ * lacks is refused rather than quietly lowered, so a test or a benchmark
+ * that asks for a level runs that level. */
 static msa_status cpu_init(msa_context *ctx, const msa_context_params *params, char *err, size_t n)
 {
-    (void)ctx;
-    (void)params;
-    (void)err;
-    (void)n;
+    const msa_cpu_isa cap = params->cpu_isa_max;
+    msa_cpu_isa isa;
+    if (cap == MSA_CPU_ISA_AUTO) {
+        isa = msa_cpu_best_isa();
+    } else if (cap < MSA_CPU_ISA_AUTO || cap > MSA_CPU_ISA_NEON) {
+        snprintf(err, n, "cpu_isa_max %d is not a CPU kernel level", (int)cap);
+        return MSA_ERR_INVALID_ARGUMENT;
+    } else if (!msa_cpu_kernels_for(cap)) {
+        snprintf(err, n, "cpu_isa_max %s: this build has no %s kernels (best here: %s)",
+                 msa_cpu_isa_name(cap), msa_cpu_isa_name(cap),
+                 msa_cpu_isa_name(msa_cpu_best_isa()));
+        return MSA_ERR_UNSUPPORTED;
+    } else if (!msa_cpu_isa_supported(cap)) {
+        snprintf(err, n, "cpu_isa_max %s: this CPU does not run %s code (best here: %s)",
+                 msa_cpu_isa_name(cap), msa_cpu_isa_name(cap),
+                 msa_cpu_isa_name(msa_cpu_best_isa()));
+        return MSA_ERR_UNSUPPORTED;
+    } else {
+        isa = cap;
+    }
+    ctx->backend_state = (void *)msa_cpu_kernels_for(isa);
     return MSA_OK;
 }
 
 static void cpu_shutdown(msa_context *ctx)
 {
-    (void)ctx;
+    ctx->backend_state = NULL;
 }
 
 static msa_status cpu_alloc(msa_context *ctx, size_t bytes, void **out)
@@ -285,14 +306,14 @@ static void cpu_describe(const msa_plan *plan, int32_t layer, const char **kerne
     const int sparse = plan->model->layer_sparse[layer];
     const msa_cache_config *c = &plan->cache->cfg;
     const int bf16 = c->kv_dtype == MSA_DTYPE_BF16 && (!sparse || c->index_dtype == MSA_DTYPE_BF16);
-    if (MSA_CPU_HAVE_BF16_DOT && bf16) {
+    const int bf16_dot = msa_cpu_kernels_of(plan->ctx)->isa == MSA_CPU_ISA_AVX512_BF16;
+    if (bf16_dot && bf16) {
         *kernel = sparse ? "cpu_sparse_bf16dot" : "cpu_dense_bf16dot";
         *reason = "";
     } else {
         *kernel = sparse ? "cpu_sparse" : "cpu_dense";
-        *reason = !MSA_CPU_HAVE_BF16_DOT
-                      ? "fp32 dot products: this build has no AVX512-BF16"
-                      : "fp32 dot products: bf16 dot products need bf16 cache planes";
+        *reason = !bf16_dot ? "fp32 dot products: the context's CPU level has no AVX512-BF16"
+                            : "fp32 dot products: bf16 dot products need bf16 cache planes";
     }
 }
 

@@ -73,22 +73,6 @@ void msa_cpu_write_cache(msa_context *ctx, msa_plan *plan, int32_t layer, const 
     msa_threadpool_run(ctx->pool, write_work, &job);
 }
 
-void msa_cpu_load_rows(float *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
-                       int64_t j0, int32_t n)
-{
-    const int32_t P = plane->page_size, dim = plane->dim;
-    int32_t i = 0;
-    while (i < n) {
-        int64_t j = j0 + i;
-        int32_t off = (int32_t)(j % P);
-        /* Rows of one page and head are contiguous: convert them in one go. */
-        int32_t run = P - off < n - i ? P - off : n - i;
-        const void *src = cpu_plane_row(plane, page_row[j / P], head, off);
-        msa_convert_to_f32(dst + (int64_t)i * dim, src, plane->dtype, (int64_t)run * dim);
-        i += run;
-    }
-}
-
 void msa_cpu_copy_rows(void *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
                        int64_t j0, int32_t n)
 {

@@ -65,10 +65,6 @@ static inline const void *cpu_plane_row(const cpu_plane *p, int32_t page, int32_
     return (const char *)p->data + idx * (int64_t)msa_dtype_size(p->dtype);
 }
 
-/* Copies key rows [j0, j0 + n) of one head into dst[n][dim] as fp32. */
-void msa_cpu_load_rows(float *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
-                       int64_t j0, int32_t n);
-
 /* Copies key rows [j0, j0 + n) of one head into dst[n][dim] unconverted. */
 void msa_cpu_copy_rows(void *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
                        int64_t j0, int32_t n);
@@ -93,5 +89,55 @@ typedef struct cpu_attention {
 } cpu_attention;
 
 void msa_cpu_attention(msa_context *ctx, msa_plan *plan, const cpu_attention *a);
+
+/* Work of one attention call (cpu_attention.c): the chunks of its tokens,
+ * each split over `splits` work items per KV head. */
+typedef struct attn_job {
+    msa_plan *plan;
+    const cpu_attention *a;
+    cpu_chunk *chunks; /* attention chunks of this call */
+    int64_t num_chunks;
+    int32_t kv_heads;
+    int32_t splits; /* per (chunk, KV head) */
+    int64_t items;
+    atomic_llong next;
+} attn_job;
+
+/* Work of one wave of the index scan (cpu_indexer.c). */
+typedef struct select_job {
+    msa_plan *plan;
+    const msa_layer_io *io;
+    int32_t layer;
+    int64_t wave_lo, wave_hi;  /* chunk range of the wave */
+    int64_t task_count;        /* scan tasks in the wave */
+    int64_t *task_chunk_start; /* first task index of each chunk in the wave */
+    atomic_llong next;
+} select_job;
+
+/* The kernels of one instruction-set level.  Each level is the same source
+ * (cpu_level.h) compiled with that level's flags in its own translation
+ * unit (cpu_level_*.c); a context picks one table when it is created
+ * (cpu_dispatch.c), so one binary runs the best code every CPU offers. */
+typedef struct msa_cpu_kernels {
+    msa_cpu_isa isa;
+    const char *indexer, *attention, *gather; /* what each stage runs, for `msa info` */
+    /* Block scores of chunk c, blocks [b0, b1) (cpu_indexer.c). */
+    void (*score_task)(select_job *job, int64_t c, int32_t b0, int32_t b1, float *scratch);
+    /* One attention work item (cpu_attention.c). */
+    void (*attn_item)(attn_job *job, int64_t item, float *scratch);
+    /* Key rows [j0, j0 + n) of one head into dst[n][dim] as fp32. */
+    void (*load_rows)(float *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
+                      int64_t j0, int32_t n);
+} msa_cpu_kernels;
+
+/* Tables of the levels compiled into this build (NULL where not). */
+const msa_cpu_kernels *msa_cpu_kernels_for(msa_cpu_isa isa);
+/* The best level of this build that the CPU runs. */
+msa_cpu_isa msa_cpu_best_isa(void);
+/* The context's table (set by the CPU backend's init). */
+static inline const msa_cpu_kernels *msa_cpu_kernels_of(const msa_context *ctx)
+{
+    return (const msa_cpu_kernels *)ctx->backend_state;
+}
 
 #endif

@@ -1,0 +1,331 @@
+/* One attention work item (SPEC sections 5 and 6), compiled once per
+ * instruction-set level: included by cpu_level.h only.  The driver (work
+ * items, splits, the merge of split partials) is in cpu_attention.c. */
+
+static int32_t chunk_block_count(const cpu_chunk *ch, int32_t B)
+{
+    return (int32_t)((ch->pos0 + ch->n - 1) / B) + 1;
+}
+
+/* Union of the tokens' selected blocks for KV head g, ascending. */
+static int32_t sparse_union(const cpu_attention *a, const cpu_chunk *ch, int32_t g, int32_t *out,
+                            int32_t *cursor)
+{
+    const int32_t W = a->sel_width;
+    int32_t cnt = 0;
+    for (int32_t t = 0; t < ch->n; t++)
+        cursor[t] = 0;
+    for (;;) {
+        int32_t best = -1;
+        for (int32_t t = 0; t < ch->n; t++) {
+            const int32_t *row = a->sel + ((ch->row0 + t) * a->k.heads + g) * W;
+            if (cursor[t] < W && row[cursor[t]] >= 0 && (best < 0 || row[cursor[t]] < best))
+                best = row[cursor[t]];
+        }
+        if (best < 0)
+            break;
+        for (int32_t t = 0; t < ch->n; t++) {
+            const int32_t *row = a->sel + ((ch->row0 + t) * a->k.heads + g) * W;
+            if (cursor[t] < W && row[cursor[t]] == best)
+                cursor[t]++;
+        }
+        out[cnt++] = best;
+    }
+    return cnt;
+}
+
+/* Prefetches the K and V rows of the first tile of a block (the hardware
+ * prefetcher cannot guess the jump between selected blocks). */
+static void prefetch_block(const cpu_attention *a, const int32_t *pt, int32_t g, int64_t j0,
+                           int32_t B, int64_t p_last)
+{
+    const int32_t P = a->k.page_size;
+    int32_t n = B < MSA_CPU_TILE ? B : MSA_CPU_TILE;
+    if (j0 + n > p_last + 1) /* keys past the chunk's last token have no page */
+        n = (int32_t)(p_last + 1 - j0);
+    const int64_t row_bytes = (int64_t)a->k.dim * (int64_t)msa_dtype_size(a->k.dtype);
+    for (int32_t i = 0; i < n;) {
+        int64_t j = j0 + i;
+        int32_t off = (int32_t)(j % P);
+        int32_t run = P - off < n - i ? P - off : n - i;
+        int32_t page = pt[j / P];
+        const char *k = cpu_plane_row(&a->k, page, g, off);
+        const char *v = cpu_plane_row(&a->v, page, g, off);
+        for (int64_t b = 0; b < run * row_bytes; b += 64) {
+            __builtin_prefetch(k + b);
+            __builtin_prefetch(v + b);
+        }
+        i += run;
+    }
+}
+
+static void store_output(const cpu_attention *a, const cpu_chunk *ch, int32_t g, int32_t t,
+                         int32_t h, const float *acc, float mx, float l)
+{
+    const int32_t D = a->k.dim, Hq = a->q_heads;
+    int64_t row = ch->row0 + t;
+    int32_t hq = g * a->group + h;
+    float inv = 1.0f / l;
+    float tmp[512];
+    for (int32_t d0 = 0; d0 < D; d0 += 512) {
+        int32_t n = D - d0 < 512 ? D - d0 : 512;
+        for (int32_t d = 0; d < n; d++)
+            tmp[d] = acc[d0 + d] * inv;
+        msa_convert_from_f32((char *)a->o +
+                                 ((row * Hq + hq) * D + d0) * (int64_t)msa_dtype_size(a->act),
+                             a->act, tmp, n);
+    }
+    if (a->lse)
+        a->lse[row * Hq + hq] = mx + logf(l);
+}
+
+static void attn_item(attn_job *job, int64_t item, float *scratch)
+{
+    const msa_plan *p = job->plan;
+    const cpu_attention *a = job->a;
+    cpu_plan *cp = p->backend;
+    const int32_t S = job->splits, Hkv = job->kv_heads;
+    const int64_t pair = item / S;
+    const int32_t split = (int32_t)(item % S);
+    const cpu_chunk *ch = &job->chunks[pair / Hkv];
+    const int32_t g = (int32_t)(pair % Hkv);
+    const int32_t G = a->group, D = a->k.dim, B = a->block;
+    const int32_t TW = B < MSA_CPU_TILE ? B : MSA_CPU_TILE;
+    const int32_t rows = ch->n * G;
+    const int32_t *pt = p->page_table + (int64_t)ch->request * p->cap_pages_per_request;
+
+    /* Heads run along vector lanes: the G query heads of the group, padded
+     * to GP = a multiple of 16, share every K row and every V row.
+     * scratch: qt [n][D][GP] | acc [rows][D] | m, l [n][GP] | K, V tiles
+     *          [TILE][D] | s [TILE][GP] | union ids | cursors */
+    const int32_t GP = (G + 15) & ~15;
+    float *qt = scratch;
+    float *acc = qt + (int64_t)ch->n * D * GP;
+    float *mrow = acc + (int64_t)rows * D;
+    float *lrow = mrow + (int64_t)ch->n * GP;
+    float *kt = lrow + (int64_t)ch->n * GP;
+    float *vt = kt + (int64_t)MSA_CPU_TILE * D;
+    float *s = vt + (int64_t)MSA_CPU_TILE * D;
+    int32_t *uni = (int32_t *)(s + (int64_t)MSA_CPU_TILE * GP);
+    int32_t *cursor = uni + (int64_t)MSA_CPU_ATTN_ROWS * a->sel_width;
+    uint32_t *pp = (uint32_t *)(cursor + MSA_CPU_ATTN_ROWS); /* [TILE/2][16] weight pairs */
+    (void)pp;                                                /* used by the AVX512-BF16 path only */
+
+    /* bf16 queries and keys: q.k with bf16 dot products straight from the
+     * stored values; the scale is applied to the fp32 sums. */
+    const int bf16_dot = MSA_CPU_HAVE_BF16_DOT && a->act == MSA_DTYPE_BF16 &&
+                         a->k.dtype == MSA_DTYPE_BF16 && D % 2 == 0;
+    /* bf16 values too: P.V with bf16 products (the weights rounded to bf16,
+     * sums in fp32, as in the GPU kernels). */
+    const int bf16_pv = bf16_dot && D % 16 == 0;
+    size_t es = msa_dtype_size(a->act);
+    for (int32_t t = 0; t < ch->n; t++) {
+        const char *src =
+            (const char *)a->q + ((ch->row0 + t) * a->q_row + (int64_t)g * G * D) * (int64_t)es;
+        if (bf16_dot) {
+            /* [D/2][GP] bf16 pairs along the head dimension */
+            const uint16_t *qb = (const uint16_t *)src;
+            uint32_t *dst = (uint32_t *)qt + (int64_t)t * (D / 2) * GP;
+            for (int32_t d = 0; d < D; d += 2)
+                for (int32_t h = 0; h < GP; h++)
+                    dst[(int64_t)(d / 2) * GP + h] =
+                        h < G ? (uint32_t)qb[(int64_t)h * D + d] |
+                                    (uint32_t)qb[(int64_t)h * D + d + 1] << 16
+                              : 0u;
+            continue;
+        }
+        /* Pre-scaled by the softmax scale, transposed to [D][GP] (padding
+         * heads are zero). */
+        float *tmp = acc; /* acc is initialised below */
+        level_convert(tmp, src, a->act, (int64_t)G * D);
+        float *dst = qt + (int64_t)t * D * GP;
+        for (int32_t d = 0; d < D; d++)
+            for (int32_t h = 0; h < GP; h++)
+                dst[(int64_t)d * GP + h] = h < G ? tmp[(int64_t)h * D + d] * a->scale : 0.0f;
+    }
+    for (int64_t i = 0; i < (int64_t)rows * D; i++)
+        acc[i] = 0.0f;
+    for (int64_t r = 0; r < (int64_t)ch->n * GP; r++) {
+        mrow[r] = -INFINITY;
+        lrow[r] = 0.0f;
+    }
+
+    /* This split's slice of the item's blocks. */
+    int32_t nblocks = a->sel ? sparse_union(a, ch, g, uni, cursor) : chunk_block_count(ch, B);
+    int32_t u0 = (int32_t)((int64_t)nblocks * split / S),
+            u1 = (int32_t)((int64_t)nblocks * (split + 1) / S);
+    if (a->sel) /* cursors track each token's position in its own row */
+        for (int32_t t = 0; t < ch->n; t++)
+            cursor[t] = 0;
+
+    for (int32_t u = u0; u < u1; u++) {
+        int32_t n = a->sel ? uni[u] : u;
+        int64_t blk0 = (int64_t)n * B;
+        if (u + 1 < u1) /* the next block sits elsewhere: start its loads now */
+            prefetch_block(a, pt, g, (int64_t)(a->sel ? uni[u + 1] : u + 1) * B, B,
+                           ch->pos0 + ch->n - 1);
+        /* tokens that use this block */
+        uint8_t uses[MSA_CPU_ATTN_ROWS];
+        int64_t last = -1;
+        for (int32_t t = 0; t < ch->n; t++) {
+            int64_t pos = ch->pos0 + t;
+            int use = pos >= blk0;
+            if (a->sel && use) {
+                const int32_t *row = a->sel + ((ch->row0 + t) * Hkv + g) * a->sel_width;
+                while (cursor[t] < a->sel_width && row[cursor[t]] >= 0 && row[cursor[t]] < n)
+                    cursor[t]++;
+                use = cursor[t] < a->sel_width && row[cursor[t]] == n;
+            }
+            uses[t] = (uint8_t)use;
+            if (use)
+                last = pos;
+        }
+        if (last < 0)
+            continue;
+        int64_t blk1 = blk0 + B - 1 < last ? blk0 + B - 1 : last;
+        for (int64_t j0 = blk0; j0 <= blk1; j0 += TW) {
+            int32_t nk = (int32_t)(blk1 - j0 + 1 < TW ? blk1 - j0 + 1 : TW);
+            const void *keys = kt;
+            if (bf16_dot && (j0 % a->k.page_size) + nk <= a->k.page_size)
+                keys = cpu_plane_row(&a->k, pt[j0 / a->k.page_size], g,
+                                     (int32_t)(j0 % a->k.page_size));
+            else if (bf16_dot)
+                msa_cpu_copy_rows(kt, &a->k, pt, g, j0, nk);
+            else
+                level_load_rows(kt, &a->k, pt, g, j0, nk);
+            const int32_t npairs = (nk + 1) / 2;
+            if (bf16_pv) {
+                /* vt[0 .. npairs * D) as uint32 pairs (v[2jp][d], v[2jp+1][d]);
+                 * rows copied to the second half of vt when not in one page. */
+                const uint16_t *vrows;
+                if ((j0 % a->v.page_size) + nk <= a->v.page_size) {
+                    vrows = cpu_plane_row(&a->v, pt[j0 / a->v.page_size], g,
+                                          (int32_t)(j0 % a->v.page_size));
+                } else {
+                    uint16_t *copy = (uint16_t *)(vt + (int64_t)MSA_CPU_TILE * D / 2);
+                    msa_cpu_copy_rows(copy, &a->v, pt, g, j0, nk);
+                    vrows = copy;
+                }
+                uint32_t *vp = (uint32_t *)vt;
+                for (int32_t jp = 0; jp < npairs; jp++) {
+                    const uint16_t *r0 = vrows + (int64_t)(2 * jp) * D;
+                    const uint16_t *r1 = 2 * jp + 1 < nk ? r0 + D : NULL;
+                    uint32_t *dst = vp + (int64_t)jp * D;
+                    if (r1)
+                        for (int32_t d = 0; d < D; d++)
+                            dst[d] = (uint32_t)r0[d] | (uint32_t)r1[d] << 16;
+                    else
+                        for (int32_t d = 0; d < D; d++)
+                            dst[d] = (uint32_t)r0[d];
+                }
+            } else {
+                level_load_rows(vt, &a->v, pt, g, j0, nk);
+            }
+            for (int32_t t = 0; t < ch->n; t++) {
+                int64_t pos = ch->pos0 + t;
+                if (!uses[t] || pos < j0)
+                    continue;
+                int32_t vis = pos - j0 + 1 < nk ? (int32_t)(pos - j0 + 1) : nk;
+                float *mt = mrow + (int64_t)t * GP, *lt = lrow + (int64_t)t * GP;
+#if MSA_CPU_HAVE_BF16_DOT
+                if (bf16_dot)
+                    msa_scores_heads_bf16(s, (const uint32_t *)qt + (int64_t)t * (D / 2) * GP, GP,
+                                          (const uint16_t *)keys, D, vis, a->scale);
+                else
+#endif
+                    msa_scores_heads(s, qt + (int64_t)t * D * GP, GP, (const float *)keys, D, vis);
+                for (int32_t h0 = 0; h0 < GP; h0 += 16) {
+#if MSA_CPU_WIDE
+                    const msa_v16 mold = MSA_V16_LOAD(mt + h0);
+                    msa_v16 mx = mold;
+                    for (int32_t jj = 0; jj < vis; jj++)
+                        msa_v16_max(&mx, s + (int64_t)jj * GP + h0);
+                    MSA_V16_STORE(mt + h0, mx);
+                    float corr[16], mxs[16], mos[16];
+                    MSA_V16_STORE(mxs, mx);
+                    MSA_V16_STORE(mos, mold);
+                    for (int l = 0; l < 16; l++)
+                        corr[l] = msa_exp_neg(mos[l] - mxs[l]);
+                    msa_v16 sum = MSA_V16_LOAD(lt + h0) * MSA_V16_LOAD(corr);
+                    for (int32_t jj = 0; jj < vis; jj++) {
+                        float *sj = s + (int64_t)jj * GP + h0;
+                        for (int l = 0; l < 16; l++)
+                            sj[l] = msa_exp_neg(sj[l] - mxs[l]);
+                        sum += MSA_V16_LOAD(sj);
+                    }
+                    MSA_V16_STORE(lt + h0, sum);
+#else
+                    /* The same operations lane by lane on arrays, which the
+                     * vectorizer maps onto registers of any width (a 64-byte
+                     * vector value would go through memory here). */
+                    float corr[16], mxs[16], sum[16];
+                    for (int l = 0; l < 16; l++)
+                        mxs[l] = mt[h0 + l];
+                    for (int32_t jj = 0; jj < vis; jj++) {
+                        const float *sj = s + (int64_t)jj * GP + h0;
+                        for (int l = 0; l < 16; l++)
+                            mxs[l] = sj[l] > mxs[l] ? sj[l] : mxs[l];
+                    }
+                    for (int l = 0; l < 16; l++) {
+                        corr[l] = msa_exp_neg(mt[h0 + l] - mxs[l]);
+                        sum[l] = lt[h0 + l] * corr[l];
+                        mt[h0 + l] = mxs[l];
+                    }
+                    for (int32_t jj = 0; jj < vis; jj++) {
+                        float *sj = s + (int64_t)jj * GP + h0;
+                        for (int l = 0; l < 16; l++) {
+                            sj[l] = msa_exp_neg(sj[l] - mxs[l]);
+                            sum[l] += sj[l];
+                        }
+                    }
+                    for (int l = 0; l < 16; l++)
+                        lt[h0 + l] = sum[l];
+#endif
+#if MSA_CPU_HAVE_BF16_DOT
+                    if (bf16_pv) {
+                        /* weights of keys 2jp, 2jp+1 as bf16 pairs; a key
+                         * past `vis` weighs 0 */
+                        int32_t vp_pairs = (vis + 1) / 2;
+                        for (int32_t jp = 0; jp < vp_pairs; jp++) {
+                            const float *s0 = s + (int64_t)(2 * jp) * GP + h0;
+                            const float *s1 = s0 + GP;
+                            int has1 = 2 * jp + 1 < vis;
+                            for (int l = 0; l < 16; l++)
+                                pp[jp * 16 + l] = (uint32_t)msa_bf16_round(s0[l]) |
+                                                  (uint32_t)(has1 ? msa_bf16_round(s1[l]) : 0u)
+                                                      << 16;
+                        }
+                        for (int l = 0; l < 16 && h0 + l < G; l++)
+                            msa_pv_tile_bf16(acc + ((int64_t)t * G + h0 + l) * D, corr[l], pp + l,
+                                             16, (const uint32_t *)vt, D, vp_pairs);
+                        continue;
+                    }
+#endif
+                    for (int l = 0; l < 16 && h0 + l < G; l++)
+                        msa_pv_tile(acc + ((int64_t)t * G + h0 + l) * D, corr[l], s + h0 + l, GP,
+                                    vt, D, vis);
+                }
+            }
+        }
+    }
+
+    if (S == 1) {
+        for (int32_t t = 0; t < ch->n; t++)
+            for (int32_t h = 0; h < G; h++) {
+                int32_t r = t * G + h;
+                store_output(a, ch, g, t, h, acc + (int64_t)r * D, mrow[(int64_t)t * GP + h],
+                             lrow[(int64_t)t * GP + h]);
+            }
+        return;
+    }
+    /* Partial of this split: [rows][D + 2] = acc, m, l. */
+    float *part = cp->partials + item * cp->partial_rows * (D + 2);
+    for (int32_t r = 0; r < rows; r++) {
+        float *pr = part + (int64_t)r * (D + 2);
+        for (int32_t d = 0; d < D; d++)
+            pr[d] = acc[(int64_t)r * D + d];
+        pr[D] = mrow[(int64_t)(r / G) * GP + r % G];
+        pr[D + 1] = lrow[(int64_t)(r / G) * GP + r % G];
+    }
+}
+

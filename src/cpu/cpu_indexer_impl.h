@@ -1,0 +1,148 @@
+/* The index scan's block scores of one chunk (SPEC section 4), compiled
+ * once per instruction-set level: included by cpu_level.h only.  The
+ * driver (waves, tasks, selection) is in cpu_indexer.c. */
+
+/* Running block score of one (token, index head) row over sub-tiles. */
+typedef struct score_acc {
+    float mx;
+    float sum; /* lse only: sum of exp(x - mx) */
+    int nan;
+} score_acc;
+
+static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float *scratch)
+{
+    const msa_plan *p = job->plan;
+    const msa_model *m = p->model;
+    const msa_cache *cache = p->cache;
+    cpu_plan *cp = p->backend;
+    const cpu_chunk *ch = &cp->chunks[c];
+    const int32_t Hi = m->cfg.num_index_heads, Di = m->cfg.index_dim, B = m->cfg.block_size;
+    const int32_t TW = B < MSA_CPU_TILE ? B : MSA_CPU_TILE;
+    const int lse = m->cfg.score_type == MSA_SCORE_LSE;
+    const float c_scale = m->cfg.index_softmax_scale;
+    const int32_t rows = ch->n * Hi;
+    const cpu_plane ik = {cache->planes[job->layer * 4 + MSA_PLANE_INDEX_K], cache->cfg.index_dtype,
+                          1, Di, cache->cfg.page_size};
+    const int32_t *pt = p->page_table + (int64_t)ch->request * p->cap_pages_per_request;
+
+    /* scratch: q [rows][Di] | key tile [TW16][Di] | raw scores [rows][TW16] | acc [rows] */
+    float *q = scratch;
+    float *tile = q + (int64_t)rows * Di;
+    const int32_t TW16 = (TW + 15) & ~15;
+    float *sr = tile + (int64_t)TW16 * Di;
+    score_acc *acc = (score_acc *)(sr + (int64_t)rows * TW16);
+    const char *q_src = (const char *)job->io->idx_q +
+                        ch->row0 * Hi * Di * (int64_t)msa_dtype_size(job->io->act_dtype);
+    /* bf16 queries and keys: dot products straight from the stored bf16
+     * values (no conversion pass). */
+    const int bf16_dot = MSA_CPU_HAVE_BF16_DOT && job->io->act_dtype == MSA_DTYPE_BF16 &&
+                         ik.dtype == MSA_DTYPE_BF16 && Di % 32 == 0;
+    if (!bf16_dot)
+        level_convert(q, q_src, job->io->act_dtype, (int64_t)rows * Di);
+    const int64_t p_last = ch->pos0 + ch->n - 1;
+    float *out = cp->scores + ch->score_off;
+
+    for (int32_t n = b0; n < b1; n++) {
+        int64_t blk0 = (int64_t)n * B;
+        int64_t blk1 = blk0 + B - 1 < p_last ? blk0 + B - 1 : p_last; /* last key to read */
+        for (int32_t rr = 0; rr < rows; rr++)
+            acc[rr] = (score_acc){-INFINITY, 0.0f, 0};
+        for (int64_t j0 = blk0; j0 <= blk1; j0 += TW) {
+            int32_t nk = (int32_t)(blk1 - j0 + 1 < TW ? blk1 - j0 + 1 : TW);
+            /* Zero the rows up to the next multiple of 16 keys: the
+             * 16-key dot products read them (their scores are not used). */
+            int32_t nk16 = (nk + 15) & ~15;
+            const uint16_t *keys = (const uint16_t *)tile;
+            if (bf16_dot && (j0 % ik.page_size) + nk16 <= ik.page_size) {
+                /* The 16-key groups lie inside one page: read them in place.
+                 * Rows past the last key belong to the page too; their
+                 * scores are never used. */
+                keys = cpu_plane_row(&ik, pt[j0 / ik.page_size], 0, (int32_t)(j0 % ik.page_size));
+            } else if (bf16_dot) {
+                msa_cpu_copy_rows(tile, &ik, pt, 0, j0, nk);
+                memset((uint16_t *)tile + (int64_t)nk * Di, 0, (size_t)(nk16 - nk) * Di * 2);
+            } else {
+                (void)keys; /* only the bf16 path reads keys in place */
+                level_load_rows(tile, &ik, pt, 0, j0, nk);
+                for (int64_t i = (int64_t)nk * Di; i < (int64_t)nk16 * Di; i++)
+                    tile[i] = 0.0f;
+            }
+            /* Raw scores of every row, one group of 16 keys at a time so the
+             * group stays in L1 while all rows use it. */
+            for (int32_t jj = 0; jj < nk; jj += 16) {
+                if (jj + 16 < nk) /* the next group, while this one computes */
+                    for (int64_t b = 0; b < (int64_t)16 * Di * (bf16_dot ? 2 : 4); b += 64)
+                        __builtin_prefetch(
+                            (const char *)(bf16_dot
+                                               ? (const void *)(keys + (int64_t)(jj + 16) * Di)
+                                               : (const void *)(tile + (int64_t)(jj + 16) * Di)) +
+                            b);
+                for (int32_t rr = 0; rr < rows; rr++) {
+                    if (ch->pos0 + rr / Hi < j0 + jj)
+                        continue; /* keys after this token */
+                    float *out16 = sr + (int64_t)rr * TW16 + jj;
+                    const float *qr = q + (int64_t)rr * Di;
+#if MSA_CPU_HAVE_BF16_DOT
+                    if (bf16_dot)
+                        msa_dot16_rows_bf16(out16, (const uint16_t *)q_src + (int64_t)rr * Di,
+                                            keys + (int64_t)jj * Di, Di);
+                    else
+#endif
+                        if (Di % 16 == 0)
+                        msa_dot16_rows(out16, qr, tile + (int64_t)jj * Di, Di);
+                    else
+                        for (int32_t l = 0; l < 16; l++)
+                            out16[l] = msa_dot_f32(qr, tile + (int64_t)(jj + l) * Di, Di);
+                }
+            }
+            for (int32_t rr = 0; rr < rows; rr++) {
+                int64_t pos = ch->pos0 + rr / Hi;
+                if (pos < j0)
+                    continue; /* keys after this token */
+                int32_t vis = pos - j0 + 1 < nk ? (int32_t)(pos - j0 + 1) : nk;
+                float *sr_row = sr + (int64_t)rr * TW16;
+                score_acc *a = &acc[rr];
+                if (lse)
+                    for (int32_t jj = 0; jj < vis; jj++)
+                        sr_row[jj] *= c_scale;
+                float mx = -INFINITY;
+                for (int32_t jj = 0; jj < vis; jj++) {
+                    if (isnan(sr_row[jj]))
+                        a->nan = 1;
+                    else if (sr_row[jj] > mx)
+                        mx = sr_row[jj];
+                }
+                if (!lse || a->nan) {
+                    if (mx > a->mx)
+                        a->mx = mx;
+                    continue;
+                }
+                /* lse: rescale the running sum when the maximum grows. */
+                float nm = mx > a->mx ? mx : a->mx;
+                if (isinf(nm)) {
+                    a->mx = nm; /* +inf dominates; all -inf so far stays -inf */
+                    continue;
+                }
+                float sum = a->sum * expf(a->mx - nm);
+                for (int32_t jj = 0; jj < vis; jj++)
+                    sum += expf(sr_row[jj] - nm);
+                a->mx = nm;
+                a->sum = sum;
+            }
+        }
+        for (int32_t rr = 0; rr < rows; rr++) {
+            if (ch->pos0 + rr / Hi < blk0)
+                continue;
+            const score_acc *a = &acc[rr];
+            float score;
+            if (a->nan)
+                score = NAN; /* ranked below every number */
+            else if (!lse || isinf(a->mx))
+                score = a->mx;
+            else
+                score = a->mx + logf(a->sum);
+            out[(int64_t)rr * ch->blocks + n] = score;
+        }
+    }
+}
+

@@ -1,0 +1,109 @@
+/* The CPU kernels of one instruction-set level.  Each cpu_level_*.c file
+ * defines MSA_CPU_LEVEL_ISA (an msa_cpu_isa), MSA_CPU_LEVEL_TABLE (the name
+ * of its table) and MSA_CPU_LEVEL_NAME, and includes this file; CMake gives
+ * that file the level's compiler flags, so the same source becomes
+ * portable, AVX2, AVX-512 or NEON code, and the inline helpers of
+ * cpu_math.h and cpu_bf16.h follow.  Everything here is static but the
+ * table, so the levels do not see each other's symbols. */
+#ifndef MSA_CPU_LEVEL_ISA
+#error "cpu_level.h is included by the cpu_level_*.c files only"
+#endif
+
+#include "cpu/cpu_kernels.h"
+#include "cpu/cpu_bf16.h"
+#include "cpu/cpu_math.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+
+/* dst[i] = src[i] as fp32.  Widening is exact in every format, so each
+ * level computes the same values as msa_convert_to_f32 (up to the payload
+ * of a NaN: F16C quiets a signalling one); only the instructions differ:
+ * bf16 is the high half of an fp32, so a zero-extension and a 16-bit shift
+ * widen eight or sixteen of them at once; fp16 goes through F16C
+ * (vcvtph2ps) or NEON's fcvtl. */
+static void level_convert(float *restrict dst, const void *restrict src, msa_dtype dtype,
+                          int64_t n)
+{
+    int64_t i = 0;
+    if (dtype == MSA_DTYPE_BF16) {
+        const uint16_t *s = src;
+#if defined(__AVX512F__)
+        for (; i + 16 <= n; i += 16) {
+            __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + i)));
+            _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+        }
+#elif defined(__AVX2__)
+        for (; i + 8 <= n; i += 8) {
+            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(s + i)));
+            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+        }
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+        for (; i + 4 <= n; i += 4)
+            vst1q_f32(dst + i, vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(s + i), 16)));
+#endif
+        for (; i < n; i++)
+            dst[i] = msa_bits_to_f32((uint32_t)s[i] << 16);
+    } else if (dtype == MSA_DTYPE_FP16) {
+        const uint16_t *s = src;
+#if defined(__AVX512F__)
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(dst + i,
+                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
+#elif defined(__F16C__)
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+        for (; i + 4 <= n; i += 4)
+            vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(s + i))));
+#endif
+        for (; i < n; i++)
+            dst[i] = msa_f16_to_f32(s[i]);
+    } else {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    }
+}
+
+/* The gather: key rows [j0, j0 + n) of one head, from their pages, into
+ * dst[n][dim] as fp32.  Rows of one page and head are contiguous and are
+ * converted in one go. */
+static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *page_row,
+                            int32_t head, int64_t j0, int32_t n)
+{
+    const int32_t P = plane->page_size, dim = plane->dim;
+    int32_t i = 0;
+    while (i < n) {
+        int64_t j = j0 + i;
+        int32_t off = (int32_t)(j % P);
+        int32_t run = P - off < n - i ? P - off : n - i;
+        const void *src = cpu_plane_row(plane, page_row[j / P], head, off);
+        level_convert(dst + (int64_t)i * dim, src, plane->dtype, (int64_t)run * dim);
+        i += run;
+    }
+}
+
+#include "cpu/cpu_attention_impl.h"
+#include "cpu/cpu_indexer_impl.h"
+
+#if MSA_CPU_HAVE_BF16_DOT
+#define MSA_CPU_LEVEL_DOT "bf16 dot products (vdpbf16ps) on bf16 data, else fp32"
+#else
+#define MSA_CPU_LEVEL_DOT "fp32 dot products on widened keys"
+#endif
+
+const msa_cpu_kernels MSA_CPU_LEVEL_TABLE = {
+    .isa = MSA_CPU_LEVEL_ISA,
+    .indexer = MSA_CPU_LEVEL_NAME ": " MSA_CPU_LEVEL_DOT,
+    .attention = MSA_CPU_LEVEL_NAME ": " MSA_CPU_LEVEL_DOT,
+    .gather = MSA_CPU_LEVEL_NAME ": vector widening of bf16/fp16 rows, next block prefetched",
+    .score_task = score_task,
+    .attn_item = attn_item,
+    .load_rows = level_load_rows,
+};
