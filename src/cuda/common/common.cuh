@@ -109,7 +109,15 @@ __device__ __forceinline__ int cu_warp_min_int(int v)
  * oracle has it), where fmaxf would drop it. */
 __device__ __forceinline__ float cu_nanmax(float a, float b)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    /* One instruction: max.NaN gives the canonical NaN when either operand
+     * is NaN and is max otherwise, as the expression below. */
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
     return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+#endif
 }
 
 /* Log-sum-exp state (m, l): the largest term and sum of exp(x - m).  NaN

@@ -149,10 +149,27 @@ __device__ __forceinline__ void cu_pfi_reduce(const float (&acc)[8][4], int h, i
             vis[2 * nt + e] = full || key <= prow;
             v[2 * nt + e] = LSE ? acc[nt][2 * h + e] * iscale : acc[nt][2 * h + e];
         }
-    float m = -INFINITY;
+    /* The largest visible score as a tree of depth 4 (most stages are
+     * visible whole: `full` is the same for the whole CTA, and the branch
+     * leaves them without masks); the max of a set does not depend on the
+     * order, NaN included. */
+    float w[16];
+    if (full) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
-        m = cu_nanmax(m, vis[i] ? v[i] : -INFINITY);
+        for (int i = 0; i < 16; ++i)
+            w[i] = v[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+            w[i] = vis[i] ? v[i] : -INFINITY;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        w[i] = cu_nanmax(w[i], w[i + 8]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        w[i] = cu_nanmax(w[i], w[i + 4]);
+    float m = cu_nanmax(cu_nanmax(w[0], w[2]), cu_nanmax(w[1], w[3]));
     if (!LSE) {
         m = cu_nanmax(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = cu_nanmax(m, __shfl_xor_sync(0xffffffffu, m, 2));
