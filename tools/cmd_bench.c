@@ -181,8 +181,16 @@ static int parse_opts(int argc, char **argv, bench_opts *o, int *help)
     return 0;
 }
 
+/* Where an installed program's workloads lie, relative to the directory
+ * that holds it (the build passes the installed layout's path). */
+#ifndef MSA_WORKLOAD_RELDIR
+#define MSA_WORKLOAD_RELDIR "../share/msa/workloads"
+#endif
+
 /* The workload file: as given, else bench/workloads/ under the working
- * directory, else beside the build directory holding the program. */
+ * directory, else beside the build directory holding the program (a build
+ * inside the source tree), else the installed workloads beside the
+ * installed program. */
 static int find_workload(const bench_opts *o, char *path, size_t size)
 {
     if (o->workload_file) {
@@ -197,8 +205,13 @@ static int find_workload(const bench_opts *o, char *path, size_t size)
         snprintf(path, size, "%s/../bench/workloads/%s.json", dir, o->workload);
         if (access(path, R_OK) == 0)
             return 0;
+        snprintf(path, size, "%s/%s/%s.json", dir, MSA_WORKLOAD_RELDIR, o->workload);
+        if (access(path, R_OK) == 0)
+            return 0;
     }
-    fprintf(stderr, "msa bench: cannot find bench/workloads/%s.json (use --workload-file)\n",
+    fprintf(stderr,
+            "msa bench: cannot find %s.json in bench/workloads/ or the installed workloads "
+            "(use --workload-file)\n",
             o->workload);
     return -1;
 }

@@ -21,6 +21,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* MSA_API marks the library's public functions.  The library is compiled
+ * with hidden visibility, so these are the only symbols its shared build
+ * exports (with GCC and Clang); for a consumer the mark changes nothing. */
+#ifndef MSA_API
+#if defined(__GNUC__) || defined(__clang__)
+#define MSA_API __attribute__((visibility("default")))
+#else
+#define MSA_API
+#endif
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -31,8 +42,8 @@ extern "C" {
 #define MSA_VERSION_NUMBER (MSA_VERSION_MAJOR * 10000 + MSA_VERSION_MINOR * 100 + MSA_VERSION_PATCH)
 
 /* Runtime version of the linked library, e.g. "0.1.0" and 100. */
-const char *msa_version_string(void);
-unsigned msa_version_number(void);
+MSA_API const char *msa_version_string(void);
+MSA_API unsigned msa_version_number(void);
 
 /* ---- status codes (stable values; never renumbered) ------------------- */
 typedef enum msa_status {
@@ -49,7 +60,7 @@ typedef enum msa_status {
 } msa_status;
 
 /* "MSA_OK", "MSA_ERR_INVALID_ARGUMENT", ...; "MSA_ERR_UNKNOWN" otherwise. */
-const char *msa_status_name(msa_status status);
+MSA_API const char *msa_status_name(msa_status status);
 
 /* ---- element types ----------------------------------------------------- */
 typedef enum msa_dtype {
@@ -60,18 +71,18 @@ typedef enum msa_dtype {
     MSA_DTYPE_NVFP4 = 4     /* cache planes only */
 } msa_dtype;
 
-const char *msa_dtype_name(msa_dtype dtype); /* "fp32", "bf16", ... */
+MSA_API const char *msa_dtype_name(msa_dtype dtype); /* "fp32", "bf16", ... */
 /* Parses "fp32" / "bf16" / "fp16" / "fp8_e4m3" / "nvfp4". */
-msa_status msa_dtype_from_name(const char *name, msa_dtype *out);
+MSA_API msa_status msa_dtype_from_name(const char *name, msa_dtype *out);
 /* Bytes per element for fp32/bf16/fp16/fp8; 0 for nvfp4 (sub-byte). */
-size_t msa_dtype_size(msa_dtype dtype);
+MSA_API size_t msa_dtype_size(msa_dtype dtype);
 
 /* ---- context ----------------------------------------------------------- */
 typedef enum msa_backend { MSA_BACKEND_CPU = 0, MSA_BACKEND_CUDA = 1 } msa_backend;
 
-const char *msa_backend_name(msa_backend backend); /* "cpu", "cuda" */
+MSA_API const char *msa_backend_name(msa_backend backend); /* "cpu", "cuda" */
 /* 1 when the backend is compiled into this build (CUDA: and a device exists). */
-int msa_backend_available(msa_backend backend);
+MSA_API int msa_backend_available(msa_backend backend);
 
 /* Debugging aids of the CUDA backend (the CPU backend ignores them).  Each
  * one forces a path or a grid shape that the backend otherwise chooses from
@@ -133,30 +144,30 @@ typedef struct msa_context_params {
     msa_cpu_isa cpu_isa_max;
 } msa_context_params;
 
-void msa_context_params_default(msa_context_params *params);
+MSA_API void msa_context_params_default(msa_context_params *params);
 
 typedef struct msa_context msa_context;
 
 /* On failure *out is NULL and, when errbuf is non-NULL, a message is written
  * there (NUL-terminated, truncated to errbuf_size). */
-msa_status msa_context_create(const msa_context_params *params, msa_context **out, char *errbuf,
-                              size_t errbuf_size);
-void msa_context_free(msa_context *ctx); /* NULL is fine */
+MSA_API msa_status msa_context_create(const msa_context_params *params, msa_context **out,
+                                      char *errbuf, size_t errbuf_size);
+MSA_API void msa_context_free(msa_context *ctx); /* NULL is fine */
 /* Message of the last failed call on this context ("" when none). Owned by
  * the context; valid until the next call on it. */
-const char *msa_context_last_error(const msa_context *ctx);
-msa_backend msa_context_backend(const msa_context *ctx);
-int msa_context_num_threads(const msa_context *ctx);
+MSA_API const char *msa_context_last_error(const msa_context *ctx);
+MSA_API msa_backend msa_context_backend(const msa_context *ctx);
+MSA_API int msa_context_num_threads(const msa_context *ctx);
 /* "portable", "avx2", "avx512", "avx512_bf16", "neon"; "auto"; "?" when
  * not a level. */
-const char *msa_cpu_isa_name(msa_cpu_isa isa);
+MSA_API const char *msa_cpu_isa_name(msa_cpu_isa isa);
 /* 1 when this build has the level's kernels and this CPU runs them. */
-int msa_cpu_isa_supported(msa_cpu_isa isa);
+MSA_API int msa_cpu_isa_supported(msa_cpu_isa isa);
 /* The level a CPU context runs; MSA_CPU_ISA_AUTO for other contexts. */
-msa_cpu_isa msa_context_cpu_isa(const msa_context *ctx);
+MSA_API msa_cpu_isa msa_context_cpu_isa(const msa_context *ctx);
 /* What a CPU context runs for a stage: "indexer", "attention" or "gather";
  * NULL for another stage or context. */
-const char *msa_context_cpu_kernel(const msa_context *ctx, const char *stage);
+MSA_API const char *msa_context_cpu_kernel(const msa_context *ctx, const char *stage);
 
 /* ---- model ------------------------------------------------------------- */
 typedef enum msa_score_type { MSA_SCORE_MAX = 0, MSA_SCORE_LSE = 1 } msa_score_type;
@@ -183,23 +194,25 @@ typedef struct msa_model_config {
 } msa_model_config;
 
 /* M3 shape with one sparse layer without index value. */
-void msa_model_config_default(msa_model_config *cfg);
+MSA_API void msa_model_config_default(msa_model_config *cfg);
 
 typedef struct msa_model msa_model;
 
-msa_status msa_model_create(msa_context *ctx, const msa_model_config *cfg, msa_model **out);
+MSA_API msa_status msa_model_create(msa_context *ctx, const msa_model_config *cfg, msa_model **out);
 /* Hugging Face config.json: keys at top level or under "text_config". */
-msa_status msa_model_load_config_file(msa_context *ctx, const char *path, msa_model **out);
-msa_status msa_model_load_config_json(msa_context *ctx, const char *json, size_t len,
-                                      msa_model **out);
-void msa_model_free(msa_model *model);
+MSA_API msa_status msa_model_load_config_file(msa_context *ctx, const char *path, msa_model **out);
+MSA_API msa_status msa_model_load_config_json(msa_context *ctx, const char *json, size_t len,
+                                              msa_model **out);
+MSA_API void msa_model_free(msa_model *model);
 /* Fills *cfg; its layer arrays point into the model (valid while it lives)
  * and the scales hold the resolved values. */
-void msa_model_get_config(const msa_model *model, msa_model_config *cfg);
-int msa_model_layer_is_sparse(const msa_model *model, int32_t layer);       /* 0 if out of range */
-int msa_model_layer_has_index_value(const msa_model *model, int32_t layer); /* 0 if out of range */
+MSA_API void msa_model_get_config(const msa_model *model, msa_model_config *cfg);
+MSA_API int msa_model_layer_is_sparse(const msa_model *model,
+                                      int32_t layer); /* 0 if out of range */
+MSA_API int msa_model_layer_has_index_value(const msa_model *model,
+                                            int32_t layer); /* 0 if out of range */
 /* Width W of a selected-ids row: K, or m*K when Hi = m*Hkv (unions). */
-int32_t msa_model_topk_width(const msa_model *model);
+MSA_API int32_t msa_model_topk_width(const msa_model *model);
 
 /* ---- cache ------------------------------------------------------------- */
 /*
@@ -224,13 +237,13 @@ typedef struct msa_cache_config {
     msa_dtype index_dtype; /* index K and V planes; default bf16 */
 } msa_cache_config;
 
-void msa_cache_config_default(msa_cache_config *cfg);
+MSA_API void msa_cache_config_default(msa_cache_config *cfg);
 
 typedef struct msa_cache msa_cache;
 
 /* Library-allocated pool (zero-filled). */
-msa_status msa_cache_create(msa_context *ctx, const msa_model *model, const msa_cache_config *cfg,
-                            msa_cache **out);
+MSA_API msa_status msa_cache_create(msa_context *ctx, const msa_model *model,
+                                    const msa_cache_config *cfg, msa_cache **out);
 /* Wraps caller memory.  planes[layer * 4 + plane] points to the plane's
  * storage in the layout above (NULL for planes the layer does not have).
  * The caller keeps ownership; the memory must outlive the cache.
@@ -238,29 +251,32 @@ msa_status msa_cache_create(msa_context *ctx, const msa_model *model, const msa_
  * of 16 bytes (CUDA, whose kernels copy rows in 16-byte pieces; cudaMalloc
  * and msa_buffer_alloc give more); a misaligned plane is rejected with
  * MSA_ERR_INVALID_ARGUMENT. */
-msa_status msa_cache_wrap(msa_context *ctx, const msa_model *model, const msa_cache_config *cfg,
-                          void *const *planes, msa_cache **out);
-void msa_cache_free(msa_cache *cache);
-void msa_cache_get_config(const msa_cache *cache, msa_cache_config *cfg);
+MSA_API msa_status msa_cache_wrap(msa_context *ctx, const msa_model *model,
+                                  const msa_cache_config *cfg, void *const *planes,
+                                  msa_cache **out);
+MSA_API void msa_cache_free(msa_cache *cache);
+MSA_API void msa_cache_get_config(const msa_cache *cache, msa_cache_config *cfg);
 /* Bytes of one plane of one layer (0 when the layer has no such plane). */
-size_t msa_cache_plane_bytes(const msa_cache *cache, int32_t layer, msa_plane plane);
+MSA_API size_t msa_cache_plane_bytes(const msa_cache *cache, int32_t layer, msa_plane plane);
 /* Pointer to the plane (device pointer with CUDA); NULL when absent. */
-void *msa_cache_plane_data(const msa_cache *cache, int32_t layer, msa_plane plane);
+MSA_API void *msa_cache_plane_data(const msa_cache *cache, int32_t layer, msa_plane plane);
 /* Per-layer quantization scales (fp8: dequant scale; nvfp4: global scale).
  * Default 1.0; must be finite and positive. */
-msa_status msa_cache_set_scales(msa_cache *cache, int32_t layer, float k_scale, float v_scale,
-                                float index_k_scale, float index_v_scale);
+MSA_API msa_status msa_cache_set_scales(msa_cache *cache, int32_t layer, float k_scale,
+                                        float v_scale, float index_k_scale, float index_v_scale);
 
 /* ---- memory helpers (work for both backends) --------------------------- */
 /* Allocates memory the backend's kernels can read (host memory for CPU,
  * device memory for CUDA; aligned to at least 64 bytes), copies between it
  * and the host. */
-msa_status msa_buffer_alloc(msa_context *ctx, size_t bytes, void **out);
-void msa_buffer_free(msa_context *ctx, void *ptr);
-msa_status msa_copy_to_buffer(msa_context *ctx, void *dst, const void *host_src, size_t bytes);
-msa_status msa_copy_from_buffer(msa_context *ctx, void *host_dst, const void *src, size_t bytes);
+MSA_API msa_status msa_buffer_alloc(msa_context *ctx, size_t bytes, void **out);
+MSA_API void msa_buffer_free(msa_context *ctx, void *ptr);
+MSA_API msa_status msa_copy_to_buffer(msa_context *ctx, void *dst, const void *host_src,
+                                      size_t bytes);
+MSA_API msa_status msa_copy_from_buffer(msa_context *ctx, void *host_dst, const void *src,
+                                        size_t bytes);
 /* Waits for all work the context enqueued (no-op on the CPU). */
-msa_status msa_synchronize(msa_context *ctx);
+MSA_API msa_status msa_synchronize(msa_context *ctx);
 
 /* ---- plan -------------------------------------------------------------- */
 /* What a plan is built for: capacities and the activations' element type.
@@ -281,7 +297,7 @@ typedef struct msa_plan_params {
     int32_t max_q_len;
 } msa_plan_params;
 
-void msa_plan_params_default(msa_plan_params *params); /* limits 0, act_dtype bf16 */
+MSA_API void msa_plan_params_default(msa_plan_params *params); /* limits 0, act_dtype bf16 */
 
 typedef struct msa_step {
     int32_t num_requests;
@@ -299,12 +315,12 @@ typedef struct msa_plan msa_plan;
 /* The plan captures model and cache; both must outlive it (params NULL:
  * the defaults).  With non-zero limits every buffer is sized once here, so msa_plan_update never
  * allocates and a captured CUDA graph stays valid across updates. */
-msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *cache,
-                           const msa_plan_params *params, msa_plan **out);
-void msa_plan_free(msa_plan *plan);
+MSA_API msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *cache,
+                                   const msa_plan_params *params, msa_plan **out);
+MSA_API void msa_plan_free(msa_plan *plan);
 /* Host-side: validates the step and (CUDA) uploads it on `stream`.  A
  * rejected step leaves the plan as it was. */
-msa_status msa_plan_update(msa_plan *plan, const msa_step *step, void *stream);
+MSA_API msa_status msa_plan_update(msa_plan *plan, const msa_step *step, void *stream);
 
 /* ---- forward ----------------------------------------------------------- */
 /* Alignment: every tensor msa_forward reads or writes starts at a multiple
@@ -332,16 +348,17 @@ typedef struct msa_layer_io {
     void *stream;    /* CUDA stream (cudaStream_t); NULL = default stream */
 } msa_layer_io;
 
-void msa_layer_io_default(msa_layer_io *io);
+MSA_API void msa_layer_io_default(msa_layer_io *io);
 
 /* One layer of the step held by `plan`. */
-msa_status msa_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);
+MSA_API msa_status msa_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
+                               const msa_layer_io *io);
 
 /* Which kernel path the plan chose for this layer (at creation, for its
  * act_dtype), and why a fast path was not taken ("" when it was; a step with
  * prefill rows adds a note).  Strings owned by the plan. */
-const char *msa_plan_kernel_name(const msa_plan *plan, int32_t layer);
-const char *msa_plan_fallback_reason(const msa_plan *plan, int32_t layer);
+MSA_API const char *msa_plan_kernel_name(const msa_plan *plan, int32_t layer);
+MSA_API const char *msa_plan_fallback_reason(const msa_plan *plan, int32_t layer);
 
 /* ---- benchmark helpers ------------------------------------------------- */
 /* Times msa_forward of `layer` on the current plan.  `io_sets` holds
@@ -349,9 +366,9 @@ const char *msa_plan_fallback_reason(const msa_plan *plan, int32_t layer);
  * the caches).  After `warmup` untimed runs, writes the time of each of
  * `reps` runs in microseconds to times_us[reps].  CUDA: each set's forward is
  * captured once in a graph and replays are timed with events. */
-msa_status msa_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
-                             const msa_layer_io *io_sets, int num_sets, int warmup, int reps,
-                             double *times_us);
+MSA_API msa_status msa_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
+                                     const msa_layer_io *io_sets, int num_sets, int warmup,
+                                     int reps, double *times_us);
 /* The stages of one layer's forward, in launch order.  The prefill indexer
  * stage scores and selects the blocks of prefill rows (requests of more
  * new tokens than the decode path takes) in one kernel; the indexer and
@@ -366,7 +383,7 @@ typedef enum msa_stage {
     MSA_STAGE_COUNT
 } msa_stage;
 /* "cache_write", "indexer", ...; "?" for a value out of range. */
-const char *msa_stage_name(msa_stage stage);
+MSA_API const char *msa_stage_name(msa_stage stage);
 /* Times each stage of msa_forward of `layer` on the current plan: `reps`
  * runs rotating through the io sets (after one untimed run per set), and
  * writes each stage's median time in microseconds to
@@ -375,11 +392,12 @@ const char *msa_stage_name(msa_stage stage);
  * overlap of a kernel's start with its predecessor's end), so the stages
  * add up to somewhat more than msa_bench_forward's time.  CUDA backend
  * only: the CPU backend returns MSA_ERR_UNSUPPORTED. */
-msa_status msa_bench_stages(msa_context *ctx, msa_plan *plan, int32_t layer,
-                            const msa_layer_io *io_sets, int num_sets, int reps, double *stage_us);
+MSA_API msa_status msa_bench_stages(msa_context *ctx, msa_plan *plan, int32_t layer,
+                                    const msa_layer_io *io_sets, int num_sets, int reps,
+                                    double *stage_us);
 /* Streaming-read bandwidth of the backend's memory (GB/s, 1e9 bytes/s):
  * reads `bytes` bytes `reps` times and reports the median rate. */
-msa_status msa_bench_read_bandwidth(msa_context *ctx, size_t bytes, int reps, double *gbps);
+MSA_API msa_status msa_bench_read_bandwidth(msa_context *ctx, size_t bytes, int reps, double *gbps);
 
 #ifdef __cplusplus
 }
