@@ -214,6 +214,35 @@ MSA_API int msa_model_layer_has_index_value(const msa_model *model,
 /* Width W of a selected-ids row: K, or m*K when Hi = m*Hkv (unions). */
 MSA_API int32_t msa_model_topk_width(const msa_model *model);
 
+/* ---- tensor parallelism ------------------------------------------------ */
+/* Where one tensor-parallel rank's heads lie among the full model's.  The
+ * rank holds query heads [q_head_begin, q_head_begin + num_q_heads) of the
+ * full model, KV heads and index heads likewise (counts in the rank's
+ * msa_model_config); each KV head is held by kv_replicas ranks and each
+ * index head by index_replicas ranks (1: not replicated). */
+typedef struct msa_tp_shard {
+    int32_t q_head_begin;
+    int32_t kv_head_begin;
+    int32_t index_head_begin;
+    int32_t kv_replicas;
+    int32_t index_replicas;
+} msa_tp_shard;
+
+/* Derives the model config of rank `rank` of `size` tensor-parallel ranks
+ * from the full model's config, as engines shard M3: every rank takes a
+ * contiguous share of the query heads (Hq must be a multiple of size), of
+ * the KV heads (Hkv a multiple of size; when there are fewer KV heads than
+ * ranks, size a multiple of Hkv and each KV head replicated on size / Hkv
+ * consecutive ranks) and of the index heads (the same rule; the rank takes
+ * the index heads whose selection its KV heads use, so that each KV head
+ * keeps its full selection).  Every other field is copied; the layer
+ * arrays point to the full config's.  *shard (may be NULL) gets where the
+ * rank's heads lie.  Shapes that do not divide are refused with
+ * MSA_ERR_INVALID_CONFIG and a message; nothing is written then. */
+MSA_API msa_status msa_model_config_for_rank(msa_context *ctx, const msa_model_config *full,
+                                             int32_t rank, int32_t size, msa_model_config *out,
+                                             msa_tp_shard *shard);
+
 /* ---- cache ------------------------------------------------------------- */
 /*
  * Layout of the planes (element = the plane's dtype), per layer:
