@@ -70,6 +70,28 @@ step "examples through find_package(msa)"
 "$work/cmake/minimal" || fail "minimal (find_package)"
 "$work/cmake/minimal_cpp" || fail "minimal_cpp (find_package)"
 
+step "msaConfigVersion.cmake"
+# msaConfigVersion.cmake: the installed minor version and no other.
+mkdir -p "$work/version"
+cat >"$work/version/CMakeLists.txt" <<'CM'
+cmake_minimum_required(VERSION 3.20)
+project(msa_version_check LANGUAGES C)
+find_package(msa 0.2 CONFIG REQUIRED)
+message(STATUS "found msa ${msa_VERSION}")
+foreach(v 0.1 0.3 1.0)
+  find_package(msa ${v} CONFIG QUIET)
+  if(msa_FOUND)
+    message(FATAL_ERROR "find_package(msa ${v}) accepted msa ${msa_VERSION}")
+  endif()
+endforeach()
+CM
+"$cmake" -S "$work/version" -B "$work/version/build" -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCMAKE_C_COMPILER="$cc" >"$work/version.log" 2>&1 || {
+    cat "$work/version.log"
+    fail "msaConfigVersion.cmake"
+}
+grep "found msa" "$work/version.log"
+
 if [ "$pkgconfig" = - ] || ! command -v "$pkgconfig" >/dev/null 2>&1; then
     echo "pkg-config not found: the pkg-config build is skipped"
     exit 77
