@@ -998,7 +998,8 @@ static void test_objects(void)
     double stage_us[MSA_STAGE_COUNT];
     expect_fail("stages: zero reps", msa_bench_stages(ctx, plan, 1, &io, 1, 0, stage_us), IA, IA,
                 NULL);
-    expect_fail("stages: NULL times", msa_bench_stages(ctx, plan, 1, &io, 1, 2, NULL), IA, IA, NULL);
+    expect_fail("stages: NULL times", msa_bench_stages(ctx, plan, 1, &io, 1, 2, NULL), IA, IA,
+                NULL);
     expect_fail("stages: invalid io", msa_bench_stages(ctx, plan, 1, &bad, 1, 2, stage_us), IA, IA,
                 NULL);
     expect_fail("stages: layer 5", msa_bench_stages(ctx, plan, 5, &io, 1, 2, stage_us), OOR, OOR,

@@ -42,7 +42,7 @@ typedef struct bench_layer_result {
     double union_blocks; /* sparse: mean blocks read per (request, KV head) */
     double working_set;  /* bytes one rotation touches (model bytes + inputs/outputs) */
     double median_us, p10_us, p90_us, min_us, max_us;
-    int has_stages;                    /* stage_us holds msa_bench_stages' medians */
+    int has_stages; /* stage_us holds msa_bench_stages' medians */
     double stage_us[MSA_STAGE_COUNT];
     char kernel[64];
     char fallback[160];

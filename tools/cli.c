@@ -155,8 +155,10 @@ msa_context *cli_context(msa_backend backend, int threads)
                 found = 1;
             }
         if (!found) {
-            fprintf(stderr, "msa: MSA_CPU_ISA_MAX=%s names no CPU kernel level (auto, portable, "
-                            "avx2, avx512, avx512_bf16, neon)\n", isa);
+            fprintf(stderr,
+                    "msa: MSA_CPU_ISA_MAX=%s names no CPU kernel level (auto, portable, "
+                    "avx2, avx512, avx512_bf16, neon)\n",
+                    isa);
             return NULL;
         }
     }

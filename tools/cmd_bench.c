@@ -396,9 +396,9 @@ int cmd_bench(int argc, char **argv)
                                           "ctx",  "median us", "p10..p90 us", "rate",
                                           "% bw", "MB",        "weight"};
     table *tab = table_new(11, headers);
-    static const char *const stage_headers[] = {
-        "case",     "layer",     "write us",    "indexer us", "select us",
-        "pf idx us", "attn us",  "idx val us",  "sum us",     "forward us"};
+    static const char *const stage_headers[] = {"case",      "layer",     "write us", "indexer us",
+                                                "select us", "pf idx us", "attn us",  "idx val us",
+                                                "sum us",    "forward us"};
     table *stages = o.stages ? table_new(10, stage_headers) : NULL;
     msa_context *ctx = cli_context(o.backend, (int)o.threads);
     if (!ctx || !results || !tab)

@@ -171,8 +171,9 @@ msa_status msa_bench_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
 
 const char *msa_stage_name(msa_stage stage)
 {
-    static const char *const names[MSA_STAGE_COUNT] = {
-        "cache_write", "indexer", "selection", "prefill_indexer", "attention", "index_value"};
+    static const char *const names[MSA_STAGE_COUNT] = {"cache_write", "indexer",
+                                                       "selection",   "prefill_indexer",
+                                                       "attention",   "index_value"};
     return (int)stage >= 0 && stage < MSA_STAGE_COUNT ? names[stage] : "?";
 }
 

@@ -328,4 +328,3 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
         pr[D + 1] = lrow[(int64_t)(r / G) * GP + r % G];
     }
 }
-

@@ -102,7 +102,7 @@ static int cpu_runs(msa_cpu_isa isa)
 #if MSA_CPU_X86
     return x86_runs(isa);
 #elif defined(__aarch64__)
-    /* Advanced SIMD is part of every Arm64 CPU that Linux runs on; the
+        /* Advanced SIMD is part of every Arm64 CPU that Linux runs on; the
      * auxiliary vector says so all the same (HWCAP_ASIMD). */
 #if defined(__linux__)
     return isa == MSA_CPU_ISA_NEON && (getauxval(AT_HWCAP) & (1ul << 1)) != 0;
@@ -121,8 +121,7 @@ int msa_cpu_isa_supported(msa_cpu_isa isa)
 
 /* Levels from the best down. */
 static const msa_cpu_isa isa_order[] = {MSA_CPU_ISA_AVX512_BF16, MSA_CPU_ISA_AVX512,
-                                        MSA_CPU_ISA_AVX2, MSA_CPU_ISA_NEON,
-                                        MSA_CPU_ISA_PORTABLE};
+                                        MSA_CPU_ISA_AVX2, MSA_CPU_ISA_NEON, MSA_CPU_ISA_PORTABLE};
 
 msa_cpu_isa msa_cpu_best_isa(void)
 {

@@ -145,4 +145,3 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
         }
     }
 }
-

@@ -29,8 +29,7 @@
  * bf16 is the high half of an fp32, so a zero-extension and a 16-bit shift
  * widen eight or sixteen of them at once; fp16 goes through F16C
  * (vcvtph2ps) or NEON's fcvtl. */
-static void level_convert(float *restrict dst, const void *restrict src, msa_dtype dtype,
-                          int64_t n)
+static void level_convert(float *restrict dst, const void *restrict src, msa_dtype dtype, int64_t n)
 {
     int64_t i = 0;
     if (dtype == MSA_DTYPE_BF16) {

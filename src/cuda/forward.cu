@@ -443,13 +443,13 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
 
     /* For msa_bench_stages: CU_STAGE_MARK(first, last) marks stages first to
      * last - 1 as not run and records the start of stage last. */
-#define CU_STAGE_MARK(first, last)                                                                  \
-    do {                                                                                           \
-        if (cs->stages) {                                                                          \
-            for (int skip_ = (first); skip_ < (last); skip_++)                                     \
-                cs->stages->skipped |= 1u << skip_;                                                \
-            CU_TRY(ctx, cudaEventRecord(cs->stages->ev[(last)], s));                               \
-        }                                                                                          \
+#define CU_STAGE_MARK(first, last)                                   \
+    do {                                                             \
+        if (cs->stages) {                                            \
+            for (int skip_ = (first); skip_ < (last); skip_++)       \
+                cs->stages->skipped |= 1u << skip_;                  \
+            CU_TRY(ctx, cudaEventRecord(cs->stages->ev[(last)], s)); \
+        }                                                            \
     } while (0)
     if (cs->tl) /* profiling aid: the timeline holds this forward's stamps only */
         CU_TRY(ctx, cudaMemsetAsync(cs->tl, 0, CU_TL_WORDS * sizeof(unsigned long long), s));

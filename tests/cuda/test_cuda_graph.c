@@ -527,7 +527,8 @@ static void check_stages(side *gpu, const cfg *c)
         io_for(gpu, l, c->act, NULL, &io);
         double us[MSA_STAGE_COUNT];
         msa_status st = msa_bench_stages(gpu->ctx, gpu->plan, l, &io, 1, 3, us);
-        CHECK(st == MSA_OK, "%s layer %d: stages: %s", c->name, l, msa_context_last_error(gpu->ctx));
+        CHECK(st == MSA_OK, "%s layer %d: stages: %s", c->name, l,
+              msa_context_last_error(gpu->ctx));
         if (st != MSA_OK)
             continue;
         int finite = 1;

@@ -101,8 +101,8 @@ __device__ __forceinline__ int32_t cu_pfi_tiles(const cu_pfidx_params &p, int32_
  * never read from the cache (its page may not exist), and the mask drops
  * it.  Looked up one stage before the copies that use it, so the
  * page-table load is not on the copies' path. */
-__device__ __forceinline__ int64_t cu_pfi_row_offset(const cu_pfidx_params &p, int32_t c,
-                                                     int32_t r, int32_t p_last)
+__device__ __forceinline__ int64_t cu_pfi_row_offset(const cu_pfidx_params &p, int32_t c, int32_t r,
+                                                     int32_t p_last)
 {
     const int32_t pos = c * PFI_CHUNK + (int32_t)(threadIdx.x >> 1);
     if (pos > p_last)
@@ -362,9 +362,8 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
         cu_cp_async_commit();
     }
     /* The row of the next stage to copy, looked up a stage ahead. */
-    int64_t next_off = PFI_STAGES - 1 < F
-                           ? cu_pfi_row_offset(p, c_begin + PFI_STAGES - 1, r, p_last)
-                           : -1;
+    int64_t next_off =
+        PFI_STAGES - 1 < F ? cu_pfi_row_offset(p, c_begin + PFI_STAGES - 1, r, p_last) : -1;
     __syncthreads();
     uint32_t a[8][4];
     {
@@ -385,7 +384,7 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
     /* Stage x's copies waited for, the ring's next copies issued (their
      * rows looked up one stage earlier) and its products started into acc
      * (on Hopper asynchronous: products_wait ends them). */
-    auto products = [&](int32_t x, float (&acc)[8][4]) {
+    auto products = [&](int32_t x, float(&acc)[8][4]) {
         cu_cp_async_wait<PFI_STAGES - 2>();
 #ifdef CU_HAVE_WGMMA
         if (WG) /* the copies' writes seen by the products' operand reads */
@@ -436,7 +435,7 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
             }
         }
     };
-    auto products_wait = [&](float (&acc)[8][4]) {
+    auto products_wait = [&](float(&acc)[8][4]) {
 #ifdef CU_HAVE_WGMMA
         if (WG) {
             cu_wgmma_wait_all();
@@ -449,7 +448,7 @@ __device__ __forceinline__ void cu_pfi_scores(const cu_pfidx_params &p, unsigned
     /* Stage x's scores (in acc) reduced into the rows' running states; a
      * block's last stage (or the range's) writes the block scores.  c_begin
      * starts a block, so stage x is chunk x % cpb of its block. */
-    auto reduce = [&](int32_t x, const float (&acc)[8][4]) {
+    auto reduce = [&](int32_t x, const float(&acc)[8][4]) {
         const int32_t c = c_begin + x;
         const int32_t cb = x % cpb;
         const int32_t key0 = c * PFI_CHUNK;
