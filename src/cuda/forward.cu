@@ -123,7 +123,7 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
                           cu_pfa_fits(cfg->index_dim, cfg->num_index_heads, 0, 0, NULL);
         if (pf_why && pf_ready && kv_ok)
             cu_why(why, why_size, pf_why);
-        if (st && !pf_ready && st->pf_tiles_cap[0] > 0 && out->attn_fast)
+        if (st && !pf_ready && st->sz.pf_tiles_cap[0] > 0 && out->attn_fast)
             cu_why(why, why_size,
                    "device blocks below 160 KB of shared memory: scalar prefill rows");
         /* Its Hopper version for the main pass (with the layer's K and V
@@ -211,9 +211,9 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
     int fast = sparse ? (p->idx_fast && p->attn_fast) : p->attn_fast;
     if (fast && sparse && p->idx_tma && p->attn_tma)
         fast = 2;
-    *kernel = (st->n_pf > 0 && p->pf_tma ? names_pfh : names)[sparse][fast];
+    *kernel = (st->step.n_pf > 0 && p->pf_tma ? names_pfh : names)[sparse][fast];
     *reason = st->path_why[layer];
-    if (st->n_pf > 0) {
+    if (st->step.n_pf > 0) {
         /* The step's notes beside the plan's reason. */
         snprintf(st->why_step, sizeof st->why_step, "%s", st->path_why[layer]);
         cu_why(st->why_step, sizeof st->why_step,
@@ -383,10 +383,10 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     L.write_cache = io->write_cache;
     L.row_vec = L.write_cache && cu_rows_vec_ok(&L);
     L.m = st->dev;
-    L.cap_pages = st->cap_pages;
-    L.cap_blocks = st->cap_blocks;
-    L.cap_union = st->cap_union;
-    L.part_stride = st->part_stride;
+    L.cap_pages = st->sz.cap_pages;
+    L.cap_blocks = st->sz.cap_blocks;
+    L.cap_union = st->sz.cap_union;
+    L.part_stride = st->sz.part_stride;
     L.scores = st->scores;
     L.sel = st->sel;
     L.uids = st->uids;
@@ -394,9 +394,9 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     L.ucnt = st->ucnt;
     L.sel_done = st->sel_done;
     L.idx_next = st->idx_next;
-    L.sel_cache = st->sel_cache;
-    L.pf_ctas = st->grid_pf;
-    L.sel_cta_rows = cs->sel_warp_rows ? 0 : st->grid_sel;
+    L.sel_cache = st->sz.sel_cache;
+    L.pf_ctas = st->sz.grid_pf;
+    L.sel_cta_rows = cs->sel_warp_rows ? 0 : st->sz.grid_sel;
     L.pf_scratch = st->pf_scratch;
     L.part = st->part;
 #ifdef MSA_TIMELINE
@@ -421,12 +421,12 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     /* The Hopper attention builds the unions of requests of several tokens
      * (up to CU_ATT_UNION_BLOCKS blocks) itself: the selection then ends
      * with its last row, without a completion count and a union pass. */
-    const int32_t union_blocks = (st->cap_blocks + 31) & ~31;
+    const int32_t union_blocks = (st->sz.cap_blocks + 31) & ~31;
     L.att_union = 0;
     /* A plan whose requests reach at most K blocks has no union to build
      * (each selects all its blocks): no shared memory is set aside for one. */
-    if (paths.attn_tma && !cs->sel_unions && st->cap_union <= CU_ATT_UNION_LIST &&
-        st->cap_blocks > L.K)
+    if (paths.attn_tma && !cs->sel_unions && st->sz.cap_union <= CU_ATT_UNION_LIST &&
+        st->sz.cap_blocks > L.K)
         L.att_union = union_blocks < CU_ATT_UNION_BLOCKS ? union_blocks : CU_ATT_UNION_BLOCKS;
 
     /* Prefill rows on the tensor-core indexer and selection (its own
@@ -438,7 +438,7 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         L.pf_ctas = 0;
         cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
         CU_TRY(ctx, cudaStreamIsCapturing(s, &cap));
-        pfi = st->n_pf > 0 || cap != cudaStreamCaptureStatusNone;
+        pfi = st->step.n_pf > 0 || cap != cudaStreamCaptureStatusNone;
     }
 
     /* For msa_bench_stages: CU_STAGE_MARK(first, last) marks stages first to

@@ -1,14 +1,15 @@
 /*
  * Device-side plan of the CUDA backend.
  *
- * msa_plan_update (host) turns one step's metadata into a schedule: request
- * arrays, the list of decode requests (q_len <= CU_DEC_MAX_Q) with their
- * compact token rows, the prefill token list, and the work items of the
- * split decode attention.  Everything is packed into one pinned staging
- * buffer and copied with one async copy into a device blob whose layout is
- * fixed by the plan's capacities.  Kernels read only this blob (and the
- * workspaces below), so a graph captured once replays correctly after any
- * later update: the addresses never move, only the contents.
+ * msa_plan_update (host) turns one step's metadata into a schedule
+ * (schedule.h, plain C): request arrays, the list of decode requests
+ * (q_len <= CU_DEC_MAX_Q) with their compact token rows, the prefill token
+ * list and tiles, and the work items of the split decode attention.
+ * Everything is packed into one pinned staging buffer and copied with one
+ * async copy into a device blob whose layout is fixed by the plan's
+ * capacities.  Kernels read only this blob (and the workspaces below), so a
+ * graph captured once replays correctly after any later update: the
+ * addresses never move, only the contents.
  */
 #ifndef MSA_CUDA_PLAN_CUH
 #define MSA_CUDA_PLAN_CUH
@@ -17,132 +18,8 @@
 
 #include <cuda.h>
 
-enum { CU_KIND_SPARSE = 0, CU_KIND_DENSE = 1, CU_KIND_IV = 2, CU_KINDS = 3 };
-
 /* A sparse layer's tensor maps (cu_plan_state.maps). */
 enum { CU_MAP_INDEX_K = 0, CU_MAP_K = 1, CU_MAP_V = 2, CU_MAPS = 3 };
-
-/* Rows [row0, row0 + nrows) of one (decode request, KV head) row space
- * (row = token * G + head in group), split `split` of `nsplit` over the key
- * stream.  With nsplit > 1 the item writes partial rows starting at
- * part_base + split * nrows; a merge item combines them. */
-typedef struct __align__(16) cu_att_item
-{
-    int32_t dec;
-    int32_t group;
-    int32_t row0;
-    int32_t nrows;
-    int32_t split;
-    int32_t nsplit;
-    int32_t part_base;
-    int32_t r;  /* request, its q_len, kv_len and first token row: */
-    int32_t ql; /* host-known, so an item starts without a chain of */
-    int32_t kl; /* dependent loads */
-    int32_t t0;
-    int32_t unit_len; /* first item of a unit (att_units): its items, 1 or 2 */
-}
-cu_att_item;
-
-/* One decode request as the indexer sees it (one 32-byte load). */
-typedef struct __align__(16) cu_dec_info
-{
-    int32_t r, ql, kl, t0;
-    int32_t d0;         /* first compact decode row */
-    int32_t blk0, blk1; /* its blocks in the end-to-end block sequence (none
-                         * when it has at most K: nothing to score) */
-    int32_t nblk;       /* blocks its last token reaches: ceil(kl / B) */
-}
-cu_dec_info;
-
-typedef struct cu_merge_item {
-    int32_t dec;
-    int32_t group;
-    int32_t row0;
-    int32_t nrows;
-    int32_t nsplit;
-    int32_t part_base;
-    int32_t t0; /* first token row of the request (host-known) */
-    int32_t pad1;
-} cu_merge_item;
-
-/* Host-known facts a kernel would otherwise reach through a chain of
- * dependent loads of plan data.  Between layers the key streams evict the
- * plan from L2, and a kernel that starts only when the one before it ends
- * (no room on the SM earlier) pays each link as a DRAM round trip on the
- * step's critical path; one 16-byte load brings them all. */
-
-/* One token row, for the prologue: request (-1: padding), position, and
- * the physical page holding that position. */
-typedef struct __align__(16) cu_tok_info
-{
-    int32_t r, pos, page, pad;
-}
-cu_tok_info;
-
-/* One compact decode row, for the selection. */
-typedef struct __align__(16) cu_dec_row
-{
-    int32_t t;    /* token row */
-    int32_t nblk; /* blocks its position reaches: pos / B + 1 */
-    int32_t slot; /* decode slot */
-    int32_t ql;   /* the request's q_len */
-}
-cu_dec_row;
-
-/* Per-step counts, read by the kernels from device memory. */
-typedef struct cu_step_hdr {
-    int32_t num_requests;
-    int32_t num_tokens;       /* rows of the token tensors */
-    int32_t n_dec;            /* decode requests */
-    int32_t n_dec_rows;       /* their tokens */
-    int32_t n_pf;             /* prefill tokens */
-    int32_t total_dec_blocks; /* sum of ceil(kv_len / B) over the decode requests
-                               * with more than K blocks (those the indexer scores) */
-    int32_t n_att[CU_KINDS];
-    int32_t n_merge[CU_KINDS];
-    int32_t n_att_units;   /* sparse pass: entries of att_units */
-    int32_t max_dec_nblk;  /* largest nblk of the decode rows (0: none) */
-    int32_t n_pf_tiles[2]; /* prefill attention tiles: main passes, index-value pass */
-} cu_step_hdr;
-
-/* Prefill attention tile (kernels/attention/attention_prefill_mma_sm80):
- * token rows t0 .. t0 + ntok - 1 of request r, at positions pos0 ... */
-typedef struct __align__(16) cu_pf_tile
-{
-    int32_t r, t0, ntok, pos0;
-}
-cu_pf_tile;
-
-/* Typed views into the metadata blob (device or staging copy). */
-typedef struct cu_meta {
-    cu_step_hdr *hdr;
-    int32_t *q_len;             /* [cap_req] */
-    int32_t *kv_len;            /* [cap_req] */
-    int32_t *q_start;           /* [cap_req] */
-    cu_tok_info *tok_info;      /* [cap_tok] request of a row (-1 padding), position, page */
-    int32_t *dec_req;           /* [cap_req] request of decode slot k */
-    int32_t *dec_row0;          /* [cap_req] first compact row of decode slot k */
-    int32_t *dec_blk0;          /* [cap_req + 1] prefix sum of blocks over decode slots */
-    cu_dec_info *dec_info;      /* [cap_req] */
-    cu_dec_row *dec_row;        /* [dec_rows_cap] */
-    int32_t *pf_tok;            /* [cap_tok] token rows of prefill requests */
-    cu_pf_tile *pf_tiles[2];    /* [pf_tiles_cap[i]] prefill attention tiles (main, index value) */
-    cu_att_item *att[CU_KINDS]; /* [att_cap] each */
-    cu_merge_item *merge[CU_KINDS]; /* [merge_cap] each */
-    /* Sparse pass, Hopper kernel: first item of each unit.  A unit is one
-     * item, or two adjacent items of the same (request, KV head, split)
-     * whose rows follow each other (8 tokens of 16 heads): the kernel
-     * streams the union tiles once for both. */
-    int32_t *att_units; /* [att_cap] */
-    /* The units of the Hopper kernel's CTA c: att_units[att_cta[c] ..
-     * att_cta[c + 1]), balanced by estimated cost (cu_balance_units). */
-    int32_t *att_cta;    /* [num_sms + 1] */
-    int32_t *page_table; /* [cap_req][cap_pages]; the last uploaded, so uploads copy a prefix */
-    /* Host-only scratch of the schedule, after the page table: never
-     * uploaded (the device copy of the blob leaves it unused). */
-    uint64_t *sched_heap; /* [num_sms] */
-    int32_t *sched_i32;   /* [4 * att_cap + num_sms + sched_costs] */
-} cu_meta;
 
 /* Which kernels a layer runs: decided once per plan state, from the
  * device, the model, the cache and the plan's act_dtype (cu_plan_paths);
@@ -162,31 +39,10 @@ typedef struct cu_paths {
 #define CU_WHY_BYTES 512
 
 typedef struct cu_plan_state {
-    /* Capacities this state was built for (as the plan gave them, then as
-     * used: at least 1). */
-    int64_t plan_caps[4];
-    int32_t cap_req;
-    int32_t cap_tok;
-    int32_t cap_q; /* longest request a step can hold: min(cap_tok, max_q_len) */
-    int32_t cap_kv;
-    int32_t cap_pages;
-    int32_t cap_blocks;   /* ceil(cap_kv / B) (1 for dense-only models) */
-    int32_t dec_rows_cap; /* min(cap_tok, CU_DEC_MAX_Q * cap_req) */
-    int32_t cap_union;    /* union entries per (decode slot, KV head) */
-    int32_t att_cap;      /* items per kind */
-    int32_t merge_cap;
-    int32_t part_rows_cap;
-    int32_t part_stride;     /* floats per partial row */
-    int32_t sched_costs;     /* distinct unit costs of the balancing (cu_balance_units) */
-    int32_t pf_tiles_cap[2]; /* prefill attention tiles per list (0: the plan has no prefill) */
-
-    /* Grids (fixed by device and capacities). */
-    int grid_tok, grid_idx, grid_idx_fast, grid_pf, grid_att, grid_att_fast;
-    int grid_sel; /* selection: decode rows on every CTA, prefill on grid_pf */
-    int grid_merge;
-    int grid_pfa; /* prefill attention on tensor cores (0: not set up, scalar rows) */
-    int pfh;      /* and its Hopper kernel (attention_prefill_tma_sm90) set up */
-    int num_sms;
+    /* Capacities, grids and the metadata layout (schedule.h). */
+    cu_sched_sizes sz;
+    int grid_pfa;  /* prefill attention on tensor cores (0: not set up, scalar rows) */
+    int pfh;       /* and its Hopper kernel (attention_prefill_tma_sm90) set up */
     int pdl;       /* programmatic dependent launch between kernels */
     int tma;       /* Hopper tensor-map kernels available */
     int wgmma;     /* and the sm_90a warpgroup products (the Hopper indexer) */
@@ -195,8 +51,6 @@ typedef struct cu_plan_state {
     /* Metadata blob: device copy, two pinned staging copies (an upload
      * never overwrites a staging buffer an earlier async copy may still
      * read: each has an event recorded after its copy). */
-    size_t meta_bytes;
-    size_t pt_offset; /* byte offset of the page table */
     void *meta_dev;
     void *staging[2];
     cudaEvent_t staged[2];
@@ -212,7 +66,6 @@ typedef struct cu_plan_state {
     int32_t *ucnt;     /* [cap_req][Hkv] */
     int32_t *sel_done; /* [cap_req][units] selection completion counters (kept 0) */
     int32_t *idx_next; /* the Hopper indexer's next on-demand chunk (back to 0 at each end) */
-    int32_t sel_cache; /* scores cached per selecting warp (shared memory) */
     float *pf_scratch; /* [grid_pf][mi][cap_blocks] prefill block scores */
     float *part;       /* [part_rows_cap][part_stride] split partials */
     /* Prefill indexer on tensor cores (kernels/indexer/indexer_prefill_mma_sm80.cu):
@@ -238,18 +91,9 @@ typedef struct cu_plan_state {
     int sparse_tma;                 /* some sparse layer runs the Hopper attention */
 
     /* Host view of the current step (for describe). */
-    int32_t max_q_len;
-    int32_t n_pf;
+    cu_sched_step step;
     char why_step[CU_WHY_BYTES]; /* describe()'s text when the step adds a note */
 } cu_plan_state;
-
-/* Host side of the plan (plan.cu): the state's sizes and metadata layout,
- * and one step's schedule written into host views of the metadata.  Pure
- * host arithmetic, so the scheduling test runs them without a GPU. */
-void cu_state_size(const msa_plan *plan, int num_sms, int grid_idx_fast, int grid_att_fast,
-                   cu_plan_state *st);
-size_t cu_meta_carve(const cu_plan_state *st, uintptr_t base, cu_meta *m);
-void cu_step_fill(const msa_plan *plan, cu_plan_state *st, cu_meta *h);
 
 /* A Hopper attention producer stages a request's page-table row and
  * builds a union of several tokens in shared memory, for requests of at

@@ -14,14 +14,10 @@
 extern "C" {
 #include "core/internal.h"
 }
+/* The scheduler's constants (CU_DEC_MAX_Q, CU_ROWS_PER_ITEM, CU_TILE_KEYS)
+ * and the metadata the kernels read. */
+#include "cuda/schedule.h"
 
-/* Requests with at most this many new tokens take the decode/verify path
- * (split-context indexer, union attention); longer ones the prefill path. */
-#define CU_DEC_MAX_Q 16
-/* Query rows (tokens x heads of one KV group) one attention work item owns. */
-#define CU_ROWS_PER_ITEM 64
-/* Keys per attention / indexer tile. */
-#define CU_TILE_KEYS 64
 /* Largest head dims the SIMT kernels keep in registers (32 lanes x 16). */
 #define CU_SIMT_MAX_DIM 512
 /* Floats per partial-result row: D values, the LSE, padding to 16 bytes. */

@@ -330,10 +330,10 @@ void cu_launch_attn_decode_mma(const cu_layer *L, const cu_plan_state *st, const
                                cudaStream_t s)
 {
     if (A->act == MSA_DTYPE_BF16)
-        cu_launch(cu_attn_mma_kernel<cu_bf16_tag>, st->grid_att_fast, ATT_MMA_THREADS,
+        cu_launch(cu_attn_mma_kernel<cu_bf16_tag>, st->sz.grid_att_fast, ATT_MMA_THREADS,
                   ATT_MMA_SMEM_BYTES, s, st->pdl, *L, *A);
     else
-        cu_launch(cu_attn_mma_kernel<cu_f16_tag>, st->grid_att_fast, ATT_MMA_THREADS,
+        cu_launch(cu_attn_mma_kernel<cu_f16_tag>, st->sz.grid_att_fast, ATT_MMA_THREADS,
                   ATT_MMA_SMEM_BYTES, s, st->pdl, *L, *A);
 }
 

@@ -47,5 +47,6 @@ __global__ void __launch_bounds__(ATT_SIMT_WARPS * 32)
 void cu_launch_attn_decode_simt(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
                                 cudaStream_t s)
 {
-    cu_launch(cu_attn_decode_simt_kernel, st->grid_att, ATT_SIMT_WARPS * 32, 0, s, st->pdl, *L, *A);
+    cu_launch(cu_attn_decode_simt_kernel, st->sz.grid_att, ATT_SIMT_WARPS * 32, 0, s, st->pdl, *L,
+              *A);
 }

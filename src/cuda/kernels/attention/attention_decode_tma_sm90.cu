@@ -404,10 +404,10 @@ void cu_launch_attn_tma(const cu_layer *L, const cu_plan_state *st, const cu_att
 {
     const size_t smem = ATT_TMA_SMEM_BYTES + cu_attt_union_bytes(*L);
     if (A->act == MSA_DTYPE_BF16)
-        cu_launch(cu_attn_tma_kernel<cu_bf16_tag>, st->num_sms, ATT_TMA_THREADS, smem, s, st->pdl,
-                  *L, *A, *map_k, *map_v);
+        cu_launch(cu_attn_tma_kernel<cu_bf16_tag>, st->sz.num_sms, ATT_TMA_THREADS, smem, s,
+                  st->pdl, *L, *A, *map_k, *map_v);
     else
-        cu_launch(cu_attn_tma_kernel<cu_f16_tag>, st->num_sms, ATT_TMA_THREADS, smem, s, st->pdl,
+        cu_launch(cu_attn_tma_kernel<cu_f16_tag>, st->sz.num_sms, ATT_TMA_THREADS, smem, s, st->pdl,
                   *L, *A, *map_k, *map_v);
 }
 

@@ -389,30 +389,3 @@ cudaError_t cu_pfa_setup(int num_sms, int32_t W, int *grid)
     *grid = num_sms * (occ > 0 ? occ : 1);
     return cudaSuccess;
 }
-
-void cu_pfa_fill_tiles(const msa_plan *plan, const cu_plan_state *st, cu_meta *h)
-{
-    const msa_model *m = plan->model;
-    const int32_t gs[CU_PFA_LISTS] = {m->group, m->cfg.num_index_heads};
-    for (int k = 0; k < CU_PFA_LISTS; ++k) {
-        h->hdr->n_pf_tiles[k] = 0;
-        if (st->pf_tiles_cap[k] <= 0 || gs[k] <= 0)
-            continue;
-        const int32_t tt = cu_pfa_tile_tokens(gs[k]);
-        int32_t n = 0;
-        for (int32_t r = 0; r < plan->num_requests; ++r) {
-            const int32_t ql = plan->q_len[r];
-            if (ql <= CU_DEC_MAX_Q)
-                continue;
-            const int32_t pos0 = plan->kv_len[r] - ql;
-            for (int32_t i = (ql - 1) / tt; i >= 0 && n < st->pf_tiles_cap[k]; --i) {
-                cu_pf_tile *t = &h->pf_tiles[k][n++];
-                t->r = r;
-                t->t0 = (int32_t)plan->q_start[r] + i * tt;
-                t->ntok = ql - i * tt < tt ? ql - i * tt : tt;
-                t->pos0 = pos0 + i * tt;
-            }
-        }
-        h->hdr->n_pf_tiles[k] = n;
-    }
-}

@@ -20,30 +20,9 @@
 
 #include "cuda/plan.cuh"
 
-/* Tiles of the two prefill tile lists of a step (cu_meta.pf_tiles). */
-enum { CU_PFA_MAIN = 0, CU_PFA_IV = 1, CU_PFA_LISTS = 2 };
-
-/* Most tokens of one tile: a key's token mask is one 32-bit word. */
-#define CU_PFA_MAX_TOK 32
-/* Most query rows of one tile: 8 warps of m16 tiles. */
-#define CU_PFA_ROWS 128
-
-/* Tokens of one tile for g query heads per KV head: the largest count
- * whose rows fit in CU_PFA_ROWS (at least 1: with g > 128 a token's heads
- * take several chunks), at most CU_PFA_MAX_TOK.  Host and device agree on
- * it: the host cuts the tiles, the kernel sizes its masks. */
-static inline __host__ __device__ int32_t cu_pfa_tile_tokens(int32_t g)
-{
-    const int32_t t = g >= CU_PFA_ROWS ? 1 : CU_PFA_ROWS / g;
-    return t < CU_PFA_MAX_TOK ? t : CU_PFA_MAX_TOK;
-}
-
-/* Tiles a list needs at most: every prefill request of q_len tokens takes
- * ceil(q_len / tt) of them. */
-static inline int32_t cu_pfa_tiles_cap(int32_t cap_tok, int32_t cap_req, int32_t tt)
-{
-    return cap_tok / tt + cap_req;
-}
+/* The tile lists (CU_PFA_MAIN, CU_PFA_IV), the tile size
+ * (cu_pfa_tile_tokens, CU_PFA_ROWS, CU_PFA_MAX_TOK) and the tiles
+ * themselves (cu_sched_fill_pf_tiles) are the scheduler's: schedule.h. */
 
 /* What the kernel reads and writes, nothing else. */
 typedef struct cu_pfa_params {
@@ -90,10 +69,5 @@ void cu_launch_attn_prefill_mma(const cu_pfa_params *p, const cu_plan_state *st,
 /* Kernel attributes (shared memory limit) and the persistent grid; grid 0
  * where the device cannot give a block the shared memory (scalar rows). */
 cudaError_t cu_pfa_setup(int num_sms, int32_t W, int *grid);
-
-/* The step's prefill tiles into the host views h (plan.cu's schedule):
- * per list, each prefill request's tokens cut into tiles, the request's
- * last tile first (dense tiles cost more the later they sit). */
-void cu_pfa_fill_tiles(const msa_plan *plan, const cu_plan_state *st, cu_meta *h);
 
 #endif /* MSA_ATTENTION_PREFILL_MMA_SM80_CUH */

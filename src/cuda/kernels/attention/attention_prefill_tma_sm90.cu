@@ -590,10 +590,10 @@ void cu_launch_attn_prefill_tma(const cu_pfh_params *p, const cu_plan_state *st,
 {
     const size_t smem = cu_pfh_smem(p->tt, p->W, p->sparse);
     if (p->act == MSA_DTYPE_BF16)
-        cu_launch(cu_pfh_kernel<cu_bf16_tag>, st->num_sms, PFH_THREADS, smem, s, st->pdl, *p,
+        cu_launch(cu_pfh_kernel<cu_bf16_tag>, st->sz.num_sms, PFH_THREADS, smem, s, st->pdl, *p,
                   maps[0], maps[1]);
     else
-        cu_launch(cu_pfh_kernel<cu_f16_tag>, st->num_sms, PFH_THREADS, smem, s, st->pdl, *p,
+        cu_launch(cu_pfh_kernel<cu_f16_tag>, st->sz.num_sms, PFH_THREADS, smem, s, st->pdl, *p,
                   maps[0], maps[1]);
 }
 

@@ -338,10 +338,10 @@ __global__ void __launch_bounds__(IDX_MMA_THREADS, 3) cu_indexer_mma_kernel(cu_l
 void cu_launch_indexer_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
 {
     if (L->act == MSA_DTYPE_BF16)
-        cu_launch(cu_indexer_mma_kernel<cu_bf16_tag>, st->grid_idx_fast, IDX_MMA_THREADS,
+        cu_launch(cu_indexer_mma_kernel<cu_bf16_tag>, st->sz.grid_idx_fast, IDX_MMA_THREADS,
                   IDX_MMA_SMEM_BYTES, s, st->pdl, *L);
     else
-        cu_launch(cu_indexer_mma_kernel<cu_f16_tag>, st->grid_idx_fast, IDX_MMA_THREADS,
+        cu_launch(cu_indexer_mma_kernel<cu_f16_tag>, st->sz.grid_idx_fast, IDX_MMA_THREADS,
                   IDX_MMA_SMEM_BYTES, s, st->pdl, *L);
 }
 

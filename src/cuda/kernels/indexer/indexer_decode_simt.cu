@@ -4,7 +4,7 @@
  * workspace for the selection kernel.
  *
  * The blocks of all decode requests with more than K blocks (the others
- * select every block: nothing to score, cu_step_fill) are laid end to end
+ * select every block: nothing to score, cu_sched_fill) are laid end to end
  * and each CTA takes an equal contiguous share, so one long request still
  * spreads over the whole GPU.  Inside a block, one warp per query column
  * (token, index head).
@@ -50,5 +50,5 @@ __global__ void __launch_bounds__(IDX_SIMT_THREADS, 1) cu_indexer_simt_kernel(cu
 
 void cu_launch_indexer_simt(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
 {
-    cu_launch(cu_indexer_simt_kernel, st->grid_idx, IDX_SIMT_THREADS, 0, s, st->pdl, *L);
+    cu_launch(cu_indexer_simt_kernel, st->sz.grid_idx, IDX_SIMT_THREADS, 0, s, st->pdl, *L);
 }

@@ -463,10 +463,10 @@ void cu_launch_indexer_tma(const cu_layer *L, const cu_plan_state *st, const CUt
                            cudaStream_t s)
 {
     if (L->act == MSA_DTYPE_BF16)
-        cu_launch(cu_indexer_tma_kernel<cu_bf16_tag>, st->num_sms, IDX_TMA_THREADS,
+        cu_launch(cu_indexer_tma_kernel<cu_bf16_tag>, st->sz.num_sms, IDX_TMA_THREADS,
                   IDX_TMA_SMEM_BYTES, s, st->pdl, *L, *map);
     else
-        cu_launch(cu_indexer_tma_kernel<cu_f16_tag>, st->num_sms, IDX_TMA_THREADS,
+        cu_launch(cu_indexer_tma_kernel<cu_f16_tag>, st->sz.num_sms, IDX_TMA_THREADS,
                   IDX_TMA_SMEM_BYTES, s, st->pdl, *L, *map);
 }
 

@@ -36,9 +36,9 @@ void cu_pfidx_build(const cu_layer *L, const cu_plan_state *st, cu_pfidx_params 
     p->iscale = L->iscale;
     p->P = L->P;
     p->logP = L->logP;
-    p->cap_pages = st->cap_pages;
-    p->cap_blocks = st->cap_blocks;
-    p->sel_cache = st->sel_cache;
+    p->cap_pages = st->sz.cap_pages;
+    p->cap_blocks = st->sz.cap_blocks;
+    p->sel_cache = st->sz.sel_cache;
     p->iq = L->iq;
     p->ikp = L->ikp;
     p->hdr = st->dev.hdr;

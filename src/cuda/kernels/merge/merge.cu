@@ -131,5 +131,5 @@ __global__ void __launch_bounds__(MERGE_WARPS * 32, 2)
 void cu_launch_merge_prefill(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
                              cudaStream_t s)
 {
-    cu_launch(cu_merge_prefill_kernel, st->grid_merge, MERGE_WARPS * 32, 0, s, st->pdl, *L, *A);
+    cu_launch(cu_merge_prefill_kernel, st->sz.grid_merge, MERGE_WARPS * 32, 0, s, st->pdl, *L, *A);
 }

@@ -138,5 +138,5 @@ __global__ void __launch_bounds__(256, 8) cu_prologue_kernel(cu_layer L)
 
 void cu_launch_prologue(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
 {
-    cu_prologue_kernel<<<st->grid_tok, 256, 0, s>>>(*L);
+    cu_prologue_kernel<<<st->sz.grid_tok, 256, 0, s>>>(*L);
 }

@@ -362,5 +362,5 @@ void cu_launch_select(const cu_layer *L, const cu_plan_state *st, cudaStream_t s
 {
     /* The first grid_pf CTAs also serve the prefill role, each with its own
      * scratch row. */
-    cu_launch(cu_select_kernel, st->grid_sel, SEL_WARPS * 32, cu_select_smem(L), s, st->pdl, *L);
+    cu_launch(cu_select_kernel, st->sz.grid_sel, SEL_WARPS * 32, cu_select_smem(L), s, st->pdl, *L);
 }

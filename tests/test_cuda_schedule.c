@@ -1,8 +1,12 @@
 /*
- * The CUDA backend's step schedule, checked on the host (no GPU needed):
- * cu_state_size and cu_step_fill (plan.cu) run on hand-built plans over a
- * grid of batches, query lengths, contexts and device sizes, and every
- * schedule is held to what the kernels rely on:
+ * The CUDA backend's host scheduler (src/cuda/schedule.c, plain C: this
+ * test runs in every build, without a GPU): cu_sched_size and
+ * cu_sched_fill run on hand-built plans over a grid of batches, query
+ * lengths, contexts and device sizes, and every schedule is held to what
+ * the kernels rely on:
+ *   - every (decode request, token, head) row of every pass is covered by
+ *     the splits of its chunk exactly once each, every decode token is one
+ *     compact decode row and every prefill token one prefill token row;
  *   - each (decode request, KV head, 64-row chunk) is covered by splits
  *     0 .. S-1 exactly once, with the request's lengths in every item;
  *   - a chunk with S > 1 has one merge item with the same rows and splits,
@@ -17,14 +21,17 @@
  *   - the per-row facts the kernels load in one piece (tok_info, dec_row,
  *     a merge item's t0) equal what the plan's arrays say;
  *   - the indexer's block list holds exactly the decode requests of more
- *     than K blocks, end to end (the others select every block).
+ *     than K blocks, end to end (the others select every block);
+ *   - splits stay within the policy's limits (one unit per SM on the
+ *     Hopper kernel, about two items per CTA elsewhere);
+ *   - prefill tiles cover each prefill token once, last tile first;
+ *   - a step beyond the sized capacities is refused with nothing written.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/plan.cuh"
-#include "cuda/kernels/attention/attention_prefill_mma_sm80.cuh"
+#include "cuda/schedule.h"
 
 static int g_failed = 0, g_checks = 0;
 
@@ -52,14 +59,14 @@ typedef struct sched_case {
 } sched_case;
 
 /* Items of one pass checked against the plan. */
-static void check_kind(const msa_plan *plan, const cu_plan_state *st, const cu_meta *h, int kind,
-                       int32_t groups, int32_t g, const char *what)
+static void check_kind(const msa_plan *plan, const cu_sched_sizes *sz, const cu_meta *h, int kind,
+                       int32_t groups, int32_t g, int one_round, const char *what)
 {
     const int32_t n_items = h->hdr->n_att[kind], n_merge = h->hdr->n_merge[kind];
     const cu_att_item *items = h->att[kind];
     const cu_merge_item *merges = h->merge[kind];
-    EXPECT(n_items <= st->att_cap, "%s: %d items > capacity %d", what, n_items, st->att_cap);
-    EXPECT(n_merge <= st->merge_cap, "%s: %d merges > capacity %d", what, n_merge, st->merge_cap);
+    EXPECT(n_items <= sz->att_cap, "%s: %d items > capacity %d", what, n_items, sz->att_cap);
+    EXPECT(n_merge <= sz->merge_cap, "%s: %d merges > capacity %d", what, n_merge, sz->merge_cap);
 
     /* Coverage: count the items of each (slot, group, chunk, split). */
     const int32_t n_dec = h->hdr->n_dec;
@@ -123,35 +130,89 @@ static void check_kind(const msa_plan *plan, const cu_plan_state *st, const cu_m
             }
     }
 
+    /* Rows: each (decode slot, KV head, token x head row) is computed by
+     * each split of its chunk once, so it is counted nsplit times, and
+     * no row past the request's tokens is. */
+    {
+        const int32_t rows_max = CU_DEC_MAX_Q * g;
+        int32_t *row_count =
+            (int32_t *)calloc((size_t)(n_dec ? n_dec : 1) * groups * rows_max, sizeof(int32_t));
+        for (int32_t i = 0; i < n_items; ++i) {
+            const cu_att_item *it = &items[i];
+            if (!(it->dec >= 0 && it->dec < n_dec && it->group >= 0 && it->group < groups))
+                continue;
+            for (int32_t row = it->row0; row < it->row0 + it->nrows && row < rows_max; ++row)
+                ++row_count[((size_t)it->dec * groups + it->group) * rows_max + row];
+        }
+        int32_t bad = 0;
+        for (int32_t k = 0; k < n_dec; ++k) {
+            const int32_t rows = plan->q_len[h->dec_req[k]] * g;
+            for (int32_t grp = 0; grp < groups; ++grp)
+                for (int32_t row = 0; row < rows_max; ++row) {
+                    const size_t cell =
+                        ((size_t)k * groups + grp) * chunks_max + row / CU_ROWS_PER_ITEM;
+                    const int32_t want = row < rows ? nsplit[cell] : 0;
+                    bad += row_count[((size_t)k * groups + grp) * rows_max + row] != want ||
+                           (row < rows && want < 1);
+                }
+        }
+        EXPECT(bad == 0, "%s: %d rows not covered exactly once by each split", what, bad);
+        free(row_count);
+    }
+
+    /* Splits within the policy: the Hopper kernel (one CTA per SM) at
+     * most one unit per SM once split, elsewhere about two items per CTA
+     * of the grid; never more splits than the key tiles allow. */
+    {
+        int64_t n_units = 0;
+        const int pair = one_round && kind == CU_KIND_SPARSE;
+        for (int32_t k = 0; k < n_dec; ++k) {
+            const int32_t chunks =
+                (plan->q_len[h->dec_req[k]] * g + CU_ROWS_PER_ITEM - 1) / CU_ROWS_PER_ITEM;
+            n_units += (int64_t)groups * (pair ? (chunks + 1) / 2 : chunks);
+        }
+        const int64_t target = 2 * (int64_t)sz->grid_att_fast;
+        int64_t limit = 1;
+        if (one_round)
+            limit = n_units == 0 || n_units >= sz->num_sms ? 1 : sz->num_sms / n_units;
+        else
+            limit = n_units == 0 || n_units >= target ? 1 : (target + n_units - 1) / n_units;
+        int32_t over = 0;
+        for (int32_t i = 0; i < n_items; ++i)
+            over += items[i].nsplit > limit;
+        EXPECT(over == 0, "%s: %d items split beyond %lld (%lld units)", what, over,
+               (long long)limit, (long long)n_units);
+    }
+
     /* Merges: one per split chunk, partial ranges disjoint and in bounds. */
     int32_t split_chunks = 0;
     for (size_t cell = 0; cell < ncells; ++cell)
         split_chunks += nsplit[cell] > 1;
     EXPECT(n_merge == split_chunks, "%s: %d merges for %d split chunks", what, n_merge,
            split_chunks);
-    char *used = (char *)calloc((size_t)st->part_rows_cap, 1);
+    char *used = (char *)calloc((size_t)sz->part_rows_cap, 1);
     for (int32_t i = 0; i < n_merge; ++i) {
-        const cu_merge_item *mi = &merges[i];
-        const int64_t end = (int64_t)mi->part_base + (int64_t)mi->nsplit * mi->nrows;
-        EXPECT(mi->part_base >= 0 && end <= st->part_rows_cap, "%s: merge %d rows out of bounds",
+        const cu_merge_item *merge = &merges[i];
+        const int64_t end = (int64_t)merge->part_base + (int64_t)merge->nsplit * merge->nrows;
+        EXPECT(merge->part_base >= 0 && end <= sz->part_rows_cap, "%s: merge %d rows out of bounds",
                what, i);
-        if (mi->part_base >= 0 && end <= st->part_rows_cap)
-            for (int64_t p = mi->part_base; p < end; ++p) {
+        if (merge->part_base >= 0 && end <= sz->part_rows_cap)
+            for (int64_t p = merge->part_base; p < end; ++p) {
                 EXPECT(!used[p], "%s: partial row %lld used twice", what, (long long)p);
                 used[p] = 1;
             }
         int found = 0;
         for (int32_t j = 0; j < n_items; ++j) {
             const cu_att_item *it = &items[j];
-            if (it->dec == mi->dec && it->group == mi->group && it->row0 == mi->row0) {
-                EXPECT(mi->t0 == it->t0, "%s: merge %d first token row %d, item's %d", what, i,
-                       mi->t0, it->t0);
-                found += it->nsplit == mi->nsplit && it->nrows == mi->nrows &&
-                         it->part_base == mi->part_base;
+            if (it->dec == merge->dec && it->group == merge->group && it->row0 == merge->row0) {
+                EXPECT(merge->t0 == it->t0, "%s: merge %d first token row %d, item's %d", what, i,
+                       merge->t0, it->t0);
+                found += it->nsplit == merge->nsplit && it->nrows == merge->nrows &&
+                         it->part_base == merge->part_base;
             }
         }
-        EXPECT(found == mi->nsplit, "%s: merge %d matches %d of %d splits", what, i, found,
-               mi->nsplit);
+        EXPECT(found == merge->nsplit, "%s: merge %d matches %d of %d splits", what, i, found,
+               merge->nsplit);
     }
     free(used);
     free(nsplit);
@@ -186,6 +247,20 @@ static void check_rows(const msa_plan *plan, const cu_meta *h)
         }
     }
     EXPECT(d == h->hdr->n_dec_rows, "%d decode rows listed, header says %d", d, h->hdr->n_dec_rows);
+    /* Every token of a prefill request once in the prefill token rows, in
+     * order, and no other. */
+    {
+        int32_t n = 0;
+        for (int32_t r = 0; r < plan->num_requests; ++r) {
+            if (plan->q_len[r] <= CU_DEC_MAX_Q)
+                continue;
+            for (int32_t i = 0; i < plan->q_len[r]; ++i, ++n)
+                EXPECT(n < h->hdr->n_pf && h->pf_tok[n] == (int32_t)(plan->q_start[r] + i),
+                       "prefill token row %d: %d, want %lld", n,
+                       n < h->hdr->n_pf ? h->pf_tok[n] : -1, (long long)(plan->q_start[r] + i));
+        }
+        EXPECT(n == h->hdr->n_pf, "%d prefill token rows, header says %d", n, h->hdr->n_pf);
+    }
     /* The indexer's blocks, end to end: only requests with more than K
      * blocks (at most K: all selected, their scores never read). */
     int32_t blocks = 0;
@@ -209,7 +284,7 @@ static void check_rows(const msa_plan *plan, const cu_meta *h)
 }
 
 /* Estimated cost of a unit as the balancing takes it: its tokens' union
- * tiles at most, shared by the splits, and two more (cu_build_items). */
+ * tiles at most, shared by the splits, and two more (cu_sched_items). */
 static int64_t unit_cost(const msa_model *model, const cu_att_item *a)
 {
     const int64_t rows = a->nrows + (a->unit_len == 2 ? a[1].nrows : 0);
@@ -222,7 +297,7 @@ static int64_t unit_cost(const msa_model *model, const cu_att_item *a)
 }
 
 /* The Hopper units of the sparse pass. */
-static void check_units(const msa_model *model, const cu_plan_state *st, const cu_meta *h,
+static void check_units(const msa_model *model, const cu_sched_sizes *sz, const cu_meta *h,
                         int on_tma)
 {
     const int32_t n_items = h->hdr->n_att[CU_KIND_SPARSE];
@@ -265,14 +340,14 @@ static void check_units(const msa_model *model, const cu_plan_state *st, const c
     EXPECT(pairs == 0 || pairable == 0, "step mixes pairs (%d) and pairable singles (%d)", pairs,
            pairable);
     if (on_tma && split_units > 0)
-        EXPECT(n_units <= st->num_sms, "%d split units on %d SMs", n_units, st->num_sms);
+        EXPECT(n_units <= sz->num_sms, "%d split units on %d SMs", n_units, sz->num_sms);
     if (!on_tma)
         EXPECT(pairs == 0, "pairs without the Hopper kernel");
 
     /* The CTAs' runs partition the units; each run is in decreasing cost;
      * no CTA carries more than the mean plus one unit (what dealing the
      * largest first to the least loaded CTA guarantees). */
-    const int32_t S = st->num_sms;
+    const int32_t S = sz->num_sms;
     EXPECT(h->att_cta[0] == 0 && h->att_cta[S] == n_units, "CTA runs span %d .. %d of %d units",
            h->att_cta[0], h->att_cta[S], n_units);
     int64_t total = 0, largest = 0, most = 0;
@@ -304,13 +379,13 @@ static void check_units(const msa_model *model, const cu_plan_state *st, const c
  * with q_len > CU_DEC_MAX_Q in exactly one tile, a tile at most tt
  * consecutive tokens of one request at their positions, within the list's
  * capacity, a request's later tiles first. */
-static void check_pf_tiles(const msa_plan *plan, const cu_plan_state *st, const cu_meta *h,
+static void check_pf_tiles(const msa_plan *plan, const cu_sched_sizes *sz, const cu_meta *h,
                            int list, int32_t g, const char *what)
 {
     const int32_t tt = cu_pfa_tile_tokens(g);
     const int32_t n = h->hdr->n_pf_tiles[list];
-    EXPECT(n >= 0 && n <= st->pf_tiles_cap[list], "%s: %d tiles, capacity %d", what, n,
-           st->pf_tiles_cap[list]);
+    EXPECT(n >= 0 && n <= sz->pf_tiles_cap[list], "%s: %d tiles, capacity %d", what, n,
+           sz->pf_tiles_cap[list]);
     uint8_t *seen = (uint8_t *)calloc((size_t)plan->num_tokens + 1, 1);
     int64_t want = 0;
     for (int32_t r = 0; r < plan->num_requests; ++r)
@@ -401,32 +476,56 @@ static void run_case(msa_model *model, const sched_case *sc, unsigned seed)
         }
     }
 
-    cu_plan_state st;
-    memset(&st, 0, sizeof st);
-    cu_state_size(&plan, sc->sms, sc->sms * 3, sc->sms * 2, &st);
-    st.tma = sc->tma;
-    st.wgmma = sc->tma;
-    void *blob = aligned_alloc(256, (st.meta_bytes + 255) / 256 * 256);
-    memset(blob, 0, st.meta_bytes);
+    const cu_sched_device dev = {sc->sms, sc->sms * 3, sc->sms * 2};
+    cu_sched_sizes sz;
+    cu_sched_size(&plan, &dev, &sz);
+    const int on_tma = sc->tma && model->group == 16;
+    void *blob = aligned_alloc(256, (sz.meta_bytes + 255) / 256 * 256);
+    memset(blob, 0, sz.meta_bytes);
     cu_meta h;
-    cu_meta_carve(&st, (uintptr_t)blob, &h);
-    cu_step_fill(&plan, &st, &h);
+    EXPECT(cu_meta_carve(&sz, (uintptr_t)blob, &h) == sz.meta_bytes, "blob size");
+    EXPECT((uintptr_t)h.page_table - (uintptr_t)blob == sz.pt_offset, "page table offset");
+    cu_sched_step step = {-1, -1};
+    EXPECT(cu_sched_fill(&plan, &sz, on_tma, &h, &step) == 0, "step refused");
 
     const msa_model_config *cfg = &model->cfg;
     EXPECT(h.hdr->n_dec == sc->batch, "%d decode requests, want %d", h.hdr->n_dec, sc->batch);
     EXPECT(h.hdr->n_pf == (sc->prefill ? 40 : 0), "prefill tokens %d", h.hdr->n_pf);
-    check_kind(&plan, &st, &h, CU_KIND_SPARSE, cfg->num_kv_heads, model->group, "sparse");
-    const int on_tma = sc->tma && model->group == 16;
-    check_units(model, &st, &h, on_tma);
+    EXPECT(step.n_pf == h.hdr->n_pf && step.max_q_len == (sc->prefill && sc->q < 40 ? 40 : sc->q),
+           "step facts: %d prefill tokens, longest request %d", step.n_pf, step.max_q_len);
+    check_kind(&plan, &sz, &h, CU_KIND_SPARSE, cfg->num_kv_heads, model->group, on_tma, "sparse");
+    check_units(model, &sz, &h, on_tma);
     check_rows(&plan, &h);
-    check_pf_tiles(&plan, &st, &h, CU_PFA_MAIN, model->group, "prefill tiles");
+    check_pf_tiles(&plan, &sz, &h, CU_PFA_MAIN, model->group, "prefill tiles");
     if (model->layer_index_value[0] || (cfg->num_layers > 1 && model->layer_index_value[1]))
-        check_pf_tiles(&plan, &st, &h, CU_PFA_IV, cfg->num_index_heads,
+        check_pf_tiles(&plan, &sz, &h, CU_PFA_IV, cfg->num_index_heads,
                        "prefill index-value tiles");
     if (model->layer_index_value[0] || (cfg->num_layers > 1 && model->layer_index_value[1]))
-        check_kind(&plan, &st, &h, CU_KIND_IV, 1, cfg->num_index_heads, "index value");
+        check_kind(&plan, &sz, &h, CU_KIND_IV, 1, cfg->num_index_heads, 0, "index value");
     if (cfg->num_layers > 1)
-        check_kind(&plan, &st, &h, CU_KIND_DENSE, cfg->num_kv_heads, model->group, "dense");
+        check_kind(&plan, &sz, &h, CU_KIND_DENSE, cfg->num_kv_heads, model->group, 0, "dense");
+
+    /* A step beyond the sized capacities is refused before anything is
+     * written: one request more than cap_req, then one token more than
+     * cap_tok. */
+    if (sc->batch == 8 && sc->q == 4) {
+        uint8_t *before = (uint8_t *)malloc(sz.meta_bytes);
+        memcpy(before, blob, sz.meta_bytes);
+        cu_sched_sizes small = sz;
+        small.cap_req = R - 1;
+        EXPECT(cu_sched_fill(&plan, &small, on_tma, &h, &step) != 0,
+               "a step of %d requests fits a capacity of %d", R, small.cap_req);
+        small = sz;
+        small.cap_tok = (int32_t)tokens - 1;
+        EXPECT(cu_sched_fill(&plan, &small, on_tma, &h, &step) != 0,
+               "a step of %lld tokens fits a capacity of %d", (long long)tokens, small.cap_tok);
+        small = sz;
+        small.cap_kv = (int32_t)max_kv - 1;
+        EXPECT(cu_sched_fill(&plan, &small, on_tma, &h, &step) != 0,
+               "a context of %lld fits a capacity of %d", (long long)max_kv, small.cap_kv);
+        EXPECT(memcmp(before, blob, sz.meta_bytes) == 0, "a refused step wrote the schedule");
+        free(before);
+    }
 
     free(blob);
     free(plan.page_table);
