@@ -17,6 +17,7 @@
  * the pass's merge, and the merge kernel skips them.
  */
 #include "cuda/backend.cuh"
+#include "cuda/params.cuh"
 #include "cuda/arch/tma_sm90.cuh"
 #include "cuda/common/timeline.cuh"
 #include "cuda/kernels/indexer/indexer_prefill_mma_sm80.cuh"
@@ -230,98 +231,31 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
     }
 }
 
-static void cu_attn_main(const cu_layer *L, cu_attn *A, int sparse)
-{
-    memset(A, 0, sizeof(*A));
-    A->kind = sparse ? CU_KIND_SPARSE : CU_KIND_DENSE;
-    A->hq_total = L->Hq;
-    A->hkv = L->Hkv;
-    A->d = L->D;
-    A->g = L->G;
-    A->scale = L->scale;
-    A->act = L->act;
-    A->kv_dt = L->kv_dt;
-    A->q = L->q;
-    A->kp = L->kp;
-    A->vp = L->vp;
-    A->o = L->o;
-    A->lse = L->lse;
-    A->B = L->B;
-    A->sparse = sparse;
-    A->W = L->W;
-}
-
-static void cu_attn_index_value(const cu_layer *L, cu_attn *A)
-{
-    memset(A, 0, sizeof(*A));
-    A->kind = CU_KIND_IV;
-    A->hq_total = L->Hi;
-    A->hkv = 1;
-    A->d = L->Di;
-    A->g = L->Hi;
-    A->scale = L->iscale;
-    A->act = L->act;
-    A->kv_dt = L->idx_dt;
-    A->q = L->iq;
-    A->kp = L->ikp;
-    A->vp = L->ivp;
-    A->o = L->idx_o;
-    A->lse = NULL;
-    A->B = L->B;
-    A->sparse = 0;
-    A->W = L->W;
-}
-
 /* maps: the K map, then the V map (NULL: no tensor-map kernel); pf_maps
  * the same for the Hopper prefill kernel (NULL: the mma.sync one). */
 static_assert(CU_MAP_V == CU_MAP_K + 1, "a layer's V map follows its K map");
-static void cu_run_attention(const cu_layer *L, const cu_plan_state *st, const cu_attn *A, int fast,
+static void cu_run_attention(const cu_attn_params *A, const cu_plan_state *st, int fast,
                              const CUtensorMap *maps, const CUtensorMap *pf_maps, cudaStream_t s)
 {
     if (maps)
-        cu_launch_attn_tma(L, st, A, &maps[0], &maps[1], s);
+        cu_launch_attn_tma(A, st, &maps[0], &maps[1], s);
     else if (fast)
-        cu_launch_attn_decode_mma(L, st, A, s);
+        cu_launch_attn_decode_mma(A, st, s);
     else
-        cu_launch_attn_decode_simt(L, st, A, s);
-    cu_launch_merge_prefill(L, st, A, s);
-    /* Prefill rows on tensor cores; the merge kernel left them (A->pf_fast). */
-    if (A->pf_fast) {
+        cu_launch_attn_decode_simt(A, st, s);
+    cu_launch_merge_prefill(A, st, s);
+    /* Prefill rows on tensor cores; the merge kernel left them. */
+    if (A->prefill_on_tensor_cores) {
         if (pf_maps) {
             cu_pfh_params p;
-            cu_pfh_build(L, A, &p);
+            cu_pfh_build(A, &p);
             cu_launch_attn_prefill_tma(&p, st, pf_maps, s);
         } else {
             cu_pfa_params p;
-            cu_pfa_build(L, A, &p);
+            cu_pfa_build(A, &p);
             cu_launch_attn_prefill_mma(&p, st, s);
         }
     }
-}
-
-/* Whether the prologue may copy the step's rows into the cache in 16-byte
- * pieces: same 16-bit element type on both sides, rows a multiple of 8
- * elements and every base pointer 16-byte aligned. */
-static int cu_rows_vec_ok(const cu_layer *L)
-{
-    const int half = L->act == MSA_DTYPE_BF16 || L->act == MSA_DTYPE_FP16;
-    if (!half || L->kv_dt != L->act || L->D % 8 != 0)
-        return 0;
-    const void *ptrs[8] = {L->k, L->v, L->kp_w, L->vp_w, NULL, NULL, NULL, NULL};
-    if (L->sparse) {
-        if (L->idx_dt != L->act || L->Di % 8 != 0)
-            return 0;
-        ptrs[4] = L->ik;
-        ptrs[5] = L->ikp_w;
-        if (L->iv) {
-            ptrs[6] = L->iv_in;
-            ptrs[7] = L->ivp_w;
-        }
-    }
-    for (int i = 0; i < 8; ++i)
-        if ((uintptr_t)ptrs[i] % 16 != 0)
-            return 0;
-    return 1;
 }
 
 msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io)
@@ -329,79 +263,12 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     const cu_ctx_state *cs = (const cu_ctx_state *)ctx->backend_state;
     cu_plan_state *st = (cu_plan_state *)plan->backend;
     const msa_model *m = plan->model;
-    const msa_model_config *cfg = &m->cfg;
-    const msa_cache *cache = plan->cache;
     if (!st)
         return msa_set_error(ctx, MSA_ERR_BACKEND, "CUDA plan has no device state");
     CU_TRY(ctx, cudaSetDevice(cs->device));
     cudaStream_t s = (cudaStream_t)io->stream;
-
-    cu_layer L;
-    memset(&L, 0, sizeof L);
-    L.Hq = cfg->num_q_heads;
-    L.Hkv = cfg->num_kv_heads;
-    L.D = cfg->head_dim;
-    L.G = m->group;
-    L.Hi = cfg->num_index_heads;
-    L.Di = cfg->index_dim;
-    L.B = cfg->block_size;
-    L.K = cfg->topk_blocks;
-    L.I = cfg->init_blocks;
-    L.Lc = cfg->local_blocks;
-    L.W = m->topk_width;
-    L.mi = L.Hi >= L.Hkv ? L.Hi / L.Hkv : 1;
-    L.mk = L.Hkv > L.Hi ? L.Hkv / L.Hi : 1;
-    L.units = L.Hi < L.Hkv ? L.Hi : L.Hkv;
-    L.hi_magic = (65536 + L.Hi - 1) / L.Hi;
-    L.sparse = m->layer_sparse[layer] != 0;
-    L.iv = L.sparse && m->layer_index_value[layer] != 0;
-    L.score_lse = cfg->score_type == MSA_SCORE_LSE;
-    L.scale = cfg->softmax_scale;
-    L.iscale = cfg->index_softmax_scale;
-    L.P = cache->cfg.page_size;
-    L.logP = 0;
-    while ((1 << L.logP) < L.P)
-        ++L.logP;
-    L.act = io->act_dtype;
-    L.kv_dt = cache->cfg.kv_dtype;
-    L.idx_dt = cache->cfg.index_dtype;
-    void *const *planes = cache->planes + (size_t)layer * 4;
-    L.kp = L.kp_w = planes[MSA_PLANE_K];
-    L.vp = L.vp_w = planes[MSA_PLANE_V];
-    L.ikp = L.ikp_w = planes[MSA_PLANE_INDEX_K];
-    L.ivp = L.ivp_w = planes[MSA_PLANE_INDEX_V];
-    L.q = io->q;
-    L.k = io->k;
-    L.v = io->v;
-    L.iq = io->idx_q;
-    L.ik = io->idx_k;
-    L.iv_in = io->idx_v;
-    L.o = io->o;
-    L.idx_o = io->idx_o;
-    L.lse = io->lse;
-    L.topk = io->topk;
-    L.write_cache = io->write_cache;
-    L.row_vec = L.write_cache && cu_rows_vec_ok(&L);
-    L.m = st->dev;
-    L.cap_pages = st->sz.cap_pages;
-    L.cap_blocks = st->sz.cap_blocks;
-    L.cap_union = st->sz.cap_union;
-    L.part_stride = st->sz.part_stride;
-    L.scores = st->scores;
-    L.sel = st->sel;
-    L.uids = st->uids;
-    L.umask = st->umask;
-    L.ucnt = st->ucnt;
-    L.sel_done = st->sel_done;
-    L.idx_next = st->idx_next;
-    L.sel_cache = st->sz.sel_cache;
-    L.pf_ctas = st->sz.grid_pf;
-    L.sel_cta_rows = cs->sel_warp_rows ? 0 : st->sz.grid_sel;
-    L.pf_scratch = st->pf_scratch;
-    L.part = st->part;
-#ifdef MSA_TIMELINE
-    L.tl = cs->tl;
-#endif
+    const int sparse = m->layer_sparse[layer] != 0;
+    const int index_value = sparse && m->layer_index_value[layer] != 0;
 
     /* The plan's kernels for this layer (its act_dtype, which msa_forward
      * checked io's against); only the call's buffers can still turn a fast
@@ -422,20 +289,22 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
      * (up to CU_ATT_UNION_BLOCKS blocks) itself: the selection then ends
      * with its last row, without a completion count and a union pass. */
     const int32_t union_blocks = (st->sz.cap_blocks + 31) & ~31;
-    L.att_union = 0;
+    int32_t attention_union_blocks = 0;
     /* A plan whose requests reach at most K blocks has no union to build
      * (each selects all its blocks): no shared memory is set aside for one. */
     if (paths.attn_tma && !cs->sel_unions && st->sz.cap_union <= CU_ATT_UNION_LIST &&
-        st->sz.cap_blocks > L.K)
-        L.att_union = union_blocks < CU_ATT_UNION_BLOCKS ? union_blocks : CU_ATT_UNION_BLOCKS;
+        st->sz.cap_blocks > m->cfg.topk_blocks)
+        attention_union_blocks = union_blocks < CU_ATT_UNION_BLOCKS ? union_blocks
+                                                                    : CU_ATT_UNION_BLOCKS;
 
     /* Prefill rows on the tensor-core indexer and selection (its own
      * kernel, after the selection's), which then gives its scalar prefill
      * role no CTAs.  Enqueued when the step has prefill rows, and always
      * under graph capture (a replay may follow an update that adds some). */
-    int pfi = L.sparse && paths.idx_fast && st->pfi_scratch != NULL;
+    int32_t prefill_ctas = st->sz.grid_pf;
+    int pfi = sparse && paths.idx_fast && st->pfi_scratch != NULL;
     if (pfi) {
-        L.pf_ctas = 0;
+        prefill_ctas = 0;
         cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
         CU_TRY(ctx, cudaStreamIsCapturing(s, &cap));
         pfi = st->step.n_pf > 0 || cap != cudaStreamCaptureStatusNone;
@@ -454,43 +323,48 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     if (cs->tl) /* profiling aid: the timeline holds this forward's stamps only */
         CU_TRY(ctx, cudaMemsetAsync(cs->tl, 0, CU_TL_WORDS * sizeof(unsigned long long), s));
     CU_STAGE_MARK(MSA_STAGE_CACHE_WRITE, MSA_STAGE_CACHE_WRITE);
-    cu_launch_prologue(&L, st, s);
-    cu_attn A;
-    if (L.sparse) {
+    cu_prologue_params prologue;
+    cu_prologue_build(plan, st, layer, io, cs->tl, &prologue);
+    cu_launch_prologue(&prologue, st, s);
+    cu_attn_params attn;
+    if (sparse) {
         CU_STAGE_MARK(MSA_STAGE_INDEXER, MSA_STAGE_INDEXER);
+        cu_indexer_params indexer;
+        cu_indexer_build(plan, st, layer, io, cs->tl, &indexer);
         if (paths.idx_tma)
-            cu_launch_indexer_tma(&L, st, &maps[CU_MAP_INDEX_K], s);
+            cu_launch_indexer_tma(&indexer, st, &maps[CU_MAP_INDEX_K], s);
         else if (paths.idx_fast)
-            cu_launch_indexer_mma(&L, st, s);
+            cu_launch_indexer_mma(&indexer, st, s);
         else
-            cu_launch_indexer_simt(&L, st, s);
+            cu_launch_indexer_simt(&indexer, st, s);
         CU_STAGE_MARK(MSA_STAGE_SELECTION, MSA_STAGE_SELECTION);
-        cu_launch_select(&L, st, s);
+        cu_select_params select;
+        cu_select_build(plan, st, layer, io, cs->sel_warp_rows ? 0 : st->sz.grid_sel, prefill_ctas,
+                        attention_union_blocks, cs->tl, &select);
+        cu_launch_select(&select, st, s);
         if (pfi) {
             CU_STAGE_MARK(MSA_STAGE_PREFILL_INDEXER, MSA_STAGE_PREFILL_INDEXER);
-            cu_launch_indexer_prefill_mma(&L, st, s);
+            cu_launch_indexer_prefill_mma(&select, st, s);
             CU_STAGE_MARK(MSA_STAGE_ATTENTION, MSA_STAGE_ATTENTION);
         } else {
             CU_STAGE_MARK(MSA_STAGE_PREFILL_INDEXER, MSA_STAGE_ATTENTION);
         }
-        cu_attn_main(&L, &A, 1);
-        A.pf_fast = paths.pf_fast;
-        cu_run_attention(&L, st, &A, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL,
+        cu_attn_build(plan, st, layer, io, CU_KIND_SPARSE, paths.pf_fast, attention_union_blocks,
+                      cs->tl, &attn);
+        cu_run_attention(&attn, st, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL,
                          pf_maps, s);
-        if (L.iv) {
+        if (index_value) {
             CU_STAGE_MARK(MSA_STAGE_INDEX_VALUE, MSA_STAGE_INDEX_VALUE);
-            cu_attn_index_value(&L, &A);
-            A.pf_fast = paths.pf_iv_fast;
-            cu_run_attention(&L, st, &A, paths.iv_fast, NULL, NULL, s);
+            cu_attn_build(plan, st, layer, io, CU_KIND_IV, paths.pf_iv_fast, 0, cs->tl, &attn);
+            cu_run_attention(&attn, st, paths.iv_fast, NULL, NULL, s);
             CU_STAGE_MARK(MSA_STAGE_COUNT, MSA_STAGE_COUNT);
         } else {
             CU_STAGE_MARK(MSA_STAGE_INDEX_VALUE, MSA_STAGE_COUNT);
         }
     } else {
         CU_STAGE_MARK(MSA_STAGE_INDEXER, MSA_STAGE_ATTENTION);
-        cu_attn_main(&L, &A, 0);
-        A.pf_fast = paths.pf_fast;
-        cu_run_attention(&L, st, &A, paths.attn_fast, NULL, pf_maps, s);
+        cu_attn_build(plan, st, layer, io, CU_KIND_DENSE, paths.pf_fast, 0, cs->tl, &attn);
+        cu_run_attention(&attn, st, paths.attn_fast, NULL, pf_maps, s);
         CU_STAGE_MARK(MSA_STAGE_INDEX_VALUE, MSA_STAGE_COUNT);
     }
 #undef CU_STAGE_MARK

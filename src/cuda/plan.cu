@@ -133,7 +133,7 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     const int any_iv = cu_sched_any_layer(m, 1, 1);
     const int32_t Hkv = cfg->num_kv_heads, Hi = cfg->num_index_heads;
     const int32_t W = m->topk_width;
-    const int32_t mi = Hi >= Hkv ? Hi / Hkv : 1;
+    const int32_t index_heads_per_unit = Hi >= Hkv ? Hi / Hkv : 1;
     const int32_t units = Hi < Hkv ? Hi : Hkv;
 
     const cu_sched_device dev = {cs->num_sms, cs->grid_idx_fast, cs->grid_att_fast};
@@ -170,8 +170,8 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     if (e == cudaSuccess && any_sparse)
         e = cu_zalloc((void **)&st->idx_next, sizeof(int32_t));
     if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->pf_scratch,
-                      sizeof(float) * (size_t)st->sz.grid_pf * mi * st->sz.cap_blocks);
+        e = cu_zalloc((void **)&st->pf_scratch, sizeof(float) * (size_t)st->sz.grid_pf *
+                                                    index_heads_per_unit * st->sz.cap_blocks);
     if (e == cudaSuccess)
         e = cu_zalloc((void **)&st->part,
                       sizeof(float) * (size_t)st->sz.part_rows_cap * st->sz.part_stride);
@@ -191,7 +191,8 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
             e = cu_zalloc((void **)&st->pfi_split,
                           sizeof(int32_t) * cu_pfidx_split_words(st->grid_pfi));
         if (e == cudaSuccess)
-            e = cu_pfidx_setup(cu_pfidx_smem(mi, cfg->topk_blocks, W, st->sz.sel_cache));
+            e = cu_pfidx_setup(
+                cu_pfidx_smem(index_heads_per_unit, cfg->topk_blocks, W, st->sz.sel_cache));
     }
     if (e != cudaSuccess) {
         cu_state_release(st);
@@ -203,13 +204,8 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     }
     cu_meta_carve(&st->sz, (uintptr_t)st->meta_dev, &st->dev);
     if (any_sparse) {
-        cu_layer probe;
-        memset(&probe, 0, sizeof probe);
-        probe.mi = mi;
-        probe.K = cfg->topk_blocks;
-        probe.W = W;
-        probe.sel_cache = st->sz.sel_cache;
-        e = cu_select_setup(cu_select_smem(&probe));
+        e = cu_select_setup(
+            cu_select_smem(index_heads_per_unit, cfg->topk_blocks, W, st->sz.sel_cache));
         if (e != cudaSuccess) {
             cu_state_release(st);
             return msa_set_error(ctx, MSA_ERR_BACKEND, "selection kernel setup: %s",

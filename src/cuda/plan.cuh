@@ -103,80 +103,17 @@ typedef struct cu_plan_state {
 #define CU_ATT_UNION_BLOCKS 2048
 #define CU_ATT_UNION_LIST 256
 
-/* Everything a kernel needs for one layer, passed by value. */
-typedef struct cu_layer {
-    /* Shapes. */
-    int32_t Hq, Hkv, D, G;
-    int32_t Hi, Di, B, K, I, Lc, W;
-    int32_t mi, mk, units; /* index heads per unit, KV heads per unit, units per token */
-    int32_t hi_magic;      /* ceil(65536 / Hi): (c * hi_magic) >> 16 == c / Hi for c < 64 */
-    int32_t score_lse, sparse, iv;
-    float scale, iscale;
-    int32_t P, logP;
-    /* Element types. */
-    int32_t act, kv_dt, idx_dt;
-    /* Cache planes. */
-    const void *kp, *vp, *ikp, *ivp;
-    void *kp_w, *vp_w, *ikp_w, *ivp_w;
-    /* Step tensors. */
-    const void *q, *k, *v, *iq, *ik, *iv_in;
-    void *o, *idx_o;
-    float *lse;
-    int32_t *topk;
-    int32_t write_cache;
-    int32_t row_vec; /* cache write in 16-byte pieces (cu_rows_vec_ok) */
-    /* Plan. */
-    cu_meta m;
-    int32_t cap_pages, cap_blocks, cap_union, part_stride, sel_cache;
-    int32_t pf_ctas;      /* CTAs of the selection that own a prefill scratch row */
-    int32_t sel_cta_rows; /* decode rows (x units) up to which each is selected by a whole CTA */
-    float *scores;
-    int32_t *sel;
-    int32_t *uids;
-    uint32_t *umask;
-    int32_t *ucnt;
-    int32_t *sel_done;
-    int32_t att_union; /* > 0: the Hopper attention builds the unions of requests of
-                        * several tokens and at most this many blocks from the rows in
-                        * sel (cu_attt_union), the selection the others; 0: the
-                        * selection builds every union */
-    int32_t *idx_next; /* NULL: the indexer's shares are all fixed (indexer_decode_tma_sm90.cu) */
-    float *pf_scratch;
-    float *part;
-#ifdef MSA_TIMELINE
-    unsigned long long *tl; /* kernel timeline (common/timeline.cuh), NULL: off */
-#endif
-} cu_layer;
-
 /* Whether the Hopper attention builds the union of a decode request of ql
  * tokens that reaches nblk >= 1 blocks, from the selection's rows
  * (cu_attt_union), so that the selection does not (cu_request_union): the
- * one test both kernels ask (att_union 0: never).  (A request of at most K
- * blocks needs no union, all its blocks being selected; the attention
- * tests that first.) */
-__device__ __forceinline__ bool cu_att_builds_union(const cu_layer &L, int32_t ql, int32_t nblk)
+ * one test both kernels ask, with union_blocks the layer's limit
+ * (attention_union_blocks of cu_select_params and cu_attn_params; 0:
+ * never).  (A request of at most K blocks needs no union, all its blocks
+ * being selected; the attention tests that first.) */
+__device__ __forceinline__ bool cu_att_builds_union(int32_t union_blocks, int32_t ql, int32_t nblk)
 {
-    return ql > 1 && nblk <= L.att_union;
+    return ql > 1 && nblk <= union_blocks;
 }
-
-/* One attention pass (main sparse, main dense or index value) seen as
- * generic paged attention: rows of `q` with `hq_total` heads, KV planes of
- * `hkv` heads, `g` query heads per KV head. */
-typedef struct cu_attn {
-    int32_t kind;
-    int32_t hq_total, hkv, d, g;
-    float scale;
-    int32_t act, kv_dt;
-    const void *q;
-    const void *kp, *vp;
-    void *o;
-    float *lse;      /* NULL for the index-value pass */
-    int32_t B;       /* key-stream block size (sparse unions) */
-    int32_t sparse;  /* keys from the union / sel rows, else all causal keys */
-    int32_t W;       /* width of sel rows */
-    int32_t pf_fast; /* prefill rows run on tensor cores (attention_prefill_mma_sm80),
-                      * not in the merge kernel */
-} cu_attn;
 
 /* Physical page of logical position pos of request r. */
 __device__ __forceinline__ int32_t cu_page_of(const int32_t *page_table, int32_t cap_pages,
@@ -201,19 +138,7 @@ __device__ __forceinline__ int32_t cu_dec_of_block(const int32_t *dec_blk0, int3
     return lo;
 }
 
-/* ---- launchers (one per kernel file) ---------------------------------- */
-void cu_launch_prologue(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
-void cu_launch_indexer_simt(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
-void cu_launch_indexer_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
-void cu_launch_select(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
-void cu_launch_attn_decode_simt(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
-                                cudaStream_t s);
-void cu_launch_attn_decode_mma(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
-                               cudaStream_t s);
-/* Merge of split partials and, in the same launch, the prefill rows. */
-void cu_launch_merge_prefill(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
-                             cudaStream_t s);
-size_t cu_select_smem(const cu_layer *L);
+/* ---- kernel setup (launchers: params.cuh) -------------------------------- */
 cudaError_t cu_select_setup(size_t smem); /* raises the kernels' shared-memory limit */
 
 /* Kernel attributes and occupancy-derived grid sizes (context init). */

@@ -19,7 +19,7 @@
 #define MSA_CUDA_ARCH_TMA_SM90_CUH
 
 #include "cuda/arch/mma_sm80.cuh"
-#include "cuda/plan.cuh"
+#include "cuda/params.cuh"
 
 #include <cuda.h>
 
@@ -114,10 +114,10 @@ int cu_tma_map_rows(CUtensorMap *map, const void *base, uint64_t rows, uint32_t 
 
 /* ---- Hopper kernels (indexer_decode_tma_sm90.cu, attention_decode_tma_sm90.cu) -------------------------- */
 /* map: the index-key plane, boxes of 128 rows. */
-void cu_launch_indexer_tma(const cu_layer *L, const cu_plan_state *st, const CUtensorMap *map,
-                           cudaStream_t s);
+void cu_launch_indexer_tma(const cu_indexer_params *p, const cu_plan_state *st,
+                           const CUtensorMap *map, cudaStream_t s);
 /* map_k, map_v: the K and V planes, boxes of 64 rows. */
-void cu_launch_attn_tma(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+void cu_launch_attn_tma(const cu_attn_params *params, const cu_plan_state *st,
                         const CUtensorMap *map_k, const CUtensorMap *map_v, cudaStream_t s);
 cudaError_t cu_indexer_tma_setup(void);
 cudaError_t cu_attn_tma_setup(void);

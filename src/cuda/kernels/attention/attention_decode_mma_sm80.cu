@@ -75,29 +75,32 @@ __device__ __forceinline__ cu_att_look cu_att_lookup(const cu_stream &s, int32_t
     return a;
 }
 
-__device__ __forceinline__ cu_att_loc cu_att_locate(const cu_layer &L, const cu_stream &s,
-                                                    const cu_att_look &a)
+__device__ __forceinline__ cu_att_loc cu_att_locate(const cu_attn_params &params,
+                                                    const cu_stream &s, const cu_att_look &a)
 {
     cu_att_loc b;
     b.pos = a.blk * s.B + a.off;
     b.use = (a.blk >= 0 && b.pos < s.kl) ? a.member & cu_causal_bits(b.pos, s.base, s.ql) : 0u;
-    b.page = b.use ? cu_page_of(L.m.page_table, L.cap_pages, s.r, b.pos, L.logP) : 0;
+    b.page = b.use ? cu_page_of(params.meta.page_table, params.cap_pages, s.r, b.pos,
+                                params.log_page_size)
+                   : 0;
     return b;
 }
 
-__device__ __forceinline__ void cu_att_issue(const cu_layer &L, const cu_attn &A,
-                                             unsigned char *smem, int32_t group,
-                                             const cu_att_loc &b, int stage)
+__device__ __forceinline__ void cu_att_issue(const cu_attn_params &params, unsigned char *smem,
+                                             int32_t group, const cu_att_loc &b, int stage)
 {
     unsigned char *st = smem + stage * ATT_MMA_STAGE_BYTES;
     uint32_t *kmask = (uint32_t *)(st + 2 * ATT_MMA_TILE_BYTES);
     const int row = threadIdx.x >> 1;
     const int half = threadIdx.x & 1;
-    const unsigned char *ksrc = (const unsigned char *)A.kp;
-    const unsigned char *vsrc = (const unsigned char *)A.vp;
+    const unsigned char *ksrc = (const unsigned char *)params.k_plane;
+    const unsigned char *vsrc = (const unsigned char *)params.v_plane;
     if (b.use) {
-        const int64_t off =
-            ((((int64_t)b.page * A.hkv + group) * L.P + (b.pos & (L.P - 1))) * 128) * 2;
+        const int64_t off = ((((int64_t)b.page * params.kv_heads + group) * params.page_size +
+                              (b.pos & (params.page_size - 1))) *
+                             128) *
+                            2;
         ksrc += off;
         vsrc += off;
     }
@@ -128,19 +131,19 @@ typedef struct cu_att_meta {
     int32_t *page;
 } cu_att_meta;
 
-__device__ __forceinline__ int cu_att_meta_load(const cu_layer &L, const cu_stream &s,
+__device__ __forceinline__ int cu_att_meta_load(const cu_attn_params &params, const cu_stream &s,
                                                 unsigned char *smem, cu_att_meta &mt)
 {
     unsigned char *base = smem + ATT_MMA_STAGES * ATT_MMA_STAGE_BYTES;
     mt.blk = (int32_t *)base;
     mt.msk = (uint32_t *)(base + ATT_MMA_META_BLK * 4);
     mt.page = (int32_t *)(base + ATT_MMA_META_BLK * 8);
-    mt.ppb = s.B > L.P ? s.B >> L.logP : 1;
+    mt.ppb = s.B > params.page_size ? s.B >> params.log_page_size : 1;
     mt.bi0 = 0;
     mt.first = 0;
     if (s.u1 <= s.u0)
         return 1;
-    const int32_t *pt = L.m.page_table + (int64_t)s.r * L.cap_pages;
+    const int32_t *pt = params.meta.page_table + (int64_t)s.r * params.cap_pages;
     if (s.sparse) {
         mt.bi0 = s.u0 / s.B;
         const int32_t nblk = (s.u1 + s.B - 1) / s.B - mt.bi0;
@@ -153,12 +156,12 @@ __device__ __forceinline__ int cu_att_meta_load(const cu_layer &L, const cu_stre
         __syncthreads();
         for (int32_t e = threadIdx.x; e < nblk * mt.ppb; e += ATT_MMA_THREADS) {
             const int32_t b = e / mt.ppb;
-            const int32_t pos0 = mt.blk[b] * s.B + (e - b * mt.ppb) * L.P;
-            mt.page[e] = pt[pos0 >> L.logP];
+            const int32_t pos0 = mt.blk[b] * s.B + (e - b * mt.ppb) * params.page_size;
+            mt.page[e] = pt[pos0 >> params.log_page_size];
         }
     } else {
-        mt.first = s.u0 >> L.logP;
-        const int32_t np = ((s.u1 - 1) >> L.logP) - mt.first + 1;
+        mt.first = s.u0 >> params.log_page_size;
+        const int32_t np = ((s.u1 - 1) >> params.log_page_size) - mt.first + 1;
         if (np > ATT_MMA_META_PAGES)
             return 0;
         for (int32_t e = threadIdx.x; e < np; e += ATT_MMA_THREADS)
@@ -169,8 +172,9 @@ __device__ __forceinline__ int cu_att_meta_load(const cu_layer &L, const cu_stre
 }
 
 /* Row metadata of tile j from the shared copy. */
-__device__ __forceinline__ cu_att_loc cu_att_meta_loc(const cu_layer &L, const cu_stream &s,
-                                                      const cu_att_meta &mt, int32_t j)
+__device__ __forceinline__ cu_att_loc cu_att_meta_loc(const cu_attn_params &params,
+                                                      const cu_stream &s, const cu_att_meta &mt,
+                                                      int32_t j)
 {
     cu_att_loc b;
     const int32_t u = s.u0 + j * CU_TILE_KEYS + (threadIdx.x >> 1);
@@ -184,18 +188,18 @@ __device__ __forceinline__ cu_att_loc cu_att_meta_loc(const cu_layer &L, const c
         const int32_t off = u - bi * s.B;
         const int32_t i = bi - mt.bi0;
         b.pos = mt.blk[i] * s.B + off;
-        b.page = mt.page[i * mt.ppb + (mt.ppb > 1 ? off >> L.logP : 0)];
+        b.page = mt.page[i * mt.ppb + (mt.ppb > 1 ? off >> params.log_page_size : 0)];
         b.use = b.pos < s.kl ? mt.msk[i] & cu_causal_bits(b.pos, s.base, s.ql) : 0u;
     } else {
         b.pos = u;
-        b.page = mt.page[(u >> L.logP) - mt.first];
+        b.page = mt.page[(u >> params.log_page_size) - mt.first];
         b.use = cu_causal_bits(u, s.base, s.ql);
     }
     return b;
 }
 
 template <typename Tag, int RT>
-__device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned char *smem,
+__device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *smem,
                                 const cu_att_item &it)
 {
     constexpr int KS = 4 / RT;            /* warps sharing one row tile */
@@ -207,7 +211,7 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
     const int ks = warp / RT;
     const int key_base = ks * KW;
 
-    const cu_stream cs = cu_stream_of(L, A, it);
+    const cu_stream cs = cu_stream_of(params, it);
     const int32_t ntiles = (cs.u1 - cs.u0 + CU_TILE_KEYS - 1) / CU_TILE_KEYS;
 
     /* Rows of this thread and their query fragments. */
@@ -218,27 +222,29 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
     int64_t q_lo = 0, q_hi = 0;
     if (ok_lo) {
         const int32_t row = it.row0 + row_lo;
-        tok_lo = row / A.g;
-        q_lo = (int64_t)(cs.t0 + tok_lo) * A.hq_total + it.group * A.g + (row - tok_lo * A.g);
+        tok_lo = row / params.group;
+        q_lo = (int64_t)(cs.t0 + tok_lo) * params.q_heads + it.group * params.group +
+               (row - tok_lo * params.group);
     }
     if (ok_hi) {
         const int32_t row = it.row0 + row_hi;
-        tok_hi = row / A.g;
-        q_hi = (int64_t)(cs.t0 + tok_hi) * A.hq_total + it.group * A.g + (row - tok_hi * A.g);
+        tok_hi = row / params.group;
+        q_hi = (int64_t)(cs.t0 + tok_hi) * params.q_heads + it.group * params.group +
+               (row - tok_hi * params.group);
     }
     uint32_t qa[8][4];
-    cu_rows_load_q(A.q, q_lo, q_hi, ok_lo, ok_hi, qa);
+    cu_rows_load_q(params.q, q_lo, q_hi, ok_lo, ok_hi, qa);
     float o[16][4], m_lo, m_hi, l_lo, l_hi;
     cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
-    const float sl2 = A.scale * LOG2E;
+    const float sl2 = params.scale * LOG2E;
 
     cu_att_meta mt;
-    const int meta = cu_att_meta_load(L, cs, smem, mt);
+    const int meta = cu_att_meta_load(params, cs, smem, mt);
     for (int s = 0; s < ATT_MMA_STAGES - 1; ++s) {
         if (s < ntiles)
-            cu_att_issue(L, A, smem, it.group,
-                         meta ? cu_att_meta_loc(L, cs, mt, s)
-                              : cu_att_locate(L, cs, cu_att_lookup(cs, s)),
+            cu_att_issue(params, smem, it.group,
+                         meta ? cu_att_meta_loc(params, cs, mt, s)
+                              : cu_att_locate(params, cs, cu_att_lookup(cs, s)),
                          s);
         cu_cp_async_commit();
     }
@@ -247,9 +253,9 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
         __syncthreads();
         const int32_t jn = j + ATT_MMA_STAGES - 1;
         if (jn < ntiles)
-            cu_att_issue(L, A, smem, it.group,
-                         meta ? cu_att_meta_loc(L, cs, mt, jn)
-                              : cu_att_locate(L, cs, cu_att_lookup(cs, jn)),
+            cu_att_issue(params, smem, it.group,
+                         meta ? cu_att_meta_loc(params, cs, mt, jn)
+                              : cu_att_locate(params, cs, cu_att_lookup(cs, jn)),
                          jn % ATT_MMA_STAGES);
         cu_cp_async_commit();
 
@@ -303,38 +309,38 @@ __device__ void cu_att_item_run(const cu_layer &L, const cu_attn &A, unsigned ch
                                l_lo, l_hi);
     }
     if (ks == 0)
-        cu_rows_write<Tag>(L, A, it, row_lo, q_lo, q_hi, ok_lo, ok_hi, o, m_lo, m_hi, l_lo, l_hi);
+        cu_rows_write<Tag>(params, it, row_lo, q_lo, q_hi, ok_lo, ok_hi, o, m_lo, m_hi, l_lo, l_hi);
     __syncthreads(); /* the shared memory is reused by the next item */
 }
 
 template <typename Tag>
-__global__ void __launch_bounds__(ATT_MMA_THREADS, 2) cu_attn_mma_kernel(cu_layer L, cu_attn A)
+__global__ void __launch_bounds__(ATT_MMA_THREADS, 2) cu_attn_mma_kernel(cu_attn_params params)
 {
     cu_pdl_wait();
     cu_pdl_trigger();
     extern __shared__ __align__(128) unsigned char smem[];
-    const int32_t n_items = L.m.hdr->n_att[A.kind];
-    const cu_att_item *items = L.m.att[A.kind];
+    const int32_t n_items = params.meta.hdr->n_att[params.kind];
+    const cu_att_item *items = params.meta.att[params.kind];
     for (int32_t ii = blockIdx.x; ii < n_items; ii += gridDim.x) {
         const cu_att_item it = items[ii];
         if (it.nrows <= 16)
-            cu_att_item_run<Tag, 1>(L, A, smem, it);
+            cu_att_item_run<Tag, 1>(params, smem, it);
         else if (it.nrows <= 32)
-            cu_att_item_run<Tag, 2>(L, A, smem, it);
+            cu_att_item_run<Tag, 2>(params, smem, it);
         else
-            cu_att_item_run<Tag, 4>(L, A, smem, it);
+            cu_att_item_run<Tag, 4>(params, smem, it);
     }
 }
 
-void cu_launch_attn_decode_mma(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+void cu_launch_attn_decode_mma(const cu_attn_params *params, const cu_plan_state *st,
                                cudaStream_t s)
 {
-    if (A->act == MSA_DTYPE_BF16)
+    if (params->act_dtype == MSA_DTYPE_BF16)
         cu_launch(cu_attn_mma_kernel<cu_bf16_tag>, st->sz.grid_att_fast, ATT_MMA_THREADS,
-                  ATT_MMA_SMEM_BYTES, s, st->pdl, *L, *A);
+                  ATT_MMA_SMEM_BYTES, s, st->pdl, *params);
     else
         cu_launch(cu_attn_mma_kernel<cu_f16_tag>, st->sz.grid_att_fast, ATT_MMA_THREADS,
-                  ATT_MMA_SMEM_BYTES, s, st->pdl, *L, *A);
+                  ATT_MMA_SMEM_BYTES, s, st->pdl, *params);
 }
 
 cudaError_t cu_attn_mma_setup(int num_sms, int *grid)

@@ -160,9 +160,9 @@ __device__ __forceinline__ void cu_attt_release(const cu_attt_smem &sm, int s)
  * filled the store queue at every unit's end (stall profile, batch 128,
  * 1K, 8 tokens). */
 template <typename Tag>
-__device__ __forceinline__ void cu_attt_write_rows(const cu_attn &A, int64_t q_lo, uint32_t stage,
-                                                   const float (&o)[16][4], float m_lo, float m_hi,
-                                                   float l_lo, float l_hi)
+__device__ __forceinline__ void cu_attt_write_rows(const cu_attn_params &params, int64_t q_lo,
+                                                   uint32_t stage, const float (&o)[16][4],
+                                                   float m_lo, float m_hi, float l_lo, float l_hi)
 {
     const int lane = threadIdx.x & 31;
     const uint32_t r_lo = (uint32_t)lane >> 2, r_hi = r_lo + 8u, cb = (uint32_t)(lane & 3) * 4u;
@@ -176,16 +176,16 @@ __device__ __forceinline__ void cu_attt_write_rows(const cu_attn &A, int64_t q_l
                  cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag()));
     }
     __syncwarp();
-    uint4 *dst = (uint4 *)((char *)A.o + (q_lo - r_lo) * 256); /* the warp's first row */
+    uint4 *dst = (uint4 *)((char *)params.out + (q_lo - r_lo) * 256); /* the warp's first row */
 #pragma unroll
     for (uint32_t i = 0; i < 8; ++i) {
         const uint32_t e = i * 32u + (uint32_t)lane; /* 16-byte piece: row e / 16, chunk e % 16 */
         dst[e] = cu_lds128(stage + (e >> 4) * 256u + (((e & 15u) ^ (e >> 4)) << 4));
     }
     __syncwarp();
-    if (A.lse && (lane & 3) == 0) {
-        A.lse[q_lo] = cu_rows_lse(m_lo, l_lo);
-        A.lse[q_lo + 8] = cu_rows_lse(m_hi, l_hi);
+    if (params.lse && (lane & 3) == 0) {
+        params.lse[q_lo] = cu_rows_lse(m_lo, l_lo);
+        params.lse[q_lo + 8] = cu_rows_lse(m_hi, l_hi);
     }
 }
 
@@ -199,17 +199,17 @@ __device__ __forceinline__ void cu_attt_write_rows(const cu_attn &A, int64_t q_l
  * so (batch 8 and 32, 10K and batch 1, 128K, 1 token: the round trip
  * through shared memory at the end of the step's critical path, as
  * measured on the H200). */
-__device__ __forceinline__ void cu_attt_write_part(const cu_layer &L, const cu_att_item &it,
-                                                   int32_t row0, uint32_t stage,
-                                                   const float (&o)[16][4], float m_lo, float m_hi,
-                                                   float l_lo, float l_hi)
+__device__ __forceinline__ void cu_attt_write_part(const cu_attn_params &params,
+                                                   const cu_att_item &it, int32_t row0,
+                                                   uint32_t stage, const float (&o)[16][4],
+                                                   float m_lo, float m_hi, float l_lo, float l_hi)
 {
     const int lane = threadIdx.x & 31;
     const uint32_t r = (uint32_t)lane >> 2, q = (uint32_t)(lane & 3);
     const float inv_lo = cu_rows_inv(l_lo), inv_hi = cu_rows_inv(l_hi);
     /* Row row0 + i of the item's partials of this split. */
-    float *pb =
-        L.part + ((int64_t)it.part_base + (int64_t)it.split * it.nrows + row0) * L.part_stride;
+    float *pb = params.partials + ((int64_t)it.part_base + (int64_t)it.split * it.nrows + row0) *
+                                      params.partial_stride;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const float inv = half ? inv_hi : inv_lo;
@@ -226,14 +226,14 @@ __device__ __forceinline__ void cu_attt_write_part(const cu_layer &L, const cu_a
 #pragma unroll
         for (uint32_t i = 0; i < 8; ++i) { /* row i of the half, chunk `lane` */
             const uint32_t c = (uint32_t)lane ^ ((i & 3u) << 1);
-            *(uint4 *)(pb + (int64_t)(8 * half + i) * L.part_stride + 4 * lane) =
+            *(uint4 *)(pb + (int64_t)(8 * half + i) * params.partial_stride + 4 * lane) =
                 cu_lds128(stage + i * 512u + c * 16u);
         }
     }
     __syncwarp();
     if (q == 0) {
-        pb[(int64_t)r * L.part_stride + 128] = cu_rows_lse(m_lo, l_lo);
-        pb[(int64_t)(r + 8) * L.part_stride + 128] = cu_rows_lse(m_hi, l_hi);
+        pb[(int64_t)r * params.partial_stride + 128] = cu_rows_lse(m_lo, l_lo);
+        pb[(int64_t)(r + 8) * params.partial_stride + 128] = cu_rows_lse(m_hi, l_hi);
     }
 }
 
@@ -245,7 +245,7 @@ __device__ __forceinline__ void cu_attt_write_part(const cu_layer &L, const cu_a
  * warps of tokens that do not use it skip the softmax and give the product
  * weight 0, so their state does not change. */
 template <typename Tag>
-__device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_attt_smem &sm,
+__device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_smem &sm,
                                  const cu_attt_unit &un, uint32_t &gs)
 {
     const int lane = threadIdx.x & 31;
@@ -253,7 +253,7 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
     const int h = threadIdx.x >> 7;
     const bool pair = un.ntok[1] > 0;
     const int half = pair ? h : 0;
-    const cu_att_item *itp = L.m.att[CU_KIND_SPARSE] + un.first + half;
+    const cu_att_item *itp = params.meta.att[CU_KIND_SPARSE] + un.first + half;
     const cu_att_item it = *itp;
     const int ntok = un.ntok[half];
     const bool active = w < ntok; /* the warp's rows exist */
@@ -263,13 +263,13 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
     const uint32_t tbit = active ? 1u << tok : 0u;
     const uint32_t gbits = cu_attt_item_bits(tok0, ntok); /* the group's tokens */
 
-    const int64_t q_lo = (int64_t)(it.t0 + tok) * A.hq_total + it.group * 16 + (lane >> 2);
+    const int64_t q_lo = (int64_t)(it.t0 + tok) * params.q_heads + it.group * 16 + (lane >> 2);
     const int64_t q_hi = q_lo + 8;
     uint32_t qa[8][4];
-    cu_rows_load_q(A.q, q_lo, q_hi, active, active, qa);
+    cu_rows_load_q(params.q, q_lo, q_hi, active, active, qa);
     float o[16][4], m_lo, m_hi, l_lo, l_hi;
     cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
-    const float sl2 = A.scale * LOG2E;
+    const float sl2 = params.scale * LOG2E;
 
     for (int32_t c = 0;; ++c) {
         const int s = gs % ATT_TMA_STAGES;
@@ -277,9 +277,9 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         ++gs;
 #ifdef MSA_TIMELINE
         if (c == 0 && threadIdx.x == 0 && un.first_of_cta)
-            CU_TL_MARK(L, CU_TL_ATTN, CU_TL_FIRST);
+            CU_TL_MARK(params, CU_TL_ATTN, CU_TL_FIRST);
         if (threadIdx.x == 0) /* overwritten by every tile: the last one stays */
-            CU_TL_MARK(L, CU_TL_ATTN, CU_TL_LAST);
+            CU_TL_MARK(params, CU_TL_ATTN, CU_TL_LAST);
 #endif
         const uint2 meta = cu_lds64(cu_smem_addr(sm.meta + s));
         cu_attt_meta mt;
@@ -320,12 +320,12 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
         /* The item's split fields from memory again (*itp), not kept in
          * registers through the tile loop. */
         const cu_att_item wi = *itp;
-        if (wi.nsplit == 1 && ((uintptr_t)A.o & 15u) == 0u)
-            cu_attt_write_rows<Tag>(A, q_lo, stage, o, m_lo, m_hi, l_lo, l_hi);
+        if (wi.nsplit == 1 && ((uintptr_t)params.out & 15u) == 0u)
+            cu_attt_write_rows<Tag>(params, q_lo, stage, o, m_lo, m_hi, l_lo, l_hi);
         else if (wi.nsplit > 1 && pair)
-            cu_attt_write_part(L, wi, w * 16, stage, o, m_lo, m_hi, l_lo, l_hi);
+            cu_attt_write_part(params, wi, w * 16, stage, o, m_lo, m_hi, l_lo, l_hi);
         else
-            cu_rows_write<Tag>(L, A, wi, w * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo,
+            cu_rows_write<Tag>(params, wi, w * 16 + (lane >> 2), q_lo, q_hi, true, true, o, m_lo,
                                m_hi, l_lo, l_hi);
     }
     cu_named_sync(1, ATT_TMA_CONSUMERS * 32); /* the scratch is reused by the next unit */
@@ -335,7 +335,7 @@ __device__ void cu_attt_consumer(const cu_layer &L, const cu_attn &A, const cu_a
 
 template <typename Tag>
 __global__ void __launch_bounds__(ATT_TMA_THREADS, 1)
-    cu_attn_tma_kernel(const __grid_constant__ cu_layer L, const __grid_constant__ cu_attn A,
+    cu_attn_tma_kernel(const __grid_constant__ cu_attn_params params,
                        const __grid_constant__ CUtensorMap map_k,
                        const __grid_constant__ CUtensorMap map_v)
 {
@@ -349,11 +349,11 @@ __global__ void __launch_bounds__(ATT_TMA_THREADS, 1)
     sm.empty = sm.full + ATT_TMA_STAGES;
     sm.tail = sm.empty + ATT_TMA_STAGES;
     sm.handoff = (uint32_t *)(sm.tail + ATT_TMA_PRODUCERS);
-    sm.uwords = cu_attt_union_words(L.att_union);
+    sm.uwords = cu_attt_union_words(params.attention_union_blocks);
     sm.uarea = (uint32_t *)(sm.ring + (ATT_TMA_SMEM_BYTES - 1024));
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
-        CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ENTRY);
+        CU_TL_MARK(params, CU_TL_ATTN, CU_TL_ENTRY);
         for (int s = 0; s < ATT_TMA_STAGES; ++s) {
             cu_mbar_init(&sm.full[s], 1);
             cu_mbar_init(&sm.empty[s], ATT_TMA_EMPTY_ARRIVALS);
@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(ATT_TMA_THREADS, 1)
     }
     __syncthreads();
     if (warp >= ATT_TMA_CONSUMERS)
-        cu_attt_union_clear(L, sm, warp - ATT_TMA_CONSUMERS);
+        cu_attt_union_clear(params, sm, warp - ATT_TMA_CONSUMERS);
     /* The selection writes the unions (or the rows the producers build
      * them from), the prologue the cache rows: the
      * producer waits for them before it reads a union; the consumers read
@@ -374,41 +374,42 @@ __global__ void __launch_bounds__(ATT_TMA_THREADS, 1)
     cu_pdl_trigger();
     /* The sparse pass only (the units are built for it); this CTA's units
      * are a contiguous run of them, dealt by the plan. */
-    const int32_t u_begin = L.m.att_cta[blockIdx.x], u_end = L.m.att_cta[blockIdx.x + 1];
+    const int32_t u_begin = params.meta.att_cta[blockIdx.x],
+                  u_end = params.meta.att_cta[blockIdx.x + 1];
     uint32_t gs = 0, tail_par = 0;
     int k = 0; /* the unit's place among the CTA's units */
     for (int32_t ui = u_begin; ui < u_end; ++ui, ++k) {
-        const cu_attt_unit un = cu_attt_unit_of(L, ui, k == 0);
+        const cu_attt_unit un = cu_attt_unit_of(params, ui, k == 0);
         if (warp >= ATT_TMA_CONSUMERS) {
             const int j = warp - ATT_TMA_CONSUMERS;
             if (k % ATT_TMA_PRODUCERS == j)
-                cu_attt_producer(L, A, &map_k, &map_v, sm, un, gs, tail_par, j, k == 0,
+                cu_attt_producer(params, &map_k, &map_v, sm, un, gs, tail_par, j, k == 0,
                                  ui + 1 < u_end);
         } else {
-            cu_attt_consumer<Tag>(L, A, sm, un, gs);
+            cu_attt_consumer<Tag>(params, sm, un, gs);
         }
     }
     cu_pdl_wait(); /* every CTA, before it ends (arch/launch.cuh) */
     if (threadIdx.x == 0)
-        CU_TL_MARK(L, CU_TL_ATTN, CU_TL_EXIT);
+        CU_TL_MARK(params, CU_TL_ATTN, CU_TL_EXIT);
 #else
-    (void)L;
-    (void)A;
+    (void)params;
+    (void)params;
     (void)map_k;
     (void)map_v;
 #endif
 }
 
-void cu_launch_attn_tma(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
+void cu_launch_attn_tma(const cu_attn_params *params, const cu_plan_state *st,
                         const CUtensorMap *map_k, const CUtensorMap *map_v, cudaStream_t s)
 {
-    const size_t smem = ATT_TMA_SMEM_BYTES + cu_attt_union_bytes(*L);
-    if (A->act == MSA_DTYPE_BF16)
+    const size_t smem = ATT_TMA_SMEM_BYTES + cu_attt_union_bytes(*params);
+    if (params->act_dtype == MSA_DTYPE_BF16)
         cu_launch(cu_attn_tma_kernel<cu_bf16_tag>, st->sz.num_sms, ATT_TMA_THREADS, smem, s,
-                  st->pdl, *L, *A, *map_k, *map_v);
+                  st->pdl, *params, *map_k, *map_v);
     else
         cu_launch(cu_attn_tma_kernel<cu_f16_tag>, st->sz.num_sms, ATT_TMA_THREADS, smem, s, st->pdl,
-                  *L, *A, *map_k, *map_v);
+                  *params, *map_k, *map_v);
 }
 
 cudaError_t cu_attn_tma_setup(void)

@@ -37,7 +37,7 @@ static_assert(ATT_TMA_STAGES >= 2, "the attention ring needs two stages");
      ATT_TMA_STAGES * 16 + (2 * ATT_TMA_STAGES + ATT_TMA_PRODUCERS) * 8 + 16)
 
 /* Beyond ATT_TMA_SMEM_BYTES, when the kernel builds its own unions
- * (cu_layer.att_union = U blocks, a multiple of 32): per producer, in this
+ * (cu_attn_params.attention_union_blocks = U blocks, a multiple of 32): per producer, in this
  * order, a bitmap of a request's blocks (U words), its summary (a bit per
  * bitmap word in use, U / 32 words), the request's page-table row (U
  * words) and a list of CU_ATT_UNION_LIST ids, then as many membership
@@ -59,9 +59,10 @@ __host__ __device__ constexpr int32_t cu_attt_union_words(int32_t U)
     return U > 0 ? cu_attt_union_list_off(U) + 2 * CU_ATT_UNION_LIST : 0;
 }
 #define ATT_TMA_UNION_MAX_BYTES (ATT_TMA_PRODUCERS * 4 * cu_attt_union_words(CU_ATT_UNION_BLOCKS))
-__host__ __device__ __forceinline__ size_t cu_attt_union_bytes(const cu_layer &L)
+__host__ __device__ __forceinline__ size_t cu_attt_union_bytes(const cu_attn_params &params)
 {
-    return (size_t)ATT_TMA_PRODUCERS * 4 * (size_t)cu_attt_union_words(L.att_union);
+    return (size_t)ATT_TMA_PRODUCERS * 4 *
+           (size_t)cu_attt_union_words(params.attention_union_blocks);
 }
 
 static_assert(ATT_TMA_SMEM_BYTES + ATT_TMA_UNION_MAX_BYTES <= 227 * 1024,
@@ -130,7 +131,7 @@ typedef struct cu_attt_smem {
     uint64_t *full, *empty;
     uint64_t *tail;    /* a barrier per producer for the tiles it finishes itself */
     uint32_t *handoff; /* the ring's slot count, from one producer to the next */
-    /* Producer j's own union (cu_layer.att_union): its area, uwords words
+    /* Producer j's own union (attention_union_blocks): its area, uwords words
      * from uarea + j * uwords: bitmap, summary (both all zero between
      * uses), pages, ids, masks (cu_attt_union_words). */
     uint32_t *uarea;
@@ -155,12 +156,12 @@ typedef struct cu_attt_unit {
 #endif
 } cu_attt_unit;
 
-__device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_layer &L, int32_t u,
+__device__ __forceinline__ cu_attt_unit cu_attt_unit_of(const cu_attn_params &params, int32_t u,
                                                         bool first_of_cta)
 {
     cu_attt_unit un;
-    const cu_att_item *items = L.m.att[CU_KIND_SPARSE];
-    un.first = L.m.att_units[u];
+    const cu_att_item *items = params.meta.att[CU_KIND_SPARSE];
+    un.first = params.meta.att_units[u];
     const cu_att_item it = items[un.first];
     un.ntok[0] = (it.nrows + 15) / 16;
     un.ntok[1] = it.unit_len == 2 ? (items[un.first + 1].nrows + 15) / 16 : 0;

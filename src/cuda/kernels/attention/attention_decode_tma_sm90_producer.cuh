@@ -130,11 +130,12 @@ __device__ __forceinline__ cu_attt_uarea cu_attt_uarea_of(const cu_attt_smem &sm
 
 /* Producer j's bitmap and summary to zero (once, at the kernel's start;
  * each use leaves them zero again). */
-__device__ __forceinline__ void cu_attt_union_clear(const cu_layer &L, const cu_attt_smem &sm,
-                                                    int j)
+__device__ __forceinline__ void cu_attt_union_clear(const cu_attn_params &params,
+                                                    const cu_attt_smem &sm, int j)
 {
-    const cu_attt_uarea a = cu_attt_uarea_of(sm, L.att_union, j);
-    for (int32_t n = threadIdx.x & 31; n < L.att_union + L.att_union / 32; n += 32)
+    const cu_attt_uarea a = cu_attt_uarea_of(sm, params.attention_union_blocks, j);
+    for (int32_t n = threadIdx.x & 31;
+         n < params.attention_union_blocks + params.attention_union_blocks / 32; n += 32)
         cu_sts32(a.bm + 4u * (uint32_t)n, 0u);
     __syncwarp();
 }
@@ -173,9 +174,9 @@ __device__ __forceinline__ void cu_attt_stage_pages(const cu_attt_uarea &a, cons
  * would build (cu_request_union), without the selection's completion
  * count and the dependent loads and stores on the way from the last row to
  * the first copy.  Returns its length. */
-__device__ __forceinline__ int32_t cu_attt_union(const cu_layer &L, const cu_attt_uarea &a,
-                                                 const int32_t *rows, int64_t tok_stride,
-                                                 int32_t tot, int32_t N)
+__device__ __forceinline__ int32_t cu_attt_union(const cu_attn_params &params,
+                                                 const cu_attt_uarea &a, const int32_t *rows,
+                                                 int64_t tok_stride, int32_t tot, int32_t N)
 {
     const int lane = threadIdx.x & 31;
     for (int32_t e0 = 0; e0 < tot; e0 += 128) {
@@ -183,8 +184,9 @@ __device__ __forceinline__ int32_t cu_attt_union(const cu_layer &L, const cu_att
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const int32_t e = e0 + 32 * q + lane;
-            tok[q] = e / L.W;
-            id[q] = e < tot ? __ldcg(rows + tok[q] * tok_stride + (e - tok[q] * L.W)) : -1;
+            tok[q] = e / params.topk_width;
+            id[q] = e < tot ? __ldcg(rows + tok[q] * tok_stride + (e - tok[q] * params.topk_width))
+                            : -1;
         }
 #pragma unroll
         for (int q = 0; q < 4; ++q)
@@ -245,7 +247,7 @@ typedef struct cu_attt_feed {
 
 /* Copies one tile (K and V, 64 rows from page row `row` on) into slot s,
  * completing on barrier bar. */
-__device__ __forceinline__ void cu_attt_copy(const cu_layer &L, const CUtensorMap *mk,
+__device__ __forceinline__ void cu_attt_copy(const cu_attn_params &params, const CUtensorMap *mk,
                                              const CUtensorMap *mv, const cu_attt_smem &sm,
                                              const cu_attt_feed &f, int s, int32_t row,
                                              uint64_t *bar, uint32_t gs)
@@ -266,10 +268,10 @@ __device__ __forceinline__ void cu_attt_copy(const cu_layer &L, const CUtensorMa
         cu_tma_load2d_hint(vd + ATT_TMA_HALF_BYTES / 2, mv, 64, row, bar, pol);
 #ifdef MSA_TIMELINE
         if (f.first_of_cta && gs == f.gs_first + 1u)
-            CU_TL_MARK(L, CU_TL_ATTN, CU_TL_ISSUED);
+            CU_TL_MARK(params, CU_TL_ATTN, CU_TL_ISSUED);
 #endif
     }
-    (void)L;
+    (void)params;
     (void)f;
     (void)gs;
 }
@@ -279,7 +281,7 @@ __device__ __forceinline__ void cu_attt_copy(const cu_layer &L, const CUtensorMa
  * returns.  A tail tile lands on producer pj's own barrier (its V rows
  * past kv_len are zeroed before the slot is handed over), any other on the
  * slot's full barrier. */
-__device__ __forceinline__ int cu_attt_issue_tile(const cu_layer &L, const cu_attn &A,
+__device__ __forceinline__ int cu_attt_issue_tile(const cu_attn_params &params,
                                                   const CUtensorMap *mk, const CUtensorMap *mv,
                                                   const cu_attt_smem &sm, const cu_attt_feed &f,
                                                   int j, int32_t pos0, uint32_t bits, int32_t page,
@@ -289,8 +291,9 @@ __device__ __forceinline__ int cu_attt_issue_tile(const cu_layer &L, const cu_at
     const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
     const int32_t pg = __shfl_sync(0xffffffffu, page, j);
     const int s = cu_attt_claim(sm, gs, p0, b);
-    const int32_t row = (int32_t)((int64_t)pg * A.hkv * L.P + f.prow_base + (p0 & 127));
-    cu_attt_copy(L, mk, mv, sm, f, s, row, tail ? &sm.tail[pj] : &sm.full[s], gs);
+    const int32_t row =
+        (int32_t)((int64_t)pg * params.kv_heads * params.page_size + f.prow_base + (p0 & 127));
+    cu_attt_copy(params, mk, mv, sm, f, s, row, tail ? &sm.tail[pj] : &sm.full[s], gs);
     __syncwarp();
     return s;
 }
@@ -299,11 +302,10 @@ __device__ __forceinline__ int cu_attt_issue_tile(const cu_layer &L, const cu_at
  * the unit uses) into the ring, the tail tile (rows past kv_len) last and
  * left pending in pend.  The turn is taken before the first slot, after
  * the window's ids and pages have been read. */
-__device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &A,
-                                              const CUtensorMap *mk, const CUtensorMap *mv,
-                                              const cu_attt_smem &sm, const cu_attt_feed &f,
-                                              int32_t t_lo, int32_t t_hi, uint32_t &gs,
-                                              cu_attt_turn &tn, cu_attt_tail &pend)
+__device__ __forceinline__ void cu_attt_issue(const cu_attn_params &params, const CUtensorMap *mk,
+                                              const CUtensorMap *mv, const cu_attt_smem &sm,
+                                              const cu_attt_feed &f, int32_t t_lo, int32_t t_hi,
+                                              uint32_t &gs, cu_attt_turn &tn, cu_attt_tail &pend)
 {
     const int lane = threadIdx.x & 31;
     const cu_stream &cs = f.cs;
@@ -360,14 +362,14 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
             }
             const int j = __ffs(cand) - 1;
             todo &= ~(1u << j);
-            cu_attt_issue_tile(L, A, mk, mv, sm, f, j, pos0, bits, page, gs, false, tn.j);
+            cu_attt_issue_tile(params, mk, mv, sm, f, j, pos0, bits, page, gs, false, tn.j);
         }
         if (tail_lane) {
             /* It lands on the producer's own barrier: its V rows past
              * kv_len become zeros (see the header) before a plain arrival
              * hands the slot over (cu_attt_tail_finish). */
             const int j = __ffs(tail_lane) - 1;
-            pend.s = cu_attt_issue_tile(L, A, mk, mv, sm, f, j, pos0, bits, page, gs, true, tn.j);
+            pend.s = cu_attt_issue_tile(params, mk, mv, sm, f, j, pos0, bits, page, gs, true, tn.j);
             pend.valid = cs.kl - __shfl_sync(0xffffffffu, pos0, j);
         }
     }
@@ -377,11 +379,10 @@ __device__ __forceinline__ void cu_attt_issue(const cu_layer &L, const cu_attn &
  * when the CTA has a next unit (`next`), then its pending tail tile.  The
  * turn is taken first unless the unit is the CTA's first (`first`).  Not
  * inlined: the producer's registers stay apart from the consumers'. */
-__device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &A,
-                                              const CUtensorMap *mk, const CUtensorMap *mv,
-                                              const cu_attt_smem &sm, const cu_attt_unit &un,
-                                              uint32_t &gs, uint32_t &tail_par, int j, bool first,
-                                              bool next)
+__device__ __noinline__ void cu_attt_producer(const cu_attn_params &params, const CUtensorMap *mk,
+                                              const CUtensorMap *mv, const cu_attt_smem &sm,
+                                              const cu_attt_unit &un, uint32_t &gs,
+                                              uint32_t &tail_par, int j, bool first, bool next)
 {
     cu_attt_turn tn;
     tn.j = j;
@@ -390,9 +391,9 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     pend.s = -1;
     pend.valid = 0;
     const int lane = threadIdx.x & 31;
-    const cu_att_item it = L.m.att[CU_KIND_SPARSE][un.first];
+    const cu_att_item it = params.meta.att[CU_KIND_SPARSE][un.first];
     cu_attt_feed f;
-    f.pt = L.m.page_table + (int64_t)it.r * L.cap_pages;
+    f.pt = params.meta.page_table + (int64_t)it.r * params.cap_pages;
     const int32_t pages = (it.kl + 127) >> 7;
     /* A request that reaches at most K blocks selects all of them, whatever
      * the scores (SPEC 4): its union is blocks 0 .. N-1, known from the
@@ -400,22 +401,22 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
      * key this step writes, so they are issued before the launch wait and
      * stream while the indexer and the selection still run. */
     const int32_t nblk = pages; /* B == P == 128 on this path */
-    const bool known = nblk <= L.K;
+    const bool known = nblk <= params.topk_blocks;
     /* A request of more than K and at most att_union blocks: its pages are
      * staged in shared memory below, for the lookups after the wait, and, of
      * several tokens, its union is built here after the wait
      * (cu_att_builds_union: the selection asks the same).  (A known
      * request's tiles are mostly issued before the wait, looking their
      * pages up in L2.) */
-    f.staged = !known && nblk <= L.att_union;
-    f.own = !known && cu_att_builds_union(L, it.ql, nblk);
+    f.staged = !known && nblk <= params.attention_union_blocks;
+    f.own = !known && cu_att_builds_union(params.attention_union_blocks, it.ql, nblk);
     /* Otherwise the request's page-table row into L2 while the selection
      * still runs (plan data): the page lookups after the wait then skip a
      * DRAM round trip between the union and the first copy. */
     if (!f.staged)
         for (int32_t i = lane * 32; i < pages; i += 32 * 32)
             cu_prefetch_l2(f.pt + i);
-    f.prow_base = (int64_t)it.group * L.P;
+    f.prow_base = (int64_t)it.group * params.page_size;
     f.tok0 = it.row0 / 16;
     f.ntok = un.ntok[0] + un.ntok[1];
     f.mine = cu_attt_item_bits(f.tok0, f.ntok);
@@ -423,7 +424,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
     f.first_of_cta = un.first_of_cta;
     f.gs_first = gs;
 #endif
-    f.area = cu_attt_uarea_of(sm, L.att_union, j);
+    f.area = cu_attt_uarea_of(sm, params.attention_union_blocks, j);
     if (f.staged)
         cu_attt_stage_pages(f.area, f.pt, nblk);
     int32_t t_hi = 0; /* end of the tiles issued before the wait */
@@ -434,18 +435,22 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
             cu_pdl_wait(); /* the union's count and ids (at once after the first unit) */
 #ifdef MSA_TIMELINE
             if (lane == 0 && un.first_of_cta)
-                CU_TL_MARK(L, CU_TL_ATTN, CU_TL_WAITED);
+                CU_TL_MARK(params, CU_TL_ATTN, CU_TL_WAITED);
 #endif
         }
         if (phase == 1 && f.own) {
-            const int32_t cnt = cu_attt_union(L, f.area,
-                                              L.sel + ((int64_t)it.t0 * L.Hkv + it.group) * L.W,
-                                              (int64_t)L.Hkv * L.W, it.ql * L.W, nblk);
+            const int32_t cnt =
+                cu_attt_union(params, f.area,
+                              params.selected +
+                                  ((int64_t)it.t0 * params.layer_kv_heads + it.group) *
+                                      params.topk_width,
+                              (int64_t)params.layer_kv_heads * params.topk_width,
+                              it.ql * params.topk_width, nblk);
             /* The issue loop reads them by their shared addresses (f.own). */
-            f.cs = cu_stream_of(L, A, it, false, (const int32_t *)f.area.list,
+            f.cs = cu_stream_of(params, it, false, (const int32_t *)f.area.list,
                                 f.area.list + CU_ATT_UNION_LIST, cnt);
         } else if (phase == (known ? 0 : 1))
-            f.cs = cu_stream_of(L, A, it, known);
+            f.cs = cu_stream_of(params, it, known);
         else if (phase == 0)
             continue; /* nothing known before the wait */
         int32_t t_lo = max(f.cs.u0 / ATT_TMA_TILE, t_hi);
@@ -453,7 +458,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_layer &L, const cu_attn &
             t_hi = max(t_lo, min(f.cs.base / ATT_TMA_TILE, f.cs.u1 / ATT_TMA_TILE));
         else
             t_hi = (f.cs.u1 + ATT_TMA_TILE - 1) / ATT_TMA_TILE;
-        cu_attt_issue(L, A, mk, mv, sm, f, t_lo, t_hi, gs, tn, pend);
+        cu_attt_issue(params, mk, mv, sm, f, t_lo, t_hi, gs, tn, pend);
     }
     /* End of the item. */
     cu_attt_take_turn(sm, tn, gs); /* a stream without tiles */

@@ -329,33 +329,33 @@ int cu_pfa_fits(int32_t d, int32_t g, int32_t W, int sparse, const char **why)
     return 1;
 }
 
-void cu_pfa_build(const cu_layer *L, const cu_attn *A, cu_pfa_params *p)
+void cu_pfa_build(const cu_attn_params *A, cu_pfa_params *p)
 {
     memset(p, 0, sizeof(*p));
-    p->act = A->act;
-    p->hq_total = A->hq_total;
-    p->hkv = A->hkv;
-    p->g = A->g;
-    p->tt = cu_pfa_tile_tokens(A->g);
-    p->nh = A->g < CU_PFA_ROWS ? A->g : CU_PFA_ROWS;
-    p->hchunks = (A->g + p->nh - 1) / p->nh;
+    p->act = A->act_dtype;
+    p->hq_total = A->q_heads;
+    p->hkv = A->kv_heads;
+    p->g = A->group;
+    p->tt = cu_pfa_tile_tokens(A->group);
+    p->nh = A->group < CU_PFA_ROWS ? A->group : CU_PFA_ROWS;
+    p->hchunks = (A->group + p->nh - 1) / p->nh;
     p->sparse = A->sparse;
-    p->W = A->W;
-    p->B = A->B;
-    p->P = L->P;
-    p->logP = L->logP;
-    p->cap_pages = L->cap_pages;
+    p->W = A->topk_width;
+    p->B = A->block_size;
+    p->P = A->page_size;
+    p->logP = A->log_page_size;
+    p->cap_pages = A->cap_pages;
     p->list = A->kind == CU_KIND_IV ? CU_PFA_IV : CU_PFA_MAIN;
     p->scale_log2 = A->scale * PFA_LOG2E;
     p->q = A->q;
-    p->kp = A->kp;
-    p->vp = A->vp;
-    p->o = A->o;
+    p->kp = A->k_plane;
+    p->vp = A->v_plane;
+    p->o = A->out;
     p->lse = A->lse;
-    p->sel = L->sel;
-    p->page_table = L->m.page_table;
-    p->hdr = L->m.hdr;
-    p->tiles = L->m.pf_tiles[p->list];
+    p->sel = A->selected;
+    p->page_table = A->meta.page_table;
+    p->hdr = A->meta.hdr;
+    p->tiles = A->meta.pf_tiles[p->list];
 }
 
 void cu_launch_attn_prefill_mma(const cu_pfa_params *p, const cu_plan_state *st, cudaStream_t s)

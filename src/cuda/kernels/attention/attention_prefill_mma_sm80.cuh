@@ -13,12 +13,13 @@
  * the design and its reasons.
  *
  * The kernel reads only its parameter struct (cu_pfa_params), filled by
- * cu_pfa_build from the layer and the plan.
+ * cu_pfa_build from the pass's decode attention parameters (the plan
+ * and the call).
  */
 #ifndef MSA_ATTENTION_PREFILL_MMA_SM80_CUH
 #define MSA_ATTENTION_PREFILL_MMA_SM80_CUH
 
-#include "cuda/plan.cuh"
+#include "cuda/params.cuh"
 
 /* The tile lists (CU_PFA_MAIN, CU_PFA_IV), the tile size
  * (cu_pfa_tile_tokens, CU_PFA_ROWS, CU_PFA_MAX_TOK) and the tiles
@@ -60,8 +61,9 @@ size_t cu_pfa_smem(int32_t tt, int32_t W);
  * be NULL) receives the reason when it does not. */
 int cu_pfa_fits(int32_t d, int32_t g, int32_t W, int sparse, const char **why);
 
-/* The parameters of one pass (A: main sparse, main dense or index value). */
-void cu_pfa_build(const cu_layer *L, const cu_attn *A, cu_pfa_params *p);
+/* The parameters of one pass (A: main sparse, main dense or index value),
+ * from the pass's decode attention parameters. */
+void cu_pfa_build(const cu_attn_params *A, cu_pfa_params *p);
 
 /* Launches the kernel on the plan's persistent grid (st->grid_pfa). */
 void cu_launch_attn_prefill_mma(const cu_pfa_params *p, const cu_plan_state *st, cudaStream_t s);

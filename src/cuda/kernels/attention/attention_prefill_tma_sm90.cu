@@ -561,28 +561,28 @@ int cu_pfh_fits(int32_t d, int32_t page, int32_t block, int32_t g, int32_t W, in
     return 1;
 }
 
-void cu_pfh_build(const cu_layer *L, const cu_attn *A, cu_pfh_params *p)
+void cu_pfh_build(const cu_attn_params *A, cu_pfh_params *p)
 {
     memset(p, 0, sizeof(*p));
-    p->act = A->act;
-    p->hq_total = A->hq_total;
-    p->hkv = A->hkv;
-    p->g = A->g;
-    p->tt = cu_pfa_tile_tokens(A->g);
-    p->nh = A->g < CU_PFA_ROWS ? A->g : CU_PFA_ROWS;
-    p->hchunks = (A->g + p->nh - 1) / p->nh;
+    p->act = A->act_dtype;
+    p->hq_total = A->q_heads;
+    p->hkv = A->kv_heads;
+    p->g = A->group;
+    p->tt = cu_pfa_tile_tokens(A->group);
+    p->nh = A->group < CU_PFA_ROWS ? A->group : CU_PFA_ROWS;
+    p->hchunks = (A->group + p->nh - 1) / p->nh;
     p->sparse = A->sparse;
-    p->W = A->W;
-    p->cap_pages = L->cap_pages;
+    p->W = A->topk_width;
+    p->cap_pages = A->cap_pages;
     p->scale_log2 = A->scale * PFH_LOG2E;
     p->q = A->q;
-    p->o = A->o;
+    p->o = A->out;
     p->lse = A->lse;
-    p->sel = L->sel;
-    p->page_table = L->m.page_table;
-    p->kv_len = L->m.kv_len;
-    p->hdr = L->m.hdr;
-    p->tiles = L->m.pf_tiles[CU_PFA_MAIN];
+    p->sel = A->selected;
+    p->page_table = A->meta.page_table;
+    p->kv_len = A->meta.kv_len;
+    p->hdr = A->meta.hdr;
+    p->tiles = A->meta.pf_tiles[CU_PFA_MAIN];
 }
 
 void cu_launch_attn_prefill_tma(const cu_pfh_params *p, const cu_plan_state *st,

@@ -8,7 +8,8 @@
  * rows (the sparse pass: blocks of one page).  docs/PREFILL.md gives the design and its reasons.
  *
  * The kernel reads only its parameter struct (cu_pfh_params), filled by
- * cu_pfh_build from the layer and the plan, and the K and V tensor maps
+ * cu_pfh_build from the pass's decode attention parameters (the plan and
+ * the call), and the K and V tensor maps
  * the plan encoded (tma_sm90.cuh: 64-column x 64-row boxes, 128-byte
  * swizzle).
  */
@@ -52,7 +53,7 @@ int cu_pfh_fits(int32_t d, int32_t page, int32_t block, int32_t g, int32_t W, in
                 const char **why);
 
 /* The parameters of the main pass A (sparse or dense). */
-void cu_pfh_build(const cu_layer *L, const cu_attn *A, cu_pfh_params *p);
+void cu_pfh_build(const cu_attn_params *A, cu_pfh_params *p);
 
 /* Launches the kernel, one CTA per SM; maps: the layer's K map, then its V map. */
 void cu_launch_attn_prefill_tma(const cu_pfh_params *p, const cu_plan_state *st,

@@ -13,7 +13,7 @@
 #ifndef MSA_CUDA_KERNELS_ATTENTION_KEY_STREAM_CUH
 #define MSA_CUDA_KERNELS_ATTENTION_KEY_STREAM_CUH
 
-#include "cuda/plan.cuh"
+#include "cuda/params.cuh"
 
 typedef struct cu_stream {
     int32_t r, ql, kl, base, t0;
@@ -40,7 +40,7 @@ __device__ __forceinline__ void cu_stream_split(cu_stream &s, const cu_att_item 
  * token a member).  own_uid, own_umk, own_cnt (sparse pass, Hopper kernel
  * only): the union the kernel built itself (cu_attt_union), in place of
  * the selection's. */
-__device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_attn &A,
+__device__ __forceinline__ cu_stream cu_stream_of(const cu_attn_params &params,
                                                   const cu_att_item &it, bool all_blocks = false,
                                                   const int32_t *own_uid = NULL,
                                                   const uint32_t *own_umk = NULL,
@@ -52,22 +52,22 @@ __device__ __forceinline__ cu_stream cu_stream_of(const cu_layer &L, const cu_at
     s.kl = it.kl;
     s.base = s.kl - s.ql;
     s.t0 = it.t0;
-    s.B = A.B;
-    s.sparse = A.sparse;
+    s.B = params.block_size;
+    s.sparse = params.sparse;
     int32_t len;
-    if (A.sparse && all_blocks) {
+    if (params.sparse && all_blocks) {
         s.uid = NULL;
         s.umk = NULL;
-        len = (s.kl + A.B - 1) / A.B * A.B;
-    } else if (A.sparse && own_uid) {
+        len = (s.kl + params.block_size - 1) / params.block_size * params.block_size;
+    } else if (params.sparse && own_uid) {
         s.uid = own_uid;
         s.umk = own_umk;
-        len = own_cnt * A.B;
-    } else if (A.sparse) {
-        const int64_t w = (int64_t)it.dec * L.Hkv + it.group;
-        s.uid = L.uids + w * L.cap_union;
-        s.umk = L.umask + w * L.cap_union;
-        len = L.ucnt[w] * A.B;
+        len = own_cnt * params.block_size;
+    } else if (params.sparse) {
+        const int64_t w = (int64_t)it.dec * params.layer_kv_heads + it.group;
+        s.uid = params.union_ids + w * params.cap_union;
+        s.umk = params.union_masks + w * params.cap_union;
+        len = params.union_counts[w] * params.block_size;
     } else {
         s.uid = NULL;
         s.umk = NULL;

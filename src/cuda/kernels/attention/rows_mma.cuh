@@ -8,7 +8,7 @@
 #ifndef MSA_CUDA_KERNELS_ATTENTION_ROWS_MMA_CUH
 #define MSA_CUDA_KERNELS_ATTENTION_ROWS_MMA_CUH
 
-#include "cuda/plan.cuh"
+#include "cuda/params.cuh"
 #include "cuda/arch/mma_sm80.cuh"
 
 #define CU_LN2 0.6931471805599453f
@@ -238,17 +238,16 @@ __device__ __forceinline__ float cu_rows_lse(float m, float l)
  * row_lo: the thread's first row within the item; q_lo / q_hi: its rows of
  * the output (token row x heads + head); ok_*: the row exists. */
 template <typename Tag>
-__device__ __forceinline__ void cu_rows_write(const cu_layer &L, const cu_attn &A,
-                                              const cu_att_item &it, int row_lo, int64_t q_lo,
-                                              int64_t q_hi, bool ok_lo, bool ok_hi,
-                                              const float (&o)[16][4], float m_lo, float m_hi,
-                                              float l_lo, float l_hi)
+__device__ __forceinline__ void cu_rows_write(const cu_attn_params &params, const cu_att_item &it,
+                                              int row_lo, int64_t q_lo, int64_t q_hi, bool ok_lo,
+                                              bool ok_hi, const float (&o)[16][4], float m_lo,
+                                              float m_hi, float l_lo, float l_hi)
 {
     const int lane = threadIdx.x & 31;
     const float inv_lo = cu_rows_inv(l_lo), inv_hi = cu_rows_inv(l_hi);
     const float lse_lo = cu_rows_lse(m_lo, l_lo), lse_hi = cu_rows_lse(m_hi, l_hi);
     if (it.nsplit == 1) {
-        uint32_t *op = (uint32_t *)A.o;
+        uint32_t *op = (uint32_t *)params.out;
 #pragma unroll
         for (int n = 0; n < 16; ++n) {
             const int d = n * 8 + 2 * (lane & 3);
@@ -257,16 +256,17 @@ __device__ __forceinline__ void cu_rows_write(const cu_layer &L, const cu_attn &
             if (ok_hi)
                 op[(q_hi * 128 + d) >> 1] = cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag());
         }
-        if (A.lse && (lane & 3) == 0) {
+        if (params.lse && (lane & 3) == 0) {
             if (ok_lo)
-                A.lse[q_lo] = lse_lo;
+                params.lse[q_lo] = lse_lo;
             if (ok_hi)
-                A.lse[q_hi] = lse_hi;
+                params.lse[q_hi] = lse_hi;
         }
     } else {
-        float *pb = L.part + ((int64_t)it.part_base + (int64_t)it.split * it.nrows) * L.part_stride;
-        float *p_lo = pb + (int64_t)row_lo * L.part_stride;
-        float *p_hi = p_lo + 8 * (int64_t)L.part_stride;
+        float *pb = params.partials +
+                    ((int64_t)it.part_base + (int64_t)it.split * it.nrows) * params.partial_stride;
+        float *p_lo = pb + (int64_t)row_lo * params.partial_stride;
+        float *p_hi = p_lo + 8 * (int64_t)params.partial_stride;
 #pragma unroll
         for (int n = 0; n < 16; ++n) {
             const int d = n * 8 + 2 * (lane & 3);

@@ -7,37 +7,44 @@
 #ifndef MSA_CUDA_KERNELS_INDEXER_BLOCK_SCORE_SIMT_CUH
 #define MSA_CUDA_KERNELS_INDEXER_BLOCK_SCORE_SIMT_CUH
 
-#include "cuda/plan.cuh"
+#include "cuda/params.cuh"
 
 /* Every lane returns the score.  `p` is the token's absolute position:
- * keys j <= p are visible.  qoff: element offset of the query row in L.iq. */
-__device__ __forceinline__ float cu_warp_block_score(const cu_layer &L, int32_t r, int64_t qoff,
+ * keys j <= p are visible.  qoff: element offset of the query row in
+ * params.index_q.  Params: the decode indexer's (cu_indexer_params) or the
+ * selection's (cu_select_params, its scalar prefill role), which name the
+ * index planes, shapes and the step's page table alike. */
+template <typename Params>
+__device__ __forceinline__ float cu_warp_block_score(const Params &params, int32_t r, int64_t qoff,
                                                      int32_t n, int32_t p)
 {
     const int lane = threadIdx.x & 31;
-    const int32_t j0 = n * L.B;
-    const int32_t j1 = min(j0 + L.B, p + 1);
+    const int32_t j0 = n * params.block_size;
+    const int32_t j1 = min(j0 + params.block_size, p + 1);
     float m = -INFINITY, l = 0.0f;
     for (int32_t j = j0 + lane; j < j1; j += 32) {
-        const int32_t page = cu_page_of(L.m.page_table, L.cap_pages, r, j, L.logP);
-        const int64_t koff = ((int64_t)page * L.P + (j & (L.P - 1))) * L.Di;
+        const int32_t page =
+            cu_page_of(params.meta.page_table, params.cap_pages, r, j, params.log_page_size);
+        const int64_t koff =
+            ((int64_t)page * params.page_size + (j & (params.page_size - 1))) * params.index_dim;
         float s = 0.0f;
-        for (int32_t d = 0; d < L.Di; ++d)
-            s = fmaf(cu_load(L.iq, L.act, qoff + d), cu_load(L.ikp, L.idx_dt, koff + d), s);
-        if (L.score_lse)
-            cu_lse_merge(m, l, L.iscale * s, 1.0f);
+        for (int32_t d = 0; d < params.index_dim; ++d)
+            s = fmaf(cu_load(params.index_q, params.act_dtype, qoff + d),
+                     cu_load(params.index_k_plane, params.index_dtype, koff + d), s);
+        if (params.score_lse)
+            cu_lse_merge(m, l, params.index_scale * s, 1.0f);
         else
             m = cu_nanmax(m, s);
     }
     for (int o = 16; o > 0; o >>= 1) {
         const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
         const float l2 = __shfl_xor_sync(0xffffffffu, l, o);
-        if (L.score_lse)
+        if (params.score_lse)
             cu_lse_merge(m, l, m2, l2);
         else
             m = cu_nanmax(m, m2);
     }
-    return L.score_lse ? cu_lse_value(m, l) : m;
+    return params.score_lse ? cu_lse_value(m, l) : m;
 }
 
 #endif /* MSA_CUDA_KERNELS_INDEXER_BLOCK_SCORE_SIMT_CUH */

@@ -11,7 +11,7 @@
  * and accumulate in fp32.  Block max (or log-sum-exp) is fused: per-warp
  * column reductions, then a running state across the tiles of a block.
  */
-#include "cuda/plan.cuh"
+#include "cuda/params.cuh"
 #include "cuda/arch/mma_sm80.cuh"
 #include "cuda/arch/launch.cuh"
 
@@ -44,9 +44,10 @@ typedef struct cu_idx_ctx {
     cu_idx_it issue, look;
 } cu_idx_ctx;
 
-__device__ __forceinline__ void cu_idx_it_slot(const cu_layer &L, cu_idx_it &p, int32_t k)
+__device__ __forceinline__ void cu_idx_it_slot(const cu_indexer_params &params, cu_idx_it &p,
+                                               int32_t k)
 {
-    const cu_dec_info di = L.m.dec_info[k];
+    const cu_dec_info di = params.meta.dec_info[k];
     p.k = k;
     p.r = di.r;
     p.kl = di.kl;
@@ -54,46 +55,51 @@ __device__ __forceinline__ void cu_idx_it_slot(const cu_layer &L, cu_idx_it &p, 
     p.n = p.gb - di.blk0;
 }
 
-__device__ __forceinline__ void cu_idx_it_advance(const cu_layer &L, cu_idx_it &p, int32_t n_dec)
+__device__ __forceinline__ void cu_idx_it_advance(const cu_indexer_params &params, cu_idx_it &p,
+                                                  int32_t n_dec)
 {
-    if (++p.tb < L.B / CU_TILE_KEYS)
+    if (++p.tb < params.block_size / CU_TILE_KEYS)
         return;
     p.tb = 0;
     ++p.n;
     if (++p.gb == p.blk_end && p.k + 1 < n_dec)
-        cu_idx_it_slot(L, p, p.k + 1);
+        cu_idx_it_slot(params, p, p.k + 1);
 }
 
-__device__ __forceinline__ int32_t cu_idx_it_pos(const cu_layer &L, const cu_idx_it &p)
+__device__ __forceinline__ int32_t cu_idx_it_pos(const cu_indexer_params &params,
+                                                 const cu_idx_it &p)
 {
-    return p.n * L.B + p.tb * CU_TILE_KEYS + (threadIdx.x >> 1);
+    return p.n * params.block_size + p.tb * CU_TILE_KEYS + (threadIdx.x >> 1);
 }
 
 /* Page-table entry of this thread's row of tile `look`, into ring slot x. */
-__device__ __forceinline__ void cu_idx_look(const cu_layer &L, const cu_idx_ctx &c, int32_t x)
+__device__ __forceinline__ void cu_idx_look(const cu_indexer_params &params, const cu_idx_ctx &c,
+                                            int32_t x)
 {
     if (threadIdx.x & 1)
         return;
-    const int32_t pos = cu_idx_it_pos(L, c.look);
+    const int32_t pos = cu_idx_it_pos(params, c.look);
     const bool valid = pos < c.look.kl;
-    const int32_t *src = valid ? L.m.page_table + (int64_t)c.look.r * L.cap_pages + (pos >> L.logP)
-                               : L.m.page_table;
+    const int32_t *src = valid ? params.meta.page_table + (int64_t)c.look.r * params.cap_pages +
+                                     (pos >> params.log_page_size)
+                               : params.meta.page_table;
     const uint32_t dst = cu_smem_addr(c.pring + (x % IDX_MMA_PRING) * 64 + (threadIdx.x >> 1));
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
                  "r"(valid ? 4 : 0));
 }
 
 /* Copies of tile x (the `issue` position) into ring stage x % IDX_MMA_STAGES. */
-__device__ __forceinline__ void cu_idx_issue(const cu_layer &L, const cu_idx_ctx &c, int32_t x)
+__device__ __forceinline__ void cu_idx_issue(const cu_indexer_params &params, const cu_idx_ctx &c,
+                                             int32_t x)
 {
     const int row = threadIdx.x >> 1;
     const int half = threadIdx.x & 1;
-    const int32_t pos = cu_idx_it_pos(L, c.issue);
+    const int32_t pos = cu_idx_it_pos(params, c.issue);
     const bool valid = pos < c.issue.kl;
-    const unsigned char *src = (const unsigned char *)L.ikp;
+    const unsigned char *src = (const unsigned char *)params.index_k_plane;
     if (valid) {
         const int32_t page = c.pring[(x % IDX_MMA_PRING) * 64 + row];
-        src += (((int64_t)page * L.P + (pos & (L.P - 1))) * 128) * 2;
+        src += (((int64_t)page * params.page_size + (pos & (params.page_size - 1))) * 128) * 2;
     }
     const uint32_t dst = cu_smem_addr(c.ktile + (x % IDX_MMA_STAGES) * IDX_MMA_TILE_BYTES);
 #pragma unroll
@@ -125,9 +131,9 @@ __device__ __forceinline__ void cu_idx_bfrags(const unsigned char *qtile, int nt
 /* Scores of this warp's 16 keys against NR n-tiles, reduced over the keys
  * into red_m / red_l [warp][column]. */
 template <typename Tag, int NR>
-__device__ __forceinline__ void cu_idx_tile(const cu_layer &L, const cu_idx_ctx &c, int stage,
-                                            const uint32_t (&bq)[NR][8][2], int nt0, int32_t key0,
-                                            int32_t base, int32_t nq)
+__device__ __forceinline__ void cu_idx_tile(const cu_indexer_params &params, const cu_idx_ctx &c,
+                                            int stage, const uint32_t (&bq)[NR][8][2], int nt0,
+                                            int32_t key0, int32_t base, int32_t nq)
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -153,21 +159,21 @@ __device__ __forceinline__ void cu_idx_tile(const cu_layer &L, const cu_idx_ctx 
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int32_t col = (nt0 + nt) * 8 + 2 * (lane & 3) + e;
-            const int32_t tok = (col * L.hi_magic) >> 16; /* col / Hi, col < 64 */
+            const int32_t tok = (col * params.index_heads_magic) >> 16; /* col / Hi, col < 64 */
             const bool in = col < nq;
             const bool vlo = in && pos_lo <= base + tok;
             const bool vhi = in && pos_hi <= base + tok;
             float xlo = acc[nt][e], xhi = acc[nt][2 + e];
-            if (L.score_lse) {
-                xlo *= L.iscale;
-                xhi *= L.iscale;
+            if (params.score_lse) {
+                xlo *= params.index_scale;
+                xhi *= params.index_scale;
             }
             float m = cu_nanmax(vlo ? xlo : -INFINITY, vhi ? xhi : -INFINITY);
 #pragma unroll
             for (int o = 4; o < 32; o <<= 1)
                 m = cu_nanmax(m, __shfl_xor_sync(0xffffffffu, m, o));
             float l = 0.0f;
-            if (L.score_lse) {
+            if (params.score_lse) {
                 /* Shuffles stay outside any branch on m: it differs per column. */
                 const bool decided = isnan(m) || isinf(m); /* m alone is the state */
                 if (!decided)
@@ -187,8 +193,8 @@ __device__ __forceinline__ void cu_idx_tile(const cu_layer &L, const cu_idx_ctx 
 }
 
 template <typename Tag, int NT>
-__device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin, int32_t f_end,
-                               int32_t n0, int32_t base, int32_t d0, int32_t nq)
+__device__ void cu_idx_segment(const cu_indexer_params &params, cu_idx_ctx &c, int32_t f_begin,
+                               int32_t f_end, int32_t n0, int32_t base, int32_t d0, int32_t nq)
 {
     constexpr int NR = NT < 4 ? NT : 4;
     uint32_t bq[NR][8][2];
@@ -198,27 +204,27 @@ __device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin
         __syncthreads();
         const int32_t fn = f + IDX_MMA_STAGES - 1;
         if (fn < c.F)
-            cu_idx_issue(L, c, fn);
+            cu_idx_issue(params, c, fn);
         if (fn + IDX_MMA_STAGES < c.F) {
-            cu_idx_look(L, c, fn + IDX_MMA_STAGES);
+            cu_idx_look(params, c, fn + IDX_MMA_STAGES);
             if (fn + IDX_MMA_STAGES + 1 < c.F)
-                cu_idx_it_advance(L, c.look, c.n_dec);
+                cu_idx_it_advance(params, c.look, c.n_dec);
         }
         cu_cp_async_commit();
         if (fn + 1 < c.F)
-            cu_idx_it_advance(L, c.issue, c.n_dec);
+            cu_idx_it_advance(params, c.issue, c.n_dec);
         const int stage = f % IDX_MMA_STAGES;
         const int32_t blk = f / c.tpb; /* block index in this CTA's range */
         const int32_t tb = f - blk * c.tpb;
         const int32_t n = n0 + blk - f_begin / c.tpb; /* block id within the request */
-        const int32_t key0 = n * L.B + tb * CU_TILE_KEYS;
+        const int32_t key0 = n * params.block_size + tb * CU_TILE_KEYS;
         if (NT > 4) {
             cu_idx_bfrags<NR>(c.qtile, 0, bq);
-            cu_idx_tile<Tag, NR>(L, c, stage, bq, 0, key0, base, nq);
+            cu_idx_tile<Tag, NR>(params, c, stage, bq, 0, key0, base, nq);
             cu_idx_bfrags<NR>(c.qtile, 4, bq);
-            cu_idx_tile<Tag, NR>(L, c, stage, bq, 4, key0, base, nq);
+            cu_idx_tile<Tag, NR>(params, c, stage, bq, 4, key0, base, nq);
         } else {
-            cu_idx_tile<Tag, NR>(L, c, stage, bq, 0, key0, base, nq);
+            cu_idx_tile<Tag, NR>(params, c, stage, bq, 0, key0, base, nq);
         }
         __syncthreads();
         const int col = threadIdx.x;
@@ -231,17 +237,19 @@ __device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin
 #pragma unroll
             for (int w = 0; w < IDX_MMA_THREADS / 32; ++w) {
                 const float m2 = c.red_m[w * 64 + col];
-                if (L.score_lse) {
+                if (params.score_lse) {
                     cu_lse_merge(m, l, m2, c.red_l[w * 64 + col]);
                 } else {
                     m = cu_nanmax(m, m2);
                 }
             }
             if (tb == c.tpb - 1) {
-                const float score = L.score_lse ? cu_lse_value(m, l) : m;
-                const int32_t tok = (col * L.hi_magic) >> 16;
-                const int32_t h = col - tok * L.Hi;
-                L.scores[((int64_t)(d0 + tok) * L.Hi + h) * L.cap_blocks + n] = score;
+                const float score = params.score_lse ? cu_lse_value(m, l) : m;
+                const int32_t tok = (col * params.index_heads_magic) >> 16;
+                const int32_t h = col - tok * params.num_index_heads;
+                params
+                    .scores[((int64_t)(d0 + tok) * params.num_index_heads + h) * params.cap_blocks +
+                            n] = score;
             } else {
                 c.run_m[col] = m;
                 c.run_l[col] = l;
@@ -253,12 +261,13 @@ __device__ void cu_idx_segment(const cu_layer &L, cu_idx_ctx &c, int32_t f_begin
 template <typename Tag>
 /* Three CTAs per SM (68 KB of shared memory each): the loop is bound by
  * instruction latency more than by bytes in flight, so warps beat stages. */
-__global__ void __launch_bounds__(IDX_MMA_THREADS, 3) cu_indexer_mma_kernel(cu_layer L)
+__global__ void __launch_bounds__(IDX_MMA_THREADS, 3)
+    cu_indexer_mma_kernel(cu_indexer_params params)
 {
     cu_pdl_wait();
     cu_pdl_trigger();
     extern __shared__ __align__(128) unsigned char smem[];
-    const cu_step_hdr *hdr = L.m.hdr;
+    const cu_step_hdr *hdr = params.meta.hdr;
     cu_idx_ctx c;
     c.n_dec = hdr->n_dec;
     const int64_t total = hdr->total_dec_blocks;
@@ -266,7 +275,7 @@ __global__ void __launch_bounds__(IDX_MMA_THREADS, 3) cu_indexer_mma_kernel(cu_l
         return;
     c.gb_begin = (int32_t)(total * blockIdx.x / gridDim.x);
     const int32_t gb_end = (int32_t)(total * (blockIdx.x + 1) / gridDim.x);
-    c.tpb = L.B / CU_TILE_KEYS;
+    c.tpb = params.block_size / CU_TILE_KEYS;
     c.F = (gb_end - c.gb_begin) * c.tpb;
     if (c.F == 0)
         return;
@@ -282,36 +291,37 @@ __global__ void __launch_bounds__(IDX_MMA_THREADS, 3) cu_indexer_mma_kernel(cu_l
      * 0 .. STAGES-2 (the loop issues the rest, one of each per tile). */
     c.issue.gb = c.gb_begin;
     c.issue.tb = 0;
-    cu_idx_it_slot(L, c.issue, cu_dec_of_block(L.m.dec_blk0, c.n_dec, c.gb_begin));
+    cu_idx_it_slot(params, c.issue, cu_dec_of_block(params.meta.dec_blk0, c.n_dec, c.gb_begin));
     c.look = c.issue;
     for (int32_t x = 0; x < 2 * IDX_MMA_STAGES - 1 && x < c.F; ++x) {
-        cu_idx_look(L, c, x);
+        cu_idx_look(params, c, x);
         if (x + 1 < c.F)
-            cu_idx_it_advance(L, c.look, c.n_dec);
+            cu_idx_it_advance(params, c.look, c.n_dec);
     }
     cu_cp_async_commit();
     cu_cp_async_wait<0>();
     __syncthreads();
     for (int s = 0; s < IDX_MMA_STAGES - 1; ++s) {
         if (s < c.F)
-            cu_idx_issue(L, c, s);
+            cu_idx_issue(params, c, s);
         cu_cp_async_commit();
         if (s + 1 < c.F)
-            cu_idx_it_advance(L, c.issue, c.n_dec);
+            cu_idx_it_advance(params, c.issue, c.n_dec);
     }
     int32_t f = 0;
     while (f < c.F) {
         const int32_t gb = c.gb_begin + f / c.tpb;
-        const int32_t k = cu_dec_of_block(L.m.dec_blk0, c.n_dec, gb);
-        const cu_dec_info di = L.m.dec_info[k];
+        const int32_t k = cu_dec_of_block(params.meta.dec_blk0, c.n_dec, gb);
+        const cu_dec_info di = params.meta.dec_info[k];
         const int32_t seg_end = min(c.F, (di.blk1 - c.gb_begin) * c.tpb);
         const int32_t ql = di.ql;
         const int32_t base = di.kl - ql;
         const int32_t t0 = di.t0;
-        const int32_t nq = ql * L.Hi;
+        const int32_t nq = ql * params.num_index_heads;
         const int32_t n0 = gb - di.blk0;
         __syncthreads(); /* every warp is done with the previous request's Q tile */
-        const uint4 *q = (const uint4 *)((const unsigned char *)L.iq + (int64_t)t0 * L.Hi * 256);
+        const uint4 *q = (const uint4 *)((const unsigned char *)params.index_q +
+                                         (int64_t)t0 * params.num_index_heads * 256);
         for (int i = threadIdx.x; i < 64 * 16; i += IDX_MMA_THREADS) {
             const int row = i >> 4, chunk = i & 15;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
@@ -323,26 +333,26 @@ __global__ void __launch_bounds__(IDX_MMA_THREADS, 3) cu_indexer_mma_kernel(cu_l
         const int nt = (nq + 7) >> 3;
         const int32_t d0 = di.d0;
         if (nt <= 1)
-            cu_idx_segment<Tag, 1>(L, c, f, seg_end, n0, base, d0, nq);
+            cu_idx_segment<Tag, 1>(params, c, f, seg_end, n0, base, d0, nq);
         else if (nt <= 2)
-            cu_idx_segment<Tag, 2>(L, c, f, seg_end, n0, base, d0, nq);
+            cu_idx_segment<Tag, 2>(params, c, f, seg_end, n0, base, d0, nq);
         else if (nt <= 4)
-            cu_idx_segment<Tag, 4>(L, c, f, seg_end, n0, base, d0, nq);
+            cu_idx_segment<Tag, 4>(params, c, f, seg_end, n0, base, d0, nq);
         else
-            cu_idx_segment<Tag, 8>(L, c, f, seg_end, n0, base, d0, nq);
+            cu_idx_segment<Tag, 8>(params, c, f, seg_end, n0, base, d0, nq);
         f = seg_end;
     }
     cu_cp_async_wait<0>();
 }
 
-void cu_launch_indexer_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
+void cu_launch_indexer_mma(const cu_indexer_params *params, const cu_plan_state *st, cudaStream_t s)
 {
-    if (L->act == MSA_DTYPE_BF16)
+    if (params->act_dtype == MSA_DTYPE_BF16)
         cu_launch(cu_indexer_mma_kernel<cu_bf16_tag>, st->sz.grid_idx_fast, IDX_MMA_THREADS,
-                  IDX_MMA_SMEM_BYTES, s, st->pdl, *L);
+                  IDX_MMA_SMEM_BYTES, s, st->pdl, *params);
     else
         cu_launch(cu_indexer_mma_kernel<cu_f16_tag>, st->sz.grid_idx_fast, IDX_MMA_THREADS,
-                  IDX_MMA_SMEM_BYTES, s, st->pdl, *L);
+                  IDX_MMA_SMEM_BYTES, s, st->pdl, *params);
 }
 
 cudaError_t cu_indexer_mma_setup(int num_sms, int *grid)

@@ -37,7 +37,7 @@
  * The products exist on sm_90a only; other chips take the portable
  * indexer (forward.cu checks st->wgmma).
  */
-#include "cuda/plan.cuh"
+#include "cuda/params.cuh"
 #include "cuda/arch/tma_sm90.cuh"
 #include "cuda/arch/wgmma_sm90.cuh"
 #include "cuda/arch/launch.cuh"
@@ -65,10 +65,10 @@ static_assert(IDX_TMA_STAGES % IDX_TMA_GROUPS == 0, "indexer stages: a multiple 
 #ifdef CU_HAVE_WGMMA
 
 /* The decode slot of block gb, walking forward from slot k. */
-__device__ __forceinline__ int32_t cu_idxt_slot(const cu_layer &L, int32_t k, int32_t n_dec,
-                                                int32_t gb)
+__device__ __forceinline__ int32_t cu_idxt_slot(const cu_indexer_params &params, int32_t k,
+                                                int32_t n_dec, int32_t gb)
 {
-    while (k + 1 < n_dec && L.m.dec_blk0[k + 1] <= gb)
+    while (k + 1 < n_dec && params.meta.dec_blk0[k + 1] <= gb)
         ++k;
     return k;
 }
@@ -86,11 +86,12 @@ __device__ __forceinline__ float cu_fmax_nan(float a, float b)
  * c_lo = 16 w + lane / 4 and c_hi = c_lo + 8 of the group's 64; columns at
  * or past nq are zero.  Word ks * 8 + lane % 4 holds dimensions
  * 16 ks + 2 (lane % 4) and the next. */
-__device__ __forceinline__ void cu_idxt_afrags(const cu_layer &L, int32_t t0, int32_t nq,
-                                               int32_t c_lo, uint32_t (&a)[8][4])
+__device__ __forceinline__ void cu_idxt_afrags(const cu_indexer_params &params, int32_t t0,
+                                               int32_t nq, int32_t c_lo, uint32_t (&a)[8][4])
 {
     const int lane = threadIdx.x & 31;
-    const uint32_t *q = (const uint32_t *)L.iq + (int64_t)t0 * L.Hi * 64;
+    const uint32_t *q =
+        (const uint32_t *)params.index_q + (int64_t)t0 * params.num_index_heads * 64;
     const bool ok_lo = c_lo < nq, ok_hi = c_lo + 8 < nq;
     const uint32_t *lo = q + (int64_t)c_lo * 64 + (lane & 3);
     const uint32_t *hi = lo + 8 * 64;
@@ -157,40 +158,40 @@ __device__ __forceinline__ void cu_idxt_epilogue(const float (&d)[16][4], int32_
 /* What a consumer thread keeps of its block's request di: the query
  * columns (nq), the position of the first token (base), the last
  * position its two columns c_lo, c_lo + 8 see, and their A fragments. */
-__device__ __forceinline__ void cu_idxt_request(const cu_layer &L, const cu_dec_info &di,
-                                                int32_t c_lo, int32_t &nq, int32_t &base,
-                                                int32_t &last_lo, int32_t &last_hi,
+__device__ __forceinline__ void cu_idxt_request(const cu_indexer_params &params,
+                                                const cu_dec_info &di, int32_t c_lo, int32_t &nq,
+                                                int32_t &base, int32_t &last_lo, int32_t &last_hi,
                                                 uint32_t (&a)[8][4])
 {
-    nq = di.ql * L.Hi;
+    nq = di.ql * params.num_index_heads;
     base = di.kl - di.ql;
-    last_lo = base + ((c_lo * L.hi_magic) >> 16); /* column / Hi = token */
-    last_hi = base + (((c_lo + 8) * L.hi_magic) >> 16);
-    cu_idxt_afrags(L, di.t0, nq, c_lo, a);
+    last_lo = base + ((c_lo * params.index_heads_magic) >> 16); /* column / Hi = token */
+    last_hi = base + (((c_lo + 8) * params.index_heads_magic) >> 16);
+    cu_idxt_afrags(params, di.t0, nq, c_lo, a);
 }
 
 /* Group g's ring uses g, g + IDX_TMA_GROUPS, ... until the producer's end
  * mark (block id -1); the CTA's fixed share starts at block gb_begin (F
  * blocks). */
 template <typename Tag, bool LSE>
-__device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_t *full,
-                                 uint64_t *empty, const volatile int32_t *slot_gb, int32_t gb_begin,
-                                 int32_t F, int32_t n_dec, int g)
+__device__ void cu_idxt_consumer(const cu_indexer_params &params, unsigned char *ring,
+                                 uint64_t *full, uint64_t *empty, const volatile int32_t *slot_gb,
+                                 int32_t gb_begin, int32_t F, int32_t n_dec, int g)
 {
     const int lane = threadIdx.x & 31;
     const int32_t c_lo = 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2); /* query columns */
     const int32_t c_hi = c_lo + 8;
-    const int32_t Hi = L.Hi, cap_blocks = L.cap_blocks;
-    const float iscale = L.iscale;
-    float *const scores = L.scores;
+    const int32_t Hi = params.num_index_heads, cap_blocks = params.cap_blocks;
+    const float iscale = params.index_scale;
+    float *const scores = params.scores;
     /* The request of the share's first block is looked up, and its queries
      * loaded, while the block is on its way; without a share the first
      * block looks its request up (blk1 = 0). */
     int32_t kslot = -1, k = -1;
     cu_dec_info di = {};
     if (F > 0) {
-        kslot = cu_dec_of_block(L.m.dec_blk0, n_dec, gb_begin);
-        di = L.m.dec_info[kslot];
+        kslot = cu_dec_of_block(params.meta.dec_blk0, n_dec, gb_begin);
+        di = params.meta.dec_info[kslot];
     }
     uint32_t a[8][4];
     int32_t nq = 0, base = 0, last_lo = 0, last_hi = 0;
@@ -201,7 +202,7 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
     for (int32_t i = g;; i += IDX_TMA_GROUPS) {
         if (kslot != k) {
             k = kslot;
-            cu_idxt_request(L, di, c_lo, nq, base, last_lo, last_hi, a);
+            cu_idxt_request(params, di, c_lo, nq, base, last_lo, last_hi, a);
         }
         const int s = i % IDX_TMA_STAGES;
         cu_mbar_wait(&full[s], (uint32_t)(i / IDX_TMA_STAGES) & 1u);
@@ -212,16 +213,16 @@ __device__ void cu_idxt_consumer(const cu_layer &L, unsigned char *ring, uint64_
             /* Blocks come in ascending order: the next request's, or after
              * a jump to a chunk further on, a search. */
             const int32_t nk = kslot + 1 < n_dec ? kslot + 1 : kslot;
-            const cu_dec_info nd = L.m.dec_info[nk];
-            kslot = gb < nd.blk1 ? nk : cu_dec_of_block(L.m.dec_blk0, n_dec, gb);
-            di = gb < nd.blk1 ? nd : L.m.dec_info[kslot];
+            const cu_dec_info nd = params.meta.dec_info[nk];
+            kslot = gb < nd.blk1 ? nk : cu_dec_of_block(params.meta.dec_blk0, n_dec, gb);
+            di = gb < nd.blk1 ? nd : params.meta.dec_info[kslot];
             k = kslot;
-            cu_idxt_request(L, di, c_lo, nq, base, last_lo, last_hi, a);
+            cu_idxt_request(params, di, c_lo, nq, base, last_lo, last_hi, a);
         }
         if (i == 0 && threadIdx.x == 0)
-            CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_FIRST);
+            CU_TL_MARK(params, CU_TL_INDEXER, CU_TL_FIRST);
         if (threadIdx.x == 0) /* overwritten by every tile: the last one stays */
-            CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_LAST);
+            CU_TL_MARK(params, CU_TL_INDEXER, CU_TL_LAST);
         const uint32_t slot = cu_smem_addr(ring + s * IDX_TMA_BLOCK_BYTES);
         cu_wgmma_fence();
 #pragma unroll
@@ -288,8 +289,9 @@ __device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned cha
 /* Blocks gb0 .. gb0 + cnt - 1 (cnt <= 32) into the ring from use x on:
  * their pages looked up one per lane (k: the decode slot of gb0 or an
  * earlier one), then the copies issued in order. */
-__device__ __forceinline__ void cu_idxt_stream(const cu_layer &L, const CUtensorMap *map,
-                                               unsigned char *ring, uint64_t *full, uint64_t *empty,
+__device__ __forceinline__ void cu_idxt_stream(const cu_indexer_params &params,
+                                               const CUtensorMap *map, unsigned char *ring,
+                                               uint64_t *full, uint64_t *empty,
                                                volatile int32_t *slot_gb, int32_t &x, int32_t k,
                                                int32_t n_dec, int32_t gb0, int32_t cnt,
                                                bool wait_first)
@@ -298,21 +300,21 @@ __device__ __forceinline__ void cu_idxt_stream(const cu_layer &L, const CUtensor
     int32_t page = 0;
     if (lane < cnt) {
         const int32_t gb = gb0 + lane;
-        const int32_t kk = cu_idxt_slot(L, k, n_dec, gb);
-        const cu_dec_info di = L.m.dec_info[kk];
-        page = L.m.page_table[(int64_t)di.r * L.cap_pages + (gb - di.blk0)];
+        const int32_t kk = cu_idxt_slot(params, k, n_dec, gb);
+        const cu_dec_info di = params.meta.dec_info[kk];
+        page = params.meta.page_table[(int64_t)di.r * params.cap_pages + (gb - di.blk0)];
     }
     if (wait_first) {
         cu_pdl_wait(); /* the prologue's index keys, before the first copy */
         if (lane == 0)
-            CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_WAITED);
+            CU_TL_MARK(params, CU_TL_INDEXER, CU_TL_WAITED);
     }
     for (int32_t j = 0; j < cnt; ++j) {
         const int32_t pg = __shfl_sync(0xffffffffu, page, j);
         if (lane == 0) {
             cu_idxt_put(map, ring, full, empty, slot_gb, x, gb0 + j, pg);
             if (x == 0)
-                CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_ISSUED);
+                CU_TL_MARK(params, CU_TL_INDEXER, CU_TL_ISSUED);
         }
         ++x;
         __syncwarp();
@@ -321,24 +323,24 @@ __device__ __forceinline__ void cu_idxt_stream(const cu_layer &L, const CUtensor
 
 /* The CTA's fixed share [gb_begin, gb_begin + F), then chunks on demand
  * from blocks stat .. total - 1, then an end mark for each group. */
-__device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsigned char *ring,
-                                 uint64_t *full, uint64_t *empty, volatile int32_t *slot_gb,
-                                 int32_t gb_begin, int32_t F, int32_t stat, int32_t total,
-                                 int32_t n_dec)
+__device__ void cu_idxt_producer(const cu_indexer_params &params, const CUtensorMap *map,
+                                 unsigned char *ring, uint64_t *full, uint64_t *empty,
+                                 volatile int32_t *slot_gb, int32_t gb_begin, int32_t F,
+                                 int32_t stat, int32_t total, int32_t n_dec)
 {
     const int lane = threadIdx.x & 31;
     int32_t x = 0;
-    int32_t k = F > 0 ? cu_dec_of_block(L.m.dec_blk0, n_dec, gb_begin) : 0;
+    int32_t k = F > 0 ? cu_dec_of_block(params.meta.dec_blk0, n_dec, gb_begin) : 0;
     for (int32_t c0 = 0; c0 < F; c0 += 32) {
         const int32_t cnt = min(32, F - c0);
-        cu_idxt_stream(L, map, ring, full, empty, slot_gb, x, k, n_dec, gb_begin + c0, cnt,
+        cu_idxt_stream(params, map, ring, full, empty, slot_gb, x, k, n_dec, gb_begin + c0, cnt,
                        c0 == 0);
-        k = cu_idxt_slot(L, k, n_dec, gb_begin + c0 + cnt - 1);
+        k = cu_idxt_slot(params, k, n_dec, gb_begin + c0 + cnt - 1);
     }
     if (F == 0) {
         cu_pdl_wait(); /* the prologue's index keys, before any copy */
         if (lane == 0)
-            CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_WAITED);
+            CU_TL_MARK(params, CU_TL_INDEXER, CU_TL_WAITED);
     }
     if (stat < total) {
         /* Chunk numbers: the next one is asked for before the current
@@ -347,19 +349,19 @@ __device__ void cu_idxt_producer(const cu_layer &L, const CUtensorMap *map, unsi
         const int32_t chunks = (total - stat + IDX_TMA_CHUNK - 1) / IDX_TMA_CHUNK;
         int32_t next = 0;
         if (lane == 0)
-            next = atomicAdd(L.idx_next, 1);
+            next = atomicAdd(params.next_chunk, 1);
         for (;;) {
             const int32_t c = __shfl_sync(0xffffffffu, next, 0);
             if (c >= chunks) {
                 if (lane == 0 && c == chunks + (int32_t)gridDim.x - 1)
-                    *L.idx_next = 0; /* the last draw of this launch */
+                    *params.next_chunk = 0; /* the last draw of this launch */
                 break;
             }
             const int32_t gb0 = stat + c * IDX_TMA_CHUNK;
             if (lane == 0)
-                next = atomicAdd(L.idx_next, 1);
-            cu_idxt_stream(L, map, ring, full, empty, slot_gb, x,
-                           cu_dec_of_block(L.m.dec_blk0, n_dec, gb0), n_dec, gb0,
+                next = atomicAdd(params.next_chunk, 1);
+            cu_idxt_stream(params, map, ring, full, empty, slot_gb, x,
+                           cu_dec_of_block(params.meta.dec_blk0, n_dec, gb0), n_dec, gb0,
                            min(IDX_TMA_CHUNK, total - gb0), false);
         }
     }
@@ -386,24 +388,26 @@ __device__ __forceinline__ void cu_idxt_prefetch_span(const void *p, int64_t byt
  * after that chain (attention_decode_tma_sm90.cu).  One warp per CTA asks L2 for those
  * lines now, while the indexer waits for the prologue, so the chain hits
  * L2 instead of DRAM.  Plan data may be read before the launch wait. */
-__device__ __forceinline__ void cu_idxt_prefetch_att_plan(const cu_layer &L)
+__device__ __forceinline__ void cu_idxt_prefetch_att_plan(const cu_indexer_params &params)
 {
     const int lane = threadIdx.x & 31;
     const int64_t stride = (int64_t)gridDim.x * 32 * 128;
     const int64_t first = ((int64_t)blockIdx.x * 32 + lane) * 128;
-    cu_idxt_prefetch_span(L.m.att_units, (int64_t)L.m.hdr->n_att_units * (int64_t)sizeof(int32_t),
-                          first, stride);
-    /* The attention CTAs' unit bounds (its grid is this one's). */
-    cu_idxt_prefetch_span(L.m.att_cta, ((int64_t)gridDim.x + 1) * (int64_t)sizeof(int32_t), first,
+    cu_idxt_prefetch_span(params.meta.att_units,
+                          (int64_t)params.meta.hdr->n_att_units * (int64_t)sizeof(int32_t), first,
                           stride);
-    cu_idxt_prefetch_span(L.m.att[CU_KIND_SPARSE],
-                          (int64_t)L.m.hdr->n_att[CU_KIND_SPARSE] * (int64_t)sizeof(cu_att_item),
+    /* The attention CTAs' unit bounds (its grid is this one's). */
+    cu_idxt_prefetch_span(params.meta.att_cta, ((int64_t)gridDim.x + 1) * (int64_t)sizeof(int32_t),
+                          first, stride);
+    cu_idxt_prefetch_span(params.meta.att[CU_KIND_SPARSE],
+                          (int64_t)params.meta.hdr->n_att[CU_KIND_SPARSE] *
+                              (int64_t)sizeof(cu_att_item),
                           first, stride);
 }
 
 template <typename Tag>
 __global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
-    cu_indexer_tma_kernel(const __grid_constant__ cu_layer L,
+    cu_indexer_tma_kernel(const __grid_constant__ cu_indexer_params params,
                           const __grid_constant__ CUtensorMap map)
 {
 #ifdef CU_HAVE_WGMMA
@@ -416,7 +420,7 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
         (volatile int32_t *)(empty + IDX_TMA_STAGES); /* block of each slot */
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
-        CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_ENTRY);
+        CU_TL_MARK(params, CU_TL_INDEXER, CU_TL_ENTRY);
         for (int s = 0; s < IDX_TMA_STAGES; ++s) {
             cu_mbar_init(&full[s], 1);
             cu_mbar_init(&empty[s], 4 * 32); /* every lane of the slot's group */
@@ -429,45 +433,47 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
      * it before its first copy; the plan and the queries are read at once. */
     cu_pdl_trigger();
     if (warp == 0)
-        cu_idxt_prefetch_att_plan(L);
-    const int32_t n_dec = L.m.hdr->n_dec;
-    const int32_t total = (int32_t)L.m.hdr->total_dec_blocks;
+        cu_idxt_prefetch_att_plan(params);
+    const int32_t n_dec = params.meta.hdr->n_dec;
+    const int32_t total = (int32_t)params.meta.hdr->total_dec_blocks;
     /* Fixed shares of the first three quarters; all of it without the
      * counter, or below IDX_TMA_CHUNKED_MIN blocks per CTA (a short step:
      * nothing to even out that would pay for the counter's round trips). */
-    const int32_t stat =
-        L.idx_next && total >= IDX_TMA_CHUNKED_MIN * (int32_t)gridDim.x ? total - total / 4 : total;
+    const int32_t stat = params.next_chunk && total >= IDX_TMA_CHUNKED_MIN * (int32_t)gridDim.x
+                             ? total - total / 4
+                             : total;
     const int32_t gb_begin = (int32_t)((int64_t)stat * blockIdx.x / gridDim.x);
     const int32_t gb_end = (int32_t)((int64_t)stat * (blockIdx.x + 1) / gridDim.x);
     const int32_t F = gb_end - gb_begin;
     if (n_dec > 0 && total > 0) {
         if (warp == IDX_TMA_GROUPS * 4)
-            cu_idxt_producer(L, &map, ring, full, empty, slot_gb, gb_begin, F, stat, total, n_dec);
-        else if (L.score_lse)
-            cu_idxt_consumer<Tag, true>(L, ring, full, empty, slot_gb, gb_begin, F, n_dec,
+            cu_idxt_producer(params, &map, ring, full, empty, slot_gb, gb_begin, F, stat, total,
+                             n_dec);
+        else if (params.score_lse)
+            cu_idxt_consumer<Tag, true>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec,
                                         warp >> 2);
         else
-            cu_idxt_consumer<Tag, false>(L, ring, full, empty, slot_gb, gb_begin, F, n_dec,
+            cu_idxt_consumer<Tag, false>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec,
                                          warp >> 2);
     }
     cu_pdl_wait(); /* every CTA, before it ends (arch/launch.cuh) */
     if (threadIdx.x == 0)
-        CU_TL_MARK(L, CU_TL_INDEXER, CU_TL_EXIT);
+        CU_TL_MARK(params, CU_TL_INDEXER, CU_TL_EXIT);
 #else
-    (void)L;
+    (void)params;
     (void)map;
 #endif
 }
 
-void cu_launch_indexer_tma(const cu_layer *L, const cu_plan_state *st, const CUtensorMap *map,
-                           cudaStream_t s)
+void cu_launch_indexer_tma(const cu_indexer_params *params, const cu_plan_state *st,
+                           const CUtensorMap *map, cudaStream_t s)
 {
-    if (L->act == MSA_DTYPE_BF16)
+    if (params->act_dtype == MSA_DTYPE_BF16)
         cu_launch(cu_indexer_tma_kernel<cu_bf16_tag>, st->sz.num_sms, IDX_TMA_THREADS,
-                  IDX_TMA_SMEM_BYTES, s, st->pdl, *L, *map);
+                  IDX_TMA_SMEM_BYTES, s, st->pdl, *params, *map);
     else
         cu_launch(cu_indexer_tma_kernel<cu_f16_tag>, st->sz.num_sms, IDX_TMA_THREADS,
-                  IDX_TMA_SMEM_BYTES, s, st->pdl, *L, *map);
+                  IDX_TMA_SMEM_BYTES, s, st->pdl, *params, *map);
 }
 
 cudaError_t cu_indexer_tma_setup(void)

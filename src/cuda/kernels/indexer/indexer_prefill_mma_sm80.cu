@@ -18,36 +18,36 @@ int cu_pfidx_shape(const msa_plan *plan)
            cfg->num_index_heads <= 4;
 }
 
-void cu_pfidx_build(const cu_layer *L, const cu_plan_state *st, cu_pfidx_params *p)
+void cu_pfidx_build(const cu_select_params *sel, const cu_plan_state *st, cu_pfidx_params *p)
 {
     memset(p, 0, sizeof *p);
-    p->Hi = L->Hi;
-    p->Hkv = L->Hkv;
-    p->B = L->B;
-    p->K = L->K;
-    p->I = L->I;
-    p->Lc = L->Lc;
-    p->W = L->W;
-    p->mi = L->mi;
-    p->mk = L->mk;
-    p->units = L->units;
-    p->tt = CU_PFI_ROWS / L->Hi;
-    p->score_lse = L->score_lse;
-    p->iscale = L->iscale;
-    p->P = L->P;
-    p->logP = L->logP;
+    p->Hi = sel->num_index_heads;
+    p->Hkv = sel->num_kv_heads;
+    p->B = sel->block_size;
+    p->K = sel->topk_blocks;
+    p->I = sel->init_blocks;
+    p->Lc = sel->local_blocks;
+    p->W = sel->topk_width;
+    p->mi = sel->index_heads_per_unit;
+    p->mk = sel->kv_heads_per_unit;
+    p->units = sel->num_units;
+    p->tt = CU_PFI_ROWS / sel->num_index_heads;
+    p->score_lse = sel->score_lse;
+    p->iscale = sel->index_scale;
+    p->P = sel->page_size;
+    p->logP = sel->log_page_size;
     p->cap_pages = st->sz.cap_pages;
     p->cap_blocks = st->sz.cap_blocks;
     p->sel_cache = st->sz.sel_cache;
-    p->iq = L->iq;
-    p->ikp = L->ikp;
+    p->iq = sel->index_q;
+    p->ikp = sel->index_k_plane;
     p->hdr = st->dev.hdr;
     p->q_len = st->dev.q_len;
     p->kv_len = st->dev.kv_len;
     p->q_start = st->dev.q_start;
     p->page_table = st->dev.page_table;
     p->sel = st->sel;
-    p->topk = L->topk;
+    p->topk = sel->topk_ids;
     p->scratch = st->pfi_scratch;
     if (st->pfi_split) {
         const size_t n = (size_t)st->grid_pfi * CU_PFI_ROWS * PFI_CAND;
@@ -95,14 +95,15 @@ size_t cu_pfidx_split_words(int grid)
     return 2 * (size_t)grid * CU_PFI_ROWS * PFI_CAND + (size_t)grid;
 }
 
-void cu_launch_indexer_prefill_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
+void cu_launch_indexer_prefill_mma(const cu_select_params *sel, const cu_plan_state *st,
+                                   cudaStream_t s)
 {
     cu_pfidx_params p;
-    cu_pfidx_build(L, st, &p);
+    cu_pfidx_build(sel, st, &p);
     const size_t smem = cu_pfidx_smem(p.mi, p.K, p.W, p.sel_cache);
     /* The Hopper products where the device runs the sm_90a code, unless
      * the debugging option cuda_no_prefill_wgmma keeps mma.sync there too. */
-    const int bf16 = L->act == MSA_DTYPE_BF16;
+    const int bf16 = sel->act_dtype == MSA_DTYPE_BF16;
     if (st->pfi_wgmma)
         cu_pfidx_wgmma_launch(&p, bf16, st->grid_pfi, smem, s, st->pdl);
     else if (bf16)

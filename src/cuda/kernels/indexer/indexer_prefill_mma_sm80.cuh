@@ -12,12 +12,12 @@
  * shapes keep the selection kernel's scalar prefill role.
  *
  * The kernel reads and writes only what its parameter struct names;
- * cu_pfidx_build fills it from the layer and the plan.
+ * cu_pfidx_build fills it from the selection's parameters and the plan.
  */
 #ifndef MSA_INDEXER_PREFILL_MMA_SM80_CUH
 #define MSA_INDEXER_PREFILL_MMA_SM80_CUH
 
-#include "cuda/plan.cuh"
+#include "cuda/params.cuh"
 
 /* Rows of one tile: tokens x index heads, one 16-row MMA tile per warp. */
 #define CU_PFI_ROWS 64
@@ -25,8 +25,9 @@
 typedef struct cu_pfidx_params {
     /* Shapes. */
     int32_t Hi, Hkv, B, K, I, Lc, W;
-    int32_t mi, mk, units; /* as in cu_layer */
-    int32_t tt;            /* tokens per tile: CU_PFI_ROWS / Hi */
+    int32_t mi, mk,
+        units;  /* cu_select_params' index_heads_per_unit, kv_heads_per_unit, num_units */
+    int32_t tt; /* tokens per tile: CU_PFI_ROWS / Hi */
     int32_t score_lse;
     float iscale;
     int32_t P, logP, cap_pages, cap_blocks, sel_cache;
@@ -52,8 +53,9 @@ typedef struct cu_pfidx_params {
  * must match the plane: the plan's idx_fast, cu_choose_paths). */
 int cu_pfidx_shape(const msa_plan *plan);
 
-/* Fills the kernel's parameters from the layer and the plan. */
-void cu_pfidx_build(const cu_layer *L, const cu_plan_state *st, cu_pfidx_params *p);
+/* Fills the kernel's parameters from the selection's (built from the plan
+ * and the call) and the plan state's workspaces. */
+void cu_pfidx_build(const cu_select_params *sel, const cu_plan_state *st, cu_pfidx_params *p);
 
 /* Dynamic shared memory of the kernel for a plan's selection shapes. */
 size_t cu_pfidx_smem(int32_t mi, int32_t K, int32_t W, int32_t sel_cache);
@@ -75,7 +77,8 @@ void cu_pfidx_wgmma_launch(const cu_pfidx_params *p, int bf16, int grid, size_t 
                            cudaStream_t s, int pdl);
 
 /* Enqueues the kernel (after the selection kernel, which then leaves the
- * prefill rows to it: cu_layer.pf_ctas = 0). */
-void cu_launch_indexer_prefill_mma(const cu_layer *L, const cu_plan_state *st, cudaStream_t s);
+ * prefill rows to it: cu_select_params.prefill_ctas = 0). */
+void cu_launch_indexer_prefill_mma(const cu_select_params *sel, const cu_plan_state *st,
+                                   cudaStream_t s);
 
 #endif /* MSA_INDEXER_PREFILL_MMA_SM80_CUH */

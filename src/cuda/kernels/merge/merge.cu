@@ -29,13 +29,12 @@ __device__ __forceinline__ void cu_merge_load(const float *p0, int64_t step, int
                                                            : 0.0f;
 }
 
-__device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &A, int cta,
-                                              int nctas)
+__device__ __forceinline__ void cu_merge_role(const cu_attn_params &params, int cta, int nctas)
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int32_t n_items = L.m.hdr->n_merge[A.kind];
-    const cu_merge_item *items = L.m.merge[A.kind];
+    const int32_t n_items = params.meta.hdr->n_merge[params.kind];
+    const cu_merge_item *items = params.meta.merge[params.kind];
     /* Rows of all merge items enumerated item by item, CU_ROWS_PER_ITEM each. */
     const int64_t total = (int64_t)n_items * CU_ROWS_PER_ITEM;
     for (int64_t w = (int64_t)cta * MERGE_WARPS + warp; w < total;
@@ -47,16 +46,16 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
             continue;
         const int32_t t0 = it.t0;
         const int32_t row = it.row0 + rl;
-        const int32_t i = row / A.g;
-        const int32_t hq = it.group * A.g + (row - i * A.g);
-        const int64_t qrow = (int64_t)(t0 + i) * A.hq_total + hq;
+        const int32_t i = row / params.group;
+        const int32_t hq = it.group * params.group + (row - i * params.group);
+        const int64_t qrow = (int64_t)(t0 + i) * params.q_heads + hq;
         cu_pdl_wait(); /* the attention's partial rows (at once after the first) */
         if (threadIdx.x == 0 && w == (int64_t)cta * MERGE_WARPS)
-            CU_TL_MARK(L, CU_TL_MERGE, CU_TL_WAITED);
-        const float *p0 = L.part + ((int64_t)it.part_base + rl) * L.part_stride;
-        const int64_t step = (int64_t)it.nrows * L.part_stride;
+            CU_TL_MARK(params, CU_TL_MERGE, CU_TL_WAITED);
+        const float *p0 = params.partials + ((int64_t)it.part_base + rl) * params.partial_stride;
+        const int64_t step = (int64_t)it.nrows * params.partial_stride;
         float M, wsum;
-        if (it.nsplit <= 32 && A.d <= 128) {
+        if (it.nsplit <= 32 && params.head_dim <= 128) {
             /* One lane per split: the split LSEs load at once, and every
              * output element's loads over the splits are independent.
              * Eight splits' rows are loaded together before any is used,
@@ -64,8 +63,8 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
              * one round trip per eight splits, the first shared.  A split
              * with no keys (weight 0) is skipped, whatever its row holds. */
             float x[MERGE_GROUP][4];
-            cu_merge_load(p0, step, 0, it.nsplit, A.d, x);
-            const float ls = lane < it.nsplit ? p0[lane * step + A.d] : -INFINITY;
+            cu_merge_load(p0, step, 0, it.nsplit, params.head_dim, x);
+            const float ls = lane < it.nsplit ? p0[lane * step + params.head_dim] : -INFINITY;
             M = cu_warp_max(ls);
             const float w = ls == -INFINITY ? 0.0f : expf(ls - M);
             wsum = cu_warp_sum(w);
@@ -73,7 +72,7 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             for (int32_t s0 = 0; s0 < it.nsplit; s0 += MERGE_GROUP) {
                 if (s0 > 0)
-                    cu_merge_load(p0, step, s0, it.nsplit, A.d, x);
+                    cu_merge_load(p0, step, s0, it.nsplit, params.head_dim, x);
 #pragma unroll
                 for (int u = 0; u < MERGE_GROUP; ++u) {
                     const float ws = __shfl_sync(0xffffffffu, w, (s0 + u) & 31);
@@ -85,51 +84,51 @@ __device__ __forceinline__ void cu_merge_role(const cu_layer &L, const cu_attn &
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                if (lane + 32 * j < A.d)
-                    cu_store(A.o, A.act, qrow * A.d + lane + 32 * j, acc[j] * inv);
+                if (lane + 32 * j < params.head_dim)
+                    cu_store(params.out, params.act_dtype, qrow * params.head_dim + lane + 32 * j,
+                             acc[j] * inv);
         } else {
             M = -INFINITY;
             for (int32_t s = 0; s < it.nsplit; ++s)
-                M = fmaxf(M, p0[s * step + A.d]);
+                M = fmaxf(M, p0[s * step + params.head_dim]);
             wsum = 0.0f;
             for (int32_t s = 0; s < it.nsplit; ++s) {
-                const float ls = p0[s * step + A.d];
+                const float ls = p0[s * step + params.head_dim];
                 wsum += ls == -INFINITY ? 0.0f : expf(ls - M);
             }
             const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-            for (int32_t d = lane; d < A.d; d += 32) {
+            for (int32_t d = lane; d < params.head_dim; d += 32) {
                 float acc = 0.0f;
                 for (int32_t s = 0; s < it.nsplit; ++s) {
-                    const float ls = p0[s * step + A.d];
+                    const float ls = p0[s * step + params.head_dim];
                     if (ls != -INFINITY)
                         acc = fmaf(expf(ls - M), p0[s * step + d], acc);
                 }
-                cu_store(A.o, A.act, qrow * A.d + d, acc * inv);
+                cu_store(params.out, params.act_dtype, qrow * params.head_dim + d, acc * inv);
             }
         }
-        if (A.lse && lane == 0)
-            A.lse[qrow] = wsum > 0.0f ? M + logf(wsum) : -INFINITY;
+        if (params.lse && lane == 0)
+            params.lse[qrow] = wsum > 0.0f ? M + logf(wsum) : -INFINITY;
     }
 }
 
 __global__ void __launch_bounds__(MERGE_WARPS * 32, 2)
-    cu_merge_prefill_kernel(cu_layer L, cu_attn A)
+    cu_merge_prefill_kernel(cu_attn_params params)
 {
     cu_pdl_trigger();
     if (threadIdx.x == 0)
-        CU_TL_MARK(L, CU_TL_MERGE, CU_TL_ENTRY);
+        CU_TL_MARK(params, CU_TL_MERGE, CU_TL_ENTRY);
     /* Both roles in every CTA: no CTAs that only check for absent work.
      * The merge reads its plan items before it waits for the partials. */
-    cu_merge_role(L, A, blockIdx.x, gridDim.x);
+    cu_merge_role(params, blockIdx.x, gridDim.x);
     cu_pdl_wait(); /* the selection for the prefill rows; every CTA waits */
-    if (!A.pf_fast)
-        cu_attn_prefill_role(L, A, blockIdx.x, gridDim.x, MERGE_WARPS);
+    if (!params.prefill_on_tensor_cores)
+        cu_attn_prefill_role(params, blockIdx.x, gridDim.x, MERGE_WARPS);
     if (threadIdx.x == 0)
-        CU_TL_MARK(L, CU_TL_MERGE, CU_TL_EXIT);
+        CU_TL_MARK(params, CU_TL_MERGE, CU_TL_EXIT);
 }
 
-void cu_launch_merge_prefill(const cu_layer *L, const cu_plan_state *st, const cu_attn *A,
-                             cudaStream_t s)
+void cu_launch_merge_prefill(const cu_attn_params *params, const cu_plan_state *st, cudaStream_t s)
 {
-    cu_launch(cu_merge_prefill_kernel, st->sz.grid_merge, MERGE_WARPS * 32, 0, s, st->pdl, *L, *A);
+    cu_launch(cu_merge_prefill_kernel, st->sz.grid_merge, MERGE_WARPS * 32, 0, s, st->pdl, *params);
 }

@@ -7,7 +7,7 @@
  *                 union for the unit's KV heads (a completion counter, reset
  *                 by that warp, so graph replays start from zero), unless
  *                 the Hopper attention builds it from the rows itself
- *                 (cu_layer.att_union); a one-token request's union is its
+ *                 (attention_union_blocks); a one-token request's union is its
  *                 row, written at once;
  *   prefill items (the simple path) one CTA per (prefill token, unit): block
  *                 scores into a per-CTA scratch row, then warp 0 selects.
@@ -20,6 +20,7 @@
  * any of its tokens, ascending, with a bit per token that selected it: the
  * decode attention reads each such block once for all tokens and heads.
  */
+#include "cuda/params.cuh"
 #include "cuda/kernels/indexer/block_score_simt.cuh"
 #include "cuda/kernels/select/select_row.cuh"
 #include "cuda/arch/launch.cuh"
@@ -27,12 +28,16 @@
 
 #define SEL_WARPS 4
 
-/* Per-warp shared memory, in 32-bit words: histogram, mi lists of K, one
- * row of W, then the score cache (also the union's per-block masks). */
-__host__ __device__ __forceinline__ size_t cu_sel_warp_words(int32_t mi, int32_t K, int32_t W,
-                                                             int32_t cache)
+/* Per-warp shared memory, in 32-bit words: histogram, one list of
+ * topk_blocks per index head of the unit, one row of topk_width, then the
+ * score cache (also the union's per-block masks). */
+__host__ __device__ __forceinline__ size_t cu_sel_warp_words(int32_t index_heads_per_unit,
+                                                             int32_t topk_blocks,
+                                                             int32_t topk_width,
+                                                             int32_t cached_blocks)
 {
-    return 256 + (size_t)mi * K + (size_t)W + (size_t)cache;
+    return 256 + (size_t)index_heads_per_unit * topk_blocks + (size_t)topk_width +
+           (size_t)cached_blocks;
 }
 
 /* Words of the CTA's list-path scratch after the warps' regions (16-byte
@@ -40,16 +45,22 @@ __host__ __device__ __forceinline__ size_t cu_sel_warp_words(int32_t mi, int32_t
  * the fill counter, a pad word and 32 winners. */
 #define SEL_GRP_WORDS (2 * SEL_WARPS * SEL_XS + SEL_WARPS * SEL_TOP + 2 + 32)
 
-__host__ __device__ __forceinline__ size_t cu_sel_grp_offset(int32_t mi, int32_t K, int32_t W,
-                                                             int32_t cache)
+__host__ __device__ __forceinline__ size_t cu_sel_grp_offset(int32_t index_heads_per_unit,
+                                                             int32_t topk_blocks,
+                                                             int32_t topk_width,
+                                                             int32_t cached_blocks)
 {
-    return (SEL_WARPS * cu_sel_warp_words(mi, K, W, cache) + 3) & ~(size_t)3;
+    return (SEL_WARPS *
+                cu_sel_warp_words(index_heads_per_unit, topk_blocks, topk_width, cached_blocks) +
+            3) &
+           ~(size_t)3;
 }
 
 /* The CTA's list-path scratch. */
-__device__ __forceinline__ cu_sel_grp cu_sel_grp_of(const cu_layer &L, uint32_t *smem)
+__device__ __forceinline__ cu_sel_grp cu_sel_grp_of(const cu_select_params &params, uint32_t *smem)
 {
-    uint32_t *base = smem + cu_sel_grp_offset(L.mi, L.K, L.W, L.sel_cache);
+    uint32_t *base = smem + cu_sel_grp_offset(params.index_heads_per_unit, params.topk_blocks,
+                                              params.topk_width, params.cached_blocks);
     uint32_t *small = base + 2 * SEL_WARPS * SEL_XS;
     cu_sel_grp g;
     g.xs = (unsigned long long *)base;
@@ -64,33 +75,37 @@ __device__ __forceinline__ cu_sel_grp cu_sel_grp_of(const cu_layer &L, uint32_t 
  * with the whole CTA (cta) or one warp, then, in the first warp, writes the
  * KV-head rows of token t and returns the row (that warp's shared memory
  * wsm, W ids ascending, -1 padded); the CTA's other warps get NULL. */
-__device__ __forceinline__ const int32_t *cu_select_unit(const cu_layer &L, const float *scores,
-                                                         int64_t row_stride, int32_t N, int32_t t,
-                                                         int32_t u, uint32_t *wsm, bool cta,
+__device__ __forceinline__ const int32_t *cu_select_unit(const cu_select_params &params,
+                                                         const float *scores, int64_t row_stride,
+                                                         int32_t N, int32_t t, int32_t u,
+                                                         uint32_t *wsm, bool cta,
                                                          const cu_sel_grp &g)
 {
     const int lane = threadIdx.x & 31;
     uint32_t *hist = wsm;
     int32_t *lists = (int32_t *)(wsm + 256);
-    int32_t *row = lists + L.mi * L.K;
-    float *cache = (float *)(row + L.W);
-    for (int hl = 0; hl < L.mi; ++hl)
-        cu_select_row_by<SEL_WARPS * 32>(cta, scores + hl * row_stride, N, L.K, L.I, L.Lc,
-                                         lists + hl * L.K, hist, cache, L.sel_cache, g);
+    int32_t *row = lists + params.index_heads_per_unit * params.topk_blocks;
+    float *cache = (float *)(row + params.topk_width);
+    for (int hl = 0; hl < params.index_heads_per_unit; ++hl)
+        cu_select_row_by<SEL_WARPS * 32>(cta, scores + hl * row_stride, N, params.topk_blocks,
+                                         params.init_blocks, params.local_blocks,
+                                         lists + hl * params.topk_blocks, hist, cache,
+                                         params.cached_blocks, g);
     if (cta && threadIdx.x >= 32)
         return NULL;
     const int32_t *src = lists;
-    if (L.mi > 1) {
-        cu_union_lists(lists, L.mi, L.K, L.W, row);
+    if (params.index_heads_per_unit > 1) {
+        cu_union_lists(lists, params.index_heads_per_unit, params.topk_blocks, params.topk_width,
+                       row);
         src = row;
     }
-    for (int gl = 0; gl < L.mk; ++gl) {
-        const int32_t g = u * L.mk + gl;
-        const int64_t off = ((int64_t)t * L.Hkv + g) * L.W;
-        for (int32_t j = lane; j < L.W; j += 32) {
-            L.sel[off + j] = src[j];
-            if (L.topk)
-                L.topk[off + j] = src[j];
+    for (int gl = 0; gl < params.kv_heads_per_unit; ++gl) {
+        const int32_t g = u * params.kv_heads_per_unit + gl;
+        const int64_t off = ((int64_t)t * params.num_kv_heads + g) * params.topk_width;
+        for (int32_t j = lane; j < params.topk_width; j += 32) {
+            params.selected[off + j] = src[j];
+            if (params.topk_ids)
+                params.topk_ids[off + j] = src[j];
         }
     }
     __syncwarp();
@@ -100,62 +115,65 @@ __device__ __forceinline__ const int32_t *cu_select_unit(const cu_layer &L, cons
 /* The union of a one-token request for KV head g: its own row (src, this
  * warp's shared memory), written by the warp that selected it (no other
  * token to wait for, no read back of the row). */
-__device__ __forceinline__ void cu_single_union(const cu_layer &L, int32_t k, int32_t g,
-                                                const int32_t *src)
+__device__ __forceinline__ void cu_single_union(const cu_select_params &params, int32_t k,
+                                                int32_t g, const int32_t *src)
 {
     const int lane = threadIdx.x & 31;
-    const int64_t w = (int64_t)k * L.Hkv + g;
-    int32_t *uid = L.uids + w * L.cap_union;
-    uint32_t *umk = L.umask + w * L.cap_union;
+    const int64_t w = (int64_t)k * params.num_kv_heads + g;
+    int32_t *uid = params.union_ids + w * params.cap_union;
+    uint32_t *umk = params.union_masks + w * params.cap_union;
     int32_t count = 0;
-    for (int32_t j0 = 0; j0 < L.W; j0 += 32) {
+    for (int32_t j0 = 0; j0 < params.topk_width; j0 += 32) {
         const int32_t j = j0 + lane;
-        const int32_t id = j < L.W ? src[j] : -1;
-        if (id >= 0 && j < L.cap_union) {
+        const int32_t id = j < params.topk_width ? src[j] : -1;
+        if (id >= 0 && j < params.cap_union) {
             uid[j] = id;
             umk[j] = 1u;
         }
         count += __popc(__ballot_sync(0xffffffffu, id >= 0));
     }
     if (lane == 0)
-        L.ucnt[w] = min(count, L.cap_union);
+        params.union_counts[w] = min(count, params.cap_union);
     __syncwarp();
 }
 
 /* Union of decode slot k's selections (q_len > 1) for KV head g into the
  * plan's union arrays.  Rows are read with .cg loads: other SMs wrote them
  * in this launch. */
-__device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, int32_t g,
-                                                 uint32_t *wsm)
+__device__ __forceinline__ void cu_request_union(const cu_select_params &params, int32_t k,
+                                                 int32_t g, uint32_t *wsm)
 {
     const int lane = threadIdx.x & 31;
     const uint32_t below = (1u << lane) - 1u;
-    const int32_t r = L.m.dec_req[k];
-    const int32_t ql = L.m.q_len[r];
-    const int32_t t0 = L.m.q_start[r];
-    const int32_t N = (L.m.kv_len[r] - 1) / L.B + 1; /* reach of the last token */
-    const int64_t w = (int64_t)k * L.Hkv + g;
-    int32_t *uid = L.uids + w * L.cap_union;
-    uint32_t *umk = L.umask + w * L.cap_union;
+    const int32_t r = params.meta.dec_req[k];
+    const int32_t ql = params.meta.q_len[r];
+    const int32_t t0 = params.meta.q_start[r];
+    const int32_t N =
+        (params.meta.kv_len[r] - 1) / params.block_size + 1; /* reach of the last token */
+    const int64_t w = (int64_t)k * params.num_kv_heads + g;
+    int32_t *uid = params.union_ids + w * params.cap_union;
+    uint32_t *umk = params.union_masks + w * params.cap_union;
     int32_t count = 0;
-    if (N <= L.sel_cache) {
+    if (N <= params.cached_blocks) {
         /* Per-block token bits in shared memory, then an ordered compaction. */
-        uint32_t *mask = wsm + 256 + (size_t)L.mi * L.K + L.W;
+        uint32_t *mask = wsm + 256 + (size_t)params.index_heads_per_unit * params.topk_blocks +
+                         params.topk_width;
         for (int32_t n = lane; n < N; n += 32)
             mask[n] = 0u;
         __syncwarp();
         /* The ql rows' entries four per lane, loads issued together. */
-        const int32_t tot = ql * L.W;
+        const int32_t tot = ql * params.topk_width;
         for (int32_t e0 = 0; e0 < tot; e0 += 128) {
             int32_t id[4], tok[4];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int32_t e = e0 + 32 * j + lane;
                 id[j] = -1;
-                tok[j] = e / L.W;
-                const int64_t row = ((int64_t)(t0 + tok[j]) * L.Hkv + g) * L.W;
+                tok[j] = e / params.topk_width;
+                const int64_t row =
+                    ((int64_t)(t0 + tok[j]) * params.num_kv_heads + g) * params.topk_width;
                 if (e < tot)
-                    id[j] = __ldcg(L.sel + row + (e - tok[j] * L.W));
+                    id[j] = __ldcg(params.selected + row + (e - tok[j] * params.topk_width));
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j)
@@ -169,7 +187,7 @@ __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, i
             const uint32_t bal = __ballot_sync(0xffffffffu, m != 0u);
             if (m) {
                 const int32_t pos = count + __popc(bal & below);
-                if (pos < L.cap_union) {
+                if (pos < params.cap_union) {
                     uid[pos] = n;
                     umk[pos] = m;
                 }
@@ -179,7 +197,8 @@ __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, i
     } else {
         /* Long context beyond the shared-memory bitmap: k-way merge, lane i
          * following token i's ascending row. */
-        const int32_t *row = L.sel + ((int64_t)(t0 + lane) * L.Hkv + g) * L.W;
+        const int32_t *row =
+            params.selected + ((int64_t)(t0 + lane) * params.num_kv_heads + g) * params.topk_width;
         int32_t ptr = 0;
         int32_t v = INT32_MAX;
         if (lane < ql) {
@@ -191,7 +210,7 @@ __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, i
             if (m == INT32_MAX)
                 break;
             const uint32_t holders = __ballot_sync(0xffffffffu, v == m);
-            if (lane == 0 && count < L.cap_union) {
+            if (lane == 0 && count < params.cap_union) {
                 uid[count] = m;
                 umk[count] = holders;
             }
@@ -199,7 +218,7 @@ __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, i
             if (v == m) {
                 ++ptr;
                 v = INT32_MAX;
-                if (ptr < L.W) {
+                if (ptr < params.topk_width) {
                     const int32_t x = __ldcg(row + ptr);
                     if (x >= 0)
                         v = x;
@@ -208,66 +227,71 @@ __device__ __forceinline__ void cu_request_union(const cu_layer &L, int32_t k, i
         }
     }
     if (lane == 0)
-        L.ucnt[w] = min(count, L.cap_union);
+        params.union_counts[w] = min(count, params.cap_union);
     __syncwarp();
 }
 
-__device__ __forceinline__ void cu_select_prefill_role(const cu_layer &L, int cta, int nctas,
-                                                       uint32_t *smem)
+__device__ __forceinline__ void cu_select_prefill_role(const cu_select_params &params, int cta,
+                                                       int nctas, uint32_t *smem)
 {
     const int warp = threadIdx.x >> 5;
-    float *scratch = L.pf_scratch + (int64_t)cta * L.mi * L.cap_blocks;
-    const int64_t total = (int64_t)L.m.hdr->n_pf * L.units;
+    float *scratch =
+        params.prefill_scores + (int64_t)cta * params.index_heads_per_unit * params.cap_blocks;
+    const int64_t total = (int64_t)params.meta.hdr->n_pf * params.num_units;
     for (int64_t item = cta; item < total; item += nctas) {
-        const int32_t pf = (int32_t)(item / L.units);
-        const int32_t u = (int32_t)(item - (int64_t)pf * L.units);
-        const int32_t t = L.m.pf_tok[pf];
-        const cu_tok_info ti = L.m.tok_info[t];
+        const int32_t pf = (int32_t)(item / params.num_units);
+        const int32_t u = (int32_t)(item - (int64_t)pf * params.num_units);
+        const int32_t t = params.meta.pf_tok[pf];
+        const cu_tok_info ti = params.meta.tok_info[t];
         const int32_t r = ti.r, p = ti.pos;
-        const int32_t N = p / L.B + 1;
-        for (int hl = 0; hl < L.mi; ++hl) {
-            const int32_t h = u * L.mi + hl;
-            const int64_t qoff = ((int64_t)t * L.Hi + h) * L.Di;
+        const int32_t N = p / params.block_size + 1;
+        for (int hl = 0; hl < params.index_heads_per_unit; ++hl) {
+            const int32_t h = u * params.index_heads_per_unit + hl;
+            const int64_t qoff = ((int64_t)t * params.num_index_heads + h) * params.index_dim;
             for (int32_t n = warp; n < N; n += SEL_WARPS) {
-                const float s = cu_warp_block_score(L, r, qoff, n, p);
+                const float s = cu_warp_block_score(params, r, qoff, n, p);
                 if ((threadIdx.x & 31) == 0)
-                    scratch[(int64_t)hl * L.cap_blocks + n] = s;
+                    scratch[(int64_t)hl * params.cap_blocks + n] = s;
             }
         }
         __syncthreads();
         if (warp == 0)
-            cu_select_unit(L, scratch, L.cap_blocks, N, t, u, smem, false, cu_sel_grp_of(L, smem));
+            cu_select_unit(params, scratch, params.cap_blocks, N, t, u, smem, false,
+                           cu_sel_grp_of(params, smem));
         __syncthreads();
     }
 }
 
 /* Decode row (token row d, unit u) by the whole CTA (cta) or one warp:
  * the row, then, in the first warp, the union(s) it completes. */
-__device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int32_t d, int32_t u,
-                                                     uint32_t *wsm, bool cta, const cu_sel_grp &g,
-                                                     bool first_row)
+__device__ __forceinline__ void cu_select_decode_row(const cu_select_params &params, int32_t d,
+                                                     int32_t u, uint32_t *wsm, bool cta,
+                                                     const cu_sel_grp &g, bool first_row)
 {
     const bool mark = first_row && threadIdx.x == 0; /* the CTA's timeline marks */
     const int lane = threadIdx.x & 31;
-    const cu_dec_row dr = L.m.dec_row[d];
+    const cu_dec_row dr = params.meta.dec_row[d];
     const int32_t t = dr.t, N = dr.nblk, k = dr.slot, ql = dr.ql;
-    const float *scores = L.scores + ((int64_t)d * L.Hi + (int64_t)u * L.mi) * L.cap_blocks;
+    const float *scores = params.scores + ((int64_t)d * params.num_index_heads +
+                                           (int64_t)u * params.index_heads_per_unit) *
+                                              params.cap_blocks;
     /* Whether the attention builds this request's unions (plan data, read
      * before the wait). */
-    const bool att_builds = cu_att_builds_union(L, ql, L.m.dec_info[k].nblk);
+    const bool att_builds =
+        cu_att_builds_union(params.attention_union_blocks, ql, params.meta.dec_info[k].nblk);
     cu_pdl_wait(); /* the indexer's scores (at once after the first row) */
     if (mark)
-        CU_TL_MARK(L, CU_TL_SELECT, CU_TL_WAITED);
-    const int32_t *row = cu_select_unit(L, scores, L.cap_blocks, N, t, u, wsm, cta, g);
+        CU_TL_MARK(params, CU_TL_SELECT, CU_TL_WAITED);
+    const int32_t *row = cu_select_unit(params, scores, params.cap_blocks, N, t, u, wsm, cta, g);
     if (!row)
         return;
     if (ql == 1) {
-        for (int gl = 0; gl < L.mk; ++gl)
-            cu_single_union(L, k, u * L.mk + gl, row);
+        for (int gl = 0; gl < params.kv_heads_per_unit; ++gl)
+            cu_single_union(params, k, u * params.kv_heads_per_unit + gl, row);
     } else if (!att_builds) {
         /* Completion count of (request, unit); the last token's warp
          * builds the unions of the unit's KV heads. */
-        int32_t *done = L.sel_done + (int64_t)k * L.units + u;
+        int32_t *done = params.rows_done + (int64_t)k * params.num_units + u;
         __threadfence();
         int32_t prev = 0;
         if (lane == 0)
@@ -275,79 +299,86 @@ __device__ __forceinline__ void cu_select_decode_row(const cu_layer &L, int32_t 
         prev = __shfl_sync(0xffffffffu, prev, 0);
         if (prev == ql - 1) {
             __threadfence();
-            for (int gl = 0; gl < L.mk; ++gl)
-                cu_request_union(L, k, u * L.mk + gl, wsm);
+            for (int gl = 0; gl < params.kv_heads_per_unit; ++gl)
+                cu_request_union(params, k, u * params.kv_heads_per_unit + gl, wsm);
             if (lane == 0) {
                 *done = 0;
-                CU_TL_MARK(L, CU_TL_SELECT, CU_TL_ISSUED); /* a request's unions built */
+                CU_TL_MARK(params, CU_TL_SELECT, CU_TL_ISSUED); /* a request's unions built */
             }
         }
     }
     if (mark)
-        CU_TL_MARK(L, CU_TL_SELECT, CU_TL_FIRST);
+        CU_TL_MARK(params, CU_TL_SELECT, CU_TL_FIRST);
     if (threadIdx.x == 0) /* overwritten by every row: the last one stays */
-        CU_TL_MARK(L, CU_TL_SELECT, CU_TL_LAST);
+        CU_TL_MARK(params, CU_TL_SELECT, CU_TL_LAST);
 }
 
-/* Few rows (at most L.sel_cta_rows, e.g. batch 1-8 or one token per
+/* Few rows (at most params.cta_rows_limit, e.g. batch 1-8 or one token per
  * request) of more than K blocks: each CTA takes whole rows, its warps
  * sharing each, so a row costs a few dependent steps instead of a lone
  * warp's long chain.  Many rows, or only rows that keep every block (short
  * contexts: nothing to select, a CTA per row only waits on barriers): one
  * warp per row, rows side by side.  One loop for both, so the row code is
  * inlined once. */
-__device__ __forceinline__ void cu_select_decode_role(const cu_layer &L, int cta, int nctas,
-                                                      uint32_t *smem)
+__device__ __forceinline__ void cu_select_decode_role(const cu_select_params &params, int cta,
+                                                      int nctas, uint32_t *smem)
 {
     const int warp = threadIdx.x >> 5;
-    const int64_t total = (int64_t)L.m.hdr->n_dec_rows * L.units;
-    const bool by_cta = total <= L.sel_cta_rows && L.m.hdr->max_dec_nblk > L.K; /* CTA-uniform */
-    uint32_t *wsm = by_cta ? smem : smem + warp * cu_sel_warp_words(L.mi, L.K, L.W, L.sel_cache);
-    const cu_sel_grp g = cu_sel_grp_of(L, smem);
+    const int64_t total = (int64_t)params.meta.hdr->n_dec_rows * params.num_units;
+    const bool by_cta = total <= params.cta_rows_limit &&
+                        params.meta.hdr->max_dec_nblk > params.topk_blocks; /* CTA-uniform */
+    uint32_t *wsm = by_cta ? smem
+                           : smem + warp * cu_sel_warp_words(params.index_heads_per_unit,
+                                                             params.topk_blocks, params.topk_width,
+                                                             params.cached_blocks);
+    const cu_sel_grp g = cu_sel_grp_of(params, smem);
     /* Row w is token row w / units, unit w % units; both are carried along
      * from the first row's, not divided again for every row (divisions were
      * a tenth of a lone warp's instructions at batch 128, 5K, 8 tokens).
      * 32-bit: rows x units fit (plan capacities). */
     const int32_t w0 = by_cta ? cta : cta * SEL_WARPS + warp;
     const int32_t step = by_cta ? nctas : nctas * SEL_WARPS;
-    const int32_t d_step = step / L.units, u_step = step - d_step * L.units;
-    int32_t d = w0 / L.units, u = w0 - d * L.units;
+    const int32_t d_step = step / params.num_units, u_step = step - d_step * params.num_units;
+    int32_t d = w0 / params.num_units, u = w0 - d * params.num_units;
     for (int32_t w = w0; w < total; w += step) {
-        cu_select_decode_row(L, d, u, wsm, by_cta, g, w == w0);
+        cu_select_decode_row(params, d, u, wsm, by_cta, g, w == w0);
         if (by_cta)
             __syncthreads(); /* the first warp's union read the shared row */
         d += d_step;
         u += u_step;
-        if (u >= L.units) {
-            u -= L.units;
+        if (u >= params.num_units) {
+            u -= params.num_units;
             ++d;
         }
     }
 }
 
-__global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_layer L)
+__global__ void __launch_bounds__(SEL_WARPS * 32, 1) cu_select_kernel(cu_select_params params)
 {
     /* Plan data first; each role waits for the indexer before it reads
      * scores or the cache. */
     cu_pdl_trigger();
     if (threadIdx.x == 0)
-        CU_TL_MARK(L, CU_TL_SELECT, CU_TL_ENTRY);
+        CU_TL_MARK(params, CU_TL_SELECT, CU_TL_ENTRY);
     extern __shared__ __align__(8) uint32_t sel_smem[];
     /* Every CTA takes decode rows; the first pf_ctas then take prefill items,
      * each with its own scratch row. */
-    cu_select_decode_role(L, blockIdx.x, gridDim.x, sel_smem);
+    cu_select_decode_role(params, blockIdx.x, gridDim.x, sel_smem);
     cu_pdl_wait(); /* every CTA, before it ends (arch/launch.cuh) */
     if (threadIdx.x == 0)
-        CU_TL_MARK(L, CU_TL_SELECT, CU_TL_EXIT);
-    if (blockIdx.x >= L.pf_ctas)
+        CU_TL_MARK(params, CU_TL_SELECT, CU_TL_EXIT);
+    if (blockIdx.x >= params.prefill_ctas)
         return;
     __syncthreads();
-    cu_select_prefill_role(L, blockIdx.x, L.pf_ctas, sel_smem);
+    cu_select_prefill_role(params, blockIdx.x, params.prefill_ctas, sel_smem);
 }
 
-size_t cu_select_smem(const cu_layer *L)
+size_t cu_select_smem(int32_t index_heads_per_unit, int32_t topk_blocks, int32_t topk_width,
+                      int32_t cached_blocks)
 {
-    return (cu_sel_grp_offset(L->mi, L->K, L->W, L->sel_cache) + SEL_GRP_WORDS) * sizeof(uint32_t);
+    return (cu_sel_grp_offset(index_heads_per_unit, topk_blocks, topk_width, cached_blocks) +
+            SEL_GRP_WORDS) *
+           sizeof(uint32_t);
 }
 
 cudaError_t cu_select_setup(size_t smem)
@@ -358,9 +389,12 @@ cudaError_t cu_select_setup(size_t smem)
                                 (int)smem);
 }
 
-void cu_launch_select(const cu_layer *L, const cu_plan_state *st, cudaStream_t s)
+void cu_launch_select(const cu_select_params *params, const cu_plan_state *st, cudaStream_t s)
 {
     /* The first grid_pf CTAs also serve the prefill role, each with its own
      * scratch row. */
-    cu_launch(cu_select_kernel, st->sz.grid_sel, SEL_WARPS * 32, cu_select_smem(L), s, st->pdl, *L);
+    cu_launch(cu_select_kernel, st->sz.grid_sel, SEL_WARPS * 32,
+              cu_select_smem(params->index_heads_per_unit, params->topk_blocks, params->topk_width,
+                             params->cached_blocks),
+              s, st->pdl, *params);
 }
