@@ -176,7 +176,8 @@ __device__ __forceinline__ void cu_attt_write_rows(const cu_attn_params &params,
                  cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag()));
     }
     __syncwarp();
-    uint4 *dst = (uint4 *)((char *)params.out + (q_lo - r_lo) * 256); /* the warp's first row */
+    uint4 *dst = (uint4 *)((char *)params.out +
+                           (q_lo - r_lo) * ATT_TMA_ROW_BYTES); /* the warp's first row */
 #pragma unroll
     for (uint32_t i = 0; i < 8; ++i) {
         const uint32_t e = i * 32u + (uint32_t)lane; /* 16-byte piece: row e / 16, chunk e % 16 */
@@ -232,8 +233,8 @@ __device__ __forceinline__ void cu_attt_write_part(const cu_attn_params &params,
     }
     __syncwarp();
     if (q == 0) {
-        pb[(int64_t)r * params.partial_stride + 128] = cu_rows_lse(m_lo, l_lo);
-        pb[(int64_t)(r + 8) * params.partial_stride + 128] = cu_rows_lse(m_hi, l_hi);
+        pb[(int64_t)r * params.partial_stride + ATT_TMA_HEAD_DIM] = cu_rows_lse(m_lo, l_lo);
+        pb[(int64_t)(r + 8) * params.partial_stride + ATT_TMA_HEAD_DIM] = cu_rows_lse(m_hi, l_hi);
     }
 }
 
@@ -250,7 +251,7 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
 {
     const int lane = threadIdx.x & 31;
     const int w = (threadIdx.x >> 5) & 3;
-    const int h = threadIdx.x >> 7;
+    const int h = threadIdx.x / ATT_TMA_GROUP_THREADS;
     const bool pair = un.ntok[1] > 0;
     const int half = pair ? h : 0;
     const cu_att_item *itp = params.meta.att[CU_KIND_SPARSE] + un.first + half;

@@ -25,8 +25,26 @@ static_assert(ATT_TMA_STAGES >= 2, "the attention ring needs two stages");
  * that one prepares its unit while the other issues. */
 #define ATT_TMA_PRODUCERS 2
 #define ATT_TMA_THREADS ((ATT_TMA_CONSUMERS + ATT_TMA_PRODUCERS) * 32)
+/* The tile shapes: head dim ATT_TMA_HEAD_DIM (16-bit elements), a key
+ * block is one page of ATT_TMA_PAGE_ROWS rows, streamed as tiles of
+ * ATT_TMA_TILE keys; each K or V row is copied as two tensor-map boxes of
+ * ATT_TMA_BOX_COLS columns (128-byte swizzle).  A consumer warpgroup is
+ * ATT_TMA_GROUP_THREADS threads. */
+#define ATT_TMA_HEAD_DIM 128
+#define ATT_TMA_ROW_BYTES (ATT_TMA_HEAD_DIM * 2)
+#define ATT_TMA_PAGE_ROWS 128
+#define ATT_TMA_LOG_PAGE_ROWS 7
 #define ATT_TMA_TILE 64
-#define ATT_TMA_HALF_BYTES (ATT_TMA_TILE * 256) /* K or V of one tile */
+#define ATT_TMA_TILES_PER_PAGE (ATT_TMA_PAGE_ROWS / ATT_TMA_TILE)
+#define ATT_TMA_BOX_COLS 64
+#define ATT_TMA_GROUP_THREADS 128
+#define ATT_TMA_HALF_BYTES (ATT_TMA_TILE * ATT_TMA_ROW_BYTES) /* K or V of one tile */
+static_assert((1 << ATT_TMA_LOG_PAGE_ROWS) == ATT_TMA_PAGE_ROWS, "page rows: a power of two");
+static_assert(ATT_TMA_TILES_PER_PAGE == 2, "two tiles per page: a union entry's tiles t and t + 1");
+static_assert(ATT_TMA_TILE == CU_TILE_KEYS, "the plan's tile costs count tiles of CU_TILE_KEYS");
+static_assert(2 * ATT_TMA_BOX_COLS == ATT_TMA_HEAD_DIM && ATT_TMA_BOX_COLS * 2 == 128,
+              "a row is two boxes of one 128-byte swizzle span each");
+static_assert(ATT_TMA_CONSUMERS * 32 == 2 * ATT_TMA_GROUP_THREADS, "two consumer warpgroups");
 #define ATT_TMA_STAGE_BYTES (2 * ATT_TMA_HALF_BYTES)
 /* Partial state of a warp for the in-CTA merge: 16 x 128 O, then m, l.
  * Only the second group's warps save theirs (a single item): 4 slots. */

@@ -31,9 +31,9 @@ __device__ __forceinline__ void cu_attt_take_turn(const cu_attt_smem &sm, cu_att
     tn.pending = false;
     /* Immediate barrier ids: a register id makes ptxas reserve all 16. */
     if (tn.j)
-        asm volatile("bar.sync 3, 64;\n" ::: "memory");
+        asm volatile("bar.sync 3, %0;\n" ::"n"(ATT_TMA_PRODUCERS * 32) : "memory");
     else
-        asm volatile("bar.sync 2, 64;\n" ::: "memory");
+        asm volatile("bar.sync 2, %0;\n" ::"n"(ATT_TMA_PRODUCERS * 32) : "memory");
     gs = *(volatile const uint32_t *)sm.handoff;
 }
 
@@ -49,9 +49,9 @@ __device__ __forceinline__ void cu_attt_pass_turn(const cu_attt_smem &sm, int j,
      * the taker's read; the rendezvous cost nothing measurable
      * on the H200. */
     if (j)
-        asm volatile("bar.sync 2, 64;\n" ::: "memory");
+        asm volatile("bar.sync 2, %0;\n" ::"n"(ATT_TMA_PRODUCERS * 32) : "memory");
     else
-        asm volatile("bar.sync 3, 64;\n" ::: "memory");
+        asm volatile("bar.sync 3, %0;\n" ::"n"(ATT_TMA_PRODUCERS * 32) : "memory");
 }
 
 /* A unit's tail tile (rows past kv_len) lands on its producer's own
@@ -263,9 +263,9 @@ __device__ __forceinline__ void cu_attt_copy(const cu_attn_params &params, const
          * 200K context at batch 8-32. */
         const uint64_t pol = cu_l2_evict_first();
         cu_tma_load2d_hint(kd, mk, 0, row, bar, pol);
-        cu_tma_load2d_hint(kd + ATT_TMA_HALF_BYTES / 2, mk, 64, row, bar, pol);
+        cu_tma_load2d_hint(kd + ATT_TMA_HALF_BYTES / 2, mk, ATT_TMA_BOX_COLS, row, bar, pol);
         cu_tma_load2d_hint(vd, mv, 0, row, bar, pol);
-        cu_tma_load2d_hint(vd + ATT_TMA_HALF_BYTES / 2, mv, 64, row, bar, pol);
+        cu_tma_load2d_hint(vd + ATT_TMA_HALF_BYTES / 2, mv, ATT_TMA_BOX_COLS, row, bar, pol);
 #ifdef MSA_TIMELINE
         if (f.first_of_cta && gs == f.gs_first + 1u)
             CU_TL_MARK(params, CU_TL_ATTN, CU_TL_ISSUED);
@@ -291,8 +291,8 @@ __device__ __forceinline__ int cu_attt_issue_tile(const cu_attn_params &params,
     const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
     const int32_t pg = __shfl_sync(0xffffffffu, page, j);
     const int s = cu_attt_claim(sm, gs, p0, b);
-    const int32_t row =
-        (int32_t)((int64_t)pg * params.kv_heads * params.page_size + f.prow_base + (p0 & 127));
+    const int32_t row = (int32_t)((int64_t)pg * params.kv_heads * params.page_size + f.prow_base +
+                                  (p0 & (ATT_TMA_PAGE_ROWS - 1)));
     cu_attt_copy(params, mk, mv, sm, f, s, row, tail ? &sm.tail[pj] : &sm.full[s], gs);
     __syncwarp();
     return s;
@@ -315,7 +315,7 @@ __device__ __forceinline__ void cu_attt_issue(const cu_attn_params &params, cons
         int32_t pos0 = 0, page = 0;
         uint32_t bits = 0u;
         if (t < t_hi) {
-            const int32_t bi = t >> 1; /* two tiles per 128-key union entry */
+            const int32_t bi = t >> 1; /* ATT_TMA_TILES_PER_PAGE tiles per union entry */
             int32_t id = bi;
             uint32_t mk = 0xffffffffu;
             if (f.own) {
@@ -325,11 +325,12 @@ __device__ __forceinline__ void cu_attt_issue(const cu_attn_params &params, cons
                 id = cs.uid[bi];
                 mk = cs.umk[bi];
             }
-            pos0 = id * 128 + (t & 1) * ATT_TMA_TILE;
+            pos0 = id * ATT_TMA_PAGE_ROWS + (t & 1) * ATT_TMA_TILE;
             bits = mk & cu_causal_bits(pos0, cs.base, cs.ql) & f.mine;
             if (bits)
-                page = f.staged ? (int32_t)cu_lds32(f.area.pages + 4u * (uint32_t)(pos0 >> 7))
-                                : f.pt[pos0 >> 7];
+                page = f.staged ? (int32_t)cu_lds32(f.area.pages +
+                                                    4u * (uint32_t)(pos0 >> ATT_TMA_LOG_PAGE_ROWS))
+                                : f.pt[pos0 >> ATT_TMA_LOG_PAGE_ROWS];
         }
         /* At most one tile of a stream reaches past kv_len (the one holding
          * position kv_len - 1; a tile wholly past it has no token that
@@ -394,7 +395,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_attn_params &params, cons
     const cu_att_item it = params.meta.att[CU_KIND_SPARSE][un.first];
     cu_attt_feed f;
     f.pt = params.meta.page_table + (int64_t)it.r * params.cap_pages;
-    const int32_t pages = (it.kl + 127) >> 7;
+    const int32_t pages = (it.kl + ATT_TMA_PAGE_ROWS - 1) >> ATT_TMA_LOG_PAGE_ROWS;
     /* A request that reaches at most K blocks selects all of them, whatever
      * the scores (SPEC 4): its union is blocks 0 .. N-1, known from the
      * plan.  Its tiles wholly before the step's first new position hold no

@@ -54,7 +54,22 @@
 #define IDX_TMA_STAGES 4
 static_assert(IDX_TMA_STAGES % IDX_TMA_GROUPS == 0, "indexer stages: a multiple of the groups");
 #define IDX_TMA_THREADS ((IDX_TMA_GROUPS * 4 + 1) * 32)
-#define IDX_TMA_BLOCK_BYTES (128 * 256)
+/* The tile shapes: a key block is one page of IDX_TMA_BLOCK_ROWS index
+ * keys of IDX_TMA_INDEX_DIM 16-bit dimensions, copied as two tensor-map
+ * boxes of IDX_TMA_BOX_COLS columns (128-byte swizzle) and multiplied in
+ * k-steps of 16 dimensions (m64n128k16). */
+#define IDX_TMA_INDEX_DIM 128
+#define IDX_TMA_BLOCK_ROWS 128
+#define IDX_TMA_BOX_COLS 64
+#define IDX_TMA_ROW_BYTES (IDX_TMA_INDEX_DIM * 2)
+#define IDX_TMA_ROW_WORDS (IDX_TMA_INDEX_DIM / 2) /* 32-bit words of a query row */
+#define IDX_TMA_K_STEPS (IDX_TMA_INDEX_DIM / 16)
+#define IDX_TMA_STEPS_PER_BOX (IDX_TMA_BOX_COLS / 16)
+#define IDX_TMA_BLOCK_BYTES (IDX_TMA_BLOCK_ROWS * IDX_TMA_ROW_BYTES)
+static_assert(IDX_TMA_BOX_COLS * 2 == 128, "a box row is one 128-byte swizzle span");
+static_assert(2 * IDX_TMA_BOX_COLS == IDX_TMA_INDEX_DIM, "a key row is two boxes");
+static_assert(IDX_TMA_BLOCK_ROWS == 128, "the products are m64n128: one block's keys per product");
+static_assert(IDX_TMA_K_STEPS == 8, "the query fragments hold eight k-steps (a[8][4])");
 #define IDX_TMA_SMEM_BYTES (IDX_TMA_STAGES * IDX_TMA_BLOCK_BYTES + 1024 + 3 * IDX_TMA_STAGES * 8)
 /* Blocks per chunk taken on demand: small, for an even end; the next
  * chunk's number is asked for while the current one streams.  Steps of
@@ -91,10 +106,10 @@ __device__ __forceinline__ void cu_idxt_afrags(const cu_indexer_params &params, 
 {
     const int lane = threadIdx.x & 31;
     const uint32_t *q =
-        (const uint32_t *)params.index_q + (int64_t)t0 * params.num_index_heads * 64;
+        (const uint32_t *)params.index_q + (int64_t)t0 * params.num_index_heads * IDX_TMA_ROW_WORDS;
     const bool ok_lo = c_lo < nq, ok_hi = c_lo + 8 < nq;
-    const uint32_t *lo = q + (int64_t)c_lo * 64 + (lane & 3);
-    const uint32_t *hi = lo + 8 * 64;
+    const uint32_t *lo = q + (int64_t)c_lo * IDX_TMA_ROW_WORDS + (lane & 3);
+    const uint32_t *hi = lo + 8 * IDX_TMA_ROW_WORDS;
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
         a[ks][0] = ok_lo ? __ldg(lo + ks * 8) : 0u;
@@ -226,10 +241,12 @@ __device__ void cu_idxt_consumer(const cu_indexer_params &params, unsigned char 
         const uint32_t slot = cu_smem_addr(ring + s * IDX_TMA_BLOCK_BYTES);
         cu_wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
-            /* Dimensions 0-63 in the first box, 64-127 in the second. */
-            const uint32_t at =
-                slot + (uint32_t)(ks >> 2) * (IDX_TMA_BLOCK_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
+        for (int ks = 0; ks < IDX_TMA_K_STEPS; ++ks) {
+            /* Dimensions 0-63 in the first box, 64-127 in the second; a
+             * k-step is 16 dimensions, 32 bytes of a swizzled row. */
+            const uint32_t at = slot +
+                                (uint32_t)(ks / IDX_TMA_STEPS_PER_BOX) * (IDX_TMA_BLOCK_BYTES / 2) +
+                                (uint32_t)(ks % IDX_TMA_STEPS_PER_BOX) * 32u;
             cu_wgmma_m64n128k16<0>(d, a[ks], cu_wgmma_desc(at, 16), ks > 0, Tag());
         }
         cu_wgmma_commit();
@@ -241,9 +258,9 @@ __device__ void cu_idxt_consumer(const cu_indexer_params &params, unsigned char 
          * compute-sanitizer's racecheck reports it). */
         cu_mbar_arrive(&empty[s]);
         const int32_t n = gb - di.blk0;
-        const int32_t key0 = n * 128;
+        const int32_t key0 = n * IDX_TMA_BLOCK_ROWS;
         float s_lo, s_hi;
-        if (key0 + 127 <= base) /* every key visible to every token */
+        if (key0 + IDX_TMA_BLOCK_ROWS - 1 <= base) /* every key visible to every token */
             cu_idxt_epilogue<LSE, false>(d, key0, last_lo, last_hi, iscale, s_lo, s_hi);
         else
             cu_idxt_epilogue<LSE, true>(d, key0, last_lo, last_hi, iscale, s_lo, s_hi);
@@ -282,8 +299,9 @@ __device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned cha
      * block scores, the plan).  On the H200 this took 0.5-3% off steps of
      * 10K to 200K context. */
     const uint64_t pol = cu_l2_evict_first();
-    cu_tma_load2d_hint(dst, map, 0, pg * 128, &full[s], pol);
-    cu_tma_load2d_hint(dst + IDX_TMA_BLOCK_BYTES / 2, map, 64, pg * 128, &full[s], pol);
+    cu_tma_load2d_hint(dst, map, 0, pg * IDX_TMA_BLOCK_ROWS, &full[s], pol);
+    cu_tma_load2d_hint(dst + IDX_TMA_BLOCK_BYTES / 2, map, IDX_TMA_BOX_COLS,
+                       pg * IDX_TMA_BLOCK_ROWS, &full[s], pol);
 }
 
 /* Blocks gb0 .. gb0 + cnt - 1 (cnt <= 32) into the ring from use x on:
