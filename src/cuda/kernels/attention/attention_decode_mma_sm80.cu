@@ -64,7 +64,7 @@ __device__ __forceinline__ cu_att_look cu_att_lookup(const cu_stream &s, int32_t
         if (s.sparse) {
             const int32_t bi = u / s.B;
             a.blk = s.uid[bi];
-            a.member = s.umk[bi];
+            a.member = s.masks[bi];
             a.off = u - bi * s.B;
         } else {
             a.blk = 0;
@@ -151,7 +151,7 @@ __device__ __forceinline__ int cu_att_meta_load(const cu_attn_params &params, co
             return 0;
         for (int32_t i = threadIdx.x; i < nblk; i += ATT_MMA_THREADS) {
             mt.blk[i] = s.uid[mt.bi0 + i];
-            mt.msk[i] = s.umk[mt.bi0 + i];
+            mt.msk[i] = s.masks[mt.bi0 + i];
         }
         __syncthreads();
         for (int32_t e = threadIdx.x; e < nblk * mt.ppb; e += ATT_MMA_THREADS) {

@@ -247,7 +247,7 @@ __device__ __forceinline__ void cu_attt_write_part(const cu_attn_params &params,
  * weight 0, so their state does not change. */
 template <typename Tag>
 __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_smem &sm,
-                                 const cu_attt_unit &un, uint32_t &gs)
+                                 const cu_attt_unit &un, uint32_t &ring_uses)
 {
     const int lane = threadIdx.x & 31;
     const int w = (threadIdx.x >> 5) & 3;
@@ -273,9 +273,9 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
     const float sl2 = params.scale * LOG2E;
 
     for (int32_t c = 0;; ++c) {
-        const int s = gs % ATT_TMA_STAGES;
-        cu_mbar_wait(&sm.full[s], (gs / ATT_TMA_STAGES) & 1u);
-        ++gs;
+        const int s = ring_uses % ATT_TMA_STAGES;
+        cu_mbar_wait(&sm.full[s], (ring_uses / ATT_TMA_STAGES) & 1u);
+        ++ring_uses;
 #ifdef MSA_TIMELINE
         if (c == 0 && threadIdx.x == 0 && un.first_of_cta)
             CU_TL_MARK(params, CU_TL_ATTN, CU_TL_FIRST);
@@ -377,17 +377,17 @@ __global__ void __launch_bounds__(ATT_TMA_THREADS, 1)
      * are a contiguous run of them, dealt by the plan. */
     const int32_t u_begin = params.meta.att_cta[blockIdx.x],
                   u_end = params.meta.att_cta[blockIdx.x + 1];
-    uint32_t gs = 0, tail_par = 0;
+    uint32_t ring_uses = 0, tail_par = 0;
     int k = 0; /* the unit's place among the CTA's units */
     for (int32_t ui = u_begin; ui < u_end; ++ui, ++k) {
         const cu_attt_unit un = cu_attt_unit_of(params, ui, k == 0);
         if (warp >= ATT_TMA_CONSUMERS) {
             const int j = warp - ATT_TMA_CONSUMERS;
             if (k % ATT_TMA_PRODUCERS == j)
-                cu_attt_producer(params, &map_k, &map_v, sm, un, gs, tail_par, j, k == 0,
+                cu_attt_producer(params, &map_k, &map_v, sm, un, ring_uses, tail_par, j, k == 0,
                                  ui + 1 < u_end);
         } else {
-            cu_attt_consumer<Tag>(params, sm, un, gs);
+            cu_attt_consumer<Tag>(params, sm, un, ring_uses);
         }
     }
     cu_pdl_wait(); /* every CTA, before it ends (arch/launch.cuh) */

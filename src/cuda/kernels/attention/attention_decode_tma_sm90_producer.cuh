@@ -24,7 +24,7 @@ typedef struct cu_attt_turn {
 } cu_attt_turn;
 
 __device__ __forceinline__ void cu_attt_take_turn(const cu_attt_smem &sm, cu_attt_turn &tn,
-                                                  uint32_t &gs)
+                                                  uint32_t &ring_uses)
 {
     if (!tn.pending)
         return;
@@ -34,13 +34,13 @@ __device__ __forceinline__ void cu_attt_take_turn(const cu_attt_smem &sm, cu_att
         asm volatile("bar.sync 3, %0;\n" ::"n"(ATT_TMA_PRODUCERS * 32) : "memory");
     else
         asm volatile("bar.sync 2, %0;\n" ::"n"(ATT_TMA_PRODUCERS * 32) : "memory");
-    gs = *(volatile const uint32_t *)sm.handoff;
+    ring_uses = *(volatile const uint32_t *)sm.handoff;
 }
 
-__device__ __forceinline__ void cu_attt_pass_turn(const cu_attt_smem &sm, int j, uint32_t gs)
+__device__ __forceinline__ void cu_attt_pass_turn(const cu_attt_smem &sm, int j, uint32_t ring_uses)
 {
     if ((threadIdx.x & 31) == 0)
-        *(volatile uint32_t *)sm.handoff = gs;
+        *(volatile uint32_t *)sm.handoff = ring_uses;
     __syncwarp();
     /* The barrier orders the count's write before the taker's read (no
      * fence needed).  The passing producer waits for the taker too (a
@@ -88,14 +88,14 @@ __device__ __forceinline__ void cu_attt_tail_finish(const cu_attt_smem &sm, cu_a
 
 /* Takes the next ring slot for the producer (waiting until the consumers
  * released its previous use) and publishes what it will hold. */
-__device__ __forceinline__ int cu_attt_claim(const cu_attt_smem &sm, uint32_t &gs, int32_t pos0,
-                                             uint32_t bits)
+__device__ __forceinline__ int cu_attt_claim(const cu_attt_smem &sm, uint32_t &ring_uses,
+                                             int32_t pos0, uint32_t bits)
 {
-    const int s = gs % ATT_TMA_STAGES;
-    const uint32_t par = (gs / ATT_TMA_STAGES) & 1u;
-    ++gs;
+    const int s = ring_uses % ATT_TMA_STAGES;
+    const uint32_t par = (ring_uses / ATT_TMA_STAGES) & 1u;
+    ++ring_uses;
     if ((threadIdx.x & 31) == 0) {
-        if (gs > ATT_TMA_STAGES)
+        if (ring_uses > ATT_TMA_STAGES)
             cu_mbar_wait(&sm.empty[s], par ^ 1u);
         const uint32_t ma = cu_smem_addr(sm.meta + s);
         cu_sts32(ma, (uint32_t)pos0);
@@ -111,7 +111,7 @@ typedef struct cu_attt_uarea {
     uint32_t bm;    /* bitmap: a word per block, its tokens' bits */
     uint32_t sum;   /* summary: a bit per bitmap word in use */
     uint32_t pages; /* the request's page-table row */
-    uint32_t uid, umk;
+    uint32_t uid, masks;
     const uint32_t *list; /* the ids, then the masks, as a generic pointer (the stream's) */
 } cu_attt_uarea;
 
@@ -124,7 +124,7 @@ __device__ __forceinline__ cu_attt_uarea cu_attt_uarea_of(const cu_attt_smem &sm
     a.sum = a.bm + 4u * (uint32_t)cu_attt_union_sum_off(U);
     a.pages = a.bm + 4u * (uint32_t)cu_attt_union_pages_off(U);
     a.uid = cu_smem_addr(a.list);
-    a.umk = a.uid + 4u * CU_ATT_UNION_LIST;
+    a.masks = a.uid + 4u * CU_ATT_UNION_LIST;
     return a;
 }
 
@@ -219,7 +219,7 @@ __device__ __forceinline__ int32_t cu_attt_union(const cu_attn_params &params,
             cu_sts32(a.bm + 4u * (uint32_t)n, 0u);
             if (pos < CU_ATT_UNION_LIST) {
                 cu_sts32(a.uid + 4u * (uint32_t)pos, (uint32_t)n);
-                cu_sts32(a.umk + 4u * (uint32_t)pos, m);
+                cu_sts32(a.masks + 4u * (uint32_t)pos, m);
             }
             ++pos;
         }
@@ -235,22 +235,22 @@ typedef struct cu_attt_feed {
     const int32_t *pt;  /* the request's page-table row */
     int64_t prow_base;  /* the KV head's first row in a page */
     uint32_t mine;      /* the unit's tokens (request-local bits) */
-    bool own;           /* cs.uid, cs.umk: the producer's own union (shared memory) */
+    bool own;           /* cs.uid, cs.masks: the producer's own union (shared memory) */
     bool staged;        /* the pages are in area.pages, not only in pt */
     cu_attt_uarea area; /* the producer's shared memory for both */
     int tok0, ntok;
 #ifdef MSA_TIMELINE
-    bool first_of_cta; /* the CTA's first unit (timeline marks) */
-    uint32_t gs_first; /* the slot count before its first tile's claim */
+    bool first_of_cta;        /* the CTA's first unit (timeline marks) */
+    uint32_t ring_uses_first; /* the slot count before its first tile's claim */
 #endif
 } cu_attt_feed;
 
 /* Copies one tile (K and V, 64 rows from page row `row` on) into slot s,
  * completing on barrier bar. */
-__device__ __forceinline__ void cu_attt_copy(const cu_attn_params &params, const CUtensorMap *mk,
-                                             const CUtensorMap *mv, const cu_attt_smem &sm,
+__device__ __forceinline__ void cu_attt_copy(const cu_attn_params &params, const CUtensorMap *map_k,
+                                             const CUtensorMap *map_v, const cu_attt_smem &sm,
                                              const cu_attt_feed &f, int s, int32_t row,
-                                             uint64_t *bar, uint32_t gs)
+                                             uint64_t *bar, uint32_t ring_uses)
 {
     unsigned char *kd = sm.ring + s * ATT_TMA_STAGE_BYTES;
     unsigned char *vd = kd + ATT_TMA_HALF_BYTES;
@@ -262,18 +262,18 @@ __device__ __forceinline__ void cu_attt_copy(const cu_attn_params &params, const
          * merge read next.  On the H200 this took 1-8% off steps of 10K to
          * 200K context at batch 8-32. */
         const uint64_t pol = cu_l2_evict_first();
-        cu_tma_load2d_hint(kd, mk, 0, row, bar, pol);
-        cu_tma_load2d_hint(kd + ATT_TMA_HALF_BYTES / 2, mk, ATT_TMA_BOX_COLS, row, bar, pol);
-        cu_tma_load2d_hint(vd, mv, 0, row, bar, pol);
-        cu_tma_load2d_hint(vd + ATT_TMA_HALF_BYTES / 2, mv, ATT_TMA_BOX_COLS, row, bar, pol);
+        cu_tma_load2d_hint(kd, map_k, 0, row, bar, pol);
+        cu_tma_load2d_hint(kd + ATT_TMA_HALF_BYTES / 2, map_k, ATT_TMA_BOX_COLS, row, bar, pol);
+        cu_tma_load2d_hint(vd, map_v, 0, row, bar, pol);
+        cu_tma_load2d_hint(vd + ATT_TMA_HALF_BYTES / 2, map_v, ATT_TMA_BOX_COLS, row, bar, pol);
 #ifdef MSA_TIMELINE
-        if (f.first_of_cta && gs == f.gs_first + 1u)
+        if (f.first_of_cta && ring_uses == f.ring_uses_first + 1u)
             CU_TL_MARK(params, CU_TL_ATTN, CU_TL_ISSUED);
 #endif
     }
     (void)params;
     (void)f;
-    (void)gs;
+    (void)ring_uses;
 }
 
 /* Issues the tile that lane j of the window holds (its first key's
@@ -282,18 +282,19 @@ __device__ __forceinline__ void cu_attt_copy(const cu_attn_params &params, const
  * past kv_len are zeroed before the slot is handed over), any other on the
  * slot's full barrier. */
 __device__ __forceinline__ int cu_attt_issue_tile(const cu_attn_params &params,
-                                                  const CUtensorMap *mk, const CUtensorMap *mv,
-                                                  const cu_attt_smem &sm, const cu_attt_feed &f,
-                                                  int j, int32_t pos0, uint32_t bits, int32_t page,
-                                                  uint32_t &gs, bool tail, int pj)
+                                                  const CUtensorMap *map_k,
+                                                  const CUtensorMap *map_v, const cu_attt_smem &sm,
+                                                  const cu_attt_feed &f, int j, int32_t pos0,
+                                                  uint32_t bits, int32_t page, uint32_t &ring_uses,
+                                                  bool tail, int pj)
 {
     const int32_t p0 = __shfl_sync(0xffffffffu, pos0, j);
     const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
     const int32_t pg = __shfl_sync(0xffffffffu, page, j);
-    const int s = cu_attt_claim(sm, gs, p0, b);
+    const int s = cu_attt_claim(sm, ring_uses, p0, b);
     const int32_t row = (int32_t)((int64_t)pg * params.kv_heads * params.page_size + f.prow_base +
                                   (p0 & (ATT_TMA_PAGE_ROWS - 1)));
-    cu_attt_copy(params, mk, mv, sm, f, s, row, tail ? &sm.tail[pj] : &sm.full[s], gs);
+    cu_attt_copy(params, map_k, map_v, sm, f, s, row, tail ? &sm.tail[pj] : &sm.full[s], ring_uses);
     __syncwarp();
     return s;
 }
@@ -302,10 +303,11 @@ __device__ __forceinline__ int cu_attt_issue_tile(const cu_attn_params &params,
  * the unit uses) into the ring, the tail tile (rows past kv_len) last and
  * left pending in pend.  The turn is taken before the first slot, after
  * the window's ids and pages have been read. */
-__device__ __forceinline__ void cu_attt_issue(const cu_attn_params &params, const CUtensorMap *mk,
-                                              const CUtensorMap *mv, const cu_attt_smem &sm,
-                                              const cu_attt_feed &f, int32_t t_lo, int32_t t_hi,
-                                              uint32_t &gs, cu_attt_turn &tn, cu_attt_tail &pend)
+__device__ __forceinline__ void cu_attt_issue(const cu_attn_params &params,
+                                              const CUtensorMap *map_k, const CUtensorMap *map_v,
+                                              const cu_attt_smem &sm, const cu_attt_feed &f,
+                                              int32_t t_lo, int32_t t_hi, uint32_t &ring_uses,
+                                              cu_attt_turn &tn, cu_attt_tail &pend)
 {
     const int lane = threadIdx.x & 31;
     const cu_stream &cs = f.cs;
@@ -317,16 +319,16 @@ __device__ __forceinline__ void cu_attt_issue(const cu_attn_params &params, cons
         if (t < t_hi) {
             const int32_t bi = t >> 1; /* ATT_TMA_TILES_PER_PAGE tiles per union entry */
             int32_t id = bi;
-            uint32_t mk = 0xffffffffu;
+            uint32_t member = 0xffffffffu; /* tokens whose rows chose the block */
             if (f.own) {
                 id = (int32_t)cu_lds32(f.area.uid + 4u * (uint32_t)bi);
-                mk = cu_lds32(f.area.umk + 4u * (uint32_t)bi);
+                member = cu_lds32(f.area.masks + 4u * (uint32_t)bi);
             } else if (cs.uid) {
                 id = cs.uid[bi];
-                mk = cs.umk[bi];
+                member = cs.masks[bi];
             }
             pos0 = id * ATT_TMA_PAGE_ROWS + (t & 1) * ATT_TMA_TILE;
-            bits = mk & cu_causal_bits(pos0, cs.base, cs.ql) & f.mine;
+            bits = member & cu_causal_bits(pos0, cs.base, cs.ql) & f.mine;
             if (bits)
                 page = f.staged ? (int32_t)cu_lds32(f.area.pages +
                                                     4u * (uint32_t)(pos0 >> ATT_TMA_LOG_PAGE_ROWS))
@@ -351,7 +353,7 @@ __device__ __forceinline__ void cu_attt_issue(const cu_attn_params &params, cons
                 tok_tiles = b;
         }
         if (todo | tail_lane)
-            cu_attt_take_turn(sm, tn, gs);
+            cu_attt_take_turn(sm, tn, ring_uses);
         int q = 0;
         while (todo) {
             uint32_t cand = 0u;
@@ -363,14 +365,16 @@ __device__ __forceinline__ void cu_attt_issue(const cu_attn_params &params, cons
             }
             const int j = __ffs(cand) - 1;
             todo &= ~(1u << j);
-            cu_attt_issue_tile(params, mk, mv, sm, f, j, pos0, bits, page, gs, false, tn.j);
+            cu_attt_issue_tile(params, map_k, map_v, sm, f, j, pos0, bits, page, ring_uses, false,
+                               tn.j);
         }
         if (tail_lane) {
             /* It lands on the producer's own barrier: its V rows past
              * kv_len become zeros (see the header) before a plain arrival
              * hands the slot over (cu_attt_tail_finish). */
             const int j = __ffs(tail_lane) - 1;
-            pend.s = cu_attt_issue_tile(params, mk, mv, sm, f, j, pos0, bits, page, gs, true, tn.j);
+            pend.s = cu_attt_issue_tile(params, map_k, map_v, sm, f, j, pos0, bits, page, ring_uses,
+                                        true, tn.j);
             pend.valid = cs.kl - __shfl_sync(0xffffffffu, pos0, j);
         }
     }
@@ -380,10 +384,11 @@ __device__ __forceinline__ void cu_attt_issue(const cu_attn_params &params, cons
  * when the CTA has a next unit (`next`), then its pending tail tile.  The
  * turn is taken first unless the unit is the CTA's first (`first`).  Not
  * inlined: the producer's registers stay apart from the consumers'. */
-__device__ __noinline__ void cu_attt_producer(const cu_attn_params &params, const CUtensorMap *mk,
-                                              const CUtensorMap *mv, const cu_attt_smem &sm,
-                                              const cu_attt_unit &un, uint32_t &gs,
-                                              uint32_t &tail_par, int j, bool first, bool next)
+__device__ __noinline__ void cu_attt_producer(const cu_attn_params &params,
+                                              const CUtensorMap *map_k, const CUtensorMap *map_v,
+                                              const cu_attt_smem &sm, const cu_attt_unit &un,
+                                              uint32_t &ring_uses, uint32_t &tail_par, int j,
+                                              bool first, bool next)
 {
     cu_attt_turn tn;
     tn.j = j;
@@ -423,7 +428,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_attn_params &params, cons
     f.mine = cu_attt_item_bits(f.tok0, f.ntok);
 #ifdef MSA_TIMELINE
     f.first_of_cta = un.first_of_cta;
-    f.gs_first = gs;
+    f.ring_uses_first = ring_uses;
 #endif
     f.area = cu_attt_uarea_of(sm, params.attention_union_blocks, j);
     if (f.staged)
@@ -459,16 +464,16 @@ __device__ __noinline__ void cu_attt_producer(const cu_attn_params &params, cons
             t_hi = max(t_lo, min(f.cs.base / ATT_TMA_TILE, f.cs.u1 / ATT_TMA_TILE));
         else
             t_hi = (f.cs.u1 + ATT_TMA_TILE - 1) / ATT_TMA_TILE;
-        cu_attt_issue(params, mk, mv, sm, f, t_lo, t_hi, gs, tn, pend);
+        cu_attt_issue(params, map_k, map_v, sm, f, t_lo, t_hi, ring_uses, tn, pend);
     }
     /* End of the item. */
-    cu_attt_take_turn(sm, tn, gs); /* a stream without tiles */
-    const int s = cu_attt_claim(sm, gs, -1, 0u);
+    cu_attt_take_turn(sm, tn, ring_uses); /* a stream without tiles */
+    const int s = cu_attt_claim(sm, ring_uses, -1, 0u);
     if (lane == 0)
         cu_mbar_arrive(&sm.full[s]);
     __syncwarp();
     if (next)
-        cu_attt_pass_turn(sm, j, gs);
+        cu_attt_pass_turn(sm, j, ring_uses);
     cu_attt_tail_finish(sm, pend, j, tail_par);
 }
 

@@ -17,9 +17,9 @@
 
 typedef struct cu_stream {
     int32_t r, ql, kl, base, t0;
-    int32_t u0, u1;      /* this split's keys */
-    const int32_t *uid;  /* sparse: union ids */
-    const uint32_t *umk; /* sparse: membership */
+    int32_t u0, u1;        /* this split's keys */
+    const int32_t *uid;    /* sparse: union ids */
+    const uint32_t *masks; /* sparse: membership */
     int32_t B;
     int32_t sparse;
 } cu_stream;
@@ -36,14 +36,14 @@ __device__ __forceinline__ void cu_stream_split(cu_stream &s, const cu_att_item 
 
 /* all_blocks (sparse pass, Hopper kernel only): the request reaches at
  * most K blocks, so its union is all of them (SPEC 4), known without the
- * selection's results: uid and umk stay NULL (blocks 0, 1, ..., every
- * token a member).  own_uid, own_umk, own_cnt (sparse pass, Hopper kernel
+ * selection's results: uid and masks stay NULL (blocks 0, 1, ..., every
+ * token a member).  own_uid, own_masks, own_cnt (sparse pass, Hopper kernel
  * only): the union the kernel built itself (cu_attt_union), in place of
  * the selection's. */
 __device__ __forceinline__ cu_stream cu_stream_of(const cu_attn_params &params,
                                                   const cu_att_item &it, bool all_blocks = false,
                                                   const int32_t *own_uid = NULL,
-                                                  const uint32_t *own_umk = NULL,
+                                                  const uint32_t *own_masks = NULL,
                                                   int32_t own_cnt = 0)
 {
     cu_stream s;
@@ -57,20 +57,20 @@ __device__ __forceinline__ cu_stream cu_stream_of(const cu_attn_params &params,
     int32_t len;
     if (params.sparse && all_blocks) {
         s.uid = NULL;
-        s.umk = NULL;
+        s.masks = NULL;
         len = (s.kl + params.block_size - 1) / params.block_size * params.block_size;
     } else if (params.sparse && own_uid) {
         s.uid = own_uid;
-        s.umk = own_umk;
+        s.masks = own_masks;
         len = own_cnt * params.block_size;
     } else if (params.sparse) {
         const int64_t w = (int64_t)it.dec * params.layer_kv_heads + it.group;
         s.uid = params.union_ids + w * params.cap_union;
-        s.umk = params.union_masks + w * params.cap_union;
+        s.masks = params.union_masks + w * params.cap_union;
         len = params.union_counts[w] * params.block_size;
     } else {
         s.uid = NULL;
-        s.umk = NULL;
+        s.masks = NULL;
         len = s.kl;
     }
     cu_stream_split(s, it, len);
@@ -85,7 +85,7 @@ __device__ __forceinline__ uint32_t cu_stream_key(const cu_stream &s, int32_t u,
     if (s.sparse) {
         const int32_t bi = u / s.B;
         p = s.uid[bi] * s.B + (u - bi * s.B);
-        member = s.umk[bi];
+        member = s.masks[bi];
     } else {
         p = u;
         member = 0xffffffffu;

@@ -55,15 +55,16 @@ __device__ __forceinline__ void cu_rows_qk(uint32_t ka, int k0, const uint32_t (
     for (int n = 0; n < NS; ++n)
         sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll
-    for (int kp = 0; kp < 4; ++kp) {
+    for (int kpair = 0; kpair < 4; ++kpair) {
 #pragma unroll
         for (int n = 0; n < NS; ++n) {
             uint32_t b0, b1, b2, b3;
-            cu_ldsm_x4(ka + Swz()(k0 + n * 8 + (lane & 7), kp * 4 + (lane >> 3)), b0, b1, b2, b3);
-            cu_mma16816(sc[n], qa[2 * kp][0], qa[2 * kp][1], qa[2 * kp][2], qa[2 * kp][3], b0, b1,
-                        Tag());
-            cu_mma16816(sc[n], qa[2 * kp + 1][0], qa[2 * kp + 1][1], qa[2 * kp + 1][2],
-                        qa[2 * kp + 1][3], b2, b3, Tag());
+            cu_ldsm_x4(ka + Swz()(k0 + n * 8 + (lane & 7), kpair * 4 + (lane >> 3)), b0, b1, b2,
+                       b3);
+            cu_mma16816(sc[n], qa[2 * kpair][0], qa[2 * kpair][1], qa[2 * kpair][2],
+                        qa[2 * kpair][3], b0, b1, Tag());
+            cu_mma16816(sc[n], qa[2 * kpair + 1][0], qa[2 * kpair + 1][1], qa[2 * kpair + 1][2],
+                        qa[2 * kpair + 1][3], b2, b3, Tag());
         }
     }
 }

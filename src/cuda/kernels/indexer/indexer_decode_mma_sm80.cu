@@ -119,11 +119,11 @@ __device__ __forceinline__ void cu_idx_bfrags(const unsigned char *qtile, int nt
 #pragma unroll
     for (int nt = 0; nt < NR; ++nt) {
 #pragma unroll
-        for (int kp = 0; kp < 4; ++kp) {
+        for (int kpair = 0; kpair < 4; ++kpair) {
             const int row = (nt0 + nt) * 8 + (lane & 7);
-            const int chunk = kp * 4 + (lane >> 3);
-            cu_ldsm_x4(qa + cu_swz(row, chunk), bq[nt][2 * kp][0], bq[nt][2 * kp][1],
-                       bq[nt][2 * kp + 1][0], bq[nt][2 * kp + 1][1]);
+            const int chunk = kpair * 4 + (lane >> 3);
+            cu_ldsm_x4(qa + cu_swz(row, chunk), bq[nt][2 * kpair][0], bq[nt][2 * kpair][1],
+                       bq[nt][2 * kpair + 1][0], bq[nt][2 * kpair + 1][1]);
         }
     }
 }

@@ -121,14 +121,14 @@ __device__ __forceinline__ void cu_single_union(const cu_select_params &params, 
     const int lane = threadIdx.x & 31;
     const int64_t w = (int64_t)k * params.num_kv_heads + g;
     int32_t *uid = params.union_ids + w * params.cap_union;
-    uint32_t *umk = params.union_masks + w * params.cap_union;
+    uint32_t *masks = params.union_masks + w * params.cap_union;
     int32_t count = 0;
     for (int32_t j0 = 0; j0 < params.topk_width; j0 += 32) {
         const int32_t j = j0 + lane;
         const int32_t id = j < params.topk_width ? src[j] : -1;
         if (id >= 0 && j < params.cap_union) {
             uid[j] = id;
-            umk[j] = 1u;
+            masks[j] = 1u;
         }
         count += __popc(__ballot_sync(0xffffffffu, id >= 0));
     }
@@ -152,7 +152,7 @@ __device__ __forceinline__ void cu_request_union(const cu_select_params &params,
         (params.meta.kv_len[r] - 1) / params.block_size + 1; /* reach of the last token */
     const int64_t w = (int64_t)k * params.num_kv_heads + g;
     int32_t *uid = params.union_ids + w * params.cap_union;
-    uint32_t *umk = params.union_masks + w * params.cap_union;
+    uint32_t *masks = params.union_masks + w * params.cap_union;
     int32_t count = 0;
     if (N <= params.cached_blocks) {
         /* Per-block token bits in shared memory, then an ordered compaction. */
@@ -189,7 +189,7 @@ __device__ __forceinline__ void cu_request_union(const cu_select_params &params,
                 const int32_t pos = count + __popc(bal & below);
                 if (pos < params.cap_union) {
                     uid[pos] = n;
-                    umk[pos] = m;
+                    masks[pos] = m;
                 }
             }
             count += __popc(bal);
@@ -212,7 +212,7 @@ __device__ __forceinline__ void cu_request_union(const cu_select_params &params,
             const uint32_t holders = __ballot_sync(0xffffffffu, v == m);
             if (lane == 0 && count < params.cap_union) {
                 uid[count] = m;
-                umk[count] = holders;
+                masks[count] = holders;
             }
             ++count;
             if (v == m) {
