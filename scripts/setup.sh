@@ -15,6 +15,13 @@ if [ "${MSA_WITH_FUZZ:-0}" = 1 ]; then
   dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
   command -v clang-format >/dev/null 2>&1 || need+=(clang-format)
 fi
+# The Arm64 cross build of CI: Debian's cross compiler and C library, and
+# qemu-aarch64 to run its tests.
+if [ "${MSA_WITH_ARM64:-0}" = 1 ]; then
+  command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu)
+  dpkg -s libc6-dev-arm64-cross >/dev/null 2>&1 || need+=(libc6-dev-arm64-cross)
+  command -v qemu-aarch64 >/dev/null 2>&1 || need+=(qemu-user)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   SUDO=""

@@ -2,7 +2,9 @@
 #include "core/internal.h"
 #include "util/json_strict.h"
 
+#ifdef MSA_HAVE_CJSON
 #include <cjson/cJSON.h>
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +12,7 @@
 
 #define MAX_CONFIG_BYTES (64u << 20)
 
+#ifdef MSA_HAVE_CJSON
 typedef struct loader {
     msa_context *ctx;
     const cJSON *top; /* text_config when present, else the root */
@@ -345,6 +348,23 @@ msa_status msa_model_load_config_json(msa_context *ctx, const char *json, size_t
     cJSON_Delete(root);
     return st;
 }
+#else
+/* A build without cJSON (a cross build for a target without it) has no
+ * JSON reader: the loader refuses every text and writes nothing. */
+msa_status msa_model_load_config_json(msa_context *ctx, const char *json, size_t len,
+                                      msa_model **out)
+{
+    (void)len;
+    if (!ctx)
+        return MSA_ERR_INVALID_ARGUMENT;
+    if (!json || !out)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                             "msa_model_load_config_json: NULL argument");
+    *out = NULL;
+    return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
+                         "this build of libmsa has no JSON reader (built without cJSON)");
+}
+#endif
 
 msa_status msa_model_load_config_file(msa_context *ctx, const char *path, msa_model **out)
 {
