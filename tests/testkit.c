@@ -383,6 +383,33 @@ static void check_outputs(const msa_case *c, const tk_step *s, const tk_outputs 
     free(topk);
 }
 
+/* FNV-1a over bytes, continued from h. */
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Hash of every output of every row as the backend wrote it (bit for bit),
+ * continued from h: two runs of a case agree exactly when their hashes
+ * do (up to collisions). */
+static uint64_t hash_outputs(uint64_t h, const msa_case *c, const tk_step *s, const tk_outputs *out)
+{
+    const msa_oracle_layer *L = &s->layer;
+    const size_t rows = (size_t)s->rows, es = msa_dtype_size(c->act_dtype);
+    const size_t W = (size_t)msa_oracle_topk_width(L);
+    h = hash_bytes(h, out->o, rows * (size_t)L->Hq * (size_t)L->D * es);
+    if (out->idx_o)
+        h = hash_bytes(h, out->idx_o, rows * (size_t)L->Hi * (size_t)L->Di * es);
+    if (out->lse)
+        h = hash_bytes(h, out->lse, rows * (size_t)L->Hq * sizeof(float));
+    if (out->topk)
+        h = hash_bytes(h, out->topk, rows * (size_t)L->Hkv * W * sizeof(int32_t));
+    return h;
+}
+
 /* Padding rows: o = 0, idx_o = 0, lse = -inf, ids -1. */
 static void check_padding(const msa_case *c, const tk_step *s, const tk_outputs *out,
                           msa_case_result *res)
@@ -510,6 +537,8 @@ int msa_case_run_sequence(msa_context *ctx, const msa_case *cases, int n, msa_ca
             check_outputs(c, &s, &out, &one);
             check_padding(c, &s, &out, &one);
             merge(res, &one);
+            res->out_hash =
+                hash_outputs(res->out_hash ? res->out_hash : 0xcbf29ce484222325ull, c, &s, &out);
         }
         release_step(&run, &out);
         tk_step_free(&s);

@@ -55,6 +55,8 @@ typedef struct msa_case_result {
     long cache_errors;   /* cache rows that differ from the expected image */
     long padding_errors; /* padding-row outputs other than 0 / -inf / -1 */
     double seconds;      /* wall time of the whole case */
+    uint64_t out_hash;   /* hash of every step's outputs, bit for bit (o, idx_o, lse,
+                          * topk of all rows) */
 } msa_case_result;
 
 /* Runs one case on `ctx`'s backend against the oracle. Returns result->passed. */
@@ -78,6 +80,14 @@ typedef struct msa_sweep_options {
                         * so that several processes can share a sweep */
     const msa_debug_options *debug; /* the sweep's context's debugging aids; NULL: none */
     msa_cpu_isa cpu_isa_max;        /* CPU kernel level cap of the sweep's context */
+    /* The sweep's context runs its CPU work on this engine pool
+     * (msa_context_params.parallel_for); NULL: the library's own threads. */
+    void (*parallel_for)(void *engine, int n_tasks, void (*task)(void *arg, int i), void *arg);
+    void *engine;
+    /* 1: every case runs again on a second context with the library's own
+     * threads (same thread count and level), and fails unless both wrote
+     * the same outputs bit for bit. */
+    int compare_own_pool;
 } msa_sweep_options;
 
 /* Runs the oracle sweep; counts go to *passed / *failed / *skipped.

@@ -594,6 +594,11 @@ int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *
     cp.num_threads = opts->num_threads;
     cp.debug = opts->debug;
     cp.cpu_isa_max = opts->cpu_isa_max;
+    msa_context *own = NULL;
+    if (opts->compare_own_pool && msa_context_create(&cp, &own, err, sizeof err) != MSA_OK)
+        own = NULL; /* every case fails below */
+    cp.parallel_for = opts->parallel_for;
+    cp.engine = opts->engine;
     msa_status st = msa_context_create(&cp, &ctx, err, sizeof err);
     if (st != MSA_OK && opts->log)
         fprintf(opts->log, "backend %s not usable (%s: %s): every case skipped\n",
@@ -618,6 +623,19 @@ int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *
             snprintf(res.message, sizeof res.message, "no context");
         } else {
             msa_case_run_sequence(ctx, e->c, e->n, &res);
+            if (opts->compare_own_pool && res.passed) {
+                msa_case_result twin;
+                memset(&twin, 0, sizeof twin);
+                if (!own || !msa_case_run_sequence(own, e->c, e->n, &twin)) {
+                    res.passed = 0;
+                    snprintf(res.message, sizeof res.message,
+                             "the run on the library's own threads failed");
+                } else if (twin.out_hash != res.out_hash) {
+                    res.passed = 0;
+                    snprintf(res.message, sizeof res.message,
+                             "outputs differ from the run on the library's own threads");
+                }
+            }
         }
         const char *verdict = res.passed ? "PASS" : res.skipped ? "SKIP" : "FAIL";
         np += res.passed;
@@ -634,6 +652,7 @@ int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *
         }
     }
     msa_context_free(ctx);
+    msa_context_free(own);
     free(list.e);
     *passed = np;
     *failed = nf;

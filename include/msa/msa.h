@@ -142,6 +142,16 @@ typedef struct msa_context_params {
      * (default) = the best one.  A level that this build or this CPU lacks
      * is refused with MSA_ERR_UNSUPPORTED. */
     msa_cpu_isa cpu_isa_max;
+    /* CPU backend: the engine's own threads (docs/API.md).  NULL (default):
+     * the context starts num_threads - 1 threads of its own.  Otherwise it
+     * starts none, and each parallel stage of a call calls
+     * parallel_for(engine, n_tasks, task, arg) with n_tasks = num_threads
+     * (0 = online cores): the engine runs task(arg, i) once for every i in
+     * 0 .. n_tasks - 1, in any order, on any of its threads, serially or at
+     * the same time, and returns when all have returned.  Tasks never wait
+     * for each other. */
+    void (*parallel_for)(void *engine, int n_tasks, void (*task)(void *arg, int i), void *arg);
+    void *engine; /* passed to parallel_for as is */
 } msa_context_params;
 
 MSA_API void msa_context_params_default(msa_context_params *params);

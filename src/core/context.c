@@ -96,7 +96,9 @@ msa_status msa_context_create(const msa_context_params *params, msa_context **ou
         n = cores > 0 ? (int)(cores > 256 ? 256 : cores) : 1;
     }
     ctx->num_threads = n;
-    msa_status st = msa_threadpool_create(n, &ctx->pool);
+    msa_status st = params->parallel_for ? msa_threadpool_create_engine(n, params->parallel_for,
+                                                                        params->engine, &ctx->pool)
+                                         : msa_threadpool_create(n, &ctx->pool);
     if (st != MSA_OK) {
         free(ctx);
         return create_fail(errbuf, errbuf_size, st, "could not start the thread pool");

@@ -197,6 +197,13 @@ size_t msa_plane_bytes_for(const msa_model *model, const msa_cache_config *cfg, 
  * thread 0) and wait for all. */
 typedef void (*msa_work_fn)(void *arg, int ith, int nth);
 msa_status msa_threadpool_create(int num_threads, msa_threadpool **out);
+/* A pool that starts no threads: every run goes through the engine's
+ * parallel_for (msa_context_params). */
+msa_status msa_threadpool_create_engine(int num_threads,
+                                        void (*parallel_for)(void *engine, int n_tasks,
+                                                             void (*task)(void *arg, int i),
+                                                             void *arg),
+                                        void *engine, msa_threadpool **out);
 void msa_threadpool_free(msa_threadpool *pool);
 void msa_threadpool_run(msa_threadpool *pool, msa_work_fn fn, void *arg);
 int msa_threadpool_size(const msa_threadpool *pool);

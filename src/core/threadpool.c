@@ -1,6 +1,8 @@
 /* A small fork-join thread pool owned by the context.  Work functions have
  * the shape fn(arg, ith, nth) so an engine with its own pool can drive the
- * same kernels.  The caller runs as thread 0.
+ * same kernels.  The caller runs as thread 0.  A pool made with
+ * msa_threadpool_create_engine starts no threads and hands every run to the
+ * engine's parallel_for instead.
  *
  * A decode step runs a few short stages of tens of microseconds each, so
  * waking sleeping threads through the kernel for every stage would cost as
@@ -29,6 +31,9 @@ struct msa_threadpool {
     atomic_ulong generation; /* bumped for every job */
     atomic_int pending;      /* workers still running the current job */
     atomic_int quit;
+    /* Set for a pool on an engine's threads (msa_threadpool_create_engine). */
+    void (*parallel_for)(void *engine, int n_tasks, void (*task)(void *arg, int i), void *arg);
+    void *engine;
 };
 
 typedef struct worker_arg {
@@ -118,6 +123,43 @@ msa_status msa_threadpool_create(int num_threads, msa_threadpool **out)
     return MSA_OK;
 }
 
+msa_status msa_threadpool_create_engine(int num_threads,
+                                        void (*parallel_for)(void *engine, int n_tasks,
+                                                             void (*task)(void *arg, int i),
+                                                             void *arg),
+                                        void *engine, msa_threadpool **out)
+{
+    *out = NULL;
+    msa_threadpool *pool = calloc(1, sizeof *pool);
+    if (!pool)
+        return MSA_ERR_OUT_OF_MEMORY;
+    pool->size = num_threads < 1 ? 1 : num_threads;
+    pthread_mutex_init(&pool->lock, NULL);
+    pthread_cond_init(&pool->start_cv, NULL);
+    pthread_cond_init(&pool->done_cv, NULL);
+    atomic_init(&pool->generation, 0);
+    atomic_init(&pool->pending, 0);
+    atomic_init(&pool->quit, 0);
+    pool->parallel_for = parallel_for;
+    pool->engine = engine;
+    *out = pool;
+    return MSA_OK;
+}
+
+/* One run on an engine's threads: task i is the work function's share i. */
+typedef struct engine_run {
+    msa_work_fn fn;
+    void *arg;
+    int n;
+} engine_run;
+
+static void engine_task(void *p, int i)
+{
+    const engine_run *run = p;
+    if (i >= 0 && i < run->n) /* an index out of range would share a slot */
+        run->fn(run->arg, i, run->n);
+}
+
 void msa_threadpool_free(msa_threadpool *pool)
 {
     if (!pool)
@@ -126,7 +168,7 @@ void msa_threadpool_free(msa_threadpool *pool)
     atomic_store(&pool->quit, 1);
     pthread_cond_broadcast(&pool->start_cv);
     pthread_mutex_unlock(&pool->lock);
-    for (int i = 1; i < pool->size; i++)
+    for (int i = 1; i < pool->size && pool->threads; i++)
         pthread_join(pool->threads[i], NULL);
     pthread_mutex_destroy(&pool->lock);
     pthread_cond_destroy(&pool->start_cv);
@@ -137,6 +179,15 @@ void msa_threadpool_free(msa_threadpool *pool)
 
 void msa_threadpool_run(msa_threadpool *pool, msa_work_fn fn, void *arg)
 {
+    if (pool->parallel_for) {
+        /* Every share runs on the engine's threads, one task each; the
+         * work functions divide their work by (ith, nth) or take items
+         * from an atomic counter, so any order and any overlap of the
+         * tasks computes the same result. */
+        engine_run run = {fn, arg, pool->size};
+        pool->parallel_for(pool->engine, pool->size, engine_task, &run);
+        return;
+    }
     if (pool->size == 1) {
         fn(arg, 0, 1);
         return;
