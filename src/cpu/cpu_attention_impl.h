@@ -97,7 +97,7 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     /* Heads run along vector lanes: the G query heads of the group, padded
      * to GP = a multiple of 16, share every K row and every V row.
      * scratch: qt [n][D][GP] | acc [rows][D] | m, l [n][GP] | K, V tiles
-     *          [TILE][D] | s [TILE][GP] | union ids | cursors */
+     *          [TILE][D] | s [GROUP][TILE][GP] | union ids | cursors */
     const int32_t GP = (G + 15) & ~15;
     float *qt = scratch;
     float *acc = qt + (int64_t)ch->n * D * GP;
@@ -105,8 +105,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     float *lrow = mrow + (int64_t)ch->n * GP;
     float *kt = lrow + (int64_t)ch->n * GP;
     float *vt = kt + (int64_t)MSA_CPU_TILE * D;
-    float *s = vt + (int64_t)MSA_CPU_TILE * D;
-    int32_t *uni = (int32_t *)(s + (int64_t)MSA_CPU_TILE * GP);
+    float *sbuf = vt + (int64_t)MSA_CPU_TILE * D; /* MSA_CPU_ATTN_GROUP score tiles */
+    int32_t *uni = (int32_t *)(sbuf + (int64_t)MSA_CPU_ATTN_GROUP * MSA_CPU_TILE * GP);
     int32_t *cursor = uni + (int64_t)MSA_CPU_ATTN_ROWS * a->sel_width;
     uint32_t *pp = (uint32_t *)(cursor + MSA_CPU_ATTN_ROWS); /* [TILE/2][16] weight pairs */
     (void)pp;                                                /* used by the AVX512-BF16 path only */
@@ -221,14 +221,43 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
             } else {
                 level_load_rows(vt, &a->v, pt, g, j0, nk);
             }
+            /* Tokens whose scores of this tile were computed together:
+             * grp[0 .. ngrp), the next one to use is grp[gi]. */
+            int32_t grp[MSA_CPU_ATTN_GROUP], ngrp = 0, gi = 0;
+            (void)grp, (void)ngrp, (void)gi; /* bf16 levels only */
             for (int32_t t = 0; t < ch->n; t++) {
                 int64_t pos = ch->pos0 + t;
                 if (!uses[t] || pos < j0)
                     continue;
                 int32_t vis = pos - j0 + 1 < nk ? (int32_t)(pos - j0 + 1) : nk;
                 float *mt = mrow + (int64_t)t * GP, *lt = lrow + (int64_t)t * GP;
+                float *s = sbuf;
 #if MSA_CPU_HAVE_BF16_DOT
-                if (bf16_dot)
+                if (bf16_dot && GP == 16) {
+                    /* Scores of up to four tokens that use this tile in one
+                     * pass over its keys (the keys visible to the last,
+                     * which sees the most; each token reads only its own
+                     * visible ones). */
+                    if (gi == ngrp) {
+                        ngrp = gi = 0;
+                        for (int32_t tu = t; tu < ch->n && ngrp < MSA_CPU_ATTN_GROUP; tu++)
+                            if (uses[tu] && ch->pos0 + tu >= j0)
+                                grp[ngrp++] = tu;
+                        const int64_t pl = ch->pos0 + grp[ngrp - 1];
+                        const int32_t nv = pl - j0 + 1 < nk ? (int32_t)(pl - j0 + 1) : nk;
+                        const uint32_t *qs[MSA_CPU_ATTN_GROUP];
+                        for (int i = 0; i < MSA_CPU_ATTN_GROUP; i++)
+                            qs[i] = (const uint32_t *)qt +
+                                    (int64_t)grp[i < ngrp ? i : 0] * (D / 2) * GP;
+                        if (ngrp > 1)
+                            msa_scores_heads_bf16_x4(sbuf, (int64_t)MSA_CPU_TILE * GP, qs,
+                                                     (const uint16_t *)keys, D, nv, a->scale);
+                        else
+                            msa_scores_heads_bf16(sbuf, qs[0], GP, (const uint16_t *)keys, D, nv,
+                                                  a->scale);
+                    }
+                    s = sbuf + (int64_t)gi++ * MSA_CPU_TILE * GP;
+                } else if (bf16_dot)
                     msa_scores_heads_bf16(s, (const uint32_t *)qt + (int64_t)t * (D / 2) * GP, GP,
                                           (const uint16_t *)keys, D, vis, a->scale);
                 else

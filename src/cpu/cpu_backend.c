@@ -105,8 +105,9 @@ static int64_t scratch_floats(const msa_model *m)
     /* Heads padded to 16 lanes; a chunk holds at least one token. */
     const int64_t gp = max64((m->group + 15) & ~15, (m->cfg.num_index_heads + 15) & ~15);
     const int64_t rows = max64(MSA_CPU_ATTN_ROWS, gp);
-    int64_t attn = rows * D * 2 + 2 * rows + 2 * max64(TW, TWa) * D + max64(TW, TWa) * gp +
-                   rows * m->topk_width + rows + MSA_CPU_TILE * 8;
+    int64_t attn = rows * D * 2 + 2 * rows + 2 * max64(TW, TWa) * D +
+                   MSA_CPU_ATTN_GROUP * (int64_t)MSA_CPU_TILE * gp + rows * m->topk_width + rows +
+                   MSA_CPU_TILE * 8;
     int64_t rows_i = (int64_t)MSA_CPU_INDEX_CHUNK * m->cfg.num_index_heads;
     const int64_t TW16 = (TW + 15) & ~15;
     int64_t index =

@@ -74,6 +74,62 @@ static inline void msa_scores_heads_bf16(float *restrict s, const uint32_t *rest
         }
     }
 }
+/* msa_scores_heads_bf16 for four tokens at once: s[t][j][h] = scale *
+ * (k[j] . q_t[h]) for t < 4, keys j < n and the 16 heads of qt2[t] (gp ==
+ * 16), s[t] at s + t * s_stride.  Each broadcast key pair feeds the four
+ * tokens' queries: sixteen independent accumulator chains instead of
+ * four, so the products no longer wait on the latency of vdpbf16ps, and a
+ * key pair is read once per four tokens.  Every lane sums over d in the
+ * same order as msa_scores_heads_bf16, so the scores are the same bits. */
+static inline void msa_scores_heads_bf16_x4(float *restrict s, int64_t s_stride,
+                                            const uint32_t *const qt2[4],
+                                            const uint16_t *restrict k, int dim, int n, float scale)
+{
+    const __m512 sc = _mm512_set1_ps(scale);
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const uint16_t *k0 = k + (int64_t)j * dim;
+        __m512 a[4][4];
+        for (int t = 0; t < 4; t++)
+            for (int i = 0; i < 4; i++)
+                a[t][i] = _mm512_setzero_ps();
+        for (int d = 0; d < dim; d += 2) {
+            __m512bh q[4];
+            for (int t = 0; t < 4; t++)
+                q[t] = (__m512bh)_mm512_loadu_si512((const void *)(qt2[t] + (int64_t)(d / 2) * 16));
+            for (int i = 0; i < 4; i++) {
+                uint32_t w;
+                memcpy(&w, k0 + (int64_t)i * dim + d, 4);
+                const __m512bh kw = (__m512bh)_mm512_set1_epi32((int)w);
+                for (int t = 0; t < 4; t++)
+                    a[t][i] = _mm512_dpbf16_ps(a[t][i], q[t], kw);
+            }
+        }
+        for (int t = 0; t < 4; t++)
+            for (int i = 0; i < 4; i++)
+                _mm512_storeu_ps(s + t * s_stride + (int64_t)(j + i) * 16,
+                                 _mm512_mul_ps(a[t][i], sc));
+    }
+    for (; j < n; j++) {
+        const uint16_t *k0 = k + (int64_t)j * dim;
+        __m512 a[4];
+        for (int t = 0; t < 4; t++)
+            a[t] = _mm512_setzero_ps();
+        for (int d = 0; d < dim; d += 2) {
+            uint32_t w;
+            memcpy(&w, k0 + d, 4);
+            const __m512bh kw = (__m512bh)_mm512_set1_epi32((int)w);
+            for (int t = 0; t < 4; t++)
+                a[t] = _mm512_dpbf16_ps(a[t],
+                                        (__m512bh)_mm512_loadu_si512(
+                                            (const void *)(qt2[t] + (int64_t)(d / 2) * 16)),
+                                        kw);
+        }
+        for (int t = 0; t < 4; t++)
+            _mm512_storeu_ps(s + t * s_stride + (int64_t)j * 16, _mm512_mul_ps(a[t], sc));
+    }
+}
+
 /* acc = acc * corr + sum_j p[j] * v[j][:] with bf16 products: pp[jp * stride]
  * holds the weights of keys 2jp and 2jp+1 as a bf16 pair, vp[jp][d] the
  * values (v[2jp][d], v[2jp+1][d]).  dim a multiple of 16. */

@@ -12,6 +12,9 @@
  * tiles).  Attention rows per work item = tokens * query heads <= this. */
 #define MSA_CPU_INDEX_CHUNK 16
 #define MSA_CPU_ATTN_ROWS 256
+/* Query tokens whose attention scores of a key tile are computed in one
+ * pass (register blocking of the bf16 score kernel). */
+#define MSA_CPU_ATTN_GROUP 4
 /* Keys converted to fp32 at a time (blocks larger than this are sub-tiled). */
 #define MSA_CPU_TILE 128
 /* Blocks of the index scan handed to one worker at a time. */
