@@ -29,6 +29,26 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+# The Python package's tests (python/): NumPy for the python3 on PATH (the
+# interpreter CMake finds), from PyPI with pip; where pip may not install
+# into that interpreter (Debian's own python3), Debian's package.  venv
+# (with ensurepip) for the test that installs the package into a fresh
+# environment.
+if command -v python3 >/dev/null 2>&1; then
+  py_need=()
+  if ! python3 -c 'import numpy' >/dev/null 2>&1; then
+    echo "setup: installing numpy"
+    python3 -m pip install -q numpy >/dev/null 2>&1 || py_need+=(python3-numpy)
+  fi
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || py_need+=(python3-venv)
+  if [ ${#py_need[@]} -gt 0 ]; then
+    echo "setup: installing ${py_need[*]}"
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${py_need[@]}" >/dev/null
+  fi
+fi
 # The CUDA toolkit is optional: the CUDA backend is built when nvcc is found.
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "setup: nvcc found in /usr/local/cuda/bin (add it to PATH to build the CUDA backend)"
