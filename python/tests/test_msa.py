@@ -210,6 +210,29 @@ class TestMinimalStep(unittest.TestCase):
             # 300 tokens reach at most 3 blocks: all selected, -1 after.
             np.testing.assert_array_equal(topk, ref_topk)
 
+    def test_readme_example(self):
+        """The program of python/README.md runs."""
+        readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
+        if not os.path.exists(readme):
+            self.skipTest("python/README.md is not beside the tests")
+        lines, inside = [], False
+        with open(readme) as f:
+            for line in f:
+                if line.rstrip() == "```python":
+                    inside = True
+                elif line.rstrip() == "```" and inside:
+                    break
+                elif inside:
+                    lines.append(line)
+        self.assertTrue(lines, "no python block in the README")
+        import contextlib
+        import io
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile("".join(lines), readme, "exec"), {"__name__": "readme"})
+        self.assertIn("[ 0  1  2 -1", out.getvalue())
+
 
 # ---- small shapes: selection, dense layers, index value, steps --------------------
 
