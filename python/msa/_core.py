@@ -698,10 +698,10 @@ def _page_table(x, r):
         width = max([len(row) for row in rows] + [1])
         a = np.full((len(rows), width), -1, dtype=np.int64)
         for i, row in enumerate(rows):
-            try:
-                a[i, : len(row)] = np.asarray(row, dtype=np.int64) if row else []
-            except (TypeError, ValueError):
-                raise ValueError("page_table row %d must hold integers" % i) from None
+            arr = np.asarray(row)
+            if arr.size and (arr.ndim != 1 or arr.dtype.kind not in "iu"):
+                raise ValueError("page_table row %d must be a sequence of integers" % i)
+            a[i, : len(row)] = arr
     if a.shape[0] != r:
         raise ValueError("page_table has %d rows for %d requests" % (a.shape[0], r))
     a64 = a.astype(np.int64)

@@ -24,12 +24,10 @@ except ImportError:  # pragma: no cover - the runner below reports a skip
     if __name__ != "__main__":
         raise unittest.SkipTest("NumPy is not installed")
 
-if __name__ == "__main__" and np is not None and "msa" not in sys.modules:
-    # Run from the source tree without an installed package: import the
-    # package beside this folder.
-    here = os.path.dirname(os.path.abspath(__file__))
-    if os.environ.get("MSA_TEST_INSTALLED") != "1":
-        sys.path.insert(0, os.path.dirname(here))
+if np is not None and os.environ.get("MSA_TEST_INSTALLED") != "1":
+    # The package beside this folder (the source tree's), not an installed
+    # one; MSA_TEST_INSTALLED=1 tests the installed package instead.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if np is not None:
     import msa
@@ -573,6 +571,95 @@ class TestApi(unittest.TestCase):
         a = np.arange(64 * 2 * 4 * 16, dtype=np.float32).reshape(64, 2, 4, 16)
         c.write_plane(0, "v", a)
         np.testing.assert_array_equal(c.read_plane(0, "v"), a)
+
+
+class _FakeTorch:
+    """The few parts of torch the package uses (torch.Tensor: data_ptr,
+    shape, dtype, device, is_contiguous, element_size; torch.empty), over
+    NumPy arrays, so that the tensor path runs where torch is not
+    installed."""
+
+    class dtype:
+        def __init__(self, name, np_dtype):
+            self.name, self.np_dtype = name, np_dtype
+
+        def __str__(self):
+            return "torch." + self.name
+
+    class device:
+        def __init__(self, spec):
+            self.type, _, idx = spec.partition(":")
+            self.index = int(idx) if idx else None
+
+    class Tensor:
+        def __init__(self, array, dtype, device="cpu"):
+            self.array, self.dtype = array, dtype
+            self.device = _FakeTorch.device(device)
+            self.shape = array.shape
+
+        def data_ptr(self):
+            return self.array.ctypes.data
+
+        def is_contiguous(self):
+            return self.array.flags.c_contiguous
+
+        def element_size(self):
+            return self.array.itemsize
+
+    def __init__(self):
+        self.float32 = self.dtype("float32", np.float32)
+        self.float16 = self.dtype("float16", np.float16)
+        self.bfloat16 = self.dtype("bfloat16", np.uint16)
+        self.int32 = self.dtype("int32", np.int32)
+        self.float64 = self.dtype("float64", np.float64)
+
+    def tensor(self, array, dtype, device="cpu"):
+        return self.Tensor(np.ascontiguousarray(array, dtype=dtype.np_dtype), dtype, device)
+
+    def empty(self, shape, dtype, device):
+        return self.Tensor(np.empty(shape, dtype=dtype.np_dtype), dtype,
+                           "%s:%d" % (device.type, device.index) if device.index is not None
+                           else device.type)
+
+
+@unittest.skipIf(np is None, "NumPy is not installed")
+class TestTorchTensors(unittest.TestCase):
+    def setUp(self):
+        self.saved = sys.modules.get("torch")
+        if self.saved is not None and not isinstance(self.saved, _FakeTorch):
+            self.skipTest("torch is imported: the fake would hide it")
+        self.torch = sys.modules["torch"] = _FakeTorch()
+
+    def tearDown(self):
+        if self.saved is None:
+            sys.modules.pop("torch", None)
+        else:
+            sys.modules["torch"] = self.saved
+
+    def test_cpu_tensors(self):
+        torch = self.torch
+        s = Session(small_config())
+        try:
+            s.plan.update([10], [10], [[0, 1, 2]])
+            x, _ = s.inputs(10)
+            t = {n: torch.tensor(a, torch.float32) for n, a in x.items()}
+            o_np = s.plan.forward(0, x["q"], x["k"], x["v"])
+            o_t = s.plan.forward(0, t["q"], t["k"], t["v"], write_cache=False)
+            self.assertIsInstance(o_t, torch.Tensor)
+            np.testing.assert_array_equal(o_t.array, o_np)
+            topk = torch.tensor(np.full((10, 2, 3), -7), torch.int32)
+            idx_o = torch.empty((10, 2, 8), torch.float32, torch.device("cpu"))
+            s.plan.forward(1, t["q"], t["k"], t["v"], t["idx_q"], t["idx_k"], t["idx_v"],
+                           idx_o=idx_o, topk=topk)
+            self.assertTrue((topk.array[:, :, 0] == 0).all())  # the init block
+            with self.assertRaisesRegex(ValueError, "q must hold fp32 .* not torch.float64"):
+                s.plan.forward(0, torch.tensor(x["q"], torch.float64), t["k"], t["v"])
+            with self.assertRaisesRegex(ValueError, "k is on cuda:0; this cpu context"):
+                s.plan.forward(0, t["q"], torch.tensor(x["k"], torch.float32, "cuda:0"), t["v"])
+            with self.assertRaisesRegex(ValueError, "or a torch.Tensor"):
+                s.plan.forward(0, [1.0], t["k"], t["v"])
+        finally:
+            s.close()
 
 
 class _RecordingLib:
