@@ -49,9 +49,25 @@
 #define PFH_CONSUMER_REGS 216
 static_assert(4 * 32 * PFH_PRODUCER_REGS + PFH_CONSUMER_WARPS * 32 * PFH_CONSUMER_REGS <= 65536,
               "the register file holds the producer and the consumers");
+/* The tile shapes: a key block is one page of PFH_KEYS rows of one KV
+ * head, each row PFH_HEAD_DIM 16-bit values; the tensor maps copy boxes of
+ * PFH_BOX_ROWS rows x PFH_BOX_COLS columns (128-byte swizzle: a box row is
+ * one swizzle row); a consumer warpgroup owns PFH_GROUP_ROWS rows (the M of
+ * its warpgroup products). */
+#define PFH_HEAD_DIM 128
 #define PFH_KEYS 128
-#define PFH_BOX_BYTES (64 * 128)        /* one box: 64 rows of 64 columns */
-#define PFH_TILE_BYTES (PFH_KEYS * 256) /* K or V of one block */
+#define PFH_ROW_BYTES (PFH_HEAD_DIM * 2)
+#define PFH_BOX_COLS 64
+#define PFH_BOX_ROWS 64
+#define PFH_BOX_ROW_BYTES (PFH_BOX_COLS * 2)
+#define PFH_BOX_BYTES (PFH_BOX_ROWS * PFH_BOX_ROW_BYTES)
+#define PFH_TILE_BYTES (PFH_KEYS * PFH_ROW_BYTES) /* K or V of one block */
+#define PFH_GROUP_ROWS 64
+static_assert(PFH_BOX_ROW_BYTES == 128, "a box row is one row of the 128-byte swizzle");
+static_assert(PFH_HEAD_DIM == 2 * PFH_BOX_COLS && PFH_KEYS == 2 * PFH_BOX_ROWS,
+              "a page is four boxes: two column halves of two row halves");
+static_assert(PFH_GROUP_ROWS * (PFH_CONSUMER_WARPS / 4) == 128,
+              "the consumer warpgroups cover a tile's 128 rows");
 #define PFH_STAGE_BYTES (2 * PFH_TILE_BYTES)
 /* Three stages of 64 KB: the next two blocks are in flight while one is
  * computed (a block's products take about as long as a copy's latency). */
@@ -152,8 +168,8 @@ __device__ __forceinline__ void cu_pfh_load_page(uint32_t dst, const CUtensorMap
 {
 #pragma unroll
     for (int b = 0; b < 4; ++b)
-        cu_pfh_tma_load(dst + (uint32_t)b * PFH_BOX_BYTES, map, (b >> 1) * 64, row + (b & 1) * 64,
-                        bar);
+        cu_pfh_tma_load(dst + (uint32_t)b * PFH_BOX_BYTES, map, (b >> 1) * PFH_BOX_COLS,
+                        row + (b & 1) * PFH_BOX_ROWS, bar);
 }
 
 /* ---- producer -------------------------------------------------------------- */
@@ -183,11 +199,12 @@ __device__ __forceinline__ void cu_pfh_tail_finish(const cu_pfh_smem_t &sm, cu_p
     cu_mbar_wait(sm.tail, pr.tail_par);
     pr.tail_par ^= 1u;
     unsigned char *vd = sm.ring + pr.pend_s * PFH_STAGE_BYTES + PFH_TILE_BYTES;
-    /* Row r's 128 bytes of each column half: swizzling moves chunks within
-     * a row only, so whole rows are cleared wherever their chunks sit. */
+    /* Row r's bytes of each column half: swizzling moves 16-byte chunks
+     * within a row only, so whole rows are cleared wherever their chunks
+     * sit.  A row has PFH_ROW_BYTES / 16 chunks, 8 per column half. */
     for (int32_t e = pr.pend_valid * 16 + lane; e < PFH_KEYS * 16; e += 32) {
         const int32_t r = e >> 4, c = e & 15;
-        *(uint4 *)(vd + (c >> 3) * (PFH_TILE_BYTES / 2) + r * 128 + (c & 7) * 16) =
+        *(uint4 *)(vd + (c >> 3) * (PFH_TILE_BYTES / 2) + r * PFH_BOX_ROW_BYTES + (c & 7) * 16) =
             make_uint4(0u, 0u, 0u, 0u);
     }
     /* Seen by the products (async proxy), and a later copy into this slot
@@ -415,11 +432,11 @@ __device__ void cu_pfh_consumer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
     }
     /* The group's tokens and its last position (uniform over the group:
      * its products are collective). */
-    const int32_t r0 = wg * 64;
+    const int32_t r0 = wg * PFH_GROUP_ROWS;
     uint32_t wbits = 0u;
     int32_t wlast = -1;
     if (r0 < nrows) {
-        const int32_t tf = r0 / it.nh, tl = (min(r0 + 64, nrows) - 1) / it.nh;
+        const int32_t tf = r0 / it.nh, tl = (min(r0 + PFH_GROUP_ROWS, nrows) - 1) / it.nh;
         wbits = (tl >= 31 ? 0xffffffffu : ((2u << tl) - 1u)) & ~((1u << tf) - 1u);
         wlast = it.pos0 + tl;
     }
@@ -461,9 +478,11 @@ __device__ void cu_pfh_consumer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
     for (int n = 0; n < 16; ++n) {
         const int d = n * 8 + 2 * (lane & 3);
         if (ok_lo)
-            op[(q_lo * 128 + d) >> 1] = cu_pack2(o[n][0] * inv_lo, o[n][1] * inv_lo, Tag());
+            op[(q_lo * PFH_HEAD_DIM + d) >> 1] =
+                cu_pack2(o[n][0] * inv_lo, o[n][1] * inv_lo, Tag());
         if (ok_hi)
-            op[(q_hi * 128 + d) >> 1] = cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag());
+            op[(q_hi * PFH_HEAD_DIM + d) >> 1] =
+                cu_pack2(o[n][2] * inv_hi, o[n][3] * inv_hi, Tag());
     }
     if (p.lse && (lane & 3) == 0) {
         if (ok_lo)
@@ -540,14 +559,14 @@ __global__ void __launch_bounds__(PFH_THREADS, 1)
 int cu_pfh_fits(int32_t d, int32_t page, int32_t block, int32_t g, int32_t W, int sparse,
                 const char **why)
 {
-    if (d != 128) {
+    if (d != PFH_HEAD_DIM) {
         if (why)
             *why = "head dim != 128: mma.sync prefill kernel";
         return 0;
     }
     /* The dense stream walks pages whatever the block size; the sparse
      * one walks blocks, each of which must be one page. */
-    if (page != 128 || (sparse && block != 128)) {
+    if (page != PFH_KEYS || (sparse && block != PFH_KEYS)) {
         if (why)
             *why = sparse ? "page or block size != 128: mma.sync prefill kernel"
                           : "page size != 128: mma.sync prefill kernel";
