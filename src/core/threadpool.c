@@ -86,12 +86,12 @@ static void *worker_main(void *p)
     return NULL;
 }
 
-msa_status msa_threadpool_create(int num_threads, msa_threadpool **out)
+/* A pool of `num_threads` slots with its locks and counters, no threads. */
+static msa_threadpool *pool_new(int num_threads)
 {
-    *out = NULL;
     msa_threadpool *pool = calloc(1, sizeof *pool);
     if (!pool)
-        return MSA_ERR_OUT_OF_MEMORY;
+        return NULL;
     pool->size = num_threads < 1 ? 1 : num_threads;
     pthread_mutex_init(&pool->lock, NULL);
     pthread_cond_init(&pool->start_cv, NULL);
@@ -99,6 +99,15 @@ msa_status msa_threadpool_create(int num_threads, msa_threadpool **out)
     atomic_init(&pool->generation, 0);
     atomic_init(&pool->pending, 0);
     atomic_init(&pool->quit, 0);
+    return pool;
+}
+
+msa_status msa_threadpool_create(int num_threads, msa_threadpool **out)
+{
+    *out = NULL;
+    msa_threadpool *pool = pool_new(num_threads);
+    if (!pool)
+        return MSA_ERR_OUT_OF_MEMORY;
     if (pool->size > 1) {
         pool->threads = calloc((size_t)pool->size, sizeof *pool->threads);
         if (!pool->threads) {
@@ -130,16 +139,9 @@ msa_status msa_threadpool_create_engine(int num_threads,
                                         void *engine, msa_threadpool **out)
 {
     *out = NULL;
-    msa_threadpool *pool = calloc(1, sizeof *pool);
+    msa_threadpool *pool = pool_new(num_threads);
     if (!pool)
         return MSA_ERR_OUT_OF_MEMORY;
-    pool->size = num_threads < 1 ? 1 : num_threads;
-    pthread_mutex_init(&pool->lock, NULL);
-    pthread_cond_init(&pool->start_cv, NULL);
-    pthread_cond_init(&pool->done_cv, NULL);
-    atomic_init(&pool->generation, 0);
-    atomic_init(&pool->pending, 0);
-    atomic_init(&pool->quit, 0);
     pool->parallel_for = parallel_for;
     pool->engine = engine;
     *out = pool;

@@ -11,8 +11,8 @@
 
 #include <math.h>
 
-static void store_output(const cpu_attention *a, const cpu_chunk *ch, int32_t g, int32_t t,
-                         int32_t h, const float *acc, float mx, float l)
+void msa_cpu_attn_store(const cpu_attention *a, const cpu_chunk *ch, int32_t g, int32_t t,
+                        int32_t h, const float *acc, float mx, float l)
 {
     const int32_t D = a->k.dim, Hq = a->q_heads;
     int64_t row = ch->row0 + t;
@@ -76,7 +76,7 @@ static void merge_work(void *arg, int ith, int nth)
                 l += pr[D + 1] * w;
                 msa_axpy_f32(acc, w, pr, D);
             }
-            store_output(a, ch, g, r / G, r % G, acc, mx, l);
+            msa_cpu_attn_store(a, ch, g, r / G, r % G, acc, mx, l);
         }
     }
 }

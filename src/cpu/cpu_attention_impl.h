@@ -59,26 +59,6 @@ static void prefetch_block(const cpu_attention *a, const int32_t *pt, int32_t g,
     }
 }
 
-static void store_output(const cpu_attention *a, const cpu_chunk *ch, int32_t g, int32_t t,
-                         int32_t h, const float *acc, float mx, float l)
-{
-    const int32_t D = a->k.dim, Hq = a->q_heads;
-    int64_t row = ch->row0 + t;
-    int32_t hq = g * a->group + h;
-    float inv = 1.0f / l;
-    float tmp[512];
-    for (int32_t d0 = 0; d0 < D; d0 += 512) {
-        int32_t n = D - d0 < 512 ? D - d0 : 512;
-        for (int32_t d = 0; d < n; d++)
-            tmp[d] = acc[d0 + d] * inv;
-        msa_convert_from_f32((char *)a->o +
-                                 ((row * Hq + hq) * D + d0) * (int64_t)msa_dtype_size(a->act),
-                             a->act, tmp, n);
-    }
-    if (a->lse)
-        a->lse[row * Hq + hq] = mx + logf(l);
-}
-
 static void attn_item(attn_job *job, int64_t item, float *scratch)
 {
     const msa_plan *p = job->plan;
@@ -342,8 +322,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
         for (int32_t t = 0; t < ch->n; t++)
             for (int32_t h = 0; h < G; h++) {
                 int32_t r = t * G + h;
-                store_output(a, ch, g, t, h, acc + (int64_t)r * D, mrow[(int64_t)t * GP + h],
-                             lrow[(int64_t)t * GP + h]);
+                msa_cpu_attn_store(a, ch, g, t, h, acc + (int64_t)r * D, mrow[(int64_t)t * GP + h],
+                                   lrow[(int64_t)t * GP + h]);
             }
         return;
     }

@@ -92,6 +92,13 @@ typedef struct cpu_attention {
 } cpu_attention;
 
 void msa_cpu_attention(msa_context *ctx, msa_plan *plan, const cpu_attention *a);
+/* Row (chunk ch's token t, query head h of KV head g) of the output from
+ * its fp32 accumulator acc[D] and softmax state (max mx, sum l): o = acc /
+ * l in the activation type, and lse = mx + ln l when the call asks for it.
+ * Shared by every kernel level (the per-level attention and the merge of
+ * split partials). */
+void msa_cpu_attn_store(const cpu_attention *a, const cpu_chunk *ch, int32_t g, int32_t t,
+                        int32_t h, const float *acc, float mx, float l);
 
 /* Work of one attention call (cpu_attention.c): the chunks of its tokens,
  * each split over `splits` work items per KV head. */
