@@ -31,6 +31,15 @@ static int cu_prologue_rows_vec_ok(const cu_prologue_params *p)
     return 1;
 }
 
+/* log2 of a page size (a power of two, checked when the cache is made). */
+static int32_t cu_log2_page(int32_t page_size)
+{
+    int32_t log = 0;
+    while ((1 << log) < page_size)
+        ++log;
+    return log;
+}
+
 void cu_prologue_build(const msa_plan *plan, const cu_plan_state *st, int32_t layer,
                        const msa_layer_io *io, unsigned long long *timeline, cu_prologue_params *p)
 {
@@ -84,9 +93,7 @@ void cu_indexer_build(const msa_plan *plan, const cu_plan_state *st, int32_t lay
     p->index_dim = cfg->index_dim;
     p->block_size = cfg->block_size;
     p->page_size = cache->cfg.page_size;
-    p->log_page_size = 0;
-    while ((1 << p->log_page_size) < p->page_size)
-        ++p->log_page_size;
+    p->log_page_size = cu_log2_page(p->page_size);
     p->index_heads_magic = (65536 + p->num_index_heads - 1) / p->num_index_heads;
     p->score_lse = cfg->score_type == MSA_SCORE_LSE;
     p->index_scale = cfg->index_softmax_scale;
@@ -125,9 +132,7 @@ void cu_select_build(const msa_plan *plan, const cu_plan_state *st, int32_t laye
         p->num_kv_heads > p->num_index_heads ? p->num_kv_heads / p->num_index_heads : 1;
     p->block_size = cfg->block_size;
     p->page_size = cache->cfg.page_size;
-    p->log_page_size = 0;
-    while ((1 << p->log_page_size) < p->page_size)
-        ++p->log_page_size;
+    p->log_page_size = cu_log2_page(p->page_size);
     p->topk_blocks = cfg->topk_blocks;
     p->init_blocks = cfg->init_blocks;
     p->local_blocks = cfg->local_blocks;
@@ -207,9 +212,7 @@ void cu_attn_build(const msa_plan *plan, const cu_plan_state *st, int32_t layer,
     p->layer_kv_heads = cfg->num_kv_heads;
     p->topk_blocks = cfg->topk_blocks;
     p->page_size = cache->cfg.page_size;
-    p->log_page_size = 0;
-    while ((1 << p->log_page_size) < p->page_size)
-        ++p->log_page_size;
+    p->log_page_size = cu_log2_page(p->page_size);
     p->cap_pages = st->sz.cap_pages;
     p->cap_union = st->sz.cap_union;
     p->attention_union_blocks = attention_union_blocks;

@@ -245,6 +245,14 @@ static inline CU_SCHED_HD int32_t cu_pfa_tile_tokens(int32_t g)
     return t < CU_PFA_MAX_TOK ? t : CU_PFA_MAX_TOK;
 }
 
+/* Query heads of one KV head that a prefill attention item covers: all g,
+ * or chunks of CU_PFA_ROWS when a token's heads fill more than one tile;
+ * an item is (tile, KV head, chunk), ceil(g / chunk) chunks per tile. */
+static inline CU_SCHED_HD int32_t cu_pfa_head_chunk(int32_t g)
+{
+    return g < CU_PFA_ROWS ? g : CU_PFA_ROWS;
+}
+
 /* Tiles a list needs at most: every prefill request of q_len tokens takes
  * ceil(q_len / tt) of them. */
 static inline int32_t cu_pfa_tiles_cap(int32_t cap_tok, int32_t cap_req, int32_t tt)

@@ -588,7 +588,7 @@ void cu_pfh_build(const cu_attn_params *A, cu_pfh_params *p)
     p->hkv = A->kv_heads;
     p->g = A->group;
     p->tt = cu_pfa_tile_tokens(A->group);
-    p->nh = A->group < CU_PFA_ROWS ? A->group : CU_PFA_ROWS;
+    p->nh = cu_pfa_head_chunk(A->group);
     p->hchunks = (A->group + p->nh - 1) / p->nh;
     p->sparse = A->sparse;
     p->W = A->topk_width;
