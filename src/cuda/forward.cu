@@ -224,9 +224,11 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
                    : "prefill requests (q_len > 16) in this step: simple prefill kernels");
         if (sparse)
             cu_why(st->why_step, sizeof st->why_step,
-                   p->idx_fast && st->pfi_scratch
-                       ? "prefill index scores and selection: tensor cores"
-                       : "prefill index scores and selection: scalar (shape or dtype)");
+                   !(p->idx_fast && st->pfi_scratch)
+                       ? "prefill index scores and selection: scalar (shape or dtype)"
+                   : p->idx_tma && st->pfit
+                       ? "prefill index scores and selection: tensor cores, tensor-map pages"
+                       : "prefill index scores and selection: tensor cores");
         *reason = st->why_step;
     }
 }
@@ -344,7 +346,8 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         cu_launch_select(&select, st, s);
         if (pfi) {
             CU_STAGE_MARK(MSA_STAGE_PREFILL_INDEXER, MSA_STAGE_PREFILL_INDEXER);
-            cu_launch_indexer_prefill_mma(&select, st, s);
+            cu_launch_indexer_prefill_mma(&select, st, paths.idx_tma ? &maps[CU_MAP_INDEX_K] : NULL,
+                                          s);
             CU_STAGE_MARK(MSA_STAGE_ATTENTION, MSA_STAGE_ATTENTION);
         } else {
             CU_STAGE_MARK(MSA_STAGE_PREFILL_INDEXER, MSA_STAGE_ATTENTION);

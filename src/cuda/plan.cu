@@ -8,6 +8,7 @@
 #include "cuda/backend.cuh"
 #include "cuda/arch/tma_sm90.cuh"
 #include "cuda/kernels/indexer/indexer_prefill_mma_sm80.cuh"
+#include "cuda/kernels/indexer/indexer_prefill_tma_sm90.cuh"
 #include "cuda/kernels/attention/attention_prefill_mma_sm80.cuh"
 #include "cuda/kernels/attention/attention_prefill_tma_sm90.cuh"
 
@@ -193,6 +194,15 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
         if (e == cudaSuccess)
             e = cu_pfidx_setup(
                 cu_pfidx_smem(index_heads_per_unit, cfg->topk_blocks, W, st->sz.sel_cache));
+        /* The Hopper tensor-map kernel where its shared memory fits (the
+         * selection's words of eight warps beside the ring); else the
+         * wgmma kernel with cp.async keys. */
+        const size_t pfit_smem =
+            cu_pfit_smem(index_heads_per_unit, cfg->topk_blocks, W, st->sz.sel_cache);
+        if (e == cudaSuccess && st->pfi_wgmma && pfit_smem <= CU_PFIT_SMEM_LIMIT) {
+            e = cu_pfit_setup(pfit_smem);
+            st->pfit = e == cudaSuccess;
+        }
     }
     if (e != cudaSuccess) {
         cu_state_release(st);

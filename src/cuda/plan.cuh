@@ -47,6 +47,7 @@ typedef struct cu_plan_state {
     int tma;       /* Hopper tensor-map kernels available */
     int wgmma;     /* and the sm_90a warpgroup products (the Hopper indexer) */
     int pfi_wgmma; /* the prefill indexer's products as warpgroup products */
+    int pfit;      /* and its Hopper tensor-map kernel set up (its shared memory fits) */
 
     /* Metadata blob: device copy, two pinned staging copies (an upload
      * never overwrites a staging buffer an earlier async copy may still

@@ -83,6 +83,18 @@ __device__ __forceinline__ void cu_tma_load2d_hint(void *dst, const CUtensorMap 
                  : "memory");
 }
 
+/* Box (col, row) of the tensor map into shared memory at shared address
+ * dst, completing on bar, without a cache hint (for data read again by
+ * later tiles, which should stay in L2). */
+__device__ __forceinline__ void cu_tma_load2d(uint32_t dst, const CUtensorMap *map, int32_t col,
+                                              int32_t row, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(col), "r"(row), "r"(cu_smem_addr(bar))
+                 : "memory");
+}
+
 /* An L2 policy for data read once: its lines are the first evicted. */
 __device__ __forceinline__ uint64_t cu_l2_evict_first()
 {

@@ -148,28 +148,17 @@ __device__ __forceinline__ cu_pfh_smem_t cu_pfh_smem_of(unsigned char *raw)
 
 #ifdef CU_HAVE_WGMMA
 
-/* A box of the tensor map into shared memory, completing on bar; no cache
- * hint: a dense item's pages are read again by every later tile of the
- * request, so they should stay in L2. */
-__device__ __forceinline__ void cu_pfh_tma_load(uint32_t dst, const CUtensorMap *map, int32_t col,
-                                                int32_t row, uint64_t *bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(col), "r"(row), "r"(cu_smem_addr(bar))
-                 : "memory");
-}
-
 /* The four boxes of one [128][128] page (plane row `row`: the page's first
  * row for this KV head) into a slot half: columns 0-63 in its first 16 KB
- * (rows 0-63, then 64-127), columns 64-127 in the next. */
+ * (rows 0-63, then 64-127), columns 64-127 in the next.  No cache hint:
+ * a dense item's pages are read again by every later tile of the request. */
 __device__ __forceinline__ void cu_pfh_load_page(uint32_t dst, const CUtensorMap *map, int32_t row,
                                                  uint64_t *bar)
 {
 #pragma unroll
     for (int b = 0; b < 4; ++b)
-        cu_pfh_tma_load(dst + (uint32_t)b * PFH_BOX_BYTES, map, (b >> 1) * PFH_BOX_COLS,
-                        row + (b & 1) * PFH_BOX_ROWS, bar);
+        cu_tma_load2d(dst + (uint32_t)b * PFH_BOX_BYTES, map, (b >> 1) * PFH_BOX_COLS,
+                      row + (b & 1) * PFH_BOX_ROWS, bar);
 }
 
 /* ---- producer -------------------------------------------------------------- */

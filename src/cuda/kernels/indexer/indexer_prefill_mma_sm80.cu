@@ -6,6 +6,7 @@
  */
 #include "cuda/kernels/indexer/indexer_prefill_mma_sm80.cuh"
 #include "cuda/kernels/indexer/indexer_prefill.cuh"
+#include "cuda/kernels/indexer/indexer_prefill_tma_sm90.cuh"
 
 #include <string.h>
 
@@ -96,14 +97,22 @@ size_t cu_pfidx_split_words(int grid)
 }
 
 void cu_launch_indexer_prefill_mma(const cu_select_params *sel, const cu_plan_state *st,
-                                   cudaStream_t s)
+                                   const CUtensorMap *map, cudaStream_t s)
 {
     cu_pfidx_params p;
     cu_pfidx_build(sel, st, &p);
+    const int bf16 = sel->act_dtype == MSA_DTYPE_BF16;
+    /* Hopper with pages of 128 keys: the tensor-map kernel, its tiles of
+     * CU_PFIT_ROWS rows. */
+    if (st->pfit && map) {
+        p.tt = CU_PFIT_ROWS / sel->num_index_heads;
+        cu_pfit_launch(&p, bf16, st->sz.num_sms, cu_pfit_smem(p.mi, p.K, p.W, p.sel_cache), map, s,
+                       st->pdl);
+        return;
+    }
     const size_t smem = cu_pfidx_smem(p.mi, p.K, p.W, p.sel_cache);
     /* The Hopper products where the device runs the sm_90a code, unless
      * the debugging option cuda_no_prefill_wgmma keeps mma.sync there too. */
-    const int bf16 = sel->act_dtype == MSA_DTYPE_BF16;
     if (st->pfi_wgmma)
         cu_pfidx_wgmma_launch(&p, bf16, st->grid_pfi, smem, s, st->pdl);
     else if (bf16)

@@ -19,6 +19,8 @@
 
 #include "cuda/params.cuh"
 
+#include <cuda.h>
+
 /* Rows of one tile: tokens x index heads, one 16-row MMA tile per warp. */
 #define CU_PFI_ROWS 64
 
@@ -77,8 +79,12 @@ void cu_pfidx_wgmma_launch(const cu_pfidx_params *p, int bf16, int grid, size_t 
                            cudaStream_t s, int pdl);
 
 /* Enqueues the kernel (after the selection kernel, which then leaves the
- * prefill rows to it: cu_select_params.prefill_ctas = 0). */
+ * prefill rows to it: cu_select_params.prefill_ctas = 0).  map: the
+ * layer's index-key tensor map where the plan's paths take the Hopper
+ * tensor-map kernels (pages and blocks of 128 keys), else NULL; with it
+ * and the wgmma products the Hopper kernel (indexer_prefill_tma_sm90.cu)
+ * runs instead. */
 void cu_launch_indexer_prefill_mma(const cu_select_params *sel, const cu_plan_state *st,
-                                   cudaStream_t s);
+                                   const CUtensorMap *map, cudaStream_t s);
 
 #endif /* MSA_INDEXER_PREFILL_MMA_SM80_CUH */
