@@ -260,9 +260,18 @@ static uint8_t *region(const tk_plane *pl, const uint8_t *img, int64_t page, int
 void tk_nvfp4_encode_group(const float *x, float global, uint8_t *scale_byte, unsigned codes[16])
 {
     float amax = 0.0f;
-    for (int e = 0; e < 16; e++)
+    int nan = 0;
+    for (int e = 0; e < 16; e++) {
+        nan |= isnan(x[e]);
         if (fabsf(x[e]) > amax)
             amax = fabsf(x[e]);
+    }
+    if (nan) { /* a group with a NaN: NaN scale byte, zero codes; reads NaN */
+        *scale_byte = 0x7f;
+        for (int e = 0; e < 16; e++)
+            codes[e] = 0;
+        return;
+    }
     float want = amax / (6.0f * global);
     if (want > 448.0f)
         want = 448.0f;

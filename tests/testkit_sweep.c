@@ -310,7 +310,10 @@ static void add_special(tk_list *l)
     }
 }
 
-/* Quantized planes (skipped while the build does not support them). */
+/* Quantized planes (skipped where the backend does not support them):
+ * every plane choice (main fp8 / nvfp4, index fp8 / nvfp4, both) against
+ * the oracle on the de-quantized cache, with the cache rows checked
+ * against the test kit's own encoder. */
 static void add_quantized(tk_list *l)
 {
     static const tk_dtypes q[] = {
@@ -331,6 +334,41 @@ static void add_quantized(tk_list *l)
     msa_case *c = add(l, 0, &SMALL, &MIXED, q[0], 16, 0, 0);
     c->sparse = 0;
     c = add(l, 0, &M3, &M3_DECODE, q[4], 128, 0, 0);
+
+    static const tk_dtypes nv_bf16 = {MSA_DTYPE_BF16, MSA_DTYPE_NVFP4, MSA_DTYPE_BF16};
+    static const tk_dtypes nv_fp8 = {MSA_DTYPE_BF16, MSA_DTYPE_NVFP4, MSA_DTYPE_FP8_E4M3};
+    static const tk_dtypes fp8_fp8 = {MSA_DTYPE_BF16, MSA_DTYPE_FP8_E4M3, MSA_DTYPE_FP8_E4M3};
+    static const tk_dtypes nv_nv = {MSA_DTYPE_FP16, MSA_DTYPE_NVFP4, MSA_DTYPE_NVFP4};
+    /* Mixed rows and padding; unions of index heads; KV heads sharing an
+     * index head; one-token pages. */
+    c = add(l, 1, &SMALL, &MIXED, nv_bf16, 16, 0, 1);
+    c->k_scale = 0.02f;
+    c->v_scale = 3.0f;
+    c = add(l, 1, &UNION2, &VERIFY, nv_fp8, 32, 1, 1);
+    c->index_k_scale = 0.03f;
+    c->index_v_scale = 0.01f;
+    add(l, 0, &SPLIT, &EXTEND, fp8_fp8, 1, 0, 1);
+    add(l, 0, &UNION4, &MIXED, nv_nv, 8, 1, 1);
+    c = add(l, 0, &SMALL, &MIXED, nv_nv, 32, 0, 0);
+    c->sparse = 0;
+    /* Entries cached before the step (write_cache = 0). */
+    c = add(l, 1, &SMALL, &DECODE, q[4], 16, 0, 1);
+    c->write_cache = 0;
+    /* NaN index keys (fp8 NaN code; nvfp4 NaN group) rank below every
+     * block; exact copies of a block still tie after quantization. */
+    c = add(l, 1, &SMALL, &VERIFY, nv_nv, 16, 0, 0);
+    c->nan_blocks = 6;
+    c = add(l, 0, &SMALL, &VERIFY, fp8_fp8, 16, 1, 0);
+    c->nan_blocks = 6;
+    c = add(l, 0, &SMALL, &DECODE, fp8_fp8, 16, 0, 0);
+    c->tie_blocks = 9;
+    c = add(l, 0, &UNION2, &VERIFY, nv_nv, 32, 1, 1);
+    c->tie_blocks = 8;
+    /* One plan over several steps. */
+    add(l, 1, &SMALL, &PREFILL, nv_fp8, 16, 0, 1);
+    then(l, &DECODE);
+    then(l, &VERIFY);
+    c = add(l, 0, &M3, &M3_VERIFY, nv_fp8, 128, 0, 1);
 }
 
 /* The real M3 layer shape. */
@@ -540,6 +578,23 @@ static void add_prefill(tk_list *l)
     c->sparse = 0;
 }
 
+/* Prefill and extend rows over quantized planes: the rows of prefill
+ * requests read the cache through the same de-quantizing gather as the
+ * decode rows. */
+static void add_quantized_prefill(tk_list *l)
+{
+    static const tk_dtypes fp8_nv = {MSA_DTYPE_BF16, MSA_DTYPE_FP8_E4M3, MSA_DTYPE_NVFP4};
+    static const tk_dtypes nv_nv = {MSA_DTYPE_BF16, MSA_DTYPE_NVFP4, MSA_DTYPE_NVFP4};
+    static const tk_dtypes nv_fp8 = {MSA_DTYPE_FP16, MSA_DTYPE_NVFP4, MSA_DTYPE_FP8_E4M3};
+    msa_case *c = add(l, 1, &PF128, &PF_QUICK, fp8_nv, 16, 0, 1);
+    c->k_scale = 0.1f;
+    c->index_k_scale = 0.5f;
+    add(l, 0, &PFM3, &PF_QUICK, nv_nv, 128, 1, 0);
+    add(l, 0, &PFODD, &PF_MIX, nv_fp8, 8, 1, 1);
+    c = add(l, 0, &PF128, &PF_MIX, nv_nv, 64, 0, 0);
+    c->sparse = 0;
+}
+
 static void build(tk_list *l)
 {
     add_core(l);
@@ -554,6 +609,7 @@ static void build(tk_list *l)
     add_sequences(l);
     add_random(l, 120);
     add_prefill(l);
+    add_quantized_prefill(l);
     for (int i = 0; i < l->n; i++) {
         tk_entry *e = &l->e[i];
         for (int j = 0; j < e->n; j++) {

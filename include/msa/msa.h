@@ -304,6 +304,29 @@ MSA_API void *msa_cache_plane_data(const msa_cache *cache, int32_t layer, msa_pl
 MSA_API msa_status msa_cache_set_scales(msa_cache *cache, int32_t layer, float k_scale,
                                         float v_scale, float index_k_scale, float index_v_scale);
 
+/* ---- quantized planes (host memory, both backends) --------------------- */
+/* For engines that fill or read quantized cache planes themselves (SPEC 8,
+ * docs/API.md): `rows` rows of `dim` elements, row-major.  `dtype` is
+ * fp8_e4m3 or nvfp4; `scale` is the plane's per-layer scale as given to
+ * msa_cache_set_scales (fp8: value = code * scale; nvfp4: the global
+ * scale); activations are fp32, bf16 or fp16.
+ *   fp8_e4m3: codes [rows][dim] bytes; group_scales is not used (may be NULL).
+ *   nvfp4:    codes [rows][dim / 2] bytes (low nibble = even element),
+ *             group_scales [rows][dim / 16] E4M3 bytes; dim a multiple of 16.
+ * In a cache plane's (page, head) region of P rows the nvfp4 codes of slot t
+ * start at byte t * dim / 2 and its group scales at P * dim / 2 + t * dim / 16,
+ * so consecutive slots of one page are consecutive rows of both arrays.
+ * Encoding rounds to nearest even and saturates (infinities too); a NaN
+ * stays NaN: the fp8 NaN code, or an nvfp4 group whose 16 values all read
+ * NaN.  ctx may be NULL (no message is stored then).  Bad arguments give
+ * MSA_ERR_INVALID_ARGUMENT and write nothing. */
+MSA_API msa_status msa_quantize_rows(msa_context *ctx, msa_dtype dtype, float scale,
+                                     const void *src, msa_dtype src_dtype, int64_t rows,
+                                     int32_t dim, void *codes, void *group_scales);
+MSA_API msa_status msa_dequantize_rows(msa_context *ctx, msa_dtype dtype, float scale,
+                                       const void *codes, const void *group_scales, int64_t rows,
+                                       int32_t dim, void *dst, msa_dtype dst_dtype);
+
 /* ---- memory helpers (work for both backends) --------------------------- */
 /* Allocates memory the backend's kernels can read (host memory for CPU,
  * device memory for CUDA; aligned to at least 64 bytes), copies between it

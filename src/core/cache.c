@@ -62,6 +62,19 @@ static int is_storage_dtype(msa_dtype d)
            d == MSA_DTYPE_FP8_E4M3 || d == MSA_DTYPE_NVFP4;
 }
 
+static int is_quantized(msa_dtype d)
+{
+    return d == MSA_DTYPE_FP8_E4M3 || d == MSA_DTYPE_NVFP4;
+}
+
+static int has_index_planes(const msa_model *model)
+{
+    for (int32_t l = 0; l < model->cfg.num_layers; l++)
+        if (model->layer_sparse[l])
+            return 1;
+    return 0;
+}
+
 static msa_status validate_cache_config(msa_context *ctx, const msa_model *model,
                                         const msa_cache_config *cfg)
 {
@@ -74,15 +87,26 @@ static msa_status validate_cache_config(msa_context *ctx, const msa_model *model
                              "page_size must be a power of two in 1..256 (got %d)", p);
     if (!is_storage_dtype(cfg->kv_dtype) || !is_storage_dtype(cfg->index_dtype))
         return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "unknown cache dtype");
-    if (cfg->kv_dtype == MSA_DTYPE_FP8_E4M3 || cfg->kv_dtype == MSA_DTYPE_NVFP4 ||
-        cfg->index_dtype == MSA_DTYPE_FP8_E4M3 || cfg->index_dtype == MSA_DTYPE_NVFP4)
+    /* The index dtype matters only when some layer has index planes. */
+    const int index_planes = has_index_planes(model);
+    const int kv_quant = is_quantized(cfg->kv_dtype);
+    const int index_quant = index_planes && is_quantized(cfg->index_dtype);
+    if (ctx->backend != MSA_BACKEND_CPU && (kv_quant || index_quant))
         return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
-                             "quantized cache planes (fp8_e4m3, nvfp4) are not supported by this "
-                             "version yet (kv %s, index %s)",
+                             "the %s backend has no kernels for %s cache planes (kv %s, index %s); "
+                             "the CPU backend supports fp8_e4m3 and nvfp4 planes",
+                             msa_backend_name(ctx->backend),
+                             msa_dtype_name(kv_quant ? cfg->kv_dtype : cfg->index_dtype),
                              msa_dtype_name(cfg->kv_dtype), msa_dtype_name(cfg->index_dtype));
-    if ((cfg->kv_dtype == MSA_DTYPE_NVFP4 && (p * model->cfg.head_dim) % 16 != 0) ||
-        (cfg->index_dtype == MSA_DTYPE_NVFP4 && (p * model->cfg.index_dim) % 16 != 0))
-        return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "nvfp4 needs head dims multiple of 16");
+    /* An NVFP4 group is 16 consecutive elements of one token's row. */
+    if (cfg->kv_dtype == MSA_DTYPE_NVFP4 && model->cfg.head_dim % 16 != 0)
+        return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG,
+                             "nvfp4 main planes need head_dim a multiple of 16 (got %d)",
+                             model->cfg.head_dim);
+    if (index_planes && cfg->index_dtype == MSA_DTYPE_NVFP4 && model->cfg.index_dim % 16 != 0)
+        return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG,
+                             "nvfp4 index planes need index_dim a multiple of 16 (got %d)",
+                             model->cfg.index_dim);
     /* Bound every plane below 2^46 bytes so size arithmetic cannot overflow. */
     int64_t dim = model->cfg.head_dim > model->cfg.index_dim ? model->cfg.head_dim
                                                              : model->cfg.index_dim;

@@ -2,6 +2,8 @@
  * (converted to the plane's format) before any attention reads them. */
 #include "cpu/cpu_kernels.h"
 
+#include "core/quant.h"
+
 #include <string.h>
 
 typedef struct write_job {
@@ -10,10 +12,46 @@ typedef struct write_job {
     int32_t layer;
 } write_job;
 
-/* Converts one row of `dim` activations into a plane row. */
-static void store_row(void *dst, msa_dtype plane_dtype, const void *src, msa_dtype act,
-                      int64_t src_off, int32_t dim)
+/* Quantizes one row of `dim` activations into the row of (page, head,
+ * off) of an fp8_e4m3 or nvfp4 plane, with the plane's scale. */
+static void store_quant_row(const cpu_plane *pl, int32_t page, int32_t head, int32_t off,
+                            const void *src, msa_dtype act, int64_t src_off)
 {
+    const size_t es = msa_dtype_size(act);
+    const char *s = (const char *)src + src_off * (int64_t)es;
+    const int32_t dim = pl->dim;
+    uint8_t *codes, *scales = NULL;
+    if (pl->dtype == MSA_DTYPE_NVFP4) {
+        const uint8_t *c, *sc;
+        cpu_plane_nvfp4_row(pl, page, head, off, &c, &sc);
+        codes = (uint8_t *)c;
+        scales = (uint8_t *)sc;
+    } else {
+        codes = (uint8_t *)cpu_plane_row(pl, page, head, off);
+    }
+    /* Pieces of 512 elements: whole NVFP4 groups (dim is a multiple of 16). */
+    float tmp[512];
+    for (int32_t d0 = 0; d0 < dim; d0 += 512) {
+        int32_t n = dim - d0 < 512 ? dim - d0 : 512;
+        msa_convert_to_f32(tmp, s + (int64_t)d0 * (int64_t)es, act, n);
+        if (pl->dtype == MSA_DTYPE_NVFP4)
+            msa_nvfp4_quantize(codes + d0 / 2, scales + d0 / MSA_NVFP4_GROUP, tmp, n, pl->scale);
+        else
+            msa_fp8_quantize(codes + d0, tmp, n, pl->scale);
+    }
+}
+
+/* Converts one row of `dim` activations into the row of (page, head, off). */
+static void store_row(const cpu_plane *pl, int32_t page, int32_t head, int32_t off, const void *src,
+                      msa_dtype act, int64_t src_off)
+{
+    if (cpu_plane_quantized(pl)) {
+        store_quant_row(pl, page, head, off, src, act, src_off);
+        return;
+    }
+    const msa_dtype plane_dtype = pl->dtype;
+    const int32_t dim = pl->dim;
+    void *dst = (void *)cpu_plane_row(pl, page, head, off);
     size_t es = msa_dtype_size(act);
     const char *s = (const char *)src + src_off * (int64_t)es;
     if (plane_dtype == act) {
@@ -47,22 +85,22 @@ static void write_work(void *arg, int ith, int nth)
         int32_t page = p->page_table[(int64_t)r * p->cap_pages_per_request + pos / P];
         int32_t off = (int32_t)(pos % P);
         for (int32_t g = 0; g < Hkv; g++) {
-            cpu_plane kp = {c->planes[L * 4 + MSA_PLANE_K], c->cfg.kv_dtype, Hkv, D, P};
-            cpu_plane vp = {c->planes[L * 4 + MSA_PLANE_V], c->cfg.kv_dtype, Hkv, D, P};
-            store_row((void *)cpu_plane_row(&kp, page, g, off), kp.dtype, io->k, io->act_dtype,
-                      (t * Hkv + g) * D, D);
-            store_row((void *)cpu_plane_row(&vp, page, g, off), vp.dtype, io->v, io->act_dtype,
-                      (t * Hkv + g) * D, D);
+            cpu_plane kp = {c->planes[L * 4 + MSA_PLANE_K], c->cfg.kv_dtype, Hkv, D, P,
+                            c->scales[L * 4 + MSA_PLANE_K]};
+            cpu_plane vp = {c->planes[L * 4 + MSA_PLANE_V], c->cfg.kv_dtype, Hkv, D, P,
+                            c->scales[L * 4 + MSA_PLANE_V]};
+            store_row(&kp, page, g, off, io->k, io->act_dtype, (t * Hkv + g) * D);
+            store_row(&vp, page, g, off, io->v, io->act_dtype, (t * Hkv + g) * D);
         }
         if (sparse) {
-            cpu_plane ik = {c->planes[L * 4 + MSA_PLANE_INDEX_K], c->cfg.index_dtype, 1, Di, P};
-            store_row((void *)cpu_plane_row(&ik, page, 0, off), ik.dtype, io->idx_k, io->act_dtype,
-                      t * Di, Di);
+            cpu_plane ik = {c->planes[L * 4 + MSA_PLANE_INDEX_K], c->cfg.index_dtype, 1, Di, P,
+                            c->scales[L * 4 + MSA_PLANE_INDEX_K]};
+            store_row(&ik, page, 0, off, io->idx_k, io->act_dtype, t * Di);
         }
         if (ivalue) {
-            cpu_plane iv = {c->planes[L * 4 + MSA_PLANE_INDEX_V], c->cfg.index_dtype, 1, Di, P};
-            store_row((void *)cpu_plane_row(&iv, page, 0, off), iv.dtype, io->idx_v, io->act_dtype,
-                      t * Di, Di);
+            cpu_plane iv = {c->planes[L * 4 + MSA_PLANE_INDEX_V], c->cfg.index_dtype, 1, Di, P,
+                            c->scales[L * 4 + MSA_PLANE_INDEX_V]};
+            store_row(&iv, page, 0, off, io->idx_v, io->act_dtype, t * Di);
         }
     }
 }
@@ -85,6 +123,32 @@ void msa_cpu_copy_rows(void *dst, const cpu_plane *plane, const int32_t *page_ro
         int32_t run = P - off < n - i ? P - off : n - i;
         memcpy((char *)dst + (size_t)i * row_bytes,
                cpu_plane_row(plane, page_row[j / P], head, off), (size_t)run * row_bytes);
+        i += run;
+    }
+}
+
+void msa_cpu_dequant_rows(float *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
+                          int64_t j0, int32_t n)
+{
+    const int32_t P = plane->page_size, dim = plane->dim;
+    int32_t i = 0;
+    while (i < n) {
+        int64_t j = j0 + i;
+        int32_t off = (int32_t)(j % P);
+        int32_t run = P - off < n - i ? P - off : n - i;
+        int32_t page = page_row[j / P];
+        /* The rows of one page and head are consecutive in both arrays of
+         * the region, so a run is one call. */
+        if (plane->dtype == MSA_DTYPE_NVFP4) {
+            const uint8_t *codes, *scales;
+            cpu_plane_nvfp4_row(plane, page, head, off, &codes, &scales);
+            msa_nvfp4_dequantize(dst + (int64_t)i * dim, codes, scales, (int64_t)run * dim,
+                                 plane->scale);
+        } else {
+            msa_fp8_dequantize(dst + (int64_t)i * dim,
+                               (const uint8_t *)cpu_plane_row(plane, page, head, off),
+                               (int64_t)run * dim, plane->scale);
+        }
         i += run;
     }
 }

@@ -21,8 +21,13 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
     const int lse = m->cfg.score_type == MSA_SCORE_LSE;
     const float c_scale = m->cfg.index_softmax_scale;
     const int32_t rows = ch->n * Hi;
-    const cpu_plane ik = {cache->planes[job->layer * 4 + MSA_PLANE_INDEX_K], cache->cfg.index_dtype,
-                          1, Di, cache->cfg.page_size};
+    const float *sc = cache->scales + job->layer * 4; /* the layer's plane scales */
+    const cpu_plane ik = {cache->planes[job->layer * 4 + MSA_PLANE_INDEX_K],
+                          cache->cfg.index_dtype,
+                          1,
+                          Di,
+                          cache->cfg.page_size,
+                          sc[MSA_PLANE_INDEX_K]};
     const int32_t *pt = p->page_table + (int64_t)ch->request * p->cap_pages_per_request;
 
     /* scratch: q [rows][Di] | key tile [TW16][Di] | raw scores [rows][TW16] | acc [rows] */

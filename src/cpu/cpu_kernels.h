@@ -53,14 +53,35 @@ typedef struct cpu_plan {
     int64_t scratch_per_thread;
 } cpu_plan;
 
-/* Where a plane keeps the row of (page, head, offset). */
+/* Where a plane keeps the row of (page, head, offset).  scale is the
+ * layer's scale of the plane (msa_cache_set_scales), read by the
+ * quantized formats only. */
 typedef struct cpu_plane {
     const void *data;
     msa_dtype dtype;
     int32_t heads;
     int32_t dim;
     int32_t page_size;
+    float scale;
 } cpu_plane;
+
+static inline int cpu_plane_quantized(const cpu_plane *p)
+{
+    return p->dtype == MSA_DTYPE_FP8_E4M3 || p->dtype == MSA_DTYPE_NVFP4;
+}
+
+/* An nvfp4 row of (page, head, offset): its dim / 2 code bytes and its
+ * dim / 16 group-scale bytes.  The (page, head) region holds the codes of
+ * its page_size rows, then their scales (SPEC 8). */
+static inline void cpu_plane_nvfp4_row(const cpu_plane *p, int32_t page, int32_t head, int32_t off,
+                                       const uint8_t **codes, const uint8_t **scales)
+{
+    const int64_t half = (int64_t)p->page_size * p->dim / 2;
+    const int64_t region = half + (int64_t)p->page_size * p->dim / 16;
+    const uint8_t *base = (const uint8_t *)p->data + ((int64_t)page * p->heads + head) * region;
+    *codes = base + (int64_t)off * p->dim / 2;
+    *scales = base + half + (int64_t)off * p->dim / 16;
+}
 
 static inline const void *cpu_plane_row(const cpu_plane *p, int32_t page, int32_t head, int32_t off)
 {
@@ -71,6 +92,11 @@ static inline const void *cpu_plane_row(const cpu_plane *p, int32_t page, int32_
 /* Copies key rows [j0, j0 + n) of one head into dst[n][dim] unconverted. */
 void msa_cpu_copy_rows(void *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
                        int64_t j0, int32_t n);
+
+/* Rows [j0, j0 + n) of one head of a quantized plane (fp8_e4m3, nvfp4)
+ * de-quantized into dst[n][dim] as fp32, by the read rule of SPEC 8. */
+void msa_cpu_dequant_rows(float *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
+                          int64_t j0, int32_t n);
 
 /* Stage entry points (cpu_cache_write.c, cpu_indexer.c, cpu_attention.c). */
 void msa_cpu_write_cache(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);

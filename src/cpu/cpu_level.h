@@ -72,11 +72,18 @@ static void level_convert(float *restrict dst, const void *restrict src, msa_dty
 
 /* The gather: key rows [j0, j0 + n) of one head, from their pages, into
  * dst[n][dim] as fp32.  Rows of one page and head are contiguous and are
- * converted in one go. */
+ * converted in one go.  Quantized planes are de-quantized here, so every
+ * kernel that reads keys or values through this gather (index scan,
+ * attention, index value; decode, verify and prefill rows) sees the values
+ * of SPEC 8's read rule. */
 static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *page_row,
                             int32_t head, int64_t j0, int32_t n)
 {
     const int32_t P = plane->page_size, dim = plane->dim;
+    if (cpu_plane_quantized(plane)) { /* the same rows, de-quantized */
+        msa_cpu_dequant_rows(dst, plane, page_row, head, j0, n);
+        return;
+    }
     int32_t i = 0;
     while (i < n) {
         int64_t j = j0 + i;
