@@ -2,8 +2,12 @@
  * The oracle: a plain, obviously correct double-precision implementation of
  * SPEC sections 4-6 for one request.  It never sees pages or dtypes: it reads
  * the logical per-request cache (the values the cache holds after the step,
- * already de-quantized to float) and the step's query rows.  Never optimise
- * this file; it is the reference everything else is held to.
+ * already de-quantized to float) and the step's query rows.  For quantized
+ * planes the caller applies SPEC 8's read rule first (fp8: code * scale;
+ * nvfp4: e2m1(code) * e4m3(group scale) * global, as tk_plane_get does on
+ * the bytes the backend wrote), so the oracle runs on exactly the values
+ * the kernels read.  Never optimise this file; it is the reference
+ * everything else is held to.
  */
 #ifndef MSA_ORACLE_H
 #define MSA_ORACLE_H
