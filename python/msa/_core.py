@@ -12,6 +12,7 @@ it was made from, so a parent stays alive while a child is in use.
 import collections
 import ctypes
 import dataclasses
+import itertools
 import os
 import sys
 import weakref
@@ -334,6 +335,17 @@ _NUMPY_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
                  "bf16": np.dtype(np.uint16)}
 
 
+class _DeviceBytes:
+    """nbytes bytes of device memory at address, described by the CUDA array
+    interface, through which torch wraps them without a copy."""
+
+    def __init__(self, address, nbytes):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (address, False),
+            "strides": None, "version": 3,
+        }
+
+
 class Cache(_Owned):
     """msa_cache: the library-allocated paged KV pool of a model (zero-filled).
     Planes per layer: "k", "v" [num_pages][Hkv][page_size][D], "index_k",
@@ -418,6 +430,39 @@ class Cache(_Owned):
         )
         return out
 
+    def tensor(self, layer, kind):
+        """The plane as a torch tensor over the cache's own memory (no copy):
+        a CPU tensor on the CPU backend, a CUDA tensor of the context's
+        device on the CUDA backend, of the plane's shape and element type
+        (fp32, bf16, fp16 as themselves, fp8_e4m3 as torch.float8_e4m3fn,
+        nvfp4 as its bytes, uint8 [nbytes]).  Writes through it change the
+        cache.  The tensor does not keep the cache alive: it is valid while
+        the cache is open.  The program must have imported torch.  The
+        tensors are made once per plane and handed out again."""
+        torch = _torch()
+        if torch is None:
+            raise ValueError("Cache.tensor needs torch: import torch first")
+        self._ptr  # a closed cache raises here, before a memo is handed out
+        memo = self.__dict__.setdefault("_tensors", {})
+        key = (layer, kind)
+        if key in memo:
+            return memo[key]
+        p = self.plane(layer, kind)
+        dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+              "fp8_e4m3": getattr(torch, "float8_e4m3fn", None)}.get(p.dtype)
+        if self.context.backend == "cuda":
+            raw = torch.as_tensor(_DeviceBytes(p.address, p.nbytes),
+                                  device="cuda:%d" % self.context.device)
+        else:
+            buf = (ctypes.c_uint8 * p.nbytes).from_address(p.address)
+            raw = torch.frombuffer(buf, dtype=torch.uint8)
+        if dt is None or int(np.prod(p.shape)) * torch.empty((), dtype=dt).element_size() != p.nbytes:
+            t = raw
+        else:
+            t = raw.view(dt).view(p.shape)
+        memo[key] = t
+        return t
+
     def write_plane(self, layer, kind, array):
         """Copies a NumPy array of the plane's shape and element type (bf16:
         uint16 or ml_dtypes.bfloat16) into the plane."""
@@ -481,13 +526,31 @@ def _tensor(name, x):
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
         kind = _TORCH_KINDS.get(str(x.dtype).replace("torch.", ""), str(x.dtype))
-        ptr = x.data_ptr()
-        dev = "cpu" if x.device.type == "cpu" else "%s:%d" % (
-            x.device.type, x.device.index if x.device.index is not None else 0)
+        dev = x.device
+        dev = dev.type if dev.type == "cpu" else "%s:%d" % (
+            dev.type, dev.index if dev.index is not None else 0)
+        # Only strided tensors of the CPU or a GPU have an address the
+        # library can use (a meta or sparse tensor has none): such a tensor
+        # is reported by its device or layout, never dereferenced.
+        if getattr(x, "layout", torch.strided) != torch.strided:
+            raise ValueError("%s must be a strided (dense) tensor, not %s" % (name, x.layout))
+        has_memory = dev == "cpu" or dev.startswith("cuda:")
+        ptr = x.data_ptr() if has_memory else 0
         return _Tensor(ptr, tuple(x.shape), kind, x.is_contiguous(),
                        ptr % max(x.element_size(), 1) == 0, True, dev)
     raise ValueError("%s must be a NumPy array%s, not %s" % (
         name, " or a torch.Tensor" if torch is not None else "", type(x).__name__))
+
+
+def _host(name, x):
+    """x as something NumPy reads: a torch tensor (of any device) is copied
+    to the host; other values are returned as they are."""
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise ValueError("%s must hold integers, not %s" % (name, x.dtype))
+        return x.detach().to("cpu").numpy()
+    return x
 
 
 def _shape_ok(shape, rows, dims):
@@ -507,10 +570,15 @@ def _describe(rows, dims):
 # ---- plan ----------------------------------------------------------------------------
 
 
+_PLAN_IDS = itertools.count(1)
+
+
 class Plan(_Owned):
     """msa_plan: one step's request metadata, serving every layer of the
     step.  act_dtype ("fp32", "bf16", "fp16") is the element type of the
     activations of every forward; limits of 0 let the plan grow."""
+
+    _torch_op = None  # what msa.torch_ops.prepare() made for this plan
 
     def __init__(self, ctx, model, cache, act_dtype="bf16", max_requests=0, max_tokens=0,
                  max_kv_len=0, max_q_len=0):
@@ -536,6 +604,12 @@ class Plan(_Owned):
         self.act_dtype = act_dtype
         self._mc = model.config
         self._topk_width = model.topk_width
+        # Per layer (sparse, keeps an index value): plain values, so that
+        # code traced by torch.compile reads them without calling the library.
+        self._layer_flags = tuple(
+            (model.layer_is_sparse(i), model.layer_has_index_value(i))
+            for i in range(self._mc.num_layers))
+        self._op_id = next(_PLAN_IDS)
         self.num_tokens = None  # rows of the current step; None before an update
         self._own(out.value, "msa_plan_free", cache._handle)
 
@@ -556,12 +630,12 @@ class Plan(_Owned):
         (a 2-D integer array, or a list of lists, ragged rows allowed).
         num_tokens (default sum(q_len)) is the rows of the token tensors.
         A rejected step raises msa.Error and leaves the previous one."""
-        ql = _int_vector("q_len", q_len)
-        kl = _int_vector("kv_len", kv_len)
+        ql = _int_vector("q_len", _host("q_len", q_len))
+        kl = _int_vector("kv_len", _host("kv_len", kv_len))
         r = len(ql)
         if len(kl) != r:
             raise ValueError("q_len has %d requests, kv_len %d" % (r, len(kl)))
-        pt = _page_table(page_table, r)
+        pt = _page_table(_host("page_table", page_table), r)
         if num_tokens is None:
             num_tokens = int(ql.astype(np.int64).sum())
         num_tokens = _int_arg(num_tokens, "num_tokens")
