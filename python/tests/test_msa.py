@@ -575,7 +575,8 @@ class TestApi(unittest.TestCase):
 
 class _FakeTorch:
     """The few parts of torch the package uses (torch.Tensor: data_ptr,
-    shape, dtype, device, is_contiguous, element_size; torch.empty), over
+    shape, dtype, device, layout, is_contiguous, element_size; torch.empty,
+    torch.strided), over
     NumPy arrays, so that the tensor path runs where torch is not
     installed."""
 
@@ -596,6 +597,7 @@ class _FakeTorch:
             self.array, self.dtype = array, dtype
             self.device = _FakeTorch.device(device)
             self.shape = array.shape
+            self.layout = "strided"
 
         def data_ptr(self):
             return self.array.ctypes.data
@@ -612,6 +614,7 @@ class _FakeTorch:
         self.bfloat16 = self.dtype("bfloat16", np.uint16)
         self.int32 = self.dtype("int32", np.int32)
         self.float64 = self.dtype("float64", np.float64)
+        self.strided = "strided"
 
     def tensor(self, array, dtype, device="cpu"):
         return self.Tensor(np.ascontiguousarray(array, dtype=dtype.np_dtype), dtype, device)
