@@ -527,8 +527,10 @@ def _tensor(name, x):
     if torch is not None and isinstance(x, torch.Tensor):
         kind = _TORCH_KINDS.get(str(x.dtype).replace("torch.", ""), str(x.dtype))
         dev = x.device
-        dev = dev.type if dev.type == "cpu" else "%s:%d" % (
-            dev.type, dev.index if dev.index is not None else 0)
+        if dev.type == "cuda":
+            dev = "cuda:%d" % (dev.index if dev.index is not None else 0)
+        else:
+            dev = dev.type if dev.index is None else "%s:%d" % (dev.type, dev.index)
         # Only strided tensors of the CPU or a GPU have an address the
         # library can use (a meta or sparse tensor has none): such a tensor
         # is reported by its device or layout, never dereferenced.

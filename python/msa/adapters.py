@@ -107,7 +107,7 @@ def step_from_block_table(block_table, seq_lens, query_start_loc, page_size, num
         i = int(np.argmax(need))
         raise ValueError("request %d needs %d blocks for %d tokens; block_table has %d columns" % (
             i, need[i], seq[i], bt.shape[1]))
-    width = max(int(need.max(initial=0)) * m, 1)
+    width = max(int(((seq + p - 1) // p).max(initial=0)), 1)
     pt = np.full((max(r, 1), width), -1, dtype=np.int64)
     for i in range(r):
         blocks = bt[i, : need[i]]
