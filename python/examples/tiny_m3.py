@@ -592,6 +592,14 @@ def main(argv=None):
     ap.add_argument("--no-cuda-graph", action="store_true", help="decode without CUDA graphs")
     ap.add_argument("--config", help="a config.json to use instead of the built-in one")
     args = ap.parse_args(argv)
+    if torch.device(args.device).type == "cuda":
+        if not torch.cuda.is_available():
+            print("tiny_m3: torch sees no CUDA device", file=sys.stderr)
+            return 2
+        if not msa.backend_available("cuda"):
+            print("tiny_m3: %s has no CUDA backend (build with -DMSA_CUDA=ON "
+                  "-DMSA_BUILD_SHARED=ON and set MSA_LIBRARY)" % msa.library_path(), file=sys.stderr)
+            return 2
     ok = True
     for dt in (("fp32", "bf16") if args.dtype == "both" else (args.dtype,)):
         res = run(dt, args.device, [int(x) for x in args.prompts.split(",")], args.new_tokens,

@@ -615,11 +615,17 @@ class Plan(_Owned):
         self.num_tokens = None  # rows of the current step; None before an update
         self._own(out.value, "msa_plan_free", cache._handle)
 
-    def _stream(self, stream, tensors=()):
+    def _stream(self, stream, tensors=None):
+        """The cudaStream_t to pass: the one given, else torch's current
+        stream of the context's device where torch is imported, has CUDA,
+        and (for a forward) the tensors are torch CUDA tensors; else none
+        (the library's default).  An update takes torch's stream too, so
+        that the plan's upload is ordered before the forwards that follow."""
         if stream is None:
             torch = _torch()
             if (self.context.backend == "cuda" and torch is not None
-                    and any(t.device.startswith("cuda") for t in tensors)):
+                    and (tensors is None or any(t.device.startswith("cuda") for t in tensors))
+                    and torch.cuda.is_available()):
                 return torch.cuda.current_stream(self.context.device).cuda_stream
             return None
         if hasattr(stream, "cuda_stream"):
