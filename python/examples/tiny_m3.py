@@ -122,6 +122,15 @@ def rms_norm(x, w, eps):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
+def mm(x, w):
+    """x @ w in the model's dtype.  A bf16 product on the CPU is computed in
+    fp32 and rounded once, as a bf16 GEMM with fp32 accumulation does: torch's
+    CPU bf16 GEMM of a few rows is slower than the attention by far here."""
+    if x.dtype == torch.bfloat16 and x.device.type == "cpu":
+        return (x.float() @ w.float()).to(torch.bfloat16)
+    return x @ w
+
+
 def rope(x, cos, sin):
     """x [T][H][dim] rotated by the positions' angles (cos, sin [T][dim/2])."""
     h = x.shape[-1] // 2
@@ -183,25 +192,25 @@ class TinyM3:
         cos_i, sin_i = self.rope_di[0][positions], self.rope_di[1][positions]
         for i, L in enumerate(self.layers):
             x = rms_norm(h, L["norm_in"], c.eps)
-            q = rope((x @ L["wq"]).view(T, c.hq, c.d), cos_d, sin_d).contiguous()
-            k = rope((x @ L["wk"]).view(T, c.hkv, c.d), cos_d, sin_d).contiguous()
-            v = (x @ L["wv"]).view(T, c.hkv, c.d).contiguous()
+            q = rope(mm(x, L["wq"]).view(T, c.hq, c.d), cos_d, sin_d).contiguous()
+            k = rope(mm(x, L["wk"]).view(T, c.hkv, c.d), cos_d, sin_d).contiguous()
+            v = mm(x, L["wv"]).view(T, c.hkv, c.d).contiguous()
             iq = ik = iv = None
             if c.sparse[i]:
-                iq = rope((x @ L["wiq"]).view(T, c.hi, c.di), cos_i, sin_i).contiguous()
-                ik = rope((x @ L["wik"]).view(T, 1, c.di), cos_i, sin_i).view(T, c.di).contiguous()
+                iq = rope(mm(x, L["wiq"]).view(T, c.hi, c.di), cos_i, sin_i).contiguous()
+                ik = rope(mm(x, L["wik"]).view(T, 1, c.di), cos_i, sin_i).view(T, c.di).contiguous()
                 if c.index_value[i]:
-                    iv = (x @ L["wiv"]).contiguous()
+                    iv = mm(x, L["wiv"]).contiguous()
             o, io = attn(i, q, k, v, iq, ik, iv)
-            h = h + o.reshape(T, -1) @ L["wo"]
+            h = h + mm(o.reshape(T, -1), L["wo"])
             if io is not None:
-                h = h + io.reshape(T, -1) @ L["wio"]
+                h = h + mm(io.reshape(T, -1), L["wio"])
             x = rms_norm(h, L["norm_post"], c.eps)
-            h = h + (F.silu(x @ L["gate"]) * (x @ L["up"])) @ L["down"]
+            h = h + mm(F.silu(mm(x, L["gate"])) * mm(x, L["up"]), L["down"])
         return rms_norm(h, self.norm, c.eps)
 
     def logits(self, hidden):
-        return (hidden @ self.head).float()
+        return mm(hidden, self.head).float()
 
 
 # ---- attention: libmsa ------------------------------------------------------------------
@@ -511,10 +520,11 @@ def make_prompts(lengths, vocab, seed):
 
 
 def run(dtype="fp32", device="cpu", prompt_lens=(37, 70, 101), new_tokens=16, seed=0,
-        page_size=8, cuda_graph=None, config=None, out=print):
+        page_size=8, cuda_graph=None, config=None, warmup=True, out=print):
     """Generates with msa and with the reference, then checks msa against
     the reference on the same inputs.  Returns a dict of the results; out
-    prints the report (None: quiet)."""
+    prints the report (None: quiet).  warmup runs both paths once, untimed,
+    before the timed runs."""
     out = out or (lambda *a: None)
     device = torch.device(device)
     tdt = DTYPES[dtype]
@@ -536,6 +546,15 @@ def run(dtype="fp32", device="cpu", prompt_lens=(37, 70, 101), new_tokens=16, se
         def msa_attn():
             return MsaAttention(path, cfg, tdt, device, engine.num_pages, page_size, R,
                                 engine.max_len)
+
+        if warmup:
+            # First calls pay one-time costs (the library's threads, torch's
+            # kernels, CUDA contexts): a short untimed run of each path.
+            w = msa_attn()
+            generate(model, w, engine, prompts, 3, cuda_graph)
+            w.close()
+            generate(model, TorchAttention(cfg, tdt, device, R, engine.max_len), engine, prompts,
+                     2, False)
 
         a = msa_attn()
         tok_msa, pre_msa, dec_msa = generate(model, a, engine, prompts, new_tokens, cuda_graph)

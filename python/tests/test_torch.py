@@ -508,7 +508,8 @@ class TestTinyM3(unittest.TestCase):
     def test_fp32_identical_tokens(self):
         import tiny_m3
 
-        res = tiny_m3.run("fp32", "cpu", (37, 70, 101), new_tokens=10, out=None)
+        res = tiny_m3.run("fp32", "cpu", (37, 70, 101), new_tokens=10, warmup=False,
+                          out=None)
         self.assertEqual(res["tokens_msa"], res["tokens_ref"])
         self.assertEqual(res["topk_mismatches"], 0)
         self.assertLess(res["max_err"]["o"], 1e-5)
@@ -520,7 +521,8 @@ class TestTinyM3(unittest.TestCase):
     def test_bf16_within_bound(self):
         import tiny_m3
 
-        res = tiny_m3.run("bf16", "cpu", (29, 64), new_tokens=6, page_size=16, out=None)
+        res = tiny_m3.run("bf16", "cpu", (29, 64), new_tokens=6, page_size=16,
+                          warmup=False, out=None)
         self.assertLess(res["max_err"]["o"], 1e-2)
         self.assertLess(res["max_err"]["idx_o"], 1e-2)
         self.assertEqual(res["checked_calls"], 6 * 4)
