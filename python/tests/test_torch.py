@@ -500,6 +500,58 @@ class TestAdapters(unittest.TestCase):
             b.close()
 
 
+# ---- the README's example ------------------------------------------------------------------
+
+
+@unittest.skipIf(torch is None, "torch not installed")
+class TestReadme(unittest.TestCase):
+    def test_readme_python_example(self):
+        """The first Python block of README.md runs, on the tiny model's
+        config.json and a decode step of two requests."""
+        import json
+        import tempfile
+
+        import tiny_m3
+
+        readme = os.path.join(HERE, "..", "..", "README.md")
+        if not os.path.exists(readme):
+            self.skipTest("README.md is not beside the package")
+        lines, inside = [], False
+        with open(readme) as f:
+            for line in f:
+                if line.rstrip() == "```python":
+                    inside = True
+                elif line.rstrip() == "```" and inside:
+                    break
+                elif inside:
+                    lines.append(line)
+        self.assertTrue(lines, "no python block in README.md")
+        cfg = tiny_m3.Config(tiny_m3.CONFIG)
+        T = 2
+        g = torch.Generator().manual_seed(0)
+
+        def r(*shape):
+            return torch.randn(*shape, generator=g).to(torch.bfloat16)
+
+        env = {"__name__": "readme", "block_table": torch.tensor([[3, 0], [5, 9]]),
+               "seq_lens": torch.tensor([130, 7]), "query_start_loc": torch.tensor([0, 1, 2]),
+               "q": r(T, cfg.hq, cfg.d), "k": r(T, cfg.hkv, cfg.d), "v": r(T, cfg.hkv, cfg.d),
+               "idx_q": r(T, cfg.hi, cfg.di), "idx_k": r(T, cfg.di), "idx_v": r(T, cfg.di)}
+        cwd = os.getcwd()
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "config.json"), "w") as f:
+                json.dump(tiny_m3.CONFIG, f)
+            os.chdir(tmp)
+            try:
+                exec(compile("".join(lines), readme, "exec"), env)
+            finally:
+                os.chdir(cwd)
+        self.assertEqual(tuple(env["o"].shape), (T, cfg.hq, cfg.d))
+        self.assertFalse(torch.isnan(env["o"].float()).any())
+        self.assertIsNone(env["idx_o"])  # the last layer keeps no index value
+        env["ctx"].close()
+
+
 # ---- the tiny model ------------------------------------------------------------------------------
 
 
