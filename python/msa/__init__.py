@@ -12,6 +12,11 @@ computation happens in the library.
         plan.update(q_len=[300], kv_len=[300], page_table=[[5, 2, 7]])
         o = plan.forward(0, q, k, v, idx_q, idx_k)
 
+Beside the package: msa.torch_ops (imports torch) registers the custom op
+torch.ops.msa.forward for torch.compile and CUDA graphs; msa.adapters
+builds steps from vLLM block tables and SGLang req_to_token tables and
+copies an engine's cache layout into msa's planes.
+
 The library is found, in order, at $MSA_LIBRARY, in msa/_lib/ (where an
 installed wheel keeps it) and in the build folders of the source tree
 (build*/libmsa.so*).

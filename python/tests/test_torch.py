@@ -207,6 +207,29 @@ class TestCustomOp(unittest.TestCase):
             self.assertRegex(schema, r"Tensor\(\w+!\)\?? %s\b" % name)
         self.assertNotRegex(schema, r"Tensor\(\w+!\)\?? (q|k|v|idx_q|idx_k|idx_v)\b")
 
+    def test_opcheck(self):
+        """torch.library.opcheck: the schema, the fake implementation and
+        the declared writes agree with what the op does (it runs the op on
+        copies of the arguments too, which the plane copy path serves)."""
+        if not hasattr(torch.library, "opcheck"):
+            self.skipTest("this torch has no torch.library.opcheck")
+        s = Setup()
+        try:
+            s.plan.update([12], [12], [[3, 1]])
+            info = torch_ops.prepare(s.plan)
+            x, out = s.inputs(12), s.outputs(12)
+            for layer in range(2):
+                args = (info.op_id, layer, x["q"], x["k"], x["v"]) + (
+                    (x["idx_q"], x["idx_k"], x["idx_v"], out["o"], out["idx_o"]) if layer else
+                    (None, None, None, out["o"], None)) + (
+                    out["lse"], out["topk"] if layer else None) + info.planes[layer] + (True,)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    res = torch.library.opcheck(torch.ops.msa.forward.default, args)
+                self.assertEqual(set(res.values()), {"SUCCESS"}, res)
+        finally:
+            s.close()
+
     def test_eager_equals_plan_forward(self):
         a, b = Setup(), Setup()
         try:
