@@ -13,10 +13,13 @@ cache in place and returns nothing; it declares those writes to torch
 The cache is memory the library owns.  The operator names it to torch by the
 cache's planes as tensors (Cache.tensor, no copy), so that torch orders the
 operator against every other reader or writer of those tensors.  The
-library writes the planes at their own addresses, whatever tensor it is
-handed; the operator therefore checks that the plane tensors it receives are
-the cache's own (not copies a compiler made) and refuses them otherwise,
-before the library is called.
+library reads and writes the planes at their own addresses, whatever tensor
+it is handed.  Inductor (torch.compile's default backend) hands the operator
+the planes themselves; a backend that does not write in place (aot_eager)
+hands it copies, which the operator detects by their addresses: it then
+copies such a copy into the cache before the call and the cache back into
+the copy after it, so the results stay right at the cost of two plane
+copies per call (it warns once).
 
 A plan is handed to the operator by a number (Plan._op_id) looked up in a
 table of the live plans.  prepare(plan) enters the plan there and makes the
