@@ -500,7 +500,8 @@ def generate(model, attn, engine, prompts, new_tokens, cuda_graph=False):
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
-                    static_tok = model.logits(model.forward(static_ids, static_pos, attn)).argmax(-1)
+                    hidden = model.forward(static_ids, static_pos, attn)
+                    static_tok = model.logits(hidden).argmax(-1)
             static_ids.copy_(tok)
             static_pos.copy_(step.positions)
             graph.replay()
@@ -617,7 +618,8 @@ def main(argv=None):
             return 2
         if not msa.backend_available("cuda"):
             print("tiny_m3: %s has no CUDA backend (build with -DMSA_CUDA=ON "
-                  "-DMSA_BUILD_SHARED=ON and set MSA_LIBRARY)" % msa.library_path(), file=sys.stderr)
+                  "-DMSA_BUILD_SHARED=ON and set MSA_LIBRARY)" % msa.library_path(),
+                  file=sys.stderr)
             return 2
     ok = True
     for dt in (("fp32", "bf16") if args.dtype == "both" else (args.dtype,)):

@@ -456,7 +456,8 @@ class Cache(_Owned):
         else:
             buf = (ctypes.c_uint8 * p.nbytes).from_address(p.address)
             raw = torch.frombuffer(buf, dtype=torch.uint8)
-        if dt is None or int(np.prod(p.shape)) * torch.empty((), dtype=dt).element_size() != p.nbytes:
+        itemsize = torch.empty((), dtype=dt).element_size() if dt is not None else 0
+        if dt is None or int(np.prod(p.shape)) * itemsize != p.nbytes:
             t = raw
         else:
             t = raw.view(dt).view(p.shape)

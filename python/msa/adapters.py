@@ -1,9 +1,9 @@
 """The step of an inference engine's attention metadata, as msa takes it.
 
 Pure bookkeeping, no attention: each function turns one engine's per-step
-tables into a Step (q_len, kv_len, page_table, num_tokens), which
-Plan.update takes as plan.update(*step), and checks what msa relies on, with a ValueError that names the first entry
-that breaks it.
+tables into a Step (q_len, kv_len, page_table, num_tokens), which Plan.update
+takes as plan.update(*step), and checks what msa relies on, with a
+ValueError that names the first entry that breaks it.
 
 - step_from_block_table: vLLM's metadata, a block table [num_reqs][max_blocks]
   of physical block ids, the sequence lengths (tokens in the cache after the
@@ -177,7 +177,8 @@ def step_from_req_to_token(req_to_token, req_pool_indices, seq_lens, page_size, 
                     p, i, n * p, n, first[n], p))
         pages = first // p
         if check_all and slots.size:
-            want = pages.repeat(p)[: slots.size] * p + np.tile(np.arange(p), pages.size)[: slots.size]
+            n = slots.size
+            want = pages.repeat(p)[:n] * p + np.tile(np.arange(p), pages.size)[:n]
             if (slots != want).any():
                 j = int(np.argmax(slots != want))
                 raise ValueError(

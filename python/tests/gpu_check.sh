@@ -56,7 +56,8 @@ if [ ! -e /usr/include/cjson/cJSON.h ] && ls "$ROOT"/build-deps/*.deb >/dev/null
 fi
 {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-    python3 -c 'import torch, numpy; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "numpy", numpy.__version__)'
+    python3 -c 'import torch, numpy
+print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "numpy", numpy.__version__)'
 } >>"$SUMMARY" 2>&1
 
 if [ "${SKIP_BUILD:-0}" = 1 ] && [ -e "$BUILD/libmsa.so" ]; then
