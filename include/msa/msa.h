@@ -384,6 +384,53 @@ MSA_API void msa_plan_free(msa_plan *plan);
  * rejected step leaves the plan as it was. */
 MSA_API msa_status msa_plan_update(msa_plan *plan, const msa_step *step, void *stream);
 
+/* Engine-owned resources (docs/API.md).  Where a step's page table lives. */
+typedef enum msa_memory {
+    MSA_MEMORY_HOST = 0,  /* host memory (msa_plan_update) */
+    MSA_MEMORY_DEVICE = 1 /* memory the backend's kernels read: a device pointer with CUDA */
+} msa_memory;
+
+/* msa_plan_update with the step's page table in `page_table_memory`;
+ * MSA_MEMORY_HOST is msa_plan_update.  MSA_MEMORY_DEVICE: page_table is
+ * device memory aligned to 4 bytes, row r at page_table +
+ * r * page_table_stride holding ceil(kv_len[r] / page_size) entries;
+ * q_len and kv_len stay host arrays and are checked as always.  The CUDA
+ * backend reads the rows on the device, in the order of `stream`, without
+ * copying them to the host: it cannot check the entries (page ids inside
+ * the pool, pages written once: SPEC section 10).  An entry outside the
+ * pool is read as page 0 and a row written to it is dropped, so no kernel
+ * reads or writes outside the cache; the outputs of its request are then
+ * unspecified, as are those of a step whose written pages collide.  The
+ * CPU backend reads such a table as host memory, with every check. */
+MSA_API msa_status msa_plan_update_ex(msa_plan *plan, const msa_step *step,
+                                      msa_memory page_table_memory, void *stream);
+
+/* Caller workspace of a plan starts at a multiple of this many bytes on
+ * the CUDA backend (64 on the CPU); msa_buffer_alloc and cudaMalloc give
+ * that. */
+#define MSA_PLAN_WORKSPACE_ALIGNMENT 256
+
+/* Device bytes (host bytes with the CPU backend) of the work buffers of a
+ * plan with these params on this cache: the size msa_plan_create_with_workspace
+ * needs.  Every limit (max_requests, max_tokens, max_kv_len) must be set:
+ * a plan that grows on update reallocates, so it cannot live in a fixed
+ * workspace (MSA_ERR_INVALID_ARGUMENT otherwise). */
+MSA_API msa_status msa_plan_workspace_size(msa_context *ctx, const msa_model *model,
+                                           const msa_cache *cache, const msa_plan_params *params,
+                                           size_t *bytes);
+/* msa_plan_create on caller workspace: `workspace` (backend memory,
+ * aligned to MSA_PLAN_WORKSPACE_ALIGNMENT, at least msa_plan_workspace_size
+ * bytes) holds every work buffer of the plan, so that neither this call
+ * nor any update or forward of the plan allocates device memory.  The
+ * caller keeps ownership; the memory must outlive the plan and is not to
+ * be touched while the plan lives (the call zeroes it).  Host memory of
+ * the plan (its step arrays and, with CUDA, two pinned staging copies of
+ * the step's metadata) stays the library's.  Limits of 0 are refused. */
+MSA_API msa_status msa_plan_create_with_workspace(msa_context *ctx, const msa_model *model,
+                                                  msa_cache *cache, const msa_plan_params *params,
+                                                  void *workspace, size_t workspace_bytes,
+                                                  msa_plan **out);
+
 /* ---- forward ----------------------------------------------------------- */
 /* Alignment: every tensor msa_forward reads or writes starts at a multiple
  * of its element size: q, k, v, idx_q, idx_k, idx_v, o and idx_o at 2

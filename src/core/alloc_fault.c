@@ -9,6 +9,23 @@
 
 /* Allocations left before the injected failure; negative: none injected. */
 static _Atomic long fault_countdown = -1;
+/* Calls of msa_alloc_fault(), and backend work-buffer allocations. */
+static _Atomic long allocations, device_allocations;
+
+void msa_count_device_allocation(void)
+{
+    atomic_fetch_add(&device_allocations, 1);
+}
+
+long msa_test_allocations(void)
+{
+    return atomic_load(&allocations);
+}
+
+long msa_test_device_allocations(void)
+{
+    return atomic_load(&device_allocations);
+}
 
 void msa_test_fail_allocation(long n)
 {
@@ -17,6 +34,7 @@ void msa_test_fail_allocation(long n)
 
 int msa_alloc_fault(void)
 {
+    atomic_fetch_add(&allocations, 1);
     long left = atomic_load(&fault_countdown);
     while (left >= 0) {
         if (atomic_compare_exchange_weak(&fault_countdown, &left, left - 1))

@@ -32,8 +32,14 @@ typedef struct msa_backend_ops {
      * plan_init, so plan_upload allocates nothing; when plan_upload fails it
      * leaves the state of the previous step exactly as it was, because the
      * core then restores that step's host arrays and runs it again.  Every
-     * allocation made for a plan asks msa_alloc_fault() first. */
+     * allocation made for a plan asks msa_alloc_fault() first.  With
+     * plan->workspace set, plan_init takes every work buffer from it
+     * (plan_workspace's layout) and allocates no backend memory. */
     msa_status (*plan_init)(msa_plan *plan);
+    /* Bytes of backend memory the work buffers of a plan with plan->cap_*
+     * and plan->params take; the plan given holds only ctx, model, cache,
+     * params and the capacities. */
+    msa_status (*plan_workspace)(const msa_plan *plan, size_t *bytes);
     msa_status (*plan_upload)(msa_plan *plan, void *stream);
     void (*plan_free)(msa_plan *plan);
     /* Kernel path for a layer under the current plan; `reason` gets "" when
@@ -121,6 +127,17 @@ struct msa_plan {
      * took the step, so a failed update leaves the current step intact. */
     msa_plan_arrays spare;
     int has_step; /* 1 once an msa_plan_update succeeded */
+    /* Where the current step's page table lives.  With a device table (the
+     * CUDA backend; the CPU backend reads a device table as a host one) the
+     * host page_table array holds -1 everywhere and the backend reads the
+     * step's rows, device_table_stride apart, from device_table. */
+    int table_on_device;
+    const int32_t *device_table;
+    int64_t device_table_stride;
+    /* Caller workspace (msa_plan_create_with_workspace): the backend's work
+     * buffers, carved by plan_init; NULL when the backend allocates them. */
+    void *workspace;
+    size_t workspace_bytes;
 
     void *backend; /* backend-private plan state */
 
@@ -144,6 +161,14 @@ void msa_clear_error(msa_context *ctx);
  * a negative n turns injection off. */
 int msa_alloc_fault(void);
 void msa_test_fail_allocation(long n);
+/* Allocation counts for tests: msa_test_allocations() counts the calls of
+ * msa_alloc_fault() so far (every allocation made for a plan, host or
+ * device), msa_test_device_allocations() the backend memory allocated for
+ * plans' work buffers (device memory with CUDA), which the backends report
+ * with msa_count_device_allocation(). */
+void msa_count_device_allocation(void);
+long msa_test_allocations(void);
+long msa_test_device_allocations(void);
 
 /* Plan memory (src/core/plan.c).  msa_plan_malloc asks msa_alloc_fault()
  * first, refuses a block larger than the machine's physical memory (so an
@@ -173,7 +198,7 @@ int64_t msa_capacity_grow(int64_t cap, int64_t need, int64_t max);
  * check never allocates and changes nothing but scratch it restores. */
 msa_status msa_step_pages_init(msa_plan *plan);
 void msa_step_pages_free(msa_plan *plan);
-msa_status msa_step_pages_check(msa_plan *plan, const msa_step *step);
+msa_status msa_step_pages_check(msa_plan *plan, const msa_step *step, const char *fn);
 
 /* Element conversions (exact bit-level implementations, no FPU mode tricks). */
 float msa_bf16_to_f32(uint16_t x);

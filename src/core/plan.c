@@ -202,40 +202,129 @@ static msa_status backend_failed(msa_context *ctx, msa_status st, const char *fn
 
 /* ---- create / free ---------------------------------------------------------- */
 
-msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *cache,
-                           const msa_plan_params *params, msa_plan **out)
+/* Checks the arguments every plan-creating call shares and resolves the
+ * params (NULL: the defaults) into *lim. */
+static msa_status check_create(msa_context *ctx, const char *fn, const msa_model *model,
+                               const msa_cache *cache, const msa_plan_params *params,
+                               msa_plan_params *lim)
 {
-    static const char fn[] = "msa_plan_create";
-    if (!ctx)
-        return MSA_ERR_INVALID_ARGUMENT;
-    if (!model || !cache || !out)
+    if (!model || !cache)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "%s: NULL argument", fn);
-    *out = NULL;
     if (cache->model != model)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
                              "%s: the cache was created for another model", fn);
     if (cache->ctx != ctx)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
                              "%s: the cache belongs to another context", fn);
-    msa_plan_params lim;
-    msa_plan_params_default(&lim);
+    msa_plan_params_default(lim);
     if (params)
-        lim = *params;
-    if (lim.max_requests < 0 || lim.max_tokens < 0 || lim.max_kv_len < 0 ||
-        lim.max_tokens > MSA_PLAN_MAX_TOKENS || lim.max_kv_len > MSA_PLAN_MAX_KV_LEN)
+        *lim = *params;
+    if (lim->max_requests < 0 || lim->max_tokens < 0 || lim->max_kv_len < 0 ||
+        lim->max_tokens > MSA_PLAN_MAX_TOKENS || lim->max_kv_len > MSA_PLAN_MAX_KV_LEN)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
                              "%s: limits must be >= 0, max_tokens <= 2^40 and max_kv_len <= 2^31 "
                              "(got %d, %lld, %lld)",
-                             fn, lim.max_requests, (long long)lim.max_tokens,
-                             (long long)lim.max_kv_len);
-    if (lim.max_q_len < 0)
+                             fn, lim->max_requests, (long long)lim->max_tokens,
+                             (long long)lim->max_kv_len);
+    if (lim->max_q_len < 0)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "%s: max_q_len must be >= 0 (got %d)",
-                             fn, lim.max_q_len);
-    if (lim.act_dtype != MSA_DTYPE_FP32 && lim.act_dtype != MSA_DTYPE_BF16 &&
-        lim.act_dtype != MSA_DTYPE_FP16)
+                             fn, lim->max_q_len);
+    if (lim->act_dtype != MSA_DTYPE_FP32 && lim->act_dtype != MSA_DTYPE_BF16 &&
+        lim->act_dtype != MSA_DTYPE_FP16)
         return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
                              "%s: act_dtype %s: activations are fp32, bf16 or fp16", fn,
-                             msa_dtype_name(lim.act_dtype));
+                             msa_dtype_name(lim->act_dtype));
+    return MSA_OK;
+}
+
+/* A plan in a fixed workspace can never grow: every limit must be set. */
+static msa_status check_fixed(msa_context *ctx, const char *fn, const msa_plan_params *lim)
+{
+    if (lim->max_requests > 0 && lim->max_tokens > 0 && lim->max_kv_len > 0)
+        return MSA_OK;
+    return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                         "%s: a plan on caller workspace needs every limit set (max_requests %d, "
+                         "max_tokens %lld, max_kv_len %lld; 0 means grow on update, which "
+                         "reallocates)",
+                         fn, lim->max_requests, (long long)lim->max_tokens,
+                         (long long)lim->max_kv_len);
+}
+
+/* The backend's workspace bytes of a fixed-limit plan, asked on a plan
+ * that holds only what plan_workspace reads. */
+static msa_status workspace_need(msa_context *ctx, const char *fn, const msa_model *model,
+                                 const msa_cache *cache, const msa_plan_params *lim, size_t *bytes)
+{
+    msa_plan t;
+    memset(&t, 0, sizeof t);
+    t.ctx = ctx;
+    t.model = model;
+    t.cache = (msa_cache *)cache; /* read only */
+    t.params = *lim;
+    t.cap_requests = lim->max_requests;
+    t.cap_tokens = lim->max_tokens;
+    t.cap_kv_len = lim->max_kv_len;
+    t.cap_pages_per_request = pages_for(lim->max_kv_len, cache->cfg.page_size);
+    msa_status st = ctx->ops->plan_workspace(&t, bytes);
+    return st == MSA_OK ? MSA_OK : backend_failed(ctx, st, fn);
+}
+
+msa_status msa_plan_workspace_size(msa_context *ctx, const msa_model *model, const msa_cache *cache,
+                                   const msa_plan_params *params, size_t *bytes)
+{
+    static const char fn[] = "msa_plan_workspace_size";
+    if (!ctx)
+        return MSA_ERR_INVALID_ARGUMENT;
+    if (!bytes)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "%s: NULL argument", fn);
+    msa_plan_params lim;
+    size_t need = 0;
+    msa_status st = check_create(ctx, fn, model, cache, params, &lim);
+    if (st == MSA_OK)
+        st = check_fixed(ctx, fn, &lim);
+    if (st == MSA_OK)
+        st = workspace_need(ctx, fn, model, cache, &lim, &need);
+    if (st != MSA_OK)
+        return st;
+    *bytes = need;
+    msa_clear_error(ctx);
+    return MSA_OK;
+}
+
+static msa_status plan_create(msa_context *ctx, const char *fn, const msa_model *model,
+                              msa_cache *cache, const msa_plan_params *params, void *workspace,
+                              size_t workspace_bytes, int with_workspace, msa_plan **out)
+{
+    if (!ctx)
+        return MSA_ERR_INVALID_ARGUMENT;
+    if (!out)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "%s: NULL argument", fn);
+    *out = NULL;
+    msa_plan_params lim;
+    msa_status st = check_create(ctx, fn, model, cache, params, &lim);
+    if (st != MSA_OK)
+        return st;
+    if (with_workspace) {
+        st = check_fixed(ctx, fn, &lim);
+        if (st != MSA_OK)
+            return st;
+        const uintptr_t align = ctx->backend == MSA_BACKEND_CPU ? 64 : MSA_PLAN_WORKSPACE_ALIGNMENT;
+        if (!workspace)
+            return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "%s: workspace is NULL", fn);
+        if ((uintptr_t)workspace % align)
+            return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                                 "%s: workspace %p is not aligned to %u bytes", fn, workspace,
+                                 (unsigned)align);
+        size_t need = 0;
+        st = workspace_need(ctx, fn, model, cache, &lim, &need);
+        if (st != MSA_OK)
+            return st;
+        if (workspace_bytes < need)
+            return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                                 "%s: workspace of %zu bytes, the plan needs %zu "
+                                 "(msa_plan_workspace_size)",
+                                 fn, workspace_bytes, need);
+    }
     msa_plan *p = msa_plan_malloc(sizeof *p);
     if (!p)
         return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
@@ -244,6 +333,10 @@ msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *
     p->model = model;
     p->cache = cache;
     p->params = lim;
+    if (with_workspace) {
+        p->workspace = workspace;
+        p->workspace_bytes = workspace_bytes;
+    }
     if (msa_step_pages_init(p) != MSA_OK) {
         free(p);
         return MSA_ERR_OUT_OF_MEMORY;
@@ -254,7 +347,7 @@ msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *
     const int64_t kv_len = lim.max_kv_len ? lim.max_kv_len : 1024;
     msa_plan_arrays cur, spare;
     int64_t ppr = 0;
-    msa_status st = arrays_build(p, fn, reqs, tokens, kv_len, &cur, &spare, &ppr);
+    st = arrays_build(p, fn, reqs, tokens, kv_len, &cur, &spare, &ppr);
     if (st != MSA_OK) {
         msa_step_pages_free(p);
         free(p);
@@ -280,6 +373,20 @@ msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *
     return MSA_OK;
 }
 
+msa_status msa_plan_create(msa_context *ctx, const msa_model *model, msa_cache *cache,
+                           const msa_plan_params *params, msa_plan **out)
+{
+    return plan_create(ctx, "msa_plan_create", model, cache, params, NULL, 0, 0, out);
+}
+
+msa_status msa_plan_create_with_workspace(msa_context *ctx, const msa_model *model,
+                                          msa_cache *cache, const msa_plan_params *params,
+                                          void *workspace, size_t workspace_bytes, msa_plan **out)
+{
+    return plan_create(ctx, "msa_plan_create_with_workspace", model, cache, params, workspace,
+                       workspace_bytes, 1, out);
+}
+
 void msa_plan_free(msa_plan *plan)
 {
     if (!plan)
@@ -297,9 +404,9 @@ void msa_plan_free(msa_plan *plan)
 
 /* SPEC section 10: everything about the step is checked before anything
  * of the plan changes. */
-static msa_status validate_step(msa_plan *p, const msa_step *s, int64_t *active, int64_t *max_kv)
+static msa_status validate_step(msa_plan *p, const msa_step *s, int device, const char *fn,
+                                int64_t *active, int64_t *max_kv)
 {
-    static const char fn[] = "msa_plan_update";
     msa_context *ctx = p->ctx;
     const msa_cache_config *cc = &p->cache->cfg;
     if (s->num_requests < 0)
@@ -333,6 +440,8 @@ static msa_status validate_step(msa_plan *p, const msa_step *s, int64_t *active,
                                  "%s: request %d: page_table_stride %lld < %lld pages needed for "
                                  "kv_len %d",
                                  fn, r, (long long)s->page_table_stride, (long long)need, kv);
+        if (device)
+            continue; /* the entries are on the device: the kernels guard them */
         const int32_t *row = s->page_table + (int64_t)r * s->page_table_stride;
         for (int64_t n = 0; n < need; n++) {
             if (row[n] < 0)
@@ -369,17 +478,24 @@ static msa_status validate_step(msa_plan *p, const msa_step *s, int64_t *active,
         return msa_set_error(ctx, MSA_ERR_CAPACITY,
                              "%s: num_tokens %lld exceeds the largest plan capacity (2^40 rows)",
                              fn, (long long)s->num_tokens);
-    msa_status st = msa_step_pages_check(p, s);
-    if (st != MSA_OK)
-        return st;
+    if (device && s->page_table && (uintptr_t)s->page_table % sizeof(int32_t))
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                             "%s: the device page table %p is not aligned to 4 bytes", fn,
+                             (const void *)s->page_table);
+    if (!device) {
+        msa_status st = msa_step_pages_check(p, s, fn);
+        if (st != MSA_OK)
+            return st;
+    }
     *active = sum;
     *max_kv = mkv;
     return MSA_OK;
 }
 
 /* Writes step `s` into the array set `a` (capacities of p); returns the
- * longest q_len. */
-static int32_t fill_step(const msa_plan *p, const msa_plan_arrays *a, const msa_step *s)
+ * longest q_len.  A device table (device 1) is not read: its host rows
+ * hold -1. */
+static int32_t fill_step(const msa_plan *p, const msa_plan_arrays *a, const msa_step *s, int device)
 {
     const int32_t P = p->cache->cfg.page_size;
     const int64_t ppr = p->cap_pages_per_request;
@@ -391,7 +507,7 @@ static int32_t fill_step(const msa_plan *p, const msa_plan_arrays *a, const msa_
         a->kv_len[r] = kv;
         a->q_start[r] = row;
         int32_t *dst = a->page_table + (int64_t)r * ppr;
-        int64_t need = pages_for(kv, P);
+        int64_t need = device ? 0 : pages_for(kv, P);
         for (int64_t n = 0; n < ppr; n++)
             dst[n] = n < need ? s->page_table[(int64_t)r * s->page_table_stride + n] : -1;
         for (int32_t i = 0; i < q; i++, row++) {
@@ -409,16 +525,24 @@ static int32_t fill_step(const msa_plan *p, const msa_plan_arrays *a, const msa_
     return mq;
 }
 
-msa_status msa_plan_update(msa_plan *p, const msa_step *s, void *stream)
+static msa_status plan_update(msa_plan *p, const msa_step *s, msa_memory where, void *stream,
+                              const char *fn)
 {
-    static const char fn[] = "msa_plan_update";
     if (!p)
         return MSA_ERR_INVALID_ARGUMENT;
     msa_context *ctx = p->ctx;
     if (!s)
         return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT, "%s: step is NULL", fn);
+    if (where != MSA_MEMORY_HOST && where != MSA_MEMORY_DEVICE)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                             "%s: page_table_memory %d is neither MSA_MEMORY_HOST nor "
+                             "MSA_MEMORY_DEVICE",
+                             fn, (int)where);
+    /* The CPU backend's device memory is host memory: its table is read and
+     * checked as a host table. */
+    const int device = where == MSA_MEMORY_DEVICE && ctx->backend != MSA_BACKEND_CPU;
     int64_t active = 0, mkv = 0;
-    msa_status st = validate_step(p, s, &active, &mkv);
+    msa_status st = validate_step(p, s, device, fn, &active, &mkv);
     if (st != MSA_OK)
         return st;
 
@@ -461,8 +585,11 @@ msa_status msa_plan_update(msa_plan *p, const msa_step *s, void *stream)
     }
 
     /* The step goes into arrays the current step does not use. */
-    const int32_t mq = fill_step(p, &next, s);
+    const int32_t mq = fill_step(p, &next, s, device);
     arrays_install(p, &next);
+    p->table_on_device = device;
+    p->device_table = device ? s->page_table : NULL;
+    p->device_table_stride = device ? s->page_table_stride : 0;
     p->spare = grow ? next_spare : arrays_current(&saved);
     p->num_requests = s->num_requests;
     p->num_tokens = s->num_tokens;
@@ -493,6 +620,17 @@ msa_status msa_plan_update(msa_plan *p, const msa_step *s, void *stream)
     p->has_step = 1;
     msa_clear_error(ctx);
     return MSA_OK;
+}
+
+msa_status msa_plan_update(msa_plan *p, const msa_step *s, void *stream)
+{
+    return plan_update(p, s, MSA_MEMORY_HOST, stream, "msa_plan_update");
+}
+
+msa_status msa_plan_update_ex(msa_plan *p, const msa_step *s, msa_memory page_table_memory,
+                              void *stream)
+{
+    return plan_update(p, s, page_table_memory, stream, "msa_plan_update_ex");
 }
 
 const char *msa_plan_kernel_name(const msa_plan *plan, int32_t layer)

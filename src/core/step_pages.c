@@ -84,7 +84,7 @@ static int find_write(const msa_step *s, int32_t P, int32_t page, int32_t skip_r
     return 0;
 }
 
-msa_status msa_step_pages_check(msa_plan *p, const msa_step *s)
+msa_status msa_step_pages_check(msa_plan *p, const msa_step *s, const char *fn)
 {
     const int32_t P = p->cache->cfg.page_size;
     uint64_t *marks = p->page_marks;
@@ -140,10 +140,10 @@ msa_status msa_step_pages_check(msa_plan *p, const msa_step *s)
         first_n = bad_n;
     }
     return msa_set_error(p->ctx, MSA_ERR_INVALID_ARGUMENT,
-                         "msa_plan_update: request %d writes page %d (logical page %lld), which "
+                         "%s: request %d writes page %d (logical page %lld), which "
                          "request %d also %s "
                          "(logical page %lld); a page the step writes into must appear once among "
                          "the step's page-table entries",
-                         first_r, page, (long long)first_n, bad_r, both_write ? "writes" : "uses",
-                         (long long)bad_n);
+                         fn, first_r, page, (long long)first_n, bad_r,
+                         both_write ? "writes" : "uses", (long long)bad_n);
 }

@@ -78,6 +78,12 @@ static void cpu_plan_free(msa_plan *plan)
     cpu_plan *cp = plan->backend;
     if (!cp)
         return;
+    if (plan->workspace) {
+        /* The buffers lie in the caller's workspace. */
+        free(cp);
+        plan->backend = NULL;
+        return;
+    }
     free(cp->chunks);
     free(cp->attn_chunks);
     free(cp->wave_start);
@@ -149,10 +155,24 @@ static size_t score_floats(const msa_plan *plan)
     return wave < total ? wave : total;
 }
 
-/* Everything a step within the plan's capacities needs is allocated here,
- * so cpu_plan_upload allocates nothing.  On failure nothing is left
- * allocated and plan->backend stays NULL. */
-static msa_status cpu_plan_init(msa_plan *plan)
+/* The CPU plan's work buffers. */
+enum { CHUNKS, ATTN_CHUNKS, WAVES, TASKS, SEL, PARTIALS, SCRATCH, SCORES, NBUF };
+
+/* Sizes of the work buffers of a plan with plan->cap_*: bytes[i] of each
+ * (0 for the block scores without a sparse layer) and, in *total, the bytes
+ * of all of them laid out one after another at 64-byte boundaries (the
+ * layout of a caller workspace).  Every product is checked: capacities come
+ * from the caller. */
+typedef struct cpu_sizes {
+    size_t bytes[NBUF];
+    size_t total;
+    size_t scores;
+    size_t partial_floats;
+    int64_t partial_rows;
+    int64_t scratch_per_thread;
+} cpu_sizes;
+
+static msa_status cpu_plan_sizes(const msa_plan *plan, cpu_sizes *z)
 {
     msa_context *ctx = plan->ctx;
     const msa_model *m = plan->model;
@@ -161,16 +181,11 @@ static msa_status cpu_plan_init(msa_plan *plan)
     const int64_t D = max64(m->cfg.head_dim, m->cfg.index_dim);
     /* An item holds at most MSA_CPU_ATTN_ROWS rows, or one token's query
      * heads when a group alone is larger. */
-    const int64_t partial_rows = max64(MSA_CPU_ATTN_ROWS, max64(m->group, m->cfg.num_index_heads));
-    const int64_t scratch_per_thread = (scratch_floats(m) + 15) & ~(int64_t)15;
-    const size_t scores = score_floats(plan);
-
-    /* Byte sizes, every product checked: capacities come from the caller. */
-    enum { CHUNKS, ATTN_CHUNKS, WAVES, TASKS, SEL, PARTIALS, SCRATCH, SCORES, NBUF };
-    static const char *const what[NBUF] = {"index chunks", "attention chunks", "waves",
-                                           "scan tasks",   "selections",       "partials",
-                                           "scratch",      "block scores"};
-    size_t bytes[NBUF], sel_cells, partial_floats, total = 0;
+    z->partial_rows = max64(MSA_CPU_ATTN_ROWS, max64(m->group, m->cfg.num_index_heads));
+    z->scratch_per_thread = (scratch_floats(m) + 15) & ~(int64_t)15;
+    z->scores = score_floats(plan);
+    size_t *bytes = z->bytes, sel_cells;
+    z->total = 0;
     int ok =
         msa_size_mul(T, sizeof(cpu_chunk), &bytes[CHUNKS]) &&
         msa_size_mul(T, sizeof(cpu_chunk), &bytes[ATTN_CHUNKS]) &&
@@ -178,44 +193,83 @@ static msa_status cpu_plan_init(msa_plan *plan)
         msa_size_mul(T, sizeof(int64_t), &bytes[TASKS]) &&
         msa_size_mul(T, (size_t)m->cfg.num_kv_heads * (size_t)m->topk_width, &sel_cells) &&
         msa_size_mul(sel_cells, sizeof(int32_t), &bytes[SEL]) &&
-        msa_size_mul((size_t)(4 * nth), (size_t)(partial_rows * (D + 2)), &partial_floats) &&
-        msa_size_mul(partial_floats, sizeof(float), &bytes[PARTIALS]) &&
-        msa_size_mul((size_t)scratch_per_thread * sizeof(float), (size_t)nth, &bytes[SCRATCH]) &&
-        (scores != 0 || !has_sparse_layer(m)) &&
-        msa_size_mul(scores, sizeof(float), &bytes[SCORES]);
+        msa_size_mul((size_t)(4 * nth), (size_t)(z->partial_rows * (D + 2)), &z->partial_floats) &&
+        msa_size_mul(z->partial_floats, sizeof(float), &bytes[PARTIALS]) &&
+        msa_size_mul((size_t)z->scratch_per_thread * sizeof(float), (size_t)nth, &bytes[SCRATCH]) &&
+        (z->scores != 0 || !has_sparse_layer(m)) &&
+        msa_size_mul(z->scores, sizeof(float), &bytes[SCORES]);
     for (int i = 0; ok && i < NBUF; i++)
-        ok = msa_size_add(total, bytes[i], &total);
+        ok = bytes[i] <= SIZE_MAX - 63 &&
+             msa_size_add(z->total, (bytes[i] + 63) & ~(size_t)63, &z->total);
     if (!ok)
         return msa_set_error(ctx, MSA_ERR_CAPACITY,
                              "the CPU workspaces of these capacities (tokens %lld, kv_len %lld) "
                              "are too large to address",
                              (long long)plan->cap_tokens, (long long)plan->cap_kv_len);
+    return MSA_OK;
+}
+
+static msa_status cpu_plan_workspace(const msa_plan *plan, size_t *bytes)
+{
+    cpu_sizes z;
+    msa_status st = cpu_plan_sizes(plan, &z);
+    if (st == MSA_OK)
+        *bytes = z.total;
+    return st;
+}
+
+/* Everything a step within the plan's capacities needs is allocated here
+ * (or carved from the caller's workspace, plan->workspace), so
+ * cpu_plan_upload allocates nothing.  On failure nothing is left allocated
+ * and plan->backend stays NULL. */
+static msa_status cpu_plan_init(msa_plan *plan)
+{
+    msa_context *ctx = plan->ctx;
+    static const char *const what[NBUF] = {"index chunks", "attention chunks", "waves",
+                                           "scan tasks",   "selections",       "partials",
+                                           "scratch",      "block scores"};
+    cpu_sizes z;
+    msa_status status = cpu_plan_sizes(plan, &z);
+    if (status != MSA_OK)
+        return status;
     const size_t host = msa_host_memory_bytes();
-    if (total > host)
+    if (!plan->workspace && z.total > host)
         return msa_set_error(
             ctx, MSA_ERR_OUT_OF_MEMORY,
             "the CPU workspaces of these capacities (tokens %lld, kv_len %lld) need "
             "%.1f GiB, more than the %.1f GiB of memory of this machine",
-            (long long)plan->cap_tokens, (long long)plan->cap_kv_len, (double)total / (1 << 30),
+            (long long)plan->cap_tokens, (long long)plan->cap_kv_len, (double)z.total / (1 << 30),
             (double)host / (1 << 30));
+    if (plan->workspace && plan->workspace_bytes < z.total)
+        return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                             "workspace of %zu bytes, the CPU plan needs %zu",
+                             plan->workspace_bytes, z.total);
 
     cpu_plan *cp = msa_plan_malloc(sizeof *cp);
     if (!cp)
         return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY, "out of memory for the CPU plan state");
     memset(cp, 0, sizeof *cp);
     void *got[NBUF] = {NULL};
+    size_t off = 0;
     for (int i = 0; i < NBUF; i++) {
-        if (i == SCORES && scores == 0)
+        if (i == SCORES && z.scores == 0)
             break; /* no sparse layer: no block scores */
-        /* The scratch is read with aligned vector loads. */
-        got[i] = i == SCRATCH ? msa_plan_aligned_alloc(bytes[i]) : msa_plan_malloc(bytes[i]);
+        if (plan->workspace) {
+            /* Each buffer at a 64-byte boundary of the caller's block (the
+             * scratch is read with aligned vector loads). */
+            got[i] = (char *)plan->workspace + off;
+            off += (z.bytes[i] + 63) & ~(size_t)63;
+            continue;
+        }
+        got[i] = i == SCRATCH ? msa_plan_aligned_alloc(z.bytes[i]) : msa_plan_malloc(z.bytes[i]);
         if (!got[i]) {
             for (int j = 0; j < i; j++)
                 free(got[j]);
             free(cp);
             return msa_set_error(ctx, MSA_ERR_OUT_OF_MEMORY,
-                                 "out of memory for the CPU %s (%zu bytes)", what[i], bytes[i]);
+                                 "out of memory for the CPU %s (%zu bytes)", what[i], z.bytes[i]);
         }
+        msa_count_device_allocation(); /* the CPU backend's device memory is host memory */
     }
     cp->chunks = got[CHUNKS];
     cp->attn_chunks = got[ATTN_CHUNKS];
@@ -226,10 +280,10 @@ static msa_status cpu_plan_init(msa_plan *plan)
     cp->scratch = got[SCRATCH];
     cp->scores = got[SCORES];
     cp->chunk_cap = plan->cap_tokens;
-    cp->score_cap = (int64_t)scores;
-    cp->partial_rows = partial_rows;
-    cp->partial_cap = (int64_t)partial_floats;
-    cp->scratch_per_thread = scratch_per_thread;
+    cp->score_cap = (int64_t)z.scores;
+    cp->partial_rows = z.partial_rows;
+    cp->partial_cap = (int64_t)z.partial_floats;
+    cp->scratch_per_thread = z.scratch_per_thread;
     plan->backend = cp;
     return MSA_OK;
 }
@@ -506,6 +560,7 @@ const msa_backend_ops msa_cpu_backend_ops = {
     .copy_out = cpu_copy,
     .synchronize = cpu_sync,
     .plan_init = cpu_plan_init,
+    .plan_workspace = cpu_plan_workspace,
     .plan_upload = cpu_plan_upload,
     .plan_free = cpu_plan_free,
     .describe = cpu_describe,
