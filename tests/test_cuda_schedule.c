@@ -25,7 +25,9 @@
  *   - splits stay within the policy's limits (one unit per SM on the
  *     Hopper kernel, about two items per CTA elsewhere);
  *   - prefill tiles cover each prefill token once, last tile first;
- *   - a step beyond the sized capacities is refused with nothing written.
+ *   - a step beyond the sized capacities is refused with nothing written;
+ *   - a step whose page table is on the device leaves the table and the
+ *     rows' pages alone (plan.cu fills them on the device).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -524,6 +526,24 @@ static void run_case(msa_model *model, const sched_case *sc, unsigned seed)
         EXPECT(cu_sched_fill(&plan, &small, on_tma, &h, &step) != 0,
                "a context of %lld fits a capacity of %d", (long long)max_kv, small.cap_kv);
         EXPECT(memcmp(before, blob, sz.meta_bytes) == 0, "a refused step wrote the schedule");
+
+        /* A step whose table is on the device: the same schedule, but the
+         * page table and the rows' pages are left to the device. */
+        const size_t pt_bytes = sizeof(int32_t) * (size_t)R * (size_t)sz.cap_pages;
+        memset((uint8_t *)blob + sz.pt_offset, 0x77, pt_bytes);
+        plan.table_on_device = 1;
+        EXPECT(cu_sched_fill(&plan, &sz, on_tma, &h, &step) == 0, "device-table step refused");
+        plan.table_on_device = 0;
+        int64_t left = 0, paged = 0;
+        for (size_t i = 0; i < pt_bytes; ++i)
+            left += ((uint8_t *)blob)[sz.pt_offset + i] != 0x77;
+        for (int64_t t = 0; t < tokens; ++t)
+            paged += h.tok_info[t].page != -1;
+        EXPECT(left == 0, "a device-table step wrote %lld bytes of the page table",
+               (long long)left);
+        EXPECT(paged == 0, "a device-table step set %lld row pages", (long long)paged);
+        EXPECT(memcmp(before, blob, (uintptr_t)h.tok_info - (uintptr_t)blob) == 0,
+               "a device-table step changed the request arrays");
         free(before);
     }
 

@@ -217,8 +217,9 @@ static msa_status cu_synchronize(msa_context *ctx)
 }
 
 extern "C" const msa_backend_ops msa_cuda_backend_ops = {
-    "cuda",          cu_init,     cu_shutdown,    cu_alloc,         cu_free,
-    cu_copy_in,      cu_copy_out, cu_synchronize, cu_plan_init,     cu_plan_upload,
-    cu_plan_free,    cu_describe, cu_forward,     cu_bench_forward, cu_bench_read_bandwidth,
+    "cuda",          cu_init,           cu_shutdown,      cu_alloc,
+    cu_free,         cu_copy_in,        cu_copy_out,      cu_synchronize,
+    cu_plan_init,    cu_plan_workspace, cu_plan_upload,   cu_plan_free,
+    cu_describe,     cu_forward,        cu_bench_forward, cu_bench_read_bandwidth,
     cu_bench_stages,
 };

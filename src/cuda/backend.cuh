@@ -41,6 +41,7 @@ typedef struct cu_stage_marks {
 
 msa_status cu_plan_init(msa_plan *plan);
 msa_status cu_plan_upload(msa_plan *plan, void *stream);
+msa_status cu_plan_workspace(const msa_plan *plan, size_t *bytes);
 void cu_plan_free(msa_plan *plan);
 void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const char **reason);
 msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_layer_io *io);

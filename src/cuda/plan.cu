@@ -23,24 +23,15 @@ static void cu_state_release(cu_plan_state *st)
     for (int i = 0; i < 2; ++i)
         if (st->staging_used[i])
             cudaEventSynchronize(st->staged[i]);
-    cudaFree(st->meta_dev);
     for (int i = 0; i < 2; ++i) {
         if (st->staging[i])
             cudaFreeHost(st->staging[i]);
         if (st->staged[i])
             cudaEventDestroy(st->staged[i]);
     }
-    cudaFree(st->scores);
-    cudaFree(st->sel);
-    cudaFree(st->uids);
-    cudaFree(st->umask);
-    cudaFree(st->ucnt);
-    cudaFree(st->sel_done);
-    cudaFree(st->idx_next);
-    cudaFree(st->pf_scratch);
-    cudaFree(st->part);
-    cudaFree(st->pfi_scratch);
-    cudaFree(st->pfi_split);
+    /* The device buffers lie in one block: the library's (freed here) or
+     * the caller's workspace (left alone). */
+    cudaFree(st->ws_owned);
     free(st->maps);
     free(st->map_ok);
     free(st->path);
@@ -48,14 +39,12 @@ static void cu_state_release(cu_plan_state *st)
     free(st);
 }
 
-/* Allocates n bytes of zeroed device memory (at least 16). */
-/* Zero-filled device memory.  Like every allocation of the plan path it
- * asks the failure injector first (src/core/alloc_fault.c), so that tests
- * can fail it and check that the update leaves the previous step. */
+/* Zero-filled device memory, the plan's only device allocation.  Like
+ * every allocation of the plan path it asks the failure injector first
+ * (src/core/alloc_fault.c), so that tests can fail it and check that the
+ * update leaves the previous step; tests count it. */
 static cudaError_t cu_zalloc(void **p, size_t n)
 {
-    if (n < 16)
-        n = 16;
     if (msa_alloc_fault()) {
         *p = NULL;
         return cudaErrorMemoryAllocation;
@@ -65,7 +54,118 @@ static cudaError_t cu_zalloc(void **p, size_t n)
         *p = NULL;
         return e;
     }
+    msa_count_device_allocation();
     return cudaMemset(*p, 0, n);
+}
+
+/* Offsets of a plan state's device buffers in its one block of device
+ * memory (the library's, or the caller's workspace), each at a multiple of
+ * MSA_PLAN_WORKSPACE_ALIGNMENT bytes and at least 16 bytes long; CU_WS_NONE
+ * for a buffer the plan does not have (its pointer stays NULL). */
+#define CU_WS_NONE SIZE_MAX
+typedef struct cu_ws_layout {
+    size_t meta, scores, sel, uids, umask, ucnt, sel_done, idx_next, pf_scratch, part;
+    size_t pfi_scratch, pfi_split;
+    int grid_pfi;
+    size_t total;
+} cu_ws_layout;
+
+static size_t cu_ws_take(size_t *off, int present, size_t bytes)
+{
+    if (!present)
+        return CU_WS_NONE;
+    const size_t at = *off;
+    const size_t a = MSA_PLAN_WORKSPACE_ALIGNMENT;
+    *off = (at + (bytes < 16 ? 16 : bytes) + a - 1) / a * a;
+    return at;
+}
+
+/* The layout of the device buffers of a plan of sizes sz on context state
+ * cs (the capacities are bounded by cu_plan_check, so no size overflows). */
+static void cu_ws_layout_of(const msa_plan *plan, const cu_ctx_state *cs, const cu_sched_sizes *sz,
+                            cu_ws_layout *L)
+{
+    const msa_model *m = plan->model;
+    const msa_model_config *cfg = &m->cfg;
+    const int any_sparse = cu_sched_any_layer(m, 1, 0);
+    const size_t Hkv = (size_t)cfg->num_kv_heads, Hi = (size_t)cfg->num_index_heads;
+    const size_t W = (size_t)m->topk_width;
+    const size_t index_heads_per_unit = Hi >= Hkv ? Hi / Hkv : 1;
+    const size_t units = Hi < Hkv ? Hi : Hkv;
+    const size_t req = (size_t)sz->cap_req, blocks = (size_t)sz->cap_blocks;
+    size_t off = 0;
+    L->meta = cu_ws_take(&off, 1, sz->meta_bytes);
+    L->scores =
+        cu_ws_take(&off, any_sparse, sizeof(float) * (size_t)sz->dec_rows_cap * Hi * blocks);
+    L->sel = cu_ws_take(&off, any_sparse, sizeof(int32_t) * (size_t)sz->cap_tok * Hkv * W);
+    L->uids = cu_ws_take(&off, any_sparse, sizeof(int32_t) * req * Hkv * (size_t)sz->cap_union);
+    L->umask = cu_ws_take(&off, any_sparse, sizeof(uint32_t) * req * Hkv * (size_t)sz->cap_union);
+    L->ucnt = cu_ws_take(&off, any_sparse, sizeof(int32_t) * req * Hkv);
+    L->sel_done = cu_ws_take(&off, any_sparse, sizeof(int32_t) * req * units);
+    L->idx_next = cu_ws_take(&off, any_sparse, sizeof(int32_t));
+    L->pf_scratch = cu_ws_take(&off, any_sparse,
+                               sizeof(float) * (size_t)sz->grid_pf * index_heads_per_unit * blocks);
+    L->part = cu_ws_take(&off, 1, sizeof(float) * (size_t)sz->part_rows_cap * sz->part_stride);
+    /* Prefill indexer on tensor cores: shapes it covers (cu_choose_paths'
+     * idx_fast conditions on the model and the cache; the forward runs it
+     * where the plan's paths take idx_fast) and a plan that can hold a
+     * prefill request.  Its workspace: 64 rows of block scores
+     * per CTA (CU_PFI_ROWS x cap_blocks floats, 256 KB a CTA at 128K
+     * tokens).  The debugging option cuda_no_prefill_indexer keeps the
+     * scalar role. */
+    const int pfi = any_sparse && cs->pfi && cu_pfidx_shape(plan) && sz->cap_q > CU_DEC_MAX_Q;
+    L->grid_pfi = pfi ? cu_pfidx_grid(sz->num_sms) : 0;
+    L->pfi_scratch =
+        cu_ws_take(&off, pfi, sizeof(float) * cu_pfidx_scratch_floats(L->grid_pfi, sz->cap_blocks));
+    L->pfi_split = cu_ws_take(&off, pfi, sizeof(int32_t) * cu_pfidx_split_words(L->grid_pfi));
+    L->total = off;
+}
+
+/* A buffer of the block at `base`, NULL when the layout has none. */
+template <typename T>
+static T *cu_ws_at(char *base, size_t off)
+{
+    return off == CU_WS_NONE ? NULL : (T *)(base + off);
+}
+
+/* What the CUDA backend cannot hold, from the capacities and the model. */
+static msa_status cu_plan_check(const msa_plan *plan)
+{
+    msa_context *ctx = plan->ctx;
+    const msa_model_config *cfg = &plan->model->cfg;
+    if (plan->cap_requests > (1 << 24) || plan->cap_tokens > (1 << 28) ||
+        plan->cap_kv_len > ((int64_t)1 << 30))
+        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
+                             "CUDA backend: plan capacities beyond 2^24 requests, 2^28 tokens "
+                             "or 2^30 context tokens");
+    if (cfg->head_dim > CU_SIMT_MAX_DIM || cfg->index_dim > CU_SIMT_MAX_DIM)
+        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
+                             "CUDA backend: head_dim and index_dim up to %d", CU_SIMT_MAX_DIM);
+    if (cfg->num_index_heads > 32 * cfg->num_kv_heads)
+        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
+                             "CUDA backend: at most 32 index heads per KV head");
+    return MSA_OK;
+}
+
+/* The sizes of a plan on this context's device. */
+static void cu_plan_sizes(const msa_plan *plan, cu_sched_sizes *sz)
+{
+    const cu_ctx_state *cs = (const cu_ctx_state *)plan->ctx->backend_state;
+    const cu_sched_device dev = {cs->num_sms, cs->grid_idx_fast, cs->grid_att_fast};
+    cu_sched_size(plan, &dev, sz);
+}
+
+msa_status cu_plan_workspace(const msa_plan *plan, size_t *bytes)
+{
+    msa_status status = cu_plan_check(plan);
+    if (status != MSA_OK)
+        return status;
+    cu_sched_sizes sz;
+    cu_ws_layout L;
+    cu_plan_sizes(plan, &sz);
+    cu_ws_layout_of(plan, (const cu_ctx_state *)plan->ctx->backend_state, &sz, &L);
+    *bytes = L.total;
+    return MSA_OK;
 }
 
 /* The layers' tensor maps (cu_plan_state.maps), encoded here once
@@ -114,17 +214,9 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     const msa_model_config *cfg = &m->cfg;
     *out = NULL;
 
-    if (plan->cap_requests > (1 << 24) || plan->cap_tokens > (1 << 28) ||
-        plan->cap_kv_len > ((int64_t)1 << 30))
-        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
-                             "CUDA backend: plan capacities beyond 2^24 requests, 2^28 tokens "
-                             "or 2^30 context tokens");
-    if (cfg->head_dim > CU_SIMT_MAX_DIM || cfg->index_dim > CU_SIMT_MAX_DIM)
-        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
-                             "CUDA backend: head_dim and index_dim up to %d", CU_SIMT_MAX_DIM);
-    if (cfg->num_index_heads > 32 * cfg->num_kv_heads)
-        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
-                             "CUDA backend: at most 32 index heads per KV head");
+    msa_status status = cu_plan_check(plan);
+    if (status != MSA_OK)
+        return status;
 
     cu_plan_state *st = msa_alloc_fault() ? NULL : (cu_plan_state *)calloc(1, sizeof(*st));
     if (!st)
@@ -135,16 +227,44 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
     const int32_t Hkv = cfg->num_kv_heads, Hi = cfg->num_index_heads;
     const int32_t W = m->topk_width;
     const int32_t index_heads_per_unit = Hi >= Hkv ? Hi / Hkv : 1;
-    const int32_t units = Hi < Hkv ? Hi : Hkv;
 
-    const cu_sched_device dev = {cs->num_sms, cs->grid_idx_fast, cs->grid_att_fast};
-    cu_sched_size(plan, &dev, &st->sz);
+    cu_plan_sizes(plan, &st->sz);
     st->pdl = cs->pdl;
     st->tma = cs->tma;
     st->wgmma = cs->wgmma;
     st->pfi_wgmma = cs->pfi_wgmma;
 
-    cudaError_t e = cu_zalloc(&st->meta_dev, st->sz.meta_bytes);
+    /* Every device buffer in one block: the caller's workspace (zeroed
+     * here, as the kernels expect their counters at 0) or the library's. */
+    cu_ws_layout L;
+    cu_ws_layout_of(plan, cs, &st->sz, &L);
+    cudaError_t e;
+    char *base;
+    if (plan->workspace) {
+        if (plan->workspace_bytes < L.total) {
+            cu_state_release(st);
+            return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                                 "workspace of %zu bytes, the CUDA plan needs %zu",
+                                 plan->workspace_bytes, L.total);
+        }
+        base = (char *)plan->workspace;
+        e = cudaMemset(base, 0, L.total);
+        if (e != cudaSuccess) {
+            cu_state_release(st);
+            cudaGetLastError();
+            return msa_set_error(ctx, MSA_ERR_INVALID_ARGUMENT,
+                                 "the workspace (%zu bytes at %p) cannot be zeroed on the "
+                                 "context's device: %s",
+                                 L.total, plan->workspace, cudaGetErrorString(e));
+        }
+    } else {
+        e = cu_zalloc(&st->ws_owned, L.total);
+        base = (char *)st->ws_owned;
+    }
+    /* The zeroing runs on the legacy stream: done before any stream of the
+     * engine's uses the buffers. */
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cudaStreamLegacy);
     for (int i = 0; i < 2 && e == cudaSuccess; ++i) {
         e = msa_alloc_fault() ? cudaErrorMemoryAllocation
                               : cudaMallocHost(&st->staging[i], st->sz.meta_bytes);
@@ -153,45 +273,21 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
             e = cudaEventCreateWithFlags(&st->staged[i], cudaEventDisableTiming);
         }
     }
-    if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->scores,
-                      sizeof(float) * (size_t)st->sz.dec_rows_cap * Hi * st->sz.cap_blocks);
-    if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->sel, sizeof(int32_t) * (size_t)st->sz.cap_tok * Hkv * W);
-    if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->uids,
-                      sizeof(int32_t) * (size_t)st->sz.cap_req * Hkv * st->sz.cap_union);
-    if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->umask,
-                      sizeof(uint32_t) * (size_t)st->sz.cap_req * Hkv * st->sz.cap_union);
-    if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->ucnt, sizeof(int32_t) * (size_t)st->sz.cap_req * Hkv);
-    if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->sel_done, sizeof(int32_t) * (size_t)st->sz.cap_req * units);
-    if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->idx_next, sizeof(int32_t));
-    if (e == cudaSuccess && any_sparse)
-        e = cu_zalloc((void **)&st->pf_scratch, sizeof(float) * (size_t)st->sz.grid_pf *
-                                                    index_heads_per_unit * st->sz.cap_blocks);
-    if (e == cudaSuccess)
-        e = cu_zalloc((void **)&st->part,
-                      sizeof(float) * (size_t)st->sz.part_rows_cap * st->sz.part_stride);
-    /* Prefill indexer on tensor cores: shapes it covers (cu_choose_paths'
-     * idx_fast conditions on the model and the cache; the forward runs it
-     * where the plan's paths take idx_fast) and a plan that can hold a
-     * prefill request.  Its workspace: 64 rows of block scores
-     * per CTA (CU_PFI_ROWS x cap_blocks floats, 256 KB a CTA at 128K
-     * tokens).  The debugging option cuda_no_prefill_indexer keeps the
-     * scalar role. */
-    if (e == cudaSuccess && any_sparse && cs->pfi && cu_pfidx_shape(plan) &&
-        st->sz.cap_q > CU_DEC_MAX_Q) {
-        st->grid_pfi = cu_pfidx_grid(st->sz.num_sms);
-        e = cu_zalloc((void **)&st->pfi_scratch,
-                      sizeof(float) * cu_pfidx_scratch_floats(st->grid_pfi, st->sz.cap_blocks));
-        if (e == cudaSuccess)
-            e = cu_zalloc((void **)&st->pfi_split,
-                          sizeof(int32_t) * cu_pfidx_split_words(st->grid_pfi));
-        if (e == cudaSuccess)
+    if (e == cudaSuccess) {
+        st->meta_dev = cu_ws_at<void>(base, L.meta);
+        st->scores = cu_ws_at<float>(base, L.scores);
+        st->sel = cu_ws_at<int32_t>(base, L.sel);
+        st->uids = cu_ws_at<int32_t>(base, L.uids);
+        st->umask = cu_ws_at<uint32_t>(base, L.umask);
+        st->ucnt = cu_ws_at<int32_t>(base, L.ucnt);
+        st->sel_done = cu_ws_at<int32_t>(base, L.sel_done);
+        st->idx_next = cu_ws_at<int32_t>(base, L.idx_next);
+        st->pf_scratch = cu_ws_at<float>(base, L.pf_scratch);
+        st->part = cu_ws_at<float>(base, L.part);
+        st->grid_pfi = L.grid_pfi;
+        st->pfi_scratch = cu_ws_at<float>(base, L.pfi_scratch);
+        st->pfi_split = cu_ws_at<int32_t>(base, L.pfi_split);
+        if (st->pfi_scratch)
             e = cu_pfidx_setup(
                 cu_pfidx_smem(index_heads_per_unit, cfg->topk_blocks, W, st->sz.sel_cache));
         /* The Hopper tensor-map kernel where its shared memory fits (the
@@ -285,6 +381,65 @@ int cu_attn_tma_shape(const msa_plan *plan, const cu_plan_state *st)
 
 /* ---- per-step schedule --------------------------------------------------- */
 
+/* The step's page table from the caller's device rows (msa_plan_update_ex
+ * with MSA_MEMORY_DEVICE), after the upload of the rest of the blob in
+ * stream order: copies the entries each request uses into the blob's table
+ * (rows cap_pages apart, -1 after them, as a host upload leaves them) and
+ * sets the page of each token row's cache write.  The host could not check
+ * the entries: one outside the pool becomes page 0 in the table, so that
+ * every kernel's reads stay inside the cache, and page -1 for the write,
+ * which the prologue drops.  One thread per table cell, then per token. */
+__global__ void cu_device_table_kernel(const int32_t *src, int64_t stride, int32_t *dst,
+                                       int32_t cap_pages, int32_t num_requests,
+                                       const int32_t *kv_len, int32_t log_page, int64_t num_pages,
+                                       cu_tok_info *tok, int32_t num_tokens)
+{
+    const int64_t cells = (int64_t)num_requests * cap_pages;
+    const int64_t all = cells + num_tokens;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < all;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        if (i < cells) {
+            const int32_t r = (int32_t)(i / cap_pages);
+            const int64_t n = i - (int64_t)r * cap_pages;
+            const int64_t need = ((int64_t)kv_len[r] + (1 << log_page) - 1) >> log_page;
+            int32_t v = -1;
+            if (n < need) {
+                v = src[(int64_t)r * stride + n];
+                if (v < 0 || v >= num_pages)
+                    v = 0;
+            }
+            dst[i] = v;
+        } else {
+            cu_tok_info *ti = &tok[i - cells];
+            const int32_t r = ti->r;
+            if (r >= 0) {
+                const int32_t v = src[(int64_t)r * stride + (ti->pos >> log_page)];
+                ti->page = v >= 0 && v < num_pages ? v : -1;
+            }
+        }
+    }
+}
+
+/* Launches cu_device_table_kernel for the plan's current step on s. */
+static cudaError_t cu_device_table(const msa_plan *plan, const cu_plan_state *st, cudaStream_t s)
+{
+    const int64_t all = (int64_t)plan->num_requests * st->sz.cap_pages + plan->num_tokens;
+    if (all == 0)
+        return cudaSuccess;
+    int32_t log_page = 0;
+    while ((1 << log_page) < plan->cache->cfg.page_size)
+        ++log_page;
+    const int threads = 256;
+    const int64_t want = (all + threads - 1) / threads;
+    const int grid = (int)(want < 8 * (int64_t)st->sz.num_sms ? want : 8 * (int64_t)st->sz.num_sms);
+    cu_device_table_kernel<<<grid, threads, 0, s>>>(plan->device_table, plan->device_table_stride,
+                                                    st->dev.page_table, st->sz.cap_pages,
+                                                    plan->num_requests, st->dev.kv_len, log_page,
+                                                    plan->cache->cfg.num_pages, st->dev.tok_info,
+                                                    (int32_t)plan->num_tokens);
+    return cudaGetLastError();
+}
+
 msa_status cu_plan_upload(msa_plan *plan, void *stream)
 {
     msa_context *ctx = plan->ctx;
@@ -309,10 +464,16 @@ msa_status cu_plan_upload(msa_plan *plan, void *stream)
         return msa_set_error(ctx, MSA_ERR_BACKEND,
                              "CUDA plan: the step exceeds the capacities of its device state");
 
+    /* A device table is not in the staging copy: its rows are copied on
+     * the device after the upload of everything before them. */
     const size_t bytes =
-        st->sz.pt_offset + sizeof(int32_t) * (size_t)plan->num_requests * st->sz.cap_pages;
+        st->sz.pt_offset + (plan->table_on_device
+                                ? 0
+                                : sizeof(int32_t) * (size_t)plan->num_requests * st->sz.cap_pages);
     cudaStream_t s = (cudaStream_t)stream;
     CU_TRY(ctx, cudaMemcpyAsync(st->meta_dev, st->staging[si], bytes, cudaMemcpyHostToDevice, s));
+    if (plan->table_on_device)
+        CU_TRY(ctx, cu_device_table(plan, st, s));
     CU_TRY(ctx, cudaEventRecord(st->staged[si], s));
     st->staging_used[si] = 1;
     st->next_staging = si ^ 1;

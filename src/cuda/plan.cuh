@@ -59,6 +59,10 @@ typedef struct cu_plan_state {
     int next_staging;
     cu_meta dev; /* views into meta_dev */
 
+    /* The library's block of device memory that holds meta_dev and the
+     * workspaces below; NULL on caller workspace (msa_plan.workspace). */
+    void *ws_owned;
+
     /* Workspaces. */
     float *scores;     /* [dec_rows_cap][Hi][cap_blocks] block scores */
     int32_t *sel;      /* [cap_tok][Hkv][W] selected blocks per KV head */

@@ -462,11 +462,13 @@ int cu_sched_fill(const msa_plan *plan, const cu_sched_sizes *sz, int sparse_one
         cu_tok_info *ti = &h->tok_info[t];
         ti->r = r;
         ti->pos = (int32_t)pos;
-        ti->page = r >= 0 ? plan->page_table[(int64_t)r * plan->cap_pages_per_request + pos / P]
-                          : -1;
+        /* A device table's pages are set on the device (plan.cu). */
+        ti->page = r >= 0 && !plan->table_on_device
+                       ? plan->page_table[(int64_t)r * plan->cap_pages_per_request + pos / P]
+                       : -1;
         ti->pad = 0;
     }
-    for (int32_t r = 0; r < R; ++r)
+    for (int32_t r = 0; r < R && !plan->table_on_device; ++r)
         memcpy(h->page_table + (int64_t)r * sz->cap_pages,
                plan->page_table + (int64_t)r * plan->cap_pages_per_request,
                sizeof(int32_t) * (size_t)plan->cap_pages_per_request);

@@ -178,7 +178,8 @@ typedef struct cu_meta {
     /* The units of the Hopper kernel's CTA c: att_units[att_cta[c] ..
      * att_cta[c + 1]), balanced by estimated cost (cu_sched_balance_units). */
     int32_t *att_cta;    /* [num_sms + 1] */
-    int32_t *page_table; /* [cap_req][cap_pages]; the last uploaded, so uploads copy a prefix */
+    int32_t *page_table; /* [cap_req][cap_pages]; the last uploaded, so uploads copy a prefix
+                          * (a device table's rows are copied on the device) */
     /* Host-only scratch of the schedule, after the page table: never
      * uploaded (the device copy of the blob leaves it unused). */
     uint64_t *sched_heap; /* [num_sms] */
@@ -274,7 +275,9 @@ size_t cu_meta_carve(const cu_sched_sizes *sz, uintptr_t base, cu_meta *m);
 /* The schedule of the plan's current step into the host views h: request
  * arrays, decode and prefill lists, page tables, the work items of every
  * attention pass and the prefill tiles.  sparse_one_round: the sparse pass
- * runs on the Hopper kernel (one CTA per SM, units dealt by cost).
+ * runs on the Hopper kernel (one CTA per SM, units dealt by cost).  A
+ * step whose table is on the device (plan->table_on_device) leaves the
+ * page table and the pages of tok_info (-1) to the device (plan.cu).
  * Returns 0, or -1 with nothing written when the step does not fit the
  * capacities sz was sized for (the plan re-sizes its state before that). */
 int cu_sched_fill(const msa_plan *plan, const cu_sched_sizes *sz, int sparse_one_round, cu_meta *h,

@@ -81,6 +81,10 @@ __global__ void __launch_bounds__(256, 8) cu_prologue_kernel(cu_prologue_params 
             if (!p.write_cache)
                 continue;
             const int32_t page = ti.page;
+            /* -1: the row's page-table entry, read on the device, lies
+             * outside the pool (plan.cu): the row is not written. */
+            if (page < 0)
+                continue;
             const int32_t slot = ti.pos & (p.page_size - 1);
             if (p.rows_in_pieces) {
                 cu_prologue_row_vec(p, t, page, slot);
