@@ -295,7 +295,8 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
          * wgmma kernel with cp.async keys. */
         const size_t pfit_smem =
             cu_pfit_smem(index_heads_per_unit, cfg->topk_blocks, W, st->sz.sel_cache);
-        if (e == cudaSuccess && st->pfi_wgmma && pfit_smem <= CU_PFIT_SMEM_LIMIT) {
+        if (e == cudaSuccess && st->pfi_scratch && st->pfi_wgmma &&
+            pfit_smem <= CU_PFIT_SMEM_LIMIT) {
             e = cu_pfit_setup(pfit_smem);
             st->pfit = e == cudaSuccess;
         }
