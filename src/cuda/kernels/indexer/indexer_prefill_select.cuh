@@ -233,15 +233,24 @@ __device__ __forceinline__ void cu_pfi_merge(const cu_pfidx_params &p, const cu_
                 continue;
             }
             const int32_t r = tok * p.Hi + u * p.mi + hl;
-            int32_t M = 0;
-            for (int32_t sp = 0; sp < S; ++sp) {
+            /* Every split's candidates loaded before the first is used, so
+             * their L2 round trips overlap (one, not S, per row). */
+            int32_t ids[PFI_SPLIT_MAX];
+            float scs[PFI_SPLIT_MAX];
+#pragma unroll
+            for (int sp = 0; sp < PFI_SPLIT_MAX; ++sp) {
+                const bool on = sp < S && lane < need;
                 const int64_t off = ((int64_t)(g_first + sp) * sh.rows + r) * PFI_CAND;
-                const int32_t id = lane < need ? __ldcg(p.cand_id + off + lane) : -1;
-                const float sc = lane < need ? __ldcg(p.cand_score + off + lane) : 0.0f;
-                const uint32_t bal = __ballot_sync(0xffffffffu, id >= 0);
-                if (id >= 0) {
-                    cs[M + __popc(bal & below)] = sc;
-                    ci[M + __popc(bal & below)] = id;
+                ids[sp] = on ? __ldcg(p.cand_id + off + lane) : -1;
+                scs[sp] = on ? __ldcg(p.cand_score + off + lane) : 0.0f;
+            }
+            int32_t M = 0;
+#pragma unroll
+            for (int sp = 0; sp < PFI_SPLIT_MAX; ++sp) {
+                const uint32_t bal = __ballot_sync(0xffffffffu, ids[sp] >= 0);
+                if (ids[sp] >= 0) {
+                    cs[M + __popc(bal & below)] = scs[sp];
+                    ci[M + __popc(bal & below)] = ids[sp];
                 }
                 M += __popc(bal);
             }
