@@ -57,6 +57,13 @@ __device__ __forceinline__ void cu_wgmma_wait_all()
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
 
+/* Waits until at most one committed group of products is pending (the
+ * older ones have ended). */
+__device__ __forceinline__ void cu_wgmma_wait_one()
+{
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
+
 /* Keeps the compiler from moving reads or writes of the accumulators across
  * the asynchronous product (the registers are its operands until the wait). */
 template <int NJ>

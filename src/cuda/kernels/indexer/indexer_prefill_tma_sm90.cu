@@ -121,17 +121,17 @@ __device__ void cu_pfit_producer(const cu_pfidx_params &p, const cu_pfit_smem_t 
     }
 }
 
-/* S = Q K^T for the group's 64 rows against keys 64h .. 64h + 63 of the
- * slot (rows 64h on of each box).  Products of 64 keys, not 128, keep a
- * thread's scores at 32 registers: with the queries in registers the
- * consumers stay within the 168 registers that three warps of a CTA of
- * nine per SM sub-partition leave. */
+/* Starts S = Q K^T for the group's 64 rows against keys 64h .. 64h + 63
+ * of the slot (rows 64h on of each box), one committed group of products;
+ * the caller waits for it (cu_wgmma_wait_one / _all, then cu_wgmma_hold).
+ * Products of 64 keys, not 128, keep a thread's scores of one half at 32
+ * registers: both halves and the queries in registers stay within the 168
+ * registers that three warps of a CTA of nine per SM sub-partition leave. */
 template <typename Tag>
 __device__ __forceinline__ void cu_pfit_qk(uint32_t ka, int h, const uint32_t (&qa)[8][4],
                                            float (&sc)[8][4])
 {
     const uint32_t kh = ka + (uint32_t)h * (PFIT_KEYS / 2) * 128u;
-    cu_wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
         const uint32_t at = kh + (uint32_t)(ks >> 2) * PFIT_BOX_BYTES + (uint32_t)(ks & 3) * 32u;
@@ -141,8 +141,22 @@ __device__ __forceinline__ void cu_pfit_qk(uint32_t ka, int h, const uint32_t (&
             cu_wgmma_m64n64k16(sc, qa[ks], cu_wgmma_desc(at, 16), 1, Tag());
     }
     cu_wgmma_commit();
-    cu_wgmma_wait_all();
-    cu_wgmma_hold(sc);
+}
+
+/* One half's scores (keys k0 .. k0 + 63) into the rows' running states. */
+__device__ __forceinline__ void cu_pfit_reduce_half(const cu_pfidx_params &p,
+                                                    const float (&acc)[8][4], int32_t k0,
+                                                    int32_t pos_lo, int32_t pos_hi, bool full,
+                                                    float &m_lo, float &l_lo, float &m_hi,
+                                                    float &l_hi)
+{
+    if (p.score_lse) {
+        cu_pfi_reduce<true>(acc, 0, k0, pos_lo, full, p.iscale, m_lo, l_lo);
+        cu_pfi_reduce<true>(acc, 1, k0, pos_hi, full, p.iscale, m_hi, l_hi);
+    } else {
+        cu_pfi_reduce<false>(acc, 0, k0, pos_lo, full, p.iscale, m_lo, l_lo);
+        cu_pfi_reduce<false>(acc, 1, k0, pos_hi, full, p.iscale, m_hi, l_hi);
+    }
 }
 
 /* The block scores of the item's blocks [b0, b1) for this thread's rows
@@ -179,21 +193,20 @@ __device__ __forceinline__ void cu_pfit_scores(const cu_pfidx_params &p, const c
         const int32_t key0 = c * PFIT_KEYS;
         const bool full = key0 + PFIT_KEYS - 1 <= pos_first;
         float m_lo = -INFINITY, l_lo = 0.0f, m_hi = -INFINITY, l_hi = 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float acc[8][4];
-            cu_pfit_qk<Tag>(ka, h, qa, acc);
-            if (h == 1)
-                cu_mbar_arrive(&sm.empty[s]); /* the products have read the slot */
-            const int32_t k0 = key0 + h * (PFIT_KEYS / 2);
-            if (p.score_lse) {
-                cu_pfi_reduce<true>(acc, 0, k0, pos_lo, full, p.iscale, m_lo, l_lo);
-                cu_pfi_reduce<true>(acc, 1, k0, pos_hi, full, p.iscale, m_hi, l_hi);
-            } else {
-                cu_pfi_reduce<false>(acc, 0, k0, pos_lo, full, p.iscale, m_lo, l_lo);
-                cu_pfi_reduce<false>(acc, 1, k0, pos_hi, full, p.iscale, m_hi, l_hi);
-            }
-        }
+        /* Both halves' products issued, the first half reduced while the
+         * second's run on the tensor cores. */
+        float acc0[8][4], acc1[8][4];
+        cu_wgmma_fence();
+        cu_pfit_qk<Tag>(ka, 0, qa, acc0);
+        cu_pfit_qk<Tag>(ka, 1, qa, acc1);
+        cu_wgmma_wait_one();
+        cu_wgmma_hold(acc0);
+        cu_pfit_reduce_half(p, acc0, key0, pos_lo, pos_hi, full, m_lo, l_lo, m_hi, l_hi);
+        cu_wgmma_wait_all();
+        cu_wgmma_hold(acc1);
+        cu_mbar_arrive(&sm.empty[s]); /* the products have read the slot */
+        cu_pfit_reduce_half(p, acc1, key0 + PFIT_KEYS / 2, pos_lo, pos_hi, full, m_lo, l_lo, m_hi,
+                            l_hi);
         if (p.score_lse) {
             m_lo = cu_lse_value(m_lo, l_lo);
             m_hi = cu_lse_value(m_hi, l_hi);
