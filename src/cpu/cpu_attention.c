@@ -42,7 +42,14 @@ static void attn_work(void *arg, int ith, int nth)
         int64_t item = atomic_fetch_add(&job->next, 1);
         if (item >= job->items)
             break;
-        k->attn_item(job, item, scratch);
+        /* Prefill rows with activation-format K and V planes: blocked
+         * products; everything else row by row. */
+        const cpu_chunk *ch = &job->chunks[item / job->splits / job->kv_heads];
+        if (job->plan->q_len[ch->request] >= MSA_CPU_BLOCKED_MIN_Q &&
+            msa_cpu_blocked_dtype(job->a->k.dtype) && msa_cpu_blocked_dtype(job->a->v.dtype))
+            k->attn_blocked(job, item, scratch);
+        else
+            k->attn_item(job, item, scratch);
     }
 }
 

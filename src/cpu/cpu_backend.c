@@ -119,7 +119,7 @@ static int64_t scratch_floats(const msa_model *m)
     int64_t index =
         rows_i * m->cfg.index_dim + TW16 * m->cfg.index_dim + rows_i * TW16 + rows_i * 3;
     int64_t select = (int64_t)m->cfg.num_index_heads * m->cfg.topk_blocks;
-    return max64(max64(attn, index), select) + 64;
+    return max64(max64(max64(attn, index), select), msa_cpu_blocked_scratch(m)) + 64;
 }
 
 static int has_sparse_layer(const msa_model *m)

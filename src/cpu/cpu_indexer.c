@@ -36,7 +36,13 @@ static void score_work(void *arg, int ith, int nth)
         int32_t b0 = (int32_t)((task - first) * MSA_CPU_SCAN_BLOCKS);
         int32_t blocks = cp->chunks[lo].blocks;
         int32_t b1 = b0 + MSA_CPU_SCAN_BLOCKS < blocks ? b0 + MSA_CPU_SCAN_BLOCKS : blocks;
-        msa_cpu_kernels_of(job->plan->ctx)->score_task(job, lo, b0, b1, scratch);
+        /* Prefill rows with activation-format index keys: blocked products. */
+        const msa_cpu_kernels *k = msa_cpu_kernels_of(job->plan->ctx);
+        if (job->plan->q_len[cp->chunks[lo].request] >= MSA_CPU_BLOCKED_MIN_Q &&
+            msa_cpu_blocked_dtype(job->plan->cache->cfg.index_dtype))
+            k->score_blocked(job, lo, b0, b1, scratch);
+        else
+            k->score_task(job, lo, b0, b1, scratch);
     }
 }
 

@@ -21,6 +21,14 @@
 #define MSA_CPU_SCAN_BLOCKS 8
 /* Budget of the block-score buffer; longer prefills are scored in waves. */
 #define MSA_CPU_SCORE_BUDGET_FLOATS ((int64_t)8 << 20)
+/* Requests with at least this many new tokens (above the decode and
+ * verify range of SPEC section 7) take the blocked prefill kernels
+ * (cpu_blocked_impl.h) when their planes are in an activation format. */
+#define MSA_CPU_BLOCKED_MIN_Q 17
+/* Largest register block of the blocked kernels on any level (rows x key
+ * columns); the scratch bound below holds for every level up to it. */
+#define MSA_CPU_BK_MR_MAX 8
+#define MSA_CPU_BK_NR_MAX 32
 
 /* One chunk of a request's query tokens: rows [row0, row0 + n). */
 typedef struct cpu_chunk {
@@ -87,6 +95,14 @@ static inline const void *cpu_plane_row(const cpu_plane *p, int32_t page, int32_
 {
     int64_t idx = (((int64_t)page * p->heads + head) * p->page_size + off) * p->dim;
     return (const char *)p->data + idx * (int64_t)msa_dtype_size(p->dtype);
+}
+
+/* Whether a plane format takes the blocked prefill kernels: the
+ * activation formats, which the kernels widen to fp32 exactly.  Other
+ * formats (quantized planes) stay on the row kernels. */
+static inline int msa_cpu_blocked_dtype(msa_dtype t)
+{
+    return t == MSA_DTYPE_BF16 || t == MSA_DTYPE_FP16 || t == MSA_DTYPE_FP32;
 }
 
 /* Copies key rows [j0, j0 + n) of one head into dst[n][dim] unconverted. */
@@ -161,10 +177,38 @@ typedef struct msa_cpu_kernels {
     void (*score_task)(select_job *job, int64_t c, int32_t b0, int32_t b1, float *scratch);
     /* One attention work item (cpu_attention.c). */
     void (*attn_item)(attn_job *job, int64_t item, float *scratch);
+    /* The blocked prefill kernels (cpu_blocked_impl.h): the same work as
+     * score_task and attn_item, for requests with at least
+     * MSA_CPU_BLOCKED_MIN_Q new tokens and activation-format planes. */
+    void (*score_blocked)(select_job *job, int64_t c, int32_t b0, int32_t b1, float *scratch);
+    void (*attn_blocked)(attn_job *job, int64_t item, float *scratch);
     /* Key rows [j0, j0 + n) of one head into dst[n][dim] as fp32. */
     void (*load_rows)(float *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
                       int64_t j0, int32_t n);
 } msa_cpu_kernels;
+
+/* Per-thread scratch (floats) of the blocked kernels for model m: an
+ * attention item holds at most max(MSA_CPU_ATTN_ROWS, group, index heads)
+ * rows (cpu_attention.c makes its chunks so), an index chunk
+ * MSA_CPU_INDEX_CHUNK tokens of every index head; see the layouts in
+ * cpu_blocked_impl.h. */
+static inline int64_t msa_cpu_blocked_scratch(const msa_model *m)
+{
+    const int64_t D = m->cfg.head_dim > m->cfg.index_dim ? m->cfg.head_dim : m->cfg.index_dim;
+    int64_t R = MSA_CPU_ATTN_ROWS;
+    if (m->group > R)
+        R = m->group;
+    if (m->cfg.num_index_heads > R)
+        R = m->cfg.num_index_heads;
+    const int64_t RP = R + MSA_CPU_BK_MR_MAX, TW = MSA_CPU_TILE, TWP = TW + MSA_CPU_BK_NR_MAX,
+                  DP = D + MSA_CPU_BK_NR_MAX;
+    const int64_t attn = R * D + R * DP + 2 * R + TW * DP + TWP * D + TW * DP + RP * D + RP * TWP +
+                         DP + RP + R * m->topk_width + 2 * R;
+    const int64_t Ri = (int64_t)MSA_CPU_INDEX_CHUNK * m->cfg.num_index_heads,
+                  RPi = Ri + MSA_CPU_BK_MR_MAX, Di = m->cfg.index_dim;
+    const int64_t index = Ri * Di + RPi * Di + TW * Di + TWP * Di + RPi * TWP + 4 * Ri;
+    return (attn > index ? attn : index) + 64;
+}
 
 /* Tables of the levels compiled into this build (NULL where not). */
 const msa_cpu_kernels *msa_cpu_kernels_for(msa_cpu_isa isa);

@@ -97,6 +97,7 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
 
 #include "cpu/cpu_attention_impl.h"
 #include "cpu/cpu_indexer_impl.h"
+#include "cpu/cpu_blocked_impl.h"
 
 #if MSA_CPU_HAVE_BF16_DOT
 #define MSA_CPU_LEVEL_DOT "bf16 dot products (vdpbf16ps) on bf16 data, else fp32"
@@ -111,5 +112,7 @@ const msa_cpu_kernels MSA_CPU_LEVEL_TABLE = {
     .gather = MSA_CPU_LEVEL_NAME ": vector widening of bf16/fp16 rows, next block prefetched",
     .score_task = score_task,
     .attn_item = attn_item,
+    .score_blocked = score_blocked,
+    .attn_blocked = attn_blocked,
     .load_rows = level_load_rows,
 };
