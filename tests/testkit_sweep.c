@@ -595,6 +595,61 @@ static void add_quantized_prefill(tk_list *l)
     c->sparse = 0;
 }
 
+/* ---- prefill rows on the CPU's blocked kernels -------------------------- */
+/* Blocks of 256 keys: two key tiles per block, so a token can sit before
+ * the second tile of a block it uses. */
+static const tk_shape CPF256 = {"cpf256", 8, 2, 32, 2, 32, 256, 4, 0, 1};
+static const tk_shape CPFUNION = {"cpfunion", 8, 2, 32, 4, 32, 16, 6, 0, 1};   /* Hi = 2 Hkv */
+static const tk_shape CPFUNION4 = {"cpfunion4", 4, 1, 32, 4, 16, 16, 4, 1, 1}; /* Hi = 4 Hkv */
+static const tk_shape CPFSPLIT = {"cpfsplit", 8, 4, 32, 2, 32, 32, 6, 1, 2};   /* Hkv = 2 Hi */
+static const tk_shape CPFODD = {"cpfodd", 6, 3, 40, 3, 24, 16, 5, 0, 1};       /* unaligned dims */
+static const tk_shape CPFMHA = {"cpfmha", 4, 4, 16, 4, 16, 16, 5, 0, 3};       /* group of 1 */
+static const tk_shape CPFHUGEG = {"cpfhugeg", 320, 1, 16, 1, 16, 16, 4, 0, 1}; /* > 256 rows */
+static const tk_shape CPFB1 = {"cpfb1", 4, 2, 16, 2, 16, 1, 8, 1, 2};          /* 1-key blocks */
+static const tk_shape CPFMID = {"cpfmid", 16, 2, 64, 2, 64, 64, 8, 1, 1};      /* group of 8 */
+
+static const int cpfmix_q[] = {300, 1, 40, 0, 90, 17}, cpfmix_kv[] = {300, 500, 1040, 60, 2000, 17};
+static const int cpflong_q[] = {1500}, cpflong_kv[] = {1500};
+static const int cpfext_q[] = {700, 5}, cpfext_kv[] = {3100, 900};
+static const int cpfsmall_q[] = {40, 20}, cpfsmall_kv[] = {300, 20};
+static const int cpfb1_q[] = {120, 3}, cpfb1_kv[] = {160, 50};
+
+static const tk_steps CPF_MIX = {"cpu-prefill-several", 6, cpfmix_q, cpfmix_kv, 2, 1, 1};
+static const tk_steps CPF_LONG = {"cpu-prefill-1500", 1, cpflong_q, cpflong_kv, 0, 0, 1};
+static const tk_steps CPF_EXT = {"cpu-extend-3k", 2, cpfext_q, cpfext_kv, 1, 1, 1};
+static const tk_steps CPF_SMALL = {"cpu-prefill-small", 2, cpfsmall_q, cpfsmall_kv, 0, 0, 1};
+static const tk_steps CPF_B1 = {"cpu-prefill-b1", 2, cpfb1_q, cpfb1_kv, 1, 0, 1};
+
+/* Prefill and extend steps at small head dims, so long prompts stay cheap
+ * for the oracle: the CPU's blocked prefill kernels over many key tiles,
+ * prefixes (chunked prefill), several requests beside decode rows, page
+ * sizes from 2 to 256, GQA groups of 1 to 320, union and shared index head
+ * mappings, blocks of 1 and 256 keys, unaligned head dims, both scores,
+ * index values, dense layers and every activation format. */
+static void add_cpu_prefill(tk_list *l)
+{
+    msa_case *c;
+    add(l, 1, &CPFUNION, &CPF_MIX, DTYPES[1], 16, 1, 1);
+    add(l, 1, &CPFUNION4, &CPF_EXT, DTYPES[0], 32, 0, 1);
+    add(l, 1, &CPFSPLIT, &CPF_MIX, DTYPES[2], 64, 1, 1);
+    add(l, 1, &CPFODD, &CPF_EXT, DTYPES[0], 8, 0, 1);
+    add(l, 1, &CPF256, &CPF_EXT, DTYPES[1], 128, 1, 1);
+    add(l, 1, &CPF256, &CPF_LONG, DTYPES[3], 256, 0, 0);
+    add(l, 1, &CPFMHA, &CPF_LONG, DTYPES[4], 16, 1, 1);
+    add(l, 1, &CPFHUGEG, &CPF_SMALL, DTYPES[0], 16, 0, 1);
+    add(l, 1, &CPFB1, &CPF_B1, DTYPES[5], 2, 1, 1);
+    add(l, 1, &CPFMID, &CPF_EXT, DTYPES[1], 64, 0, 0);
+    c = add(l, 1, &CPFMID, &CPF_LONG, DTYPES[2], 256, 0, 0);
+    c->sparse = 0;
+    c = add(l, 1, &CPFODD, &CPF_MIX, DTYPES[0], 16, 0, 0);
+    c->sparse = 0;
+    /* A chunked prefill on one plan: the prompt, then more on its prefix,
+     * then decode rows. */
+    add(l, 1, &CPFUNION, &CPF_SMALL, DTYPES[0], 16, 0, 1);
+    then(l, &CPF_EXT);
+    then(l, &M3_SMALL);
+}
+
 static void build(tk_list *l)
 {
     add_core(l);
@@ -610,6 +665,7 @@ static void build(tk_list *l)
     add_random(l, 120);
     add_prefill(l);
     add_quantized_prefill(l);
+    add_cpu_prefill(l);
     for (int i = 0; i < l->n; i++) {
         tk_entry *e = &l->e[i];
         for (int j = 0; j < e->n; j++) {
