@@ -22,6 +22,7 @@
 
 #include "bench_run.h"
 #include "cli.h"
+#include "fmapeak.h"
 #include "sysinfo.h"
 #include "table.h"
 #include "workload.h"
@@ -288,6 +289,10 @@ static cJSON *result_json(const bench_case *c, const bench_result *res, int li, 
     return o;
 }
 
+/* The CPU's fp32 multiply-add ceiling measured in this run (GFLOP/s; 0 on a
+ * GPU): prefill rows report their share of it in the "% bw" column. */
+static double fma_peak;
+
 static void add_row(table *tab, const bench_case *c, const bench_result *res, int li, double bw)
 {
     const bench_layer_result *lr = &res->layers[li];
@@ -305,7 +310,10 @@ static void add_row(table *tab, const bench_case *c, const bench_result *res, in
     table_cell(tab, "%.1f..%.1f", lr->p10_us, lr->p90_us);
     if (c->prefill) {
         table_cell(tab, "%.2f TFLOP/s", lr->flops / lr->median_us * 1e-6);
-        table_cell(tab, "-");
+        if (fma_peak > 0)
+            table_cell(tab, "%.0f%% fma", 100.0 * lr->flops / lr->median_us * 1e-3 / fma_peak);
+        else
+            table_cell(tab, "-");
     } else {
         double gbps = lr->bytes / lr->median_us * 1e-3;
         table_cell(tab, "%.1f GB/s", gbps);
@@ -335,7 +343,12 @@ static void print_aggregate(const char *kind, const aggregate *a, int prefill, d
 {
     if (a->cases == 0 || a->w_time <= 0)
         return;
-    if (prefill)
+    if (prefill && fma_peak > 0)
+        printf("weighted aggregate, %s layer: %.3f TFLOP/s = %.0f%% of the fp32 FMA peak over %d "
+               "cases (weight %g)\n",
+               kind, a->w_work / a->w_time * 1e-6, 100.0 * a->w_work / a->w_time * 1e-3 / fma_peak,
+               a->cases, a->weight);
+    else if (prefill)
         printf("weighted aggregate, %s layer: %.2f TFLOP/s over %d cases (weight %g)\n", kind,
                a->w_work / a->w_time * 1e-6, a->cases, a->weight);
     else
@@ -411,6 +424,10 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "msa bench: read bandwidth: %s\n", msa_context_last_error(ctx));
         goto done;
     }
+    const char *fma_what = "";
+    fma_peak = o.backend == MSA_BACKEND_CPU ? fmapeak_gflops(msa_context_num_threads(ctx),
+                                                             msa_context_cpu_isa(ctx), &fma_what)
+                                            : 0.0;
     uint8_t sparse[2] = {1, 0};
     msa_model_config cfg;
     msa_model_config_default(&cfg); /* one M3 sparse layer (+ a dense one) */
@@ -450,6 +467,10 @@ int cmd_bench(int argc, char **argv)
            o.workload ? path : "single decode shape", msa_dtype_name(o.act_dtype),
            msa_dtype_name(o.kv_dtype), msa_dtype_name(o.index_dtype),
            o.prewritten ? "entries pre-written" : "each run writes its entries");
+    if (fma_peak > 0)
+        printf("fp32 FMA peak %.1f GFLOP/s (%s, %d threads, measured now; %% fma: a prefill "
+               "row's share of it)\n",
+               fma_peak, fma_what, msa_context_num_threads(ctx));
     fflush(stdout);
 
     int32_t layers[2] = {0, 1};
@@ -527,6 +548,8 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddStringToObject(root, "version", msa_version_string());
         cJSON_AddStringToObject(root, "workload", o.workload ? path : "single");
         cJSON_AddNumberToObject(root, "read_bw_gbps", bw);
+        if (fma_peak > 0)
+            cJSON_AddNumberToObject(root, "fma_peak_gflops", fma_peak);
         cJSON_AddNumberToObject(root, "llc_bytes", (double)llc);
         cJSON_AddStringToObject(root, "act_dtype", msa_dtype_name(o.act_dtype));
         cJSON_AddStringToObject(root, "kv_dtype", msa_dtype_name(o.kv_dtype));

@@ -495,9 +495,14 @@ static int run_step(demo *d, const char *name, int decode, int32_t num_requests,
     if (msa_plan_update(d->plan, &step, NULL) != MSA_OK)
         return demo_fail(d, name);
     for (int32_t l = 0; l < DEMO_LAYERS; l++) {
-        fprintf(stderr, "msa demo: %s, layer %d (%s) ...\n", name, l, layer_kind(d, l));
+        /* Progress: each (step, layer) says when it starts and how long it
+         * took with its data and its check against the oracle. */
+        fprintf(stderr, "msa demo: %s, layer %d (%s) ...", name, l, layer_kind(d, l));
+        fflush(stderr);
+        double t0 = cli_now();
         if (run_layer(d, name, decode, &step, l) != 0)
             return -1;
+        fprintf(stderr, " %.2f s\n", cli_now() - t0);
     }
     return 0;
 }
