@@ -309,7 +309,7 @@ static void add_row(table *tab, const bench_case *c, const bench_result *res, in
     table_cell(tab, "%.1f", lr->median_us);
     table_cell(tab, "%.1f..%.1f", lr->p10_us, lr->p90_us);
     if (c->prefill) {
-        table_cell(tab, "%.2f TFLOP/s", lr->flops / lr->median_us * 1e-6);
+        table_cell(tab, "%.3f TFLOP/s", lr->flops / lr->median_us * 1e-6);
         if (fma_peak > 0)
             table_cell(tab, "%.0f%% fma", 100.0 * lr->flops / lr->median_us * 1e-3 / fma_peak);
         else

@@ -9,9 +9,12 @@
  * block of scores in registers while it walks the head dimension.  The
  * scores of a tile go to a small buffer that is reduced at once (block
  * score of the index scan; online softmax of the attention), so no full
- * score matrix is stored.  The attention multiplies the softmax weights
- * by the value tile with a second micro-kernel (BK_MR rows x BK_NR output
- * columns in registers, walking the keys).
+ * score matrix is stored.  The attention turns the product around
+ * (S^T = K Q^T: keys broadcast straight from their rows, query rows
+ * packed once per block along the lanes), which spares the packing of
+ * every key tile when few rows use a block, and multiplies the softmax
+ * weights by the value tile with a second micro-kernel (BK_MR rows x
+ * BK_NR output columns in registers, walking the keys).
  *
  * Only planes in an activation format (fp32, bf16, fp16) come here; the
  * drivers (cpu_indexer.c, cpu_attention.c) route every other plane format
@@ -73,31 +76,6 @@ static inline void bk_kernel_qk(float *restrict s, int64_t lds, const float *res
             BK_STORE(s + (int64_t)r * lds + v * BK_VN, acc[r][v]);
 }
 
-/* o[r][c0 + c] += sum over j < n of w[r * ldw + j] * v[j][c0 + c], r <
- * BK_MR, c < BK_NR: the rows' accumulator columns stay in registers while
- * the keys go by; each output sums over j in order. */
-static inline void bk_kernel_pv(float *const *o, int32_t c0, const float *restrict w, int64_t ldw,
-                                const float *restrict v, int64_t ldv, int32_t n)
-{
-    bk_vec acc[BK_MR][BK_NV];
-    for (int r = 0; r < BK_MR; r++)
-        for (int x = 0; x < BK_NV; x++)
-            acc[r][x] = BK_LOAD(o[r] + c0 + x * BK_VN);
-    for (int32_t j = 0; j < n; j++) {
-        bk_vec vv[BK_NV];
-        for (int x = 0; x < BK_NV; x++)
-            vv[x] = BK_LOAD(v + (int64_t)j * ldv + c0 + x * BK_VN);
-        for (int r = 0; r < BK_MR; r++) {
-            const float p = w[(int64_t)r * ldw + j];
-            for (int x = 0; x < BK_NV; x++)
-                acc[r][x] += p * vv[x];
-        }
-    }
-    for (int r = 0; r < BK_MR; r++)
-        for (int x = 0; x < BK_NV; x++)
-            BK_STORE(o[r] + c0 + x * BK_VN, acc[r][x]);
-}
-
 /* Packs rows [0, n) of src[n][dim] (fp32) into strips of BK_NR rows,
  * dst[strip][dim][BK_NR]; rows from n up to the next multiple of BK_NR
  * are zero. */
@@ -154,6 +132,7 @@ static void bk_scores(float *s, int64_t lds, const float *qp, int32_t rows, cons
 }
 
 typedef int32_t bk_veci __attribute__((vector_size(4 * BK_VN)));
+typedef int32_t bk_veciu __attribute__((vector_size(4 * BK_VN), aligned(4)));
 
 /* Largest element of x[0 .. n) (n a multiple of BK_VN), NaNs ignored, and
  * whether there is a NaN: lane-wise on vectors (a compare and a blend per
@@ -178,15 +157,15 @@ static float bk_row_max(const float *x, int32_t n, int *has_nan)
     return m;
 }
 
-/* x[0 .. BK_VN) = exp(x - m) on one vector: msa_exp_neg's steps (clamp at
+/* x[0 .. BK_VN) = exp(x - m) lane by lane on one vector: msa_exp_neg's steps (clamp at
  * -87, n = round(x / ln 2), degree-7 Taylor polynomial of the remainder,
  * times 2^n; 0 below -87, so -inf gives 0) written on vectors, since the
  * compilers leave the scalar function's loop scalar here.  Rounding to
  * the nearest integer adds and subtracts 1.5 * 2^23, exact for |t| < 2^22
  * (here |t| < 126). */
-static inline void bk_exp_neg_vec(float *x, float m)
+static inline void bk_exp_neg_vec(float *x, const float *m)
 {
-    const bk_vec v = BK_LOAD(x) - m;
+    const bk_vec v = BK_LOAD(x) - BK_LOAD(m);
     const bk_vec lo = (bk_vec){0} - 87.0f;
     const bk_veci small = v < lo;
     const bk_vec xc = (bk_vec)(((bk_veci)lo & small) | ((bk_veci)v & ~small));
@@ -211,9 +190,12 @@ static inline void bk_exp_neg_vec(float *x, float m)
  * returns their sum (per lane, then over the lanes). */
 static float bk_row_exp_sum(float *restrict x, int32_t n, float m)
 {
+    float mv[BK_VN];
+    for (int l = 0; l < BK_VN; l++)
+        mv[l] = m;
     bk_vec sv = (bk_vec){0};
     for (int32_t j = 0; j < n; j += BK_VN) {
-        bk_exp_neg_vec(x + j, m);
+        bk_exp_neg_vec(x + j, mv);
         sv += BK_LOAD(x + j);
     }
     float sum = 0.0f;
@@ -337,13 +319,124 @@ static void score_blocked(select_job *job, int64_t c, int32_t b0, int32_t b1, fl
 
 /* ---- attention ------------------------------------------------------- */
 
+/* st[i * ldr + c] = sum over d of k[i][d] * qp[d][c], keys i < BK_MR (rows
+ * of k, stride dim), query rows c < BK_NR (a packed strip): the scores
+ * transposed, keys down and query rows along the lanes.  The keys are
+ * broadcast straight from their fp32 rows, so a key tile needs no
+ * packing, only the query rows that use a block do (once per block). */
+static inline void bk_kernel_kq(float *restrict st, int64_t ldr, const float *restrict k,
+                                const float *restrict qp, int32_t dim)
+{
+    bk_vec acc[BK_MR][BK_NV];
+    for (int i = 0; i < BK_MR; i++)
+        for (int v = 0; v < BK_NV; v++)
+            acc[i][v] = (bk_vec){0};
+    for (int32_t d = 0; d < dim; d++) {
+        bk_vec q[BK_NV];
+        for (int v = 0; v < BK_NV; v++)
+            q[v] = BK_LOAD(qp + (int64_t)d * BK_NR + v * BK_VN);
+        for (int i = 0; i < BK_MR; i++) {
+            const float kv = k[(int64_t)i * dim + d];
+            for (int v = 0; v < BK_NV; v++)
+                acc[i][v] += kv * q[v];
+        }
+    }
+    for (int i = 0; i < BK_MR; i++)
+        for (int v = 0; v < BK_NV; v++)
+            BK_STORE(st + (int64_t)i * ldr + v * BK_VN, acc[i][v]);
+}
+
+/* o[r][c0 + c] += sum over j < n of pt[j * ldr + r] * v[j][c0 + c], r <
+ * BK_MR, c < BK_NR: as bk_kernel_pv with the weights transposed (keys
+ * down, rows along), so the BK_MR weights of a key are adjacent. */
+static inline void bk_kernel_pv_t(float *const *o, int32_t c0, const float *restrict pt,
+                                  int64_t ldr, const float *restrict v, int64_t ldv, int32_t n)
+{
+    bk_vec acc[BK_MR][BK_NV];
+    for (int r = 0; r < BK_MR; r++)
+        for (int x = 0; x < BK_NV; x++)
+            acc[r][x] = BK_LOAD(o[r] + c0 + x * BK_VN);
+    for (int32_t j = 0; j < n; j++) {
+        bk_vec vv[BK_NV];
+        for (int x = 0; x < BK_NV; x++)
+            vv[x] = BK_LOAD(v + (int64_t)j * ldv + c0 + x * BK_VN);
+        for (int r = 0; r < BK_MR; r++) {
+            const float p = pt[(int64_t)j * ldr + r];
+            for (int x = 0; x < BK_NV; x++)
+                acc[r][x] += p * vv[x];
+        }
+    }
+    for (int r = 0; r < BK_MR; r++)
+        for (int x = 0; x < BK_NV; x++)
+            BK_STORE(o[r] + c0 + x * BK_VN, acc[r][x]);
+}
+
+/* Packs rows idx[0 .. n) of src (row stride dim) into strips of BK_NR
+ * rows, dst[strip][dim][BK_NR]; missing rows of the last strip are zero. */
+static void bk_pack_strips(float *restrict dst, const float *restrict src, const int32_t *idx,
+                           int32_t n, int32_t dim)
+{
+    const int32_t np = bk_round_up(n, BK_NR);
+    for (int32_t s0 = 0; s0 < np; s0 += BK_NR) {
+        float *strip = dst + (int64_t)s0 * dim;
+        for (int32_t c = 0; c < BK_NR; c++) {
+            if (s0 + c < n) {
+                const float *row = src + (int64_t)idx[s0 + c] * dim;
+                for (int32_t d = 0; d < dim; d++)
+                    strip[(int64_t)d * BK_NR + c] = row[d];
+            } else {
+                for (int32_t d = 0; d < dim; d++)
+                    strip[(int64_t)d * BK_NR + c] = 0.0f;
+            }
+        }
+    }
+}
+
+/* Online softmax of one tile for BK_VN rows (lanes), keys j < nk down
+ * st (stride ldr): keys at or past vis[lane] are masked out; the running
+ * maximum m and sum l of each lane are updated, st becomes the weights
+ * exp(s - m) and corr the factor of the lane's accumulator.  A lane that
+ * has seen no key yet keeps m = -inf and gets zero weights (its exponent
+ * is taken against 0 instead of -inf, which would give NaN). */
+static void bk_softmax_lanes(float *st, int64_t ldr, int32_t nk, const int32_t *vis, float *m,
+                             float *l, float *corr)
+{
+    const bk_veci visv = *(const bk_veciu *)vis;
+    const bk_vec ninf = (bk_vec){0} - INFINITY;
+    bk_vec mv = BK_LOAD(m);
+    for (int32_t j = 0; j < nk; j++) {
+        float *x = st + (int64_t)j * ldr;
+        const bk_veci ok = ((bk_veci){0} + j) < visv;
+        const bk_vec y = (bk_vec)(((bk_veci)BK_LOAD(x) & ok) | ((bk_veci)ninf & ~ok));
+        BK_STORE(x, y);
+        const bk_veci gt = y > mv; /* a NaN score does not raise the maximum */
+        mv = (bk_vec)(((bk_veci)y & gt) | ((bk_veci)mv & ~gt));
+    }
+    const bk_veci none = mv == ninf;
+    float msub[BK_VN];
+    BK_STORE(msub, (bk_vec)((bk_veci)mv & ~none)); /* -inf -> 0 */
+    float c[BK_VN];
+    BK_STORE(c, BK_LOAD(m));
+    bk_exp_neg_vec(c, msub);
+    bk_vec sum = (bk_vec){0};
+    for (int32_t j = 0; j < nk; j++) {
+        float *x = st + (int64_t)j * ldr;
+        bk_exp_neg_vec(x, msub);
+        sum += BK_LOAD(x);
+    }
+    BK_STORE(l, BK_LOAD(l) * BK_LOAD(c) + sum);
+    BK_STORE(m, mv);
+    BK_STORE(corr, BK_LOAD(c));
+}
+
 /* One attention work item (chunk of a request's tokens, KV head, split)
  * as blocked products.  For each block the item uses (dense: every block
  * up to its last token; sparse: the union of its tokens' selections), the
- * rows of the tokens that use the block are packed into panels, and per
- * key tile: S = Q K^T (scaled queries), the causal mask, the online
- * softmax per row, O = O * corr + P V.  Rows of tokens that do not use a
- * block take no part in it, so no work is spent on them. */
+ * rows of the tokens that use the block are packed into strips, and per
+ * key tile: S^T = K Q^T (scaled queries; keys down, rows along the
+ * lanes), the causal mask, the online softmax of every row at once along
+ * the lanes, O = O * corr + P V.  Rows of tokens that do not use a block
+ * take no part in it, so no work is spent on them. */
 static void attn_blocked(attn_job *job, int64_t item, float *scratch)
 {
     const msa_plan *p = job->plan;
@@ -357,27 +450,31 @@ static void attn_blocked(attn_job *job, int64_t item, float *scratch)
     const int32_t G = a->group, D = a->k.dim, B = a->block;
     const int32_t TW = B < MSA_CPU_TILE ? B : MSA_CPU_TILE;
     const int32_t rows = ch->n * G;
-    const int32_t RP = bk_round_up(rows, BK_MR), TWP = bk_round_up(TW, BK_NR);
+    /* Row stride of S^T: the rows rounded up to strips, plus room for the
+     * last panel of the P V kernel. */
+    const int32_t LDR = bk_round_up(rows, BK_NR) + BK_MR;
     const int32_t DP = bk_round_up(D, BK_NR); /* accumulator and value columns */
     const int32_t *pt = p->page_table + (int64_t)ch->request * p->cap_pages_per_request;
 
-    /* scratch: qs [rows][D] | acc [rows][DP] | m, l [rows] | kt [TW][DP] |
-     *          kp [TWP][D] | vt [TW][DP] | qp [RP][D] | sb [RP][TWP] |
-     *          dummy [DP] | act [RP] | union ids | cursors | uses */
+    /* scratch: qs [rows][D] | acc [rows][DP] | m, l [rows] | kt [TW+MR][D]
+     *          | vt [TW][DP] | qp [LDR][D] | st [TW+MR][LDR] | mc, lc, corr,
+     *          vis [LDR] | dummy [DP] | act [LDR] | union ids | cursors */
     float *qs = scratch;
     float *acc = qs + (int64_t)rows * D;
     float *mrow = acc + (int64_t)rows * DP;
     float *lrow = mrow + rows;
     float *kt = lrow + rows;
-    float *kp = kt + (int64_t)TW * DP;
-    float *vt = kp + (int64_t)TWP * D;
+    float *vt = kt + (int64_t)(TW + BK_MR) * D;
     float *qp = vt + (int64_t)TW * DP;
-    float *sb = qp + (int64_t)RP * D;
-    float *dummy = sb + (int64_t)RP * TWP;
+    float *st = qp + (int64_t)LDR * D;
+    float *mc = st + (int64_t)(TW + BK_MR) * LDR; /* key panels may pass TW */
+    float *lc = mc + LDR;
+    float *corr = lc + LDR;
+    int32_t *vis = (int32_t *)(corr + LDR);
+    float *dummy = (float *)(vis + LDR);
     int32_t *act = (int32_t *)(dummy + DP);
-    int32_t *uni = act + RP;
+    int32_t *uni = act + LDR;
     int32_t *cursor = uni + (int64_t)ch->n * a->sel_width;
-    uint8_t *uses = (uint8_t *)(cursor + ch->n);
 
     /* Queries as fp32, pre-scaled by the softmax scale. */
     const size_t es = msa_dtype_size(a->act);
@@ -397,6 +494,8 @@ static void attn_blocked(attn_job *job, int64_t item, float *scratch)
     }
     for (int32_t d = 0; d < DP; d++) /* the target of padding rows, never read */
         dummy[d] = 0.0f;
+    for (int64_t i = (int64_t)TW * D; i < (int64_t)(TW + BK_MR) * D; i++)
+        kt[i] = 0.0f; /* keys past a full tile: read by the last key panel */
 
     /* This split's slice of the item's blocks. */
     const int32_t nblocks = a->sel ? sparse_union(a, ch, g, uni, cursor) : chunk_block_count(ch, B);
@@ -421,7 +520,6 @@ static void attn_blocked(attn_job *job, int64_t item, float *scratch)
                     cursor[t]++;
                 use = cursor[t] < a->sel_width && row[cursor[t]] == n;
             }
-            uses[t] = (uint8_t)use;
             if (use) {
                 last = pos;
                 for (int32_t h = 0; h < G; h++)
@@ -430,60 +528,60 @@ static void attn_blocked(attn_job *job, int64_t item, float *scratch)
         }
         if (last < 0)
             continue;
-        bk_pack_rows(qp, qs, act, nact, D);
-        const int32_t nap = bk_round_up(nact, BK_MR);
+        const int32_t nrp = bk_round_up(nact, BK_NR), nap = bk_round_up(nact, BK_MR);
+        bk_pack_strips(qp, qs, act, nact, D);
+        for (int32_t i = 0; i < nrp; i++) {
+            mc[i] = i < nact ? mrow[act[i]] : -INFINITY;
+            lc[i] = i < nact ? lrow[act[i]] : 0.0f;
+        }
         const int64_t blk1 = blk0 + B - 1 < last ? blk0 + B - 1 : last;
         for (int64_t j0 = blk0; j0 <= blk1; j0 += TW) {
             const int32_t nk = (int32_t)(blk1 - j0 + 1 < TW ? blk1 - j0 + 1 : TW);
-            const int32_t nkp = bk_round_up(nk, BK_NR);
+            const int32_t nkm = bk_round_up(nk, BK_MR);
             level_load_rows(kt, &a->k, pt, g, j0, nk);
-            bk_pack_keys(kp, kt, nk, D);
+            for (int64_t i = (int64_t)nk * D; i < (int64_t)nkm * D; i++)
+                kt[i] = 0.0f;
             if (DP == D) {
                 level_load_rows(vt, &a->v, pt, g, j0, nk);
             } else { /* value rows at stride DP, the extra columns zero */
-                level_load_rows(kt, &a->v, pt, g, j0, nk);
-                for (int32_t j = 0; j < nk; j++)
-                    for (int32_t d = 0; d < DP; d++)
-                        vt[(int64_t)j * DP + d] = d < D ? kt[(int64_t)j * D + d] : 0.0f;
-            }
-            bk_scores(sb, TWP, qp, nact, kp, nkp, D);
-            /* Online softmax of each active row over its visible keys. */
-            for (int32_t i = 0; i < nact; i++) {
-                const int32_t r = act[i];
-                const int64_t pos = ch->pos0 + r / G;
-                float *x = sb + (int64_t)i * TWP;
-                const int32_t vis = pos < j0 ? 0 : pos - j0 + 1 < nk ? (int32_t)(pos - j0 + 1) : nk;
-                for (int32_t j = vis; j < nkp; j++)
-                    x[j] = -INFINITY;
-                int has_nan;
-                const float tmax = bk_row_max(x, nkp, &has_nan);
-                const float mx = tmax > mrow[r] ? tmax : mrow[r];
-                if (mx == -INFINITY) { /* nothing visible yet: no weights */
-                    for (int32_t j = 0; j < nkp; j++)
-                        x[j] = 0.0f;
-                    continue;
-                }
-                const float corr = msa_exp_neg(mrow[r] - mx);
-                const float sum = bk_row_exp_sum(x, nkp, mx);
-                lrow[r] = lrow[r] * corr + sum;
-                mrow[r] = mx;
-                if (corr != 1.0f) {
-                    float *o = acc + (int64_t)r * DP;
-                    for (int32_t d = 0; d < DP; d++)
-                        o[d] *= corr;
+                for (int32_t j = 0; j < nk; j++) {
+                    level_load_rows(vt + (int64_t)j * DP, &a->v, pt, g, j0 + j, 1);
+                    for (int32_t d = D; d < DP; d++)
+                        vt[(int64_t)j * DP + d] = 0.0f;
                 }
             }
-            for (int32_t i = nact; i < nap; i++) /* padding rows of the last panel */
-                for (int32_t j = 0; j < nkp; j++)
-                    sb[(int64_t)i * TWP + j] = 0.0f;
+            /* Keys each row sees in this tile (0 for padding lanes). */
+            for (int32_t i = 0; i < nrp; i++) {
+                const int64_t pos = i < nact ? ch->pos0 + act[i] / G : -1;
+                vis[i] = pos < j0 ? 0 : pos - j0 + 1 < nk ? (int32_t)(pos - j0 + 1) : nk;
+            }
+            for (int32_t k0 = 0; k0 < nkm; k0 += BK_MR)
+                for (int32_t r0 = 0; r0 < nrp; r0 += BK_NR)
+                    bk_kernel_kq(st + (int64_t)k0 * LDR + r0, LDR, kt + (int64_t)k0 * D,
+                                 qp + (int64_t)r0 * D, D);
+            for (int32_t l0 = 0; l0 < nrp; l0 += BK_VN)
+                bk_softmax_lanes(st + l0, LDR, nk, vis + l0, mc + l0, lc + l0, corr + l0);
+            for (int32_t j = 0; j < nk; j++) /* lanes the last P V panel reads */
+                for (int32_t i = nrp; i < LDR; i++)
+                    st[(int64_t)j * LDR + i] = 0.0f;
+            for (int32_t i = 0; i < nact; i++)
+                if (corr[i] != 1.0f) {
+                    float *o = acc + (int64_t)act[i] * DP;
+                    for (int32_t d = 0; d < DP; d++)
+                        o[d] *= corr[i];
+                }
             /* O += P V, one panel of rows at a time. */
             for (int32_t p0 = 0; p0 < nap; p0 += BK_MR) {
                 float *o[BK_MR];
                 for (int r = 0; r < BK_MR; r++)
                     o[r] = p0 + r < nact ? acc + (int64_t)act[p0 + r] * DP : dummy;
                 for (int32_t c0 = 0; c0 < DP; c0 += BK_NR)
-                    bk_kernel_pv(o, c0, sb + (int64_t)p0 * TWP, TWP, vt, DP, nk);
+                    bk_kernel_pv_t(o, c0, st + p0, LDR, vt, DP, nk);
             }
+        }
+        for (int32_t i = 0; i < nact; i++) {
+            mrow[act[i]] = mc[i];
+            lrow[act[i]] = lc[i];
         }
     }
 

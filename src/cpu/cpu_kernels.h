@@ -200,10 +200,11 @@ static inline int64_t msa_cpu_blocked_scratch(const msa_model *m)
         R = m->group;
     if (m->cfg.num_index_heads > R)
         R = m->cfg.num_index_heads;
-    const int64_t RP = R + MSA_CPU_BK_MR_MAX, TW = MSA_CPU_TILE, TWP = TW + MSA_CPU_BK_NR_MAX,
-                  DP = D + MSA_CPU_BK_NR_MAX;
-    const int64_t attn = R * D + R * DP + 2 * R + TW * DP + TWP * D + TW * DP + RP * D + RP * TWP +
-                         DP + RP + R * m->topk_width + 2 * R;
+    const int64_t TW = MSA_CPU_TILE, TWP = TW + MSA_CPU_BK_NR_MAX, DP = D + MSA_CPU_BK_NR_MAX;
+    const int64_t LDR = R + MSA_CPU_BK_NR_MAX + MSA_CPU_BK_MR_MAX;
+    const int64_t attn = R * D + R * DP + 2 * R + (TW + MSA_CPU_BK_MR_MAX) * D + TW * DP + LDR * D +
+                         (TW + MSA_CPU_BK_MR_MAX) * LDR + 4 * LDR + DP + LDR + R * m->topk_width +
+                         R;
     const int64_t Ri = (int64_t)MSA_CPU_INDEX_CHUNK * m->cfg.num_index_heads,
                   RPi = Ri + MSA_CPU_BK_MR_MAX, Di = m->cfg.index_dim;
     const int64_t index = Ri * Di + RPi * Di + TW * Di + TWP * Di + RPi * TWP + 4 * Ri;
