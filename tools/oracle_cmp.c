@@ -1,9 +1,11 @@
 #include "oracle_cmp.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "elem.h"
 #include "oracle.h"
@@ -146,6 +148,68 @@ static void index_heads_of(const msa_oracle_layer *L, int g, int *first, int *co
     }
 }
 
+/* The oracle's outputs of a request's sampled rows, computed on several
+ * threads (rows are independent and msa_oracle_token keeps no state), so
+ * the check of a long prefill does not take longer than the step. */
+typedef struct oracle_rows {
+    const msa_oracle_layer *L;
+    const msa_oracle_request *req;
+    const int *tok; /* token index within the request of each row */
+    int n, W;
+    double *o, *lse, *io; /* [n][Hq*D], [n][Hq], [n][Hi*Di] */
+    int32_t *topk;        /* [n][Hkv*W] */
+    int nth;
+} oracle_rows;
+
+typedef struct oracle_worker {
+    oracle_rows *job;
+    int ith;
+} oracle_worker;
+
+static void *oracle_rows_work(void *arg)
+{
+    oracle_worker *w = arg;
+    oracle_rows *j = w->job;
+    const msa_oracle_layer *L = j->L;
+    for (int s = w->ith; s < j->n; s += j->nth)
+        msa_oracle_token(L, j->req, j->tok[s], j->o + (int64_t)s * L->Hq * L->D,
+                         j->lse + (int64_t)s * L->Hq, j->topk + (int64_t)s * L->Hkv * j->W,
+                         j->io + (int64_t)s * L->Hi * L->Di);
+    return NULL;
+}
+
+/* Runs the job on up to 8 threads; the calling thread takes a share, and
+ * a thread that cannot be started leaves its rows to it. */
+static void oracle_rows_run(oracle_rows *j)
+{
+    enum { MAX_THREADS = 8 };
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int nth = cpus < 1 ? 1 : cpus > MAX_THREADS ? MAX_THREADS : (int)cpus;
+    if (nth > j->n)
+        nth = j->n > 0 ? j->n : 1;
+    pthread_t tid[MAX_THREADS];
+    oracle_worker w[MAX_THREADS];
+    int started = 1;
+    j->nth = nth;
+    for (int t = 1; t < nth; t++) {
+        w[t] = (oracle_worker){j, t};
+        if (pthread_create(&tid[t], NULL, oracle_rows_work, &w[t]) != 0)
+            break;
+        started++;
+    }
+    w[0] = (oracle_worker){j, 0};
+    if (started < nth) { /* run every row here instead */
+        for (int t = 1; t < started; t++)
+            pthread_join(tid[t], NULL);
+        j->nth = 1;
+        oracle_rows_work(&w[0]);
+        return;
+    }
+    oracle_rows_work(&w[0]);
+    for (int t = 1; t < nth; t++)
+        pthread_join(tid[t], NULL);
+}
+
 int cmp_layer(const cmp_inputs *in, cmp_result *res)
 {
     memset(res, 0, sizeof *res);
@@ -178,11 +242,13 @@ int cmp_layer(const cmp_inputs *in, cmp_result *res)
             free(pc.data[p]);
         return -1;
     }
-    double *o_ref = malloc(sizeof(double) * (size_t)L.Hq * (size_t)L.D);
-    double *lse_ref = malloc(sizeof(double) * (size_t)L.Hq);
-    double *io_ref = malloc(sizeof(double) * (size_t)L.Hi * (size_t)L.Di);
-    int32_t *topk_ref = malloc(sizeof(int32_t) * (size_t)L.Hkv * (size_t)W);
-    int rc = (o_ref && lse_ref && io_ref && topk_ref) ? 0 : -1;
+    const size_t nr = (size_t)(in->num_rows > 0 ? in->num_rows : 1);
+    double *o_all = malloc(sizeof(double) * (size_t)L.Hq * (size_t)L.D * nr);
+    double *lse_all = malloc(sizeof(double) * (size_t)L.Hq * nr);
+    double *io_all = malloc(sizeof(double) * (size_t)L.Hi * (size_t)L.Di * nr);
+    int32_t *topk_all = malloc(sizeof(int32_t) * (size_t)L.Hkv * (size_t)W * nr);
+    int *tok = malloc(sizeof(int) * nr);
+    int rc = (o_all && lse_all && io_all && topk_all && tok) ? 0 : -1;
     if (rc)
         snprintf(res->message, sizeof res->message, "out of memory");
 
@@ -213,12 +279,25 @@ int cmp_layer(const cmp_inputs *in, cmp_result *res)
         req.idx_v = iv;
         req.q = in->q + q_start * L.Hq * L.D;
         req.idx_q = L.sparse ? in->idx_q + q_start * L.Hi * L.Di : NULL;
-        for (int s = 0; rc == 0 && s < in->num_rows; s++) {
+        /* The oracle of this request's rows first, in parallel. */
+        int n = 0;
+        for (int s = 0; s < in->num_rows; s++)
+            if (in->rows[s] >= q_start && in->rows[s] < q_end)
+                tok[n++] = (int)(in->rows[s] - q_start);
+        if (rc == 0) {
+            oracle_rows job = {&L, &req, tok, n, W, o_all, lse_all, io_all, topk_all, 1};
+            oracle_rows_run(&job);
+        }
+        for (int s = 0, at = 0; rc == 0 && s < in->num_rows; s++) {
             int64_t t = in->rows[s];
             if (t < q_start || t >= q_end)
                 continue;
             int i = (int)(t - q_start);
-            msa_oracle_token(&L, &req, i, o_ref, lse_ref, topk_ref, io_ref);
+            const double *o_ref = o_all + (int64_t)at * L.Hq * L.D;
+            const double *lse_ref = lse_all + (int64_t)at * L.Hq;
+            const double *io_ref = io_all + (int64_t)at * L.Hi * L.Di;
+            const int32_t *topk_ref = topk_all + (int64_t)at * L.Hkv * W;
+            at++;
             int tie_row = 0;
             if (L.sparse && in->topk) {
                 for (int g = 0; g < L.Hkv; g++) {
@@ -259,10 +338,11 @@ int cmp_layer(const cmp_inputs *in, cmp_result *res)
         free(ik);
         free(iv);
     }
-    free(o_ref);
-    free(lse_ref);
-    free(io_ref);
-    free(topk_ref);
+    free(o_all);
+    free(lse_all);
+    free(io_all);
+    free(topk_all);
+    free(tok);
     for (int p = 0; p < 4; p++)
         free(pc.data[p]);
     return rc;

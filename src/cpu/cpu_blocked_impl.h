@@ -555,8 +555,11 @@ static void attn_blocked(attn_job *job, int64_t item, float *scratch)
                 const int64_t pos = i < nact ? ch->pos0 + act[i] / G : -1;
                 vis[i] = pos < j0 ? 0 : pos - j0 + 1 < nk ? (int32_t)(pos - j0 + 1) : nk;
             }
-            for (int32_t k0 = 0; k0 < nkm; k0 += BK_MR)
-                for (int32_t r0 = 0; r0 < nrp; r0 += BK_NR)
+            /* A strip of query rows stays in L1 while the key rows go by
+             * (they come from L2: 4 * BK_MR bytes a step against 4 *
+             * BK_NR for the strip). */
+            for (int32_t r0 = 0; r0 < nrp; r0 += BK_NR)
+                for (int32_t k0 = 0; k0 < nkm; k0 += BK_MR)
                     bk_kernel_kq(st + (int64_t)k0 * LDR + r0, LDR, kt + (int64_t)k0 * D,
                                  qp + (int64_t)r0 * D, D);
             for (int32_t l0 = 0; l0 < nrp; l0 += BK_VN)
@@ -570,14 +573,15 @@ static void attn_blocked(attn_job *job, int64_t item, float *scratch)
                     for (int32_t d = 0; d < DP; d++)
                         o[d] *= corr[i];
                 }
-            /* O += P V, one panel of rows at a time. */
-            for (int32_t p0 = 0; p0 < nap; p0 += BK_MR) {
-                float *o[BK_MR];
-                for (int r = 0; r < BK_MR; r++)
-                    o[r] = p0 + r < nact ? acc + (int64_t)act[p0 + r] * DP : dummy;
-                for (int32_t c0 = 0; c0 < DP; c0 += BK_NR)
+            /* O += P V: a strip of BK_NR value columns stays in L1 while
+             * the panels of rows go by. */
+            for (int32_t c0 = 0; c0 < DP; c0 += BK_NR)
+                for (int32_t p0 = 0; p0 < nap; p0 += BK_MR) {
+                    float *o[BK_MR];
+                    for (int r = 0; r < BK_MR; r++)
+                        o[r] = p0 + r < nact ? acc + (int64_t)act[p0 + r] * DP : dummy;
                     bk_kernel_pv_t(o, c0, st + p0, LDR, vt, DP, nk);
-            }
+                }
         }
         for (int32_t i = 0; i < nact; i++) {
             mrow[act[i]] = mc[i];
