@@ -26,12 +26,15 @@
 #if defined(__AVX512F__)
 #define BK_VN 16
 #define BK_MR 8
+#define BK_BLOCK_TEXT "8 x 32"
 #elif defined(__AVX__)
 #define BK_VN 8
 #define BK_MR 6
+#define BK_BLOCK_TEXT "6 x 16"
 #else
 #define BK_VN 4
 #define BK_MR 6
+#define BK_BLOCK_TEXT "6 x 8"
 #endif
 #define BK_NV 2
 #define BK_NR (BK_VN * BK_NV)

@@ -104,11 +104,18 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
 #else
 #define MSA_CPU_LEVEL_DOT "fp32 dot products on widened keys"
 #endif
+/* What prefill rows run (cpu_blocked_impl.h) and their register block. */
+#define MSA_CPU_STR2(x) #x
+#define MSA_CPU_STR(x) MSA_CPU_STR2(x)
+#define MSA_CPU_LEVEL_PREFILL                                                                 \
+    "; prefill rows (q_len >= " MSA_CPU_STR(MSA_CPU_BLOCKED_MIN_Q) "): fp32 blocked "         \
+                                                                   "products, " BK_BLOCK_TEXT \
+                                                                   " register block"
 
 const msa_cpu_kernels MSA_CPU_LEVEL_TABLE = {
     .isa = MSA_CPU_LEVEL_ISA,
-    .indexer = MSA_CPU_LEVEL_NAME ": " MSA_CPU_LEVEL_DOT,
-    .attention = MSA_CPU_LEVEL_NAME ": " MSA_CPU_LEVEL_DOT,
+    .indexer = MSA_CPU_LEVEL_NAME ": " MSA_CPU_LEVEL_DOT MSA_CPU_LEVEL_PREFILL,
+    .attention = MSA_CPU_LEVEL_NAME ": " MSA_CPU_LEVEL_DOT MSA_CPU_LEVEL_PREFILL,
     .gather = MSA_CPU_LEVEL_NAME ": vector widening of bf16/fp16 rows, next block prefetched",
     .score_task = score_task,
     .attn_item = attn_item,
