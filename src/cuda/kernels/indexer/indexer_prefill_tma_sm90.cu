@@ -12,14 +12,15 @@
  *               columns x 128 rows, 128-byte swizzle);
  *   warps 0-7   two consumer warpgroups, group h owning tile rows
  *               64h .. 64h + 63, their queries in registers for the item.
- *               Per block, for each half of its keys: S = Q K^T as 8
- *               wgmma.m64n64k16 (keys as N, read from the slot), then the
- *               causal mask, the score scale and the max or log-sum-exp
- *               in registers (cu_pfi_reduce); the slot is handed back as
- *               soon as the second half's products end; the block score
- *               goes to the CTA's workspace rows.  After the
- *               item's blocks the eight warps select (or keep a split's
- *               candidates and merge), as the portable kernel does.
+ *               Per block: S = Q K^T for each half of its keys as 8
+ *               wgmma.m64n64k16 (keys as N, read from the slot), both
+ *               halves issued together; the first half's causal mask,
+ *               score scale and max or log-sum-exp (cu_pfi_reduce) run
+ *               while the second half's products do; the slot is handed
+ *               back as soon as those end; the block score goes to the
+ *               CTA's workspace rows.  After the item's blocks the eight
+ *               warps select (or keep a split's candidates and merge), as
+ *               the portable kernel does.
  * Every key page is read once per tile of 128 rows (twice the rows of the
  * portable kernel's tiles), the copies run ahead of the products by the
  * ring's depth, and while one consumer group reduces its scores the other's
@@ -31,9 +32,10 @@
 #include "cuda/arch/tma_sm90.cuh"
 
 #define PFIT_CONSUMER_WARPS 8
-/* Nine warps and no register reallocation (setmaxnreg): at one CTA per
- * SM each thread may have up to 224 registers, which the consumers use
- * (their queries, a block's 64 scores per thread, the selection). */
+/* Nine warps and no register reallocation (setmaxnreg works per
+ * warpgroup, and the producer is one warp): nine warps are three per SM
+ * sub-partition, which caps every thread at 168 registers; the consumers
+ * use them (their queries, two halves of a page's scores, the selection). */
 #define PFIT_THREADS ((PFIT_CONSUMER_WARPS + 1) * 32)
 /* A stage: one page of PFIT_KEYS index keys of PFIT_DIM 16-bit values, as
  * two boxes of PFIT_BOX_COLS columns (one 128-byte swizzle row each). */
