@@ -351,35 +351,7 @@ __global__ void __launch_bounds__(PFI_THREADS, 2) cu_pfidx_kernel(const cu_pfidx
                 cu_pfi_scores<Tag, false, WG>(p, smem, scratch, it.r, it.t0, it.base,
                                               it.ntok * p.Hi, it.p_last, c_begin, c_end);
         }
-        if (S == 1) {
-            /* Selection of the tile's (token, unit) items, a warp each. */
-            for (int32_t item = warp; item < it.ntok * p.units; item += PFI_WARPS) {
-                const int32_t tok = item / p.units;
-                const int32_t u = item - tok * p.units;
-                const int32_t N = (it.base + tok) / p.B + 1;
-                cu_pfi_select_unit(p,
-                                   scratch +
-                                       ((int64_t)tok * p.Hi + (int64_t)u * p.mi) * p.cap_blocks,
-                                   N, it.t0 + tok, u, wsm, p.sel_cache);
-            }
-        } else {
-            cu_pfi_candidates(p, sh, scratch, it.tg * S + it.sp, it.base, it.ntok * p.Hi, it.b0,
-                              it.b1, wsm);
-            /* Completion count of the tile: every thread's candidates
-             * visible device-wide before the count; the CTA that brings it
-             * to S merges, then returns it to 0 (graph replays). */
-            __threadfence();
-            __syncthreads();
-            if (threadIdx.x == 0)
-                last_split = atomicAdd(p.split_done + it.tg, 1) == S - 1;
-            __syncthreads();
-            if (last_split) {
-                __threadfence();
-                cu_pfi_merge(p, sh, it.tg * S, S, it.base, it.ntok, it.t0, wsm);
-                if (threadIdx.x == 0)
-                    p.split_done[it.tg] = 0;
-            }
-        }
+        cu_pfi_select_item(p, sh, it, S, scratch, wsm, &last_split, [] { __syncthreads(); });
         __syncthreads(); /* shared memory free for the next item's ring */
     }
 }

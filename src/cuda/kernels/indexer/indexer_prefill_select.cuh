@@ -270,4 +270,44 @@ __device__ __forceinline__ void cu_pfi_merge(const cu_pfidx_params &p, const cu_
     }
 }
 
+/* After an item's block scores (in the CTA's workspace rows `scratch`,
+ * visible to every selecting thread): a whole tile (S = 1) selects its
+ * (token, unit) items, a warp each; a split keeps its candidates, and the
+ * CTA that completes the tile's count (fence, atomic add; it returns the
+ * count to 0 after, so graph replays start from zero) merges the splits.
+ * sync() is the barrier of the CTA's selecting threads; *last_split a
+ * shared word. */
+template <typename Sync>
+__device__ __forceinline__ void cu_pfi_select_item(const cu_pfidx_params &p, const cu_pfi_shape sh,
+                                                   const cu_pfi_item &it, int32_t S,
+                                                   const float *scratch, uint32_t *wsm,
+                                                   volatile int32_t *last_split, Sync sync)
+{
+    const int warp = threadIdx.x >> 5;
+    if (S == 1) {
+        for (int32_t item = warp; item < it.ntok * p.units; item += sh.warps) {
+            const int32_t tok = item / p.units;
+            const int32_t u = item - tok * p.units;
+            const int32_t N = (it.base + tok) / p.B + 1;
+            cu_pfi_select_unit(p,
+                               scratch + ((int64_t)tok * p.Hi + (int64_t)u * p.mi) * p.cap_blocks,
+                               N, it.t0 + tok, u, wsm, sh.cache);
+        }
+        return;
+    }
+    cu_pfi_candidates(p, sh, scratch, it.tg * S + it.sp, it.base, it.ntok * p.Hi, it.b0, it.b1,
+                      wsm);
+    __threadfence(); /* every thread's candidates visible device-wide before the count */
+    sync();
+    if (threadIdx.x == 0)
+        *last_split = atomicAdd(p.split_done + it.tg, 1) == S - 1;
+    sync();
+    if (*last_split) {
+        __threadfence();
+        cu_pfi_merge(p, sh, it.tg * S, S, it.base, it.ntok, it.t0, wsm);
+        if (threadIdx.x == 0)
+            p.split_done[it.tg] = 0;
+    }
+}
+
 #endif /* MSA_INDEXER_PREFILL_SELECT_CUH */

@@ -238,34 +238,8 @@ __device__ void cu_pfit_consumer(const cu_pfidx_params &p, const cu_pfit_smem_t 
         /* The workspace rows written (the consumers' barrier orders their
          * memory accesses). */
         cu_named_sync(1, PFIT_CONSUMER_WARPS * 32);
-        if (S == 1) {
-            /* Selection of the tile's (token, unit) items, a warp each. */
-            for (int32_t item = warp; item < it.ntok * p.units; item += PFIT_CONSUMER_WARPS) {
-                const int32_t tok = item / p.units;
-                const int32_t u = item - tok * p.units;
-                const int32_t N = (it.base + tok) / p.B + 1;
-                cu_pfi_select_unit(p,
-                                   scratch +
-                                       ((int64_t)tok * p.Hi + (int64_t)u * p.mi) * p.cap_blocks,
-                                   N, it.t0 + tok, u, wsm, sh.cache);
-            }
-        } else {
-            cu_pfi_candidates(p, sh, scratch, it.tg * S + it.sp, it.base, it.ntok * p.Hi, it.b0,
-                              it.b1, wsm);
-            /* Completion count of the tile, as the portable kernel keeps
-             * it: the CTA that brings it to S merges, then returns it to 0. */
-            __threadfence();
-            cu_named_sync(1, PFIT_CONSUMER_WARPS * 32);
-            if (threadIdx.x == 0)
-                *sm.last_split = atomicAdd(p.split_done + it.tg, 1) == S - 1;
-            cu_named_sync(1, PFIT_CONSUMER_WARPS * 32);
-            if (*sm.last_split) {
-                __threadfence();
-                cu_pfi_merge(p, sh, it.tg * S, S, it.base, it.ntok, it.t0, wsm);
-                if (threadIdx.x == 0)
-                    p.split_done[it.tg] = 0;
-            }
-        }
+        cu_pfi_select_item(p, sh, it, S, scratch, wsm, sm.last_split,
+                           [] { cu_named_sync(1, PFIT_CONSUMER_WARPS * 32); });
         /* Every warp done with the workspace rows and the flag before the
          * next item writes them. */
         cu_named_sync(1, PFIT_CONSUMER_WARPS * 32);
