@@ -307,15 +307,7 @@ static void score_blocked(select_job *job, int64_t c, int32_t b0, int32_t b1, fl
         for (int32_t rr = 0; rr < rows; rr++) {
             if (ch->pos0 + rr / Hi < blk0)
                 continue;
-            const score_acc *a = &acc[rr];
-            float score;
-            if (a->nan)
-                score = NAN; /* ranked below every number */
-            else if (!lse || isinf(a->mx))
-                score = a->mx;
-            else
-                score = a->mx + logf(a->sum);
-            out[(int64_t)rr * ch->blocks + n] = score;
+            out[(int64_t)rr * ch->blocks + n] = score_acc_value(&acc[rr], lse);
         }
     }
 }

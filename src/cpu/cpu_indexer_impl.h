@@ -9,6 +9,17 @@ typedef struct score_acc {
     int nan;
 } score_acc;
 
+/* The block score of a finished row: NaN when any of its scores was (ranked
+ * below every number), else the max, or ln(sum exp) for lse. */
+static inline float score_acc_value(const score_acc *a, int lse)
+{
+    if (a->nan)
+        return NAN;
+    if (!lse || isinf(a->mx))
+        return a->mx;
+    return a->mx + logf(a->sum);
+}
+
 static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float *scratch)
 {
     const msa_plan *p = job->plan;
@@ -138,15 +149,7 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
         for (int32_t rr = 0; rr < rows; rr++) {
             if (ch->pos0 + rr / Hi < blk0)
                 continue;
-            const score_acc *a = &acc[rr];
-            float score;
-            if (a->nan)
-                score = NAN; /* ranked below every number */
-            else if (!lse || isinf(a->mx))
-                score = a->mx;
-            else
-                score = a->mx + logf(a->sum);
-            out[(int64_t)rr * ch->blocks + n] = score;
+            out[(int64_t)rr * ch->blocks + n] = score_acc_value(&acc[rr], lse);
         }
     }
 }
