@@ -5,28 +5,14 @@
 
 #include <string.h>
 
-static inline uint32_t f32_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
-static inline float bits_f32(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
 float msa_bf16_to_f32(uint16_t x)
 {
-    return bits_f32((uint32_t)x << 16);
+    return msa_bits_f32((uint32_t)x << 16);
 }
 
 uint16_t msa_f32_to_bf16(float x)
 {
-    uint32_t u = f32_bits(x);
+    uint32_t u = msa_f32_bits(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it a (quiet) NaN */
         return (uint16_t)((u >> 16) | 0x0040u);
     u += 0x7fffu + ((u >> 16) & 1u);
@@ -39,18 +25,18 @@ float msa_f16_to_f32(uint16_t h)
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t man = h & 0x3ffu;
     if (exp == 0x1f) /* inf / NaN */
-        return bits_f32(sign | 0x7f800000u | (man << 13));
+        return msa_bits_f32(sign | 0x7f800000u | (man << 13));
     if (exp == 0) {
         /* zero or subnormal: man * 2^-24, exact in fp32 */
         float v = (float)man * (1.0f / 16777216.0f);
         return sign ? -v : v;
     }
-    return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+    return msa_bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
 uint16_t msa_f32_to_f16(float x)
 {
-    uint32_t u = f32_bits(x);
+    uint32_t u = msa_f32_bits(x);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t a = u & 0x7fffffffu;
     if (a > 0x7f800000u) /* NaN */
@@ -116,7 +102,7 @@ void msa_convert_to_f32(float *dst, const void *src, msa_dtype dtype, int64_t n)
     case MSA_DTYPE_BF16: {
         const uint16_t *s = src;
         for (int64_t i = 0; i < n; i++)
-            dst[i] = bits_f32((uint32_t)s[i] << 16);
+            dst[i] = msa_bits_f32((uint32_t)s[i] << 16);
         break;
     }
     case MSA_DTYPE_FP16:

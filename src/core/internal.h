@@ -6,6 +6,7 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <string.h>
 
 typedef struct msa_threadpool msa_threadpool;
 
@@ -199,6 +200,21 @@ int64_t msa_capacity_grow(int64_t cap, int64_t need, int64_t max);
 msa_status msa_step_pages_init(msa_plan *plan);
 void msa_step_pages_free(msa_plan *plan);
 msa_status msa_step_pages_check(msa_plan *plan, const msa_step *step, const char *fn);
+
+/* The bits of an fp32 value, and the value of fp32 bits (no aliasing). */
+static inline uint32_t msa_f32_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static inline float msa_bits_f32(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
 
 /* Element conversions (exact bit-level implementations, no FPU mode tricks). */
 float msa_bf16_to_f32(uint16_t x);

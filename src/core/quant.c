@@ -8,20 +8,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static inline uint32_t f32_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
-static inline float bits_f32(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
 /* ---- E4M3 (OCP e4m3fn: bias 7, no infinities, S.1111.111 is NaN) ------- */
 
 float msa_e4m3_to_f32(uint8_t code)
@@ -29,16 +15,16 @@ float msa_e4m3_to_f32(uint8_t code)
     const uint32_t sign = (uint32_t)(code & 0x80u) << 24;
     const uint32_t exp = (code >> 3) & 0xfu, man = code & 7u;
     if (exp == 0xf && man == 7)
-        return bits_f32(sign | 0x7fc00000u);
+        return msa_bits_f32(sign | 0x7fc00000u);
     if (exp == 0) /* subnormal: man * 2^-9, exact in fp32 */
-        return bits_f32(sign | f32_bits((float)man * (1.0f / 512.0f)));
+        return msa_bits_f32(sign | msa_f32_bits((float)man * (1.0f / 512.0f)));
     /* normal: rebias 7 -> 127, the 3 mantissa bits on top of fp32's 23 */
-    return bits_f32(sign | (exp + 120u) << 23 | man << 20);
+    return msa_bits_f32(sign | (exp + 120u) << 23 | man << 20);
 }
 
 uint8_t msa_f32_to_e4m3(float x)
 {
-    const uint32_t u = f32_bits(x);
+    const uint32_t u = msa_f32_bits(x);
     const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
     const uint32_t a = u & 0x7fffffffu;
     if (a > 0x7f800000u) /* NaN */
@@ -48,7 +34,7 @@ uint8_t msa_f32_to_e4m3(float x)
     if (a < 0x3c800000u) {
         /* below the smallest normal 2^-6: units of 2^-9, rounded to even.
          * a * 512 is exact; 8 units is the smallest normal's code. */
-        const float t = bits_f32(a) * 512.0f;
+        const float t = msa_bits_f32(a) * 512.0f;
         uint32_t q = (uint32_t)t;
         const float frac = t - (float)q;
         if (frac > 0.5f || (frac == 0.5f && (q & 1u)))
