@@ -1,0 +1,145 @@
+/*
+ * The pieces of the Hopper prefill attention kernels that work on one key
+ * block (one page of 128 keys of one KV head, K and V brought by
+ * tensor-map copies): the block's copy, S = Q K^T for a consumer
+ * warpgroup's 64 rows, the masked online softmax step and O += P V.
+ * attention_prefill_tma_sm90 (query tiles over the union of their blocks)
+ * and attention_prefill_kbm_sm90 (one block against the queries that
+ * selected it) share them.
+ */
+#ifndef MSA_PREFILL_TILE_SM90_CUH
+#define MSA_PREFILL_TILE_SM90_CUH
+
+#include "cuda/arch/tma_sm90.cuh"
+#include "cuda/arch/wgmma_sm90.cuh"
+#include "cuda/kernels/attention/rows_mma.cuh"
+
+/* The tile shapes: a key block is one page of PFH_KEYS rows of one KV
+ * head, each row PFH_HEAD_DIM 16-bit values; the tensor maps copy boxes of
+ * PFH_BOX_ROWS rows x PFH_BOX_COLS columns (128-byte swizzle: a box row is
+ * one swizzle row); a consumer warpgroup owns PFH_GROUP_ROWS rows (the M of
+ * its warpgroup products). */
+#define PFH_HEAD_DIM 128
+#define PFH_KEYS 128
+#define PFH_ROW_BYTES (PFH_HEAD_DIM * 2)
+#define PFH_BOX_COLS 64
+#define PFH_BOX_ROWS 64
+#define PFH_BOX_ROW_BYTES (PFH_BOX_COLS * 2)
+#define PFH_BOX_BYTES (PFH_BOX_ROWS * PFH_BOX_ROW_BYTES)
+#define PFH_TILE_BYTES (PFH_KEYS * PFH_ROW_BYTES) /* K or V of one block */
+#define PFH_GROUP_ROWS 64
+static_assert(PFH_BOX_ROW_BYTES == 128, "a box row is one row of the 128-byte swizzle");
+static_assert(PFH_HEAD_DIM == 2 * PFH_BOX_COLS && PFH_KEYS == 2 * PFH_BOX_ROWS,
+              "a page is four boxes: two column halves of two row halves");
+
+#define PFH_LOG2E 1.4426950408889634f
+
+#ifdef CU_HAVE_WGMMA
+
+/* The four boxes of one [128][128] page (plane row `row`: the page's first
+ * row for this KV head) into a slot half: columns 0-63 in its first 16 KB
+ * (rows 0-63, then 64-127), columns 64-127 in the next.  No cache hint:
+ * a dense item's pages are read again by every later tile of the request. */
+__device__ __forceinline__ void cu_pfh_load_page(uint32_t dst, const CUtensorMap *map, int32_t row,
+                                                 uint64_t *bar)
+{
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+        cu_tma_load2d(dst + (uint32_t)b * PFH_BOX_BYTES, map, (b >> 1) * PFH_BOX_COLS,
+                      row + (b & 1) * PFH_BOX_ROWS, bar);
+}
+
+/* 2^x, flushed to 0 below 2^-126 (as the decode path's Hopper attention:
+ * the weights so small add nothing the fp32 sums or 16-bit output show). */
+__device__ __forceinline__ float cu_pfh_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* S = Q K^T for the group's 64 rows against the block's 128 keys (K-major
+ * in the slot: dimensions 0-63 in the first 16 KB, 64-127 in the next). */
+template <typename Tag>
+__device__ __forceinline__ void cu_pfh_qk(uint32_t ka, const uint32_t (&qa)[8][4],
+                                          float (&sc)[16][4])
+{
+    cu_wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+        const uint32_t at =
+            ka + (uint32_t)(ks >> 2) * (PFH_TILE_BYTES / 2) + (uint32_t)(ks & 3) * 32u;
+        cu_wgmma_m64n128k16<0>(sc, qa[ks], cu_wgmma_desc(at, 16), ks > 0, Tag());
+    }
+    cu_wgmma_commit();
+    cu_wgmma_wait_all();
+    cu_wgmma_hold(sc);
+}
+
+/* O += P V: the weights rounded to the 16-bit type (the S accumulators'
+ * layout is the A fragments' already) against V read MN-major: 16 keys per
+ * step (2048 bytes), dimensions 64-127 16 KB after 0-63. */
+template <typename Tag>
+__device__ __forceinline__ void cu_pfh_pv(uint32_t va, const float (&pw)[16][4], float (&o)[16][4])
+{
+    uint32_t pa[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        pa[kk][0] = cu_pack2(pw[2 * kk][0], pw[2 * kk][1], Tag());
+        pa[kk][1] = cu_pack2(pw[2 * kk][2], pw[2 * kk][3], Tag());
+        pa[kk][2] = cu_pack2(pw[2 * kk + 1][0], pw[2 * kk + 1][1], Tag());
+        pa[kk][3] = cu_pack2(pw[2 * kk + 1][2], pw[2 * kk + 1][3], Tag());
+    }
+    cu_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+        cu_wgmma_m64n128k16<1>(o, pa[kk],
+                               cu_wgmma_desc(va + (uint32_t)kk * 2048u, PFH_TILE_BYTES / 2), 1,
+                               Tag());
+    cu_wgmma_commit();
+    cu_wgmma_wait_all();
+    cu_wgmma_hold(o);
+}
+
+/* The block's scores into weights: keys j <= lim_lo (lim_hi) count for the
+ * thread's low (high) row (lim -1: none), the scale sl2 (log2 units, > 0)
+ * applied inside the exponent; running max, sum and O's scale updated. */
+__device__ __forceinline__ void cu_pfh_softmax(float (&sc)[16][4], int32_t lim_lo, int32_t lim_hi,
+                                               float sl2, float (&o)[16][4], float &m_lo,
+                                               float &m_hi, float &l_lo, float &l_hi)
+{
+    const int lane = threadIdx.x & 31;
+    if (min(lim_lo, lim_hi) < PFH_KEYS - 1) {
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int32_t j = n * 8 + 2 * (lane & 3) + e;
+                sc[n][e] = j <= lim_lo ? sc[n][e] : -INFINITY;
+                sc[n][2 + e] = j <= lim_hi ? sc[n][2 + e] : -INFINITY;
+            }
+        }
+    }
+    float mx_lo, mx_hi, ref_lo, ref_hi, corr_lo, corr_hi;
+    cu_rows_tile_max<16>(sc, mx_lo, mx_hi);
+    cu_rows_new_max(mx_lo * sl2, mx_hi * sl2, m_lo, m_hi, ref_lo, ref_hi, corr_lo, corr_hi);
+    float ps_lo = 0.0f, ps_hi = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            sc[n][e] = cu_pfh_exp2(fmaf(sc[n][e], sl2, -ref_lo));
+            sc[n][2 + e] = cu_pfh_exp2(fmaf(sc[n][2 + e], sl2, -ref_hi));
+            ps_lo += sc[n][e];
+            ps_hi += sc[n][2 + e];
+        }
+    }
+    l_lo = l_lo * corr_lo + ps_lo;
+    l_hi = l_hi * corr_hi + ps_hi;
+    if (__any_sync(0xffffffffu, corr_lo != 1.0f || corr_hi != 1.0f))
+        cu_rows_rescale(o, corr_lo, corr_hi);
+}
+
+#endif /* CU_HAVE_WGMMA */
+
+#endif /* MSA_PREFILL_TILE_SM90_CUH */
