@@ -4,8 +4,10 @@
 #   1. builds the tree (and, when BASE is given, the base tree beside it)
 #      for sm_90a + sm_80;
 #   2. correctness: the graph test (whole grid and 8 SMs), the quick sweep
-#      with its prefill steps (4 shards), the prefill cases of the sweep's
-#      quick set, `msa replay --backend cuda`, compute-sanitizer memcheck and
+#      with its prefill steps (6 shards), the prefill cases of the sweep's
+#      quick set (again with the key-block-major attention in chunks of 40
+#      tokens, and the graph test in chunks of 24), `msa replay --backend
+#      cuda`, compute-sanitizer memcheck and
 #      racecheck on small prefill and decode steps, and test_plan_txn;
 #   3. prefill: `msa bench --workload prefill` (66 weighted cases) and single
 #      prompts of 8K and 32K (sparse and dense layers);
@@ -87,6 +89,10 @@ if has_step tests; then
             --filter pfsel &
     fi
     run "replay cuda" "tests_r.tmp" 300 sh "$ROOT/tests/replay/run_replay_test.sh" "$MSA" /tmp/msa-replay cuda &
+    # The key-block-major prefill attention in several chunks of tokens.
+    run "sweep pf, kbm chunks of 40" "tests_k.tmp" 300 "$T/cuda/test_cuda_sweep" --quick --prefill \
+        --filter pf --kbm-chunk 40 &
+    run "graph test, kbm chunks of 24" "tests_g.tmp" 120 "$T/cuda/test_cuda_graph" --kbm-chunk 24 &
     wait
     for f in "$OUT"/tests_*.tmp; do cat "$f" >>"$OUT/tests.log"; rm -f "$f"; done
     grep -E "FAIL" "$OUT/tests.log" | head -20 >>"$SUMMARY"

@@ -118,6 +118,13 @@ typedef struct msa_debug_options {
      * are written to this CSV file when the context is freed; NULL: off.
      * Copied at creation. */
     const char *cuda_timeline_path;
+    /* 1: prefill rows of sparse layers on Hopper run the query tiles over
+     * their tokens' block unions, not the key-block-major attention. */
+    int cuda_no_prefill_kbm;
+    /* > 0: the key-block-major prefill attention takes the prefill tokens
+     * in chunks of at most this many (tests of several chunks); 0: as many
+     * as its workspace budget allows. */
+    int cuda_prefill_kbm_chunk;
 } msa_debug_options;
 
 /* Instruction-set levels of the CPU kernels (docs/CPU.md).  A CPU context

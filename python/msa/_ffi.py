@@ -23,6 +23,8 @@ class DebugOptions(ctypes.Structure):
         ("cuda_no_prefill_indexer", ctypes.c_int),
         ("cuda_no_prefill_wgmma", ctypes.c_int),
         ("cuda_timeline_path", ctypes.c_char_p),
+        ("cuda_no_prefill_kbm", ctypes.c_int),
+        ("cuda_prefill_kbm_chunk", ctypes.c_int),
     ]
 
 

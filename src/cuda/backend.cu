@@ -72,6 +72,8 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
     cs->sel_unions = dbg->cuda_sel_unions != 0;
     cs->pf_tma = cs->wgmma && !dbg->cuda_no_prefill_tma;
     cs->pfi = !dbg->cuda_no_prefill_indexer;
+    cs->pf_kbm = cs->pf_tma && !dbg->cuda_no_prefill_kbm;
+    cs->pf_kbm_chunk = dbg->cuda_prefill_kbm_chunk;
     cs->pfi_wgmma = cs->wgmma && !dbg->cuda_no_prefill_wgmma;
     if (e == cudaSuccess)
         e = cu_indexer_mma_setup(cs->num_sms, &cs->grid_idx_fast);

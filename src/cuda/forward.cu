@@ -23,6 +23,7 @@
 #include "cuda/kernels/indexer/indexer_prefill_mma_sm80.cuh"
 #include "cuda/kernels/attention/attention_prefill_mma_sm80.cuh"
 #include "cuda/kernels/attention/attention_prefill_tma_sm90.cuh"
+#include "cuda/kernels/attention/attention_prefill_kbm_sm90.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -61,7 +62,7 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
         why[0] = '\0';
     out->idx_fast = out->attn_fast = out->iv_fast = 0;
     out->idx_tma = out->attn_tma = 0;
-    out->pf_fast = out->pf_iv_fast = out->pf_tma = 0;
+    out->pf_fast = out->pf_iv_fast = out->pf_tma = out->pf_kbm = 0;
 
     const int act16 = cu_is16(act);
     if (!act16)
@@ -171,6 +172,15 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
         out->attn_tma = 0;
     if (out->pf_tma && (map_ok & kv_bits) != kv_bits)
         out->pf_tma = 0;
+    /* The sparse pass's prefill rows key-block-major where the plan set
+     * it up (its shapes and types, the debugging option). */
+    out->pf_kbm = sparse && out->pf_tma && st->pfk &&
+                  cu_pfk_fits(cfg->head_dim, cc->page_size, cfg->block_size, m->group, NULL);
+    if (sparse && out->pf_tma && !out->pf_kbm)
+        cu_why(why, why_size,
+               st->pfk ? "prefill tiles over block unions (shape)"
+                       : "key-block-major prefill not set up (shape, type, capacity or "
+                         "cuda_no_prefill_kbm): prefill tiles over block unions");
 }
 
 int cu_plan_paths(const msa_plan *plan, cu_plan_state *st)
@@ -200,6 +210,8 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
                                            "cuda.dense.mma+pf.tma"},
                                           {"cuda.sparse.simt", "cuda.sparse.mma+pf.tma",
                                            "cuda.sparse.tma+pf.tma"}};
+    static const char *names_pfk[3] = {"cuda.sparse.simt", "cuda.sparse.mma+pf.kbm",
+                                       "cuda.sparse.tma+pf.kbm"};
     const msa_model *m = plan->model;
     const int sparse = m->layer_sparse[layer] != 0;
     static char no_state[] = "plan has no device state";
@@ -213,12 +225,16 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
     if (fast && sparse && p->idx_tma && p->attn_tma)
         fast = 2;
     *kernel = (st->step.n_pf > 0 && p->pf_tma ? names_pfh : names)[sparse][fast];
+    if (st->step.n_pf > 0 && p->pf_kbm)
+        *kernel = names_pfk[fast];
     *reason = st->path_why[layer];
     if (st->step.n_pf > 0) {
         /* The step's notes beside the plan's reason. */
         snprintf(st->why_step, sizeof st->why_step, "%s", st->path_why[layer]);
         cu_why(st->why_step, sizeof st->why_step,
-               p->pf_tma ? "prefill requests (q_len > 16) in this step: Hopper prefill kernel"
+               p->pf_kbm ? "prefill requests (q_len > 16) in this step: key-block-major Hopper "
+                           "prefill attention"
+               : p->pf_tma ? "prefill requests (q_len > 16) in this step: Hopper prefill kernel"
                : p->pf_fast
                    ? "prefill requests (q_len > 16) in this step: tensor-core prefill kernel"
                    : "prefill requests (q_len > 16) in this step: simple prefill kernels");
@@ -234,10 +250,13 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
 }
 
 /* maps: the K map, then the V map (NULL: no tensor-map kernel); pf_maps
- * the same for the Hopper prefill kernel (NULL: the mma.sync one). */
+ * the same for the Hopper prefill kernel (NULL: the mma.sync one);
+ * pfk_chunks > 0: the sparse pass's prefill rows go key-block-major, in
+ * that many chunks. */
 static_assert(CU_MAP_V == CU_MAP_K + 1, "a layer's V map follows its K map");
 static void cu_run_attention(const cu_attn_params *A, const cu_plan_state *st, int fast,
-                             const CUtensorMap *maps, const CUtensorMap *pf_maps, cudaStream_t s)
+                             const CUtensorMap *maps, const CUtensorMap *pf_maps,
+                             int32_t pfk_chunks, cudaStream_t s)
 {
     if (maps)
         cu_launch_attn_tma(A, st, &maps[0], &maps[1], s);
@@ -248,7 +267,12 @@ static void cu_run_attention(const cu_attn_params *A, const cu_plan_state *st, i
     cu_launch_merge_prefill(A, st, s);
     /* Prefill rows on tensor cores; the merge kernel left them. */
     if (A->prefill_on_tensor_cores) {
-        if (pf_maps) {
+        if (pf_maps && pfk_chunks > 0) {
+            cu_pfk_params p;
+            cu_pfk_build(A, &st->pfk_ws, st->pfk_chunk, st->sz.pf_blocks_cap, st->pfk_items_cap,
+                         &p);
+            cu_launch_attn_prefill_kbm(&p, pfk_chunks, st, pf_maps, s);
+        } else if (pf_maps) {
             cu_pfh_params p;
             cu_pfh_build(A, &p);
             cu_launch_attn_prefill_tma(&p, st, pf_maps, s);
@@ -285,6 +309,8 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         paths.idx_fast = paths.idx_tma = 0;
     if (paths.iv_fast && !(cu_aligned(io->idx_q, 4) && cu_aligned(io->idx_o, 4)))
         paths.iv_fast = paths.pf_iv_fast = 0;
+    if (!paths.pf_tma || !cu_aligned(io->o, 16)) /* its merge writes 16-byte pieces */
+        paths.pf_kbm = 0;
     const CUtensorMap *maps = st->maps ? st->maps + (size_t)layer * CU_MAPS : NULL;
     const CUtensorMap *pf_maps = paths.pf_tma ? &maps[CU_MAP_K] : NULL;
     /* The Hopper attention builds the unions of requests of several tokens
@@ -305,11 +331,21 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
      * under graph capture (a replay may follow an update that adds some). */
     int32_t prefill_ctas = st->sz.grid_pf;
     int pfi = sparse && paths.idx_fast && st->pfi_scratch != NULL;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (pfi || paths.pf_kbm)
+        CU_TRY(ctx, cudaStreamIsCapturing(s, &cap));
+    const int capturing = cap != cudaStreamCaptureStatusNone;
     if (pfi) {
         prefill_ctas = 0;
-        cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-        CU_TRY(ctx, cudaStreamIsCapturing(s, &cap));
-        pfi = st->step.n_pf > 0 || cap != cudaStreamCaptureStatusNone;
+        pfi = st->step.n_pf > 0 || capturing;
+    }
+    /* Key-block-major prefill: the chunks the step's prefill tokens need,
+     * or under capture every chunk the plan's capacity may need (the
+     * kernels of an empty chunk end at once). */
+    int32_t pfk_chunks = 0;
+    if (sparse && paths.pf_kbm) {
+        const int32_t n = capturing ? st->sz.cap_tok : st->step.n_pf;
+        pfk_chunks = (n + st->pfk_chunk - 1) / st->pfk_chunk;
     }
 
     /* For msa_bench_stages: CU_STAGE_MARK(first, last) marks stages first to
@@ -355,11 +391,11 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         cu_attn_build(plan, st, layer, io, CU_KIND_SPARSE, paths.pf_fast, attention_union_blocks,
                       cs->tl, &attn);
         cu_run_attention(&attn, st, paths.attn_fast, paths.attn_tma ? &maps[CU_MAP_K] : NULL,
-                         pf_maps, s);
+                         pf_maps, pfk_chunks, s);
         if (index_value) {
             CU_STAGE_MARK(MSA_STAGE_INDEX_VALUE, MSA_STAGE_INDEX_VALUE);
             cu_attn_build(plan, st, layer, io, CU_KIND_IV, paths.pf_iv_fast, 0, cs->tl, &attn);
-            cu_run_attention(&attn, st, paths.iv_fast, NULL, NULL, s);
+            cu_run_attention(&attn, st, paths.iv_fast, NULL, NULL, 0, s);
             CU_STAGE_MARK(MSA_STAGE_COUNT, MSA_STAGE_COUNT);
         } else {
             CU_STAGE_MARK(MSA_STAGE_INDEX_VALUE, MSA_STAGE_COUNT);
@@ -367,7 +403,7 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     } else {
         CU_STAGE_MARK(MSA_STAGE_INDEXER, MSA_STAGE_ATTENTION);
         cu_attn_build(plan, st, layer, io, CU_KIND_DENSE, paths.pf_fast, 0, cs->tl, &attn);
-        cu_run_attention(&attn, st, paths.attn_fast, NULL, pf_maps, s);
+        cu_run_attention(&attn, st, paths.attn_fast, NULL, pf_maps, 0, s);
         CU_STAGE_MARK(MSA_STAGE_INDEX_VALUE, MSA_STAGE_COUNT);
     }
 #undef CU_STAGE_MARK

@@ -11,6 +11,7 @@
 #include "cuda/kernels/indexer/indexer_prefill_tma_sm90.cuh"
 #include "cuda/kernels/attention/attention_prefill_mma_sm80.cuh"
 #include "cuda/kernels/attention/attention_prefill_tma_sm90.cuh"
+#include "cuda/kernels/attention/attention_prefill_kbm_sm90.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -65,8 +66,9 @@ static cudaError_t cu_zalloc(void **p, size_t n)
 #define CU_WS_NONE SIZE_MAX
 typedef struct cu_ws_layout {
     size_t meta, scores, sel, uids, umask, ucnt, sel_done, idx_next, pf_scratch, part;
-    size_t pfi_scratch, pfi_split;
+    size_t pfi_scratch, pfi_split, pfk;
     int grid_pfi;
+    int32_t pfk_chunk;
     size_t total;
 } cu_ws_layout;
 
@@ -118,6 +120,24 @@ static void cu_ws_layout_of(const msa_plan *plan, const cu_ctx_state *cs, const 
     L->pfi_scratch =
         cu_ws_take(&off, pfi, sizeof(float) * cu_pfidx_scratch_floats(L->grid_pfi, sz->cap_blocks));
     L->pfi_split = cu_ws_take(&off, pfi, sizeof(int32_t) * cu_pfidx_split_words(L->grid_pfi));
+    /* Key-block-major prefill attention: sparse layers whose shapes fit
+     * it, 16-bit activations and K/V planes alike (the Hopper prefill
+     * kernel's conditions), a plan that can hold a prefill request. */
+    const msa_dtype act = plan->params.act_dtype;
+    const int pfk = any_sparse && cs->pf_kbm && sz->pf_blocks_cap > 0 &&
+                    sz->pf_tiles_cap[0] > 0 &&
+                    (act == MSA_DTYPE_BF16 || act == MSA_DTYPE_FP16) &&
+                    plan->cache->cfg.kv_dtype == act &&
+                    cu_pfk_fits(cfg->head_dim, plan->cache->cfg.page_size, cfg->block_size,
+                                m->group, NULL);
+    L->pfk_chunk = pfk ? cu_pfk_chunk_tokens(sz->cap_tok, cfg->num_kv_heads, m->group,
+                                             m->topk_width)
+                       : 0;
+    if (cs->pf_kbm_chunk > 0 && cs->pf_kbm_chunk < L->pfk_chunk)
+        L->pfk_chunk = cs->pf_kbm_chunk;
+    L->pfk = cu_ws_take(&off, pfk && L->pfk_chunk > 0,
+                        cu_pfk_ws_carve(NULL, cfg->num_kv_heads, m->group, m->topk_width,
+                                        L->pfk_chunk, sz->pf_blocks_cap, NULL, NULL));
     L->total = off;
 }
 
@@ -287,6 +307,13 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
         st->grid_pfi = L.grid_pfi;
         st->pfi_scratch = cu_ws_at<float>(base, L.pfi_scratch);
         st->pfi_split = cu_ws_at<int32_t>(base, L.pfi_split);
+        if (L.pfk != CU_WS_NONE) {
+            cu_pfk_ws_carve(base + L.pfk, cfg->num_kv_heads, m->group, m->topk_width, L.pfk_chunk,
+                            st->sz.pf_blocks_cap, &st->pfk_ws, &st->pfk_items_cap);
+            st->pfk_chunk = L.pfk_chunk;
+            e = cu_pfk_setup();
+            st->pfk = e == cudaSuccess;
+        }
         if (st->pfi_scratch)
             e = cu_pfidx_setup(
                 cu_pfidx_smem(index_heads_per_unit, cfg->topk_blocks, W, st->sz.sel_cache));

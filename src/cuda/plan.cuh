@@ -16,6 +16,8 @@
 
 #include "cuda/common/common.cuh"
 
+#include "cuda/kernels/attention/attention_prefill_kbm_ws.cuh"
+
 #include <cuda.h>
 
 /* A sparse layer's tensor maps (cu_plan_state.maps). */
@@ -33,6 +35,7 @@ typedef struct cu_paths {
     int pf_fast;    /* prefill rows of the main pass on tensor cores (attention_prefill_mma_sm80) */
     int pf_iv_fast; /* and of the index-value pass */
     int pf_tma;     /* the main pass's on Hopper (attention_prefill_tma_sm90), when pf_fast */
+    int pf_kbm;     /* the sparse pass's key-block-major (attention_prefill_kbm_sm90), when pf_tma */
 } cu_paths;
 
 /* Bytes of a layer's fallback reason. */
@@ -80,6 +83,15 @@ typedef struct cu_plan_state {
     int grid_pfi;
     float *pfi_scratch;
     int32_t *pfi_split;
+    /* Key-block-major prefill attention of sparse layers
+     * (kernels/attention/attention_prefill_kbm_sm90.cu): set up when the
+     * shapes and types fit it on a device with the sm_90a products; its
+     * workspace holds the lists and partial rows of pfk_chunk prefill
+     * tokens. */
+    int pfk;
+    int32_t pfk_chunk;
+    int32_t pfk_items_cap;
+    cu_pfk_ws pfk_ws;
 
     /* Tensor maps of the layers' planes for the Hopper kernels (index K:
      * sparse layers; K and V: every layer, for the prefill kernel),

@@ -68,6 +68,7 @@ size_t cu_meta_carve(const cu_sched_sizes *sz, uintptr_t base, cu_meta *m)
     CARVE(pf_tok, int32_t, sz->cap_tok);
     CARVE(pf_tiles[0], cu_pf_tile, sz->pf_tiles_cap[0]);
     CARVE(pf_tiles[1], cu_pf_tile, sz->pf_tiles_cap[1]);
+    CARVE(pf_blk0, int32_t, sz->cap_req);
     for (int k = 0; k < CU_KINDS; ++k) {
         CARVE(att[k], cu_att_item, sz->att_cap);
     }
@@ -151,6 +152,16 @@ void cu_sched_size(const msa_plan *plan, const cu_sched_device *dev, cu_sched_si
         if (cu_sched_any_layer(m, 1, 1))
             sz->pf_tiles_cap[1] =
                 cu_pfa_tiles_cap(sz->cap_tok, sz->cap_req, cu_pfa_tile_tokens(num_index_heads));
+        /* A prefill request has more than CU_DEC_MAX_Q tokens, so a step
+         * holds at most cap_tok / (CU_DEC_MAX_Q + 1) of them. */
+        const int32_t pf_req_cap = sz->cap_tok / (CU_DEC_MAX_Q + 1) < sz->cap_req
+                                       ? sz->cap_tok / (CU_DEC_MAX_Q + 1)
+                                       : sz->cap_req;
+        const int64_t pf_blocks = (int64_t)pf_req_cap * sz->cap_blocks;
+        /* Beyond 2^24 blocks the key-block-major attention is not set up
+         * (its per-block lists would be larger than its use). */
+        if (any_sparse && pf_blocks <= ((int64_t)1 << 24))
+            sz->pf_blocks_cap = (int32_t)pf_blocks;
     }
 
     {
@@ -406,10 +417,11 @@ int cu_sched_fill(const msa_plan *plan, const cu_sched_sizes *sz, int sparse_one
     const int32_t R = plan->num_requests;
     h->hdr->num_requests = R;
     h->hdr->num_tokens = (int32_t)plan->num_tokens;
-    int32_t n_dec = 0, dec_rows = 0, n_pf = 0, blocks = 0, max_nblk = 0;
+    int32_t n_dec = 0, dec_rows = 0, n_pf = 0, blocks = 0, max_nblk = 0, pf_blocks = 0;
     for (int32_t r = 0; r < R; ++r) {
         const int32_t ql = plan->q_len[r];
         h->q_len[r] = ql;
+        h->pf_blk0[r] = -1;
         h->kv_len[r] = plan->kv_len[r];
         h->q_start[r] = (int32_t)plan->q_start[r];
         if (ql == 0)
@@ -447,6 +459,8 @@ int cu_sched_fill(const msa_plan *plan, const cu_sched_sizes *sz, int sparse_one
         } else {
             for (int32_t i = 0; i < ql; ++i)
                 h->pf_tok[n_pf++] = (int32_t)plan->q_start[r] + i;
+            h->pf_blk0[r] = pf_blocks;
+            pf_blocks += cu_ceil_div32(plan->kv_len[r], B);
         }
     }
     h->dec_blk0[n_dec] = blocks;
@@ -454,6 +468,7 @@ int cu_sched_fill(const msa_plan *plan, const cu_sched_sizes *sz, int sparse_one
     h->hdr->n_dec_rows = dec_rows;
     h->hdr->max_dec_nblk = max_nblk;
     h->hdr->n_pf = n_pf;
+    h->hdr->n_pf_blocks = pf_blocks;
     h->hdr->total_dec_blocks = blocks;
     const int32_t P = plan->cache->cfg.page_size;
     for (int64_t t = 0; t < plan->num_tokens; ++t) {

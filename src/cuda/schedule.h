@@ -137,6 +137,7 @@ typedef struct cu_step_hdr {
     int32_t n_att_units;   /* sparse pass: entries of att_units */
     int32_t max_dec_nblk;  /* largest nblk of the decode rows (0: none) */
     int32_t n_pf_tiles[2]; /* prefill attention tiles: main passes, index-value pass */
+    int32_t n_pf_blocks;   /* sum of ceil(kv_len / B) over the prefill requests */
 } cu_step_hdr;
 
 /* Prefill attention tile (kernels/attention/attention_prefill_*): token
@@ -168,6 +169,10 @@ typedef struct cu_meta {
     cu_dec_row *dec_row;        /* [dec_rows_cap] */
     int32_t *pf_tok;            /* [cap_tok] token rows of prefill requests */
     cu_pf_tile *pf_tiles[2];    /* [pf_tiles_cap[i]] prefill attention tiles (main, index value) */
+    /* [cap_req] first of request r's blocks in the end-to-end block
+     * sequence of the step's prefill requests (-1: not a prefill request);
+     * the key-block-major prefill attention keys its lists on it. */
+    int32_t *pf_blk0;
     cu_att_item *att[CU_KINDS]; /* [att_cap] each */
     cu_merge_item *merge[CU_KINDS]; /* [merge_cap] each */
     /* Sparse pass, Hopper kernel: first item of each unit.  A unit is one
@@ -214,6 +219,7 @@ typedef struct cu_sched_sizes {
     int32_t part_stride;     /* floats per partial row */
     int32_t sched_costs;     /* distinct unit costs of the balancing (cu_sched_balance_units) */
     int32_t pf_tiles_cap[2]; /* prefill attention tiles per list (0: the plan has no prefill) */
+    int32_t pf_blocks_cap;   /* blocks of a step's prefill requests (sparse models), at most */
     /* Grids (fixed by the device and the capacities). */
     int32_t num_sms;
     int32_t grid_tok;      /* prologue */

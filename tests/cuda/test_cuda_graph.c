@@ -623,8 +623,11 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--sms") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
             g_debug.cuda_num_sms = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--kbm-chunk") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
+            /* the key-block-major prefill attention in chunks of N tokens */
+            g_debug.cuda_prefill_kbm_chunk = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--sms N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--sms N] [--kbm-chunk N]\n", argv[0]);
             return 2;
         }
     }

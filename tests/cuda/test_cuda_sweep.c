@@ -14,7 +14,8 @@
  *      cases at head dim 128 that the tensor-core prefill kernel serves.
  *   test_cuda_sweep [--quick] [--prefill] [--filter TEXT] [--cpu] [--shard I/N]
  *                   [--sms N] [--sel-warp-rows] [--sel-unions] [--no-prefill-tma]
- *                   [--no-prefill-indexer] [--no-prefill-wgmma]
+ *                   [--no-prefill-indexer] [--no-prefill-wgmma] [--no-prefill-kbm]
+ *                   [--kbm-chunk N]
  * Without a GPU it prints "skipped" and exits 77.  --cpu runs the same
  * cases on the CPU backend instead: a check of the cases themselves (and
  * of the CPU backend at these lengths) on a machine without a GPU.
@@ -23,7 +24,9 @@
  * single-threaded oracle's).  --sms, --sel-warp-rows, --sel-unions and the
  * --no-prefill-* flags set the CUDA backend's debugging aids
  * (msa_debug_options: cuda_num_sms, ..., cuda_no_prefill_tma,
- * cuda_no_prefill_indexer, cuda_no_prefill_wgmma) of every context.
+ * cuda_no_prefill_indexer, cuda_no_prefill_wgmma, cuda_no_prefill_kbm) of
+ * every context; --kbm-chunk N cuts the key-block-major prefill
+ * attention's tokens into chunks of N (cuda_prefill_kbm_chunk).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -802,6 +805,10 @@ int main(int argc, char **argv)
             debug.cuda_sel_unions = 1;
         } else if (!strcmp(argv[i], "--no-prefill-tma")) {
             debug.cuda_no_prefill_tma = 1;
+        } else if (!strcmp(argv[i], "--no-prefill-kbm")) {
+            debug.cuda_no_prefill_kbm = 1;
+        } else if (!strcmp(argv[i], "--kbm-chunk") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
+            debug.cuda_prefill_kbm_chunk = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--no-prefill-indexer")) {
             debug.cuda_no_prefill_indexer = 1;
         } else if (!strcmp(argv[i], "--no-prefill-wgmma")) {
@@ -814,7 +821,8 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "usage: test_cuda_sweep [--quick] [--prefill] [--filter TEXT] [--cpu] "
                     "[--shard I/N] [--sms N] [--sel-warp-rows] [--sel-unions] [--no-prefill-tma] "
-                    "[--no-prefill-indexer] [--no-prefill-wgmma]\n");
+                    "[--no-prefill-indexer] [--no-prefill-wgmma] [--no-prefill-kbm] "
+                    "[--kbm-chunk N]\n");
             return 2;
         }
     }

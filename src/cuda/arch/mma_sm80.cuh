@@ -46,6 +46,17 @@ __device__ __forceinline__ uint32_t cu_pack2(float lo, float hi, cu_f16_tag)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* A packed pair of the 16-bit type to two floats (exact). */
+__device__ __forceinline__ float2 cu_unpack2(uint32_t v, cu_bf16_tag)
+{
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
+}
+
+__device__ __forceinline__ float2 cu_unpack2(uint32_t v, cu_f16_tag)
+{
+    return __half22float2(*reinterpret_cast<const __half2 *>(&v));
+}
+
 __device__ __forceinline__ uint32_t cu_smem_addr(const void *p)
 {
     return (uint32_t)__cvta_generic_to_shared(p);

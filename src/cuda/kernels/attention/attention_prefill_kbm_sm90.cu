@@ -1,0 +1,621 @@
+/*
+ * Key-block-major prefill attention on Hopper: see the header for the five
+ * kernels of a chunk and docs/PREFILL.md for the design.
+ *
+ * The attend kernel: one CTA per SM walks the chunk's work items (one key
+ * block of one KV head and up to CU_PFK_ITEM_TOKENS tokens that selected
+ * it).  Nine working warps:
+ *   warp 8      the producer: copies each item's K and V page into a ring
+ *               slot (four tensor-map boxes each) and publishes the item;
+ *               once the V copy has landed, it zeroes the rows after the
+ *               last key any of the item's tokens may see (stale rows past
+ *               kv_len would otherwise reach O as 0 x NaN) and releases V;
+ *   warps 0-7   two consumer warpgroups; group h takes the item's token
+ *               tiles h, h + 2, ... (a tile is 64 rows: 64 / g tokens x g
+ *               heads).  Per tile: Q rows from global memory into
+ *               registers, S = Q K^T (wgmma), the causal mask (keys after
+ *               the token's position, in its own block only), one softmax
+ *               over the block's 128 keys, O = P V (wgmma), and the
+ *               normalized partial row and its LSE to the workspace.
+ * Each partial row is written by exactly one tile, so the outputs do not
+ * depend on the order in which the count kernel's atomics placed the
+ * entries in their lists.
+ */
+#include "cuda/kernels/attention/attention_prefill_kbm_sm90.cuh"
+#include "cuda/kernels/attention/prefill_tile_sm90.cuh"
+#include "cuda/arch/launch.cuh"
+#include "cuda/plan.cuh"
+
+#include <string.h>
+
+#define PFK_CONSUMER_WARPS 8
+#define PFK_THREADS ((PFK_CONSUMER_WARPS + 4) * 32)
+#define PFK_PRODUCER_REGS 64
+#define PFK_CONSUMER_REGS 216
+static_assert(4 * 32 * PFK_PRODUCER_REGS + PFK_CONSUMER_WARPS * 32 * PFK_CONSUMER_REGS <= 65536,
+              "the register file holds the producer and the consumers");
+#define PFK_GROUPS (PFK_CONSUMER_WARPS / 4)
+#define PFK_STAGES 3
+#define PFK_STAGE_BYTES (2 * PFH_TILE_BYTES)
+#define PFK_RING_BYTES (PFK_STAGES * PFK_STAGE_BYTES)
+/* Barriers per stage: K landed, V landed, V ready (stale rows zeroed),
+ * empty; then one meta word per stage and the item's entries per stage. */
+#define PFK_BAR_BYTES (4 * PFK_STAGES * 8)
+#define PFK_ENT_BYTES (PFK_STAGES * CU_PFK_ITEM_TOKENS * 16)
+#define PFK_SMEM (1024 + PFK_RING_BYTES + PFK_BAR_BYTES + PFK_STAGES * 16 + PFK_ENT_BYTES)
+static_assert(PFK_SMEM <= 227 * 1024, "the ring fits in shared memory");
+#define PFK_EMPTY_ARRIVALS (PFK_CONSUMER_WARPS * 32)
+static_assert(CU_PFK_ITEM_TOKENS <= 64, "the producer reads an item's entries two per lane");
+
+/* Grids of the small kernels: enough CTAs to fill the device, each
+ * walking its share of the chunk. */
+#define PFK_LIST_THREADS 256
+#define PFK_SCAN_THREADS 1024
+
+/* ---- lists: count, scan, scatter ----------------------------------------- */
+
+/* Prefill tokens of chunk p.chunk (0 when the step has none there). */
+__device__ __forceinline__ int32_t cu_pfk_chunk_len(const cu_pfk_params &p)
+{
+    const int32_t rest = p.hdr->n_pf - p.chunk * p.chunk_tokens;
+    return rest <= 0 ? 0 : min(rest, p.chunk_tokens);
+}
+
+/* Entry e of the chunk (local token x KV head x selection slot): its token
+ * row, KV head and selected block (-1: padding). */
+__device__ __forceinline__ int32_t cu_pfk_entry(const cu_pfk_params &p, int32_t e, int32_t &t,
+                                                int32_t &g)
+{
+    const int32_t per_tok = p.hkv * p.W;
+    const int32_t tl = e / per_tok, rest = e - tl * per_tok;
+    t = p.pf_tok[(int64_t)p.chunk * p.chunk_tokens + tl];
+    g = rest / p.W;
+    return p.sel[(int64_t)t * per_tok + rest];
+}
+
+__global__ void __launch_bounds__(PFK_LIST_THREADS) cu_pfk_count(const __grid_constant__
+                                                                 cu_pfk_params p)
+{
+    cu_pdl_wait(); /* the selection's rows */
+    cu_pdl_trigger();
+    const int32_t n = cu_pfk_chunk_len(p) * p.hkv * p.W;
+    for (int32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) {
+        int32_t t, g;
+        const int32_t b = cu_pfk_entry(p, e, t, g);
+        int32_t place = -1;
+        if (b >= 0) {
+            const int32_t r = p.tok_info[t].r;
+            const int32_t blk = p.pf_blk0[r] + b;
+            place = atomicAdd(&p.ws.cnt[(int64_t)g * p.blocks_cap + blk], 1);
+            /* Every entry of the block writes the same page. */
+            p.ws.blk_page[blk] = p.page_table[(int64_t)r * p.cap_pages + b];
+        }
+        p.ws.epos[e] = place;
+    }
+}
+
+/* Exclusive prefix sums of a and b over the CTA (PFK_SCAN_THREADS
+ * threads); their totals in ta and tb. */
+__device__ __forceinline__ void cu_pfk_block_scan(int32_t &a, int32_t &b, int32_t &ta, int32_t &tb)
+{
+    __shared__ int32_t wa[PFK_SCAN_THREADS / 32], wb[PFK_SCAN_THREADS / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int32_t ia = a, ib = b;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int32_t ya = __shfl_up_sync(0xffffffffu, ia, o);
+        const int32_t yb = __shfl_up_sync(0xffffffffu, ib, o);
+        if (lane >= o) {
+            ia += ya;
+            ib += yb;
+        }
+    }
+    if (lane == 31) {
+        wa[warp] = ia;
+        wb[warp] = ib;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int32_t xa = wa[lane], xb = wb[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int32_t ya = __shfl_up_sync(0xffffffffu, xa, o);
+            const int32_t yb = __shfl_up_sync(0xffffffffu, xb, o);
+            if (lane >= o) {
+                xa += ya;
+                xb += yb;
+            }
+        }
+        wa[lane] = xa;
+        wb[lane] = xb;
+    }
+    __syncthreads();
+    const int32_t pa = warp > 0 ? wa[warp - 1] : 0, pb = warp > 0 ? wb[warp - 1] : 0;
+    ta = wa[PFK_SCAN_THREADS / 32 - 1];
+    tb = wb[PFK_SCAN_THREADS / 32 - 1];
+    a = pa + ia - a;
+    b = pb + ib - b;
+    __syncthreads(); /* wa, wb are read before the next scan writes them */
+}
+
+__global__ void __launch_bounds__(PFK_SCAN_THREADS) cu_pfk_scan(const __grid_constant__
+                                                                cu_pfk_params p)
+{
+    cu_pdl_wait(); /* the counts */
+    cu_pdl_trigger();
+    const int32_t nblk = cu_pfk_chunk_len(p) > 0 ? p.hdr->n_pf_blocks : 0;
+    const int32_t lists = p.hkv * nblk;
+    int32_t ent_base = 0, item_base = 0;
+    for (int32_t i0 = 0; i0 < lists; i0 += PFK_SCAN_THREADS) {
+        const int32_t i = i0 + (int32_t)threadIdx.x;
+        const int32_t g = i / max(nblk, 1), blk = i - g * nblk;
+        const int64_t L = (int64_t)g * p.blocks_cap + blk;
+        const int32_t c = i < lists ? p.ws.cnt[L] : 0;
+        const int32_t ni = (c + CU_PFK_ITEM_TOKENS - 1) / CU_PFK_ITEM_TOKENS;
+        int32_t ec = c, ei = ni, tc, ti;
+        cu_pfk_block_scan(ec, ei, tc, ti);
+        if (i < lists) {
+            ec += ent_base;
+            ei += item_base;
+            p.ws.off[L] = ec;
+            p.ws.cnt[L] = 0; /* for the next chunk */
+            const int32_t page = c > 0 ? p.ws.blk_page[blk] : 0;
+            for (int32_t k = 0; k < ni; ++k)
+                p.ws.items[ei + k] = make_int4(g, page, ec + k * CU_PFK_ITEM_TOKENS,
+                                               min(CU_PFK_ITEM_TOKENS, c - k * CU_PFK_ITEM_TOKENS));
+        }
+        ent_base += tc;
+        item_base += ti;
+    }
+    if (threadIdx.x == 0)
+        p.ws.n_items[0] = item_base;
+}
+
+__global__ void __launch_bounds__(PFK_LIST_THREADS) cu_pfk_scatter(const __grid_constant__
+                                                                   cu_pfk_params p)
+{
+    cu_pdl_wait(); /* the offsets */
+    cu_pdl_trigger();
+    const int32_t n = cu_pfk_chunk_len(p) * p.hkv * p.W;
+    for (int32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) {
+        const int32_t place = p.ws.epos[e];
+        if (place < 0)
+            continue;
+        int32_t t, g;
+        const int32_t b = cu_pfk_entry(p, e, t, g);
+        const cu_tok_info ti = p.tok_info[t];
+        const int32_t blk = p.pf_blk0[ti.r] + b;
+        const int32_t at = p.ws.off[(int64_t)g * p.blocks_cap + blk] + place;
+        p.ws.ent[at] = make_int4(e, ti.pos - b * PFH_KEYS, t * p.hq_total + g * p.g, 0);
+    }
+}
+
+/* ---- attend ------------------------------------------------------------------ */
+
+typedef struct cu_pfk_smem_t {
+    unsigned char *ring;
+    uint64_t *full_k, *full_v, *v_ready, *empty;
+    int4 *meta; /* per slot: first entry, tokens */
+    int4 *ent;  /* [PFK_STAGES][CU_PFK_ITEM_TOKENS] per slot: the item's entries */
+} cu_pfk_smem_t;
+
+__device__ __forceinline__ cu_pfk_smem_t cu_pfk_smem_of(unsigned char *raw)
+{
+    cu_pfk_smem_t sm;
+    sm.ring = (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
+    sm.full_k = (uint64_t *)(sm.ring + PFK_RING_BYTES);
+    sm.full_v = sm.full_k + PFK_STAGES;
+    sm.v_ready = sm.full_v + PFK_STAGES;
+    sm.empty = sm.v_ready + PFK_STAGES;
+    sm.meta = (int4 *)(sm.empty + PFK_STAGES);
+    sm.ent = sm.meta + PFK_STAGES;
+    return sm;
+}
+
+#ifdef CU_HAVE_WGMMA
+
+/* A claimed slot whose V is not yet released: its use's parity and the
+ * last key any of its tokens sees (rows after it are zeroed). */
+typedef struct cu_pfk_pending {
+    int s;
+    uint32_t par;
+    int32_t last_key;
+} cu_pfk_pending;
+
+/* Waits for the slot's V copy, zeroes the rows after last_key (none when
+ * it is the block's last key) and releases V to the consumers. */
+__device__ __forceinline__ void cu_pfk_release_v(const cu_pfk_smem_t &sm, const cu_pfk_pending &pd)
+{
+    const int lane = threadIdx.x & 31;
+    cu_mbar_wait(&sm.full_v[pd.s], pd.par);
+    if (pd.last_key < PFH_KEYS - 1) {
+        unsigned char *vd = sm.ring + pd.s * PFK_STAGE_BYTES + PFH_TILE_BYTES;
+        /* Whole rows: swizzling moves 16-byte chunks within a row only. */
+        for (int32_t e = (pd.last_key + 1) * 16 + lane; e < PFH_KEYS * 16; e += 32) {
+            const int32_t r = e >> 4, c = e & 15;
+            *(uint4 *)(vd + (c >> 3) * (PFH_TILE_BYTES / 2) + r * PFH_BOX_ROW_BYTES +
+                       (c & 7) * 16) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        /* Seen by the products (async proxy). */
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    __syncwarp();
+    if (lane == 0)
+        cu_mbar_arrive(&sm.v_ready[pd.s]);
+}
+
+__device__ void cu_pfk_producer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
+                                const CUtensorMap *map_k, const CUtensorMap *map_v,
+                                int32_t n_items)
+{
+    const int lane = threadIdx.x & 31;
+    uint32_t gs = 0;
+    cu_pfk_pending pd = {-1, 0u, 0};
+    for (int32_t w = blockIdx.x; w < n_items; w += gridDim.x, ++gs) {
+        const int4 it = p.ws.items[w];
+        const int s = (int)(gs % PFK_STAGES);
+        const uint32_t par = (gs / PFK_STAGES) & 1u;
+        /* The item's entries, loaded before the slot is claimed. */
+        const int4 none = make_int4(0, -1, 0, 0);
+        const int4 e0 = lane < it.w ? p.ws.ent[it.z + lane] : none;
+        const int4 e1 = lane + 32 < it.w ? p.ws.ent[it.z + lane + 32] : none;
+        if (gs >= PFK_STAGES)
+            cu_mbar_wait(&sm.empty[s], par ^ 1u);
+        /* Published with the slot: the K barrier's phase completes after
+         * lane 0's arrival, which follows these writes. */
+        sm.ent[s * CU_PFK_ITEM_TOKENS + lane] = e0;
+        sm.ent[s * CU_PFK_ITEM_TOKENS + lane + 32] = e1;
+        __syncwarp();
+        if (lane == 0) {
+            sm.meta[s] = make_int4(it.z, it.w, 0, 0);
+            const int32_t row = (it.y * p.hkv + it.x) * PFH_KEYS;
+            const uint32_t kd = cu_smem_addr(sm.ring + s * PFK_STAGE_BYTES);
+            cu_mbar_arrive_tx(&sm.full_k[s], PFH_TILE_BYTES);
+            cu_pfh_load_page(kd, map_k, row, &sm.full_k[s]);
+            cu_mbar_arrive_tx(&sm.full_v[s], PFH_TILE_BYTES);
+            cu_pfh_load_page(kd + PFH_TILE_BYTES, map_v, row, &sm.full_v[s]);
+        }
+        __syncwarp();
+        /* The last key the item's tokens see. */
+        const int32_t lk = __reduce_max_sync(0xffffffffu, max(e0.y, e1.y));
+        if (pd.s >= 0)
+            cu_pfk_release_v(sm, pd);
+        pd.s = s;
+        pd.par = par;
+        pd.last_key = min(lk, PFH_KEYS - 1);
+    }
+    if (pd.s >= 0)
+        cu_pfk_release_v(sm, pd);
+}
+
+/* One row of a tile (token tok of the item, query head `head`): whether it
+ * exists, its query row, partial row and last visible key (-1: none). */
+typedef struct cu_pfk_rowinfo {
+    bool ok;
+    int32_t lim;
+    int64_t q, part;
+} cu_pfk_rowinfo;
+
+__device__ __forceinline__ cu_pfk_rowinfo cu_pfk_row(const cu_pfk_params &p, const int4 *ent,
+                                                     int32_t n, int32_t tok, int32_t head)
+{
+    cu_pfk_rowinfo r;
+    r.ok = tok < n;
+    r.lim = -1;
+    r.q = 0;
+    r.part = 0;
+    if (r.ok) {
+        const int4 e = ent[tok];
+        r.q = (int64_t)e.z + head;
+        r.part = (int64_t)e.x * p.g + head;
+        r.lim = e.y;
+    }
+    return r;
+}
+
+template <typename Tag>
+__device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm, int32_t n_items)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int wg = warp >> 2;
+    /* The thread's two rows of a tile: row = token x g + head. */
+    const int32_t lg = __ffs(p.g) - 1;
+    const int32_t tile_tokens = PFH_GROUP_ROWS >> lg;
+    const int32_t row_lo = (warp & 3) * 16 + (lane >> 2), row_hi = row_lo + 8;
+    const int32_t tok_lo = row_lo >> lg, head_lo = row_lo & (p.g - 1);
+    const int32_t tok_hi = row_hi >> lg, head_hi = row_hi & (p.g - 1);
+    uint32_t gs = 0;
+    for (int32_t w = blockIdx.x; w < n_items; w += gridDim.x, ++gs) {
+        const int s = (int)(gs % PFK_STAGES);
+        const uint32_t par = (gs / PFK_STAGES) & 1u;
+        cu_mbar_wait(&sm.full_k[s], par);
+        const int4 mt = sm.meta[s];
+        const int32_t n = mt.y;
+        const int4 *ent = sm.ent + s * CU_PFK_ITEM_TOKENS;
+        const uint32_t ka = cu_smem_addr(sm.ring + s * PFK_STAGE_BYTES);
+        bool v_seen = false;
+        /* The group's tiles t0 = wg x tile_tokens, then every PFK_GROUPS-th;
+         * each tile's Q rows are loaded while the one before is computed. */
+        const int32_t step = PFK_GROUPS * tile_tokens;
+        int32_t t0 = wg * tile_tokens;
+        cu_pfk_rowinfo lo = cu_pfk_row(p, ent, n, t0 + tok_lo, head_lo);
+        cu_pfk_rowinfo hi = cu_pfk_row(p, ent, n, t0 + tok_hi, head_hi);
+        uint32_t qa[8][4];
+        cu_rows_load_q(p.q, lo.q, hi.q, lo.ok, hi.ok, qa);
+        for (; t0 < n; t0 += step) {
+            const cu_pfk_rowinfo nlo = cu_pfk_row(p, ent, n, t0 + step + tok_lo, head_lo);
+            const cu_pfk_rowinfo nhi = cu_pfk_row(p, ent, n, t0 + step + tok_hi, head_hi);
+            uint32_t qn[8][4];
+            cu_rows_load_q(p.q, nlo.q, nhi.q, nlo.ok, nhi.ok, qn);
+            float sc[16][4];
+            cu_pfh_qk<Tag>(ka, qa, sc);
+            float o[16][4], m_lo, m_hi, l_lo, l_hi;
+            cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
+            cu_pfh_softmax(sc, lo.lim, hi.lim, p.scale_log2, o, m_lo, m_hi, l_lo, l_hi);
+            if (!v_seen) {
+                cu_mbar_wait(&sm.v_ready[s], par);
+                v_seen = true;
+            }
+            cu_pfh_pv<Tag>(ka + PFH_TILE_BYTES, sc, o);
+            cu_rows_sum_quads(l_lo, l_hi);
+            const float inv_lo = cu_rows_inv(l_lo), inv_hi = cu_rows_inv(l_hi);
+            uint32_t *po = (uint32_t *)p.ws.part_o;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                const int d = j * 8 + 2 * (lane & 3);
+                if (lo.ok)
+                    po[(lo.part * PFH_HEAD_DIM + d) >> 1] =
+                        cu_pack2(o[j][0] * inv_lo, o[j][1] * inv_lo, Tag());
+                if (hi.ok)
+                    po[(hi.part * PFH_HEAD_DIM + d) >> 1] =
+                        cu_pack2(o[j][2] * inv_hi, o[j][3] * inv_hi, Tag());
+            }
+            if ((lane & 3) == 0) {
+                if (lo.ok)
+                    p.ws.part_lse[lo.part] = cu_rows_lse(m_lo, l_lo);
+                if (hi.ok)
+                    p.ws.part_lse[hi.part] = cu_rows_lse(m_hi, l_hi);
+            }
+            lo = nlo;
+            hi = nhi;
+#pragma unroll
+            for (int k = 0; k < 8; ++k)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    qa[k][e] = qn[k][e];
+        }
+        /* The slot's V is released (and its copy landed) before the slot is
+         * handed back. */
+        if (!v_seen)
+            cu_mbar_wait(&sm.v_ready[s], par);
+        cu_mbar_arrive(&sm.empty[s]);
+    }
+}
+
+#endif /* CU_HAVE_WGMMA */
+
+template <typename Tag>
+__global__ void __launch_bounds__(PFK_THREADS, 1)
+    cu_pfk_attend(const __grid_constant__ cu_pfk_params p, const __grid_constant__ CUtensorMap map_k,
+                  const __grid_constant__ CUtensorMap map_v)
+{
+#ifdef CU_HAVE_WGMMA
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const int warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) {
+        const cu_pfk_smem_t sm = cu_pfk_smem_of(smem_raw);
+        for (int s = 0; s < PFK_STAGES; ++s) {
+            cu_mbar_init(&sm.full_k[s], 1);
+            cu_mbar_init(&sm.full_v[s], 1);
+            cu_mbar_init(&sm.v_ready[s], 1);
+            cu_mbar_init(&sm.empty[s], PFK_EMPTY_ARRIVALS);
+        }
+        cu_mbar_fence_init();
+    }
+    if (warp == PFK_CONSUMER_WARPS && (threadIdx.x & 31) == 0) {
+        cu_tma_prefetch_map(&map_k);
+        cu_tma_prefetch_map(&map_v);
+    }
+    __syncthreads();
+    cu_pdl_wait(); /* the lists */
+    cu_pdl_trigger();
+    const int32_t n_items = cu_pfk_chunk_len(p) > 0 ? p.ws.n_items[0] : 0;
+    if (warp >= PFK_CONSUMER_WARPS) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PFK_PRODUCER_REGS));
+        if (warp != PFK_CONSUMER_WARPS)
+            return;
+        cu_pfk_producer(p, cu_pfk_smem_of(smem_raw), &map_k, &map_v, n_items);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(PFK_CONSUMER_REGS));
+        cu_pfk_consumer<Tag>(p, cu_pfk_smem_of(smem_raw), n_items);
+    }
+#else
+    (void)p;
+    (void)map_k;
+    (void)map_v;
+#endif
+}
+
+/* ---- merge ------------------------------------------------------------------- */
+
+/* Eight threads per (token, query head), 16 dimensions each. */
+#define PFK_MERGE_THREADS 256
+#define PFK_MERGE_DIMS 16
+
+template <typename Tag>
+__global__ void __launch_bounds__(PFK_MERGE_THREADS) cu_pfk_merge(const __grid_constant__
+                                                                  cu_pfk_params p)
+{
+    cu_pdl_wait(); /* the partial rows */
+    cu_pdl_trigger();
+    const int32_t per_row = PFH_HEAD_DIM / PFK_MERGE_DIMS;
+    const int64_t n = (int64_t)cu_pfk_chunk_len(p) * p.hkv * p.g * per_row;
+    for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n;
+         u += (int64_t)gridDim.x * blockDim.x) {
+        const int32_t part = (int32_t)(u % per_row);
+        const int64_t row = u / per_row; /* (local token x hkv + KV head) x g + head */
+        const int32_t head = (int32_t)(row % p.g);
+        const int64_t tg = row / p.g;
+        const int32_t g = (int32_t)(tg % p.hkv);
+        const int32_t tl = (int32_t)(tg / p.hkv);
+        const int32_t t = p.pf_tok[(int64_t)p.chunk * p.chunk_tokens + tl];
+        const int32_t *srow = p.sel + ((int64_t)t * p.hkv + g) * p.W;
+        const int64_t e0 = tg * p.W; /* the token's first entry */
+        float M = -INFINITY;
+        for (int32_t j = 0; j < p.W && srow[j] >= 0; ++j)
+            M = fmaxf(M, p.ws.part_lse[(e0 + j) * p.g + head]);
+        float acc[PFK_MERGE_DIMS];
+#pragma unroll
+        for (int k = 0; k < PFK_MERGE_DIMS; ++k)
+            acc[k] = 0.0f;
+        float wsum = 0.0f;
+        for (int32_t j = 0; j < p.W && srow[j] >= 0; ++j) {
+            const int64_t pr = (e0 + j) * p.g + head;
+            const float ls = p.ws.part_lse[pr];
+            const float w = ls == -INFINITY ? 0.0f : expf(ls - M);
+            wsum += w;
+            const uint4 *src =
+                (const uint4 *)((const uint16_t *)p.ws.part_o + pr * PFH_HEAD_DIM +
+                                part * PFK_MERGE_DIMS);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint4 x = src[h];
+                const uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const float2 f = cu_unpack2(xs[k], Tag());
+                    acc[h * 8 + 2 * k] = fmaf(w, f.x, acc[h * 8 + 2 * k]);
+                    acc[h * 8 + 2 * k + 1] = fmaf(w, f.y, acc[h * 8 + 2 * k + 1]);
+                }
+            }
+        }
+        const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+        const int64_t q = (int64_t)t * p.hq_total + (int64_t)g * p.g + head;
+        uint4 *dst = (uint4 *)((uint16_t *)p.o + q * PFH_HEAD_DIM + part * PFK_MERGE_DIMS);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            dst[h] = make_uint4(cu_pack2(acc[h * 8] * inv, acc[h * 8 + 1] * inv, Tag()),
+                                cu_pack2(acc[h * 8 + 2] * inv, acc[h * 8 + 3] * inv, Tag()),
+                                cu_pack2(acc[h * 8 + 4] * inv, acc[h * 8 + 5] * inv, Tag()),
+                                cu_pack2(acc[h * 8 + 6] * inv, acc[h * 8 + 7] * inv, Tag()));
+        if (p.lse && part == 0)
+            p.lse[q] = wsum > 0.0f ? M + logf(wsum) : -INFINITY;
+    }
+}
+
+/* ---- host side ----------------------------------------------------------- */
+
+int cu_pfk_fits(int32_t d, int32_t page, int32_t block, int32_t g, const char **why)
+{
+    if (d != PFH_HEAD_DIM || page != PFH_KEYS || block != PFH_KEYS) {
+        if (why)
+            *why = "head dim, page or block size != 128: prefill tiles over block unions";
+        return 0;
+    }
+    if (g < 1 || g > PFH_GROUP_ROWS || (g & (g - 1)) != 0) {
+        if (why)
+            *why = "query heads per KV head not a power of two up to 64: prefill tiles over "
+                   "block unions";
+        return 0;
+    }
+    return 1;
+}
+
+/* Bytes of one token's entries: partial rows and LSE, list place, entry. */
+static size_t cu_pfk_token_bytes(int32_t hkv, int32_t g, int32_t W)
+{
+    return (size_t)hkv * (size_t)W *
+           ((size_t)g * (PFH_HEAD_DIM * 2 + sizeof(float)) + sizeof(int32_t) + sizeof(int4));
+}
+
+int32_t cu_pfk_chunk_tokens(int32_t cap_tok, int32_t hkv, int32_t g, int32_t W)
+{
+    const size_t fit = CU_PFK_CHUNK_BUDGET / cu_pfk_token_bytes(hkv, g, W);
+    return fit < (size_t)cap_tok ? (int32_t)fit : cap_tok;
+}
+
+size_t cu_pfk_ws_carve(void *base, int32_t hkv, int32_t g, int32_t W, int32_t chunk_tokens,
+                       int32_t blocks_cap, cu_pfk_ws *ws, int32_t *items_cap)
+{
+    const size_t entries = (size_t)chunk_tokens * (size_t)hkv * (size_t)W;
+    const size_t lists = (size_t)hkv * (size_t)blocks_cap;
+    const size_t items = entries / CU_PFK_ITEM_TOKENS + lists;
+    size_t off = 0;
+    char *b = (char *)base;
+#define PFK_CARVE(field, type, count)                                 \
+    do {                                                              \
+        if (ws)                                                       \
+            ws->field = (type *)(b + off);                            \
+        off = (off + sizeof(type) * (size_t)(count) + 255) & ~(size_t)255; \
+    } while (0)
+    PFK_CARVE(cnt, int32_t, lists);
+    PFK_CARVE(off, int32_t, lists);
+    PFK_CARVE(blk_page, int32_t, blocks_cap);
+    PFK_CARVE(epos, int32_t, entries);
+    PFK_CARVE(ent, int4, entries);
+    PFK_CARVE(items, int4, items);
+    PFK_CARVE(n_items, int32_t, 1);
+    PFK_CARVE(part_o, uint16_t, entries * (size_t)g * PFH_HEAD_DIM);
+    PFK_CARVE(part_lse, float, entries * (size_t)g);
+#undef PFK_CARVE
+    if (items_cap)
+        *items_cap = (int32_t)items;
+    return off;
+}
+
+void cu_pfk_build(const cu_attn_params *A, const cu_pfk_ws *ws, int32_t chunk_tokens,
+                  int32_t blocks_cap, int32_t items_cap, cu_pfk_params *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->act = A->act_dtype;
+    p->hq_total = A->q_heads;
+    p->hkv = A->kv_heads;
+    p->g = A->group;
+    p->W = A->topk_width;
+    p->cap_pages = A->cap_pages;
+    p->chunk_tokens = chunk_tokens;
+    p->blocks_cap = blocks_cap;
+    p->items_cap = items_cap;
+    p->scale_log2 = A->scale * PFH_LOG2E;
+    p->q = A->q;
+    p->o = A->out;
+    p->lse = A->lse;
+    p->sel = A->selected;
+    p->page_table = A->meta.page_table;
+    p->tok_info = A->meta.tok_info;
+    p->pf_tok = A->meta.pf_tok;
+    p->pf_blk0 = A->meta.pf_blk0;
+    p->hdr = A->meta.hdr;
+    p->ws = *ws;
+}
+
+template <typename Tag>
+static void cu_pfk_launch_chunk(const cu_pfk_params *p, const cu_plan_state *st,
+                                const CUtensorMap *maps, cudaStream_t s)
+{
+    const int lists_grid = st->sz.num_sms * 4;
+    cu_launch(cu_pfk_count, lists_grid, PFK_LIST_THREADS, 0, s, st->pdl, *p);
+    cu_launch(cu_pfk_scan, 1, PFK_SCAN_THREADS, 0, s, st->pdl, *p);
+    cu_launch(cu_pfk_scatter, lists_grid, PFK_LIST_THREADS, 0, s, st->pdl, *p);
+    cu_launch(cu_pfk_attend<Tag>, st->sz.num_sms, PFK_THREADS, (size_t)PFK_SMEM, s, st->pdl, *p,
+              maps[0], maps[1]);
+    cu_launch(cu_pfk_merge<Tag>, st->sz.num_sms * 8, PFK_MERGE_THREADS, 0, s, st->pdl, *p);
+}
+
+void cu_launch_attn_prefill_kbm(cu_pfk_params *p, int32_t chunks, const cu_plan_state *st,
+                                const CUtensorMap *maps, cudaStream_t s)
+{
+    for (int32_t c = 0; c < chunks; ++c) {
+        p->chunk = c;
+        if (p->act == MSA_DTYPE_BF16)
+            cu_pfk_launch_chunk<cu_bf16_tag>(p, st, maps, s);
+        else
+            cu_pfk_launch_chunk<cu_f16_tag>(p, st, maps, s);
+    }
+}
+
+cudaError_t cu_pfk_setup(void)
+{
+    return cu_allow_smem(PFK_SMEM, cu_pfk_attend<cu_bf16_tag>, cu_pfk_attend<cu_f16_tag>);
+}
