@@ -35,14 +35,25 @@
 static_assert(4 * 32 * PFK_PRODUCER_REGS + PFK_CONSUMER_WARPS * 32 * PFK_CONSUMER_REGS <= 65536,
               "the register file holds the producer and the consumers");
 #define PFK_GROUPS (PFK_CONSUMER_WARPS / 4)
-#define PFK_STAGES 3
+#define PFK_GROUP_THREADS 128
+/* Two stages of K and V (64 KB): an item's products take far longer than
+ * the next item's copy. */
+#define PFK_STAGES 2
 #define PFK_STAGE_BYTES (2 * PFH_TILE_BYTES)
 #define PFK_RING_BYTES (PFK_STAGES * PFK_STAGE_BYTES)
+/* Per consumer group, two tile buffers of 64 rows x 256 bytes: a tile's
+ * Q rows (copied in while the tile before is computed, two 8 KB column
+ * halves in the 128-byte swizzle, the A operand of S = Q K^T), then its
+ * output rows on their way to global memory. */
+#define PFK_TILE_BYTES (PFH_GROUP_ROWS * PFH_ROW_BYTES)
+#define PFK_QBUF_BYTES (PFK_GROUPS * 2 * PFK_TILE_BYTES)
 /* Barriers per stage: K landed, V landed, V ready (stale rows zeroed),
  * empty; then one meta word per stage and the item's entries per stage. */
 #define PFK_BAR_BYTES (4 * PFK_STAGES * 8)
 #define PFK_ENT_BYTES (PFK_STAGES * CU_PFK_ITEM_TOKENS * 16)
-#define PFK_SMEM (1024 + PFK_RING_BYTES + PFK_BAR_BYTES + PFK_STAGES * 16 + PFK_ENT_BYTES)
+#define PFK_SMEM                                                                         \
+    (1024 + PFK_RING_BYTES + PFK_QBUF_BYTES + PFK_BAR_BYTES + PFK_STAGES * 16 + \
+     PFK_ENT_BYTES)
 static_assert(PFK_SMEM <= 227 * 1024, "the ring fits in shared memory");
 #define PFK_EMPTY_ARRIVALS (PFK_CONSUMER_WARPS * 32)
 static_assert(CU_PFK_ITEM_TOKENS <= 64, "the producer reads an item's entries two per lane");
@@ -194,6 +205,7 @@ __global__ void __launch_bounds__(PFK_LIST_THREADS) cu_pfk_scatter(const __grid_
 
 typedef struct cu_pfk_smem_t {
     unsigned char *ring;
+    unsigned char *qbuf; /* [PFK_GROUPS][2][PFK_TILE_BYTES] */
     uint64_t *full_k, *full_v, *v_ready, *empty;
     int4 *meta; /* per slot: first entry, tokens */
     int4 *ent;  /* [PFK_STAGES][CU_PFK_ITEM_TOKENS] per slot: the item's entries */
@@ -203,7 +215,8 @@ __device__ __forceinline__ cu_pfk_smem_t cu_pfk_smem_of(unsigned char *raw)
 {
     cu_pfk_smem_t sm;
     sm.ring = (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
-    sm.full_k = (uint64_t *)(sm.ring + PFK_RING_BYTES);
+    sm.qbuf = sm.ring + PFK_RING_BYTES;
+    sm.full_k = (uint64_t *)(sm.qbuf + PFK_QBUF_BYTES);
     sm.full_v = sm.full_k + PFK_STAGES;
     sm.v_ready = sm.full_v + PFK_STAGES;
     sm.empty = sm.v_ready + PFK_STAGES;
@@ -288,29 +301,92 @@ __device__ void cu_pfk_producer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
         cu_pfk_release_v(sm, pd);
 }
 
-/* One row of a tile (token tok of the item, query head `head`): whether it
- * exists, its query row, partial row and last visible key (-1: none). */
-typedef struct cu_pfk_rowinfo {
-    bool ok;
-    int32_t lim;
-    int64_t q, part;
-} cu_pfk_rowinfo;
-
-__device__ __forceinline__ cu_pfk_rowinfo cu_pfk_row(const cu_pfk_params &p, const int4 *ent,
-                                                     int32_t n, int32_t tok, int32_t head)
+/* The consumer group's barrier (ids 1 and 2; 0 is the CTA's). */
+__device__ __forceinline__ void cu_pfk_group_sync(int wg)
 {
-    cu_pfk_rowinfo r;
-    r.ok = tok < n;
-    r.lim = -1;
-    r.q = 0;
-    r.part = 0;
-    if (r.ok) {
-        const int4 e = ent[tok];
-        r.q = (int64_t)e.z + head;
-        r.part = (int64_t)e.x * p.g + head;
-        r.lim = e.y;
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + wg), "n"(PFK_GROUP_THREADS) : "memory");
+}
+
+/* Copies the Q rows of the tile whose first token is the item's t0 into
+ * buf (row = token x g + head; columns 0-63 in the first 8 KB, 64-127 in
+ * the next, 16-byte chunk c of row r at chunk c ^ (r % 8): the 128-byte
+ * swizzle of the K tiles).  Rows past the item's n tokens are zeroed.  A
+ * thread copies 16-byte chunks i x 128 + its index: 16 threads per row. */
+__device__ __forceinline__ void cu_pfk_load_q(const cu_pfk_params &p, const int4 *ent, int32_t n,
+                                              int32_t t0, int32_t lg, uint32_t buf, int tid)
+{
+    const unsigned char *q = (const unsigned char *)p.q;
+#pragma unroll
+    for (int i = 0; i < PFK_TILE_BYTES / 16 / PFK_GROUP_THREADS; ++i) {
+        const int32_t k = tid + i * PFK_GROUP_THREADS;
+        const int32_t row = k >> 4, c = k & 15;
+        const int32_t tok = t0 + (row >> lg);
+        const bool ok = tok < n;
+        const unsigned char *src =
+            ok ? q + ((int64_t)ent[tok].z + (row & (p.g - 1))) * PFH_ROW_BYTES + c * 16 : q;
+        const uint32_t dst = buf + (uint32_t)(c >> 3) * (PFK_TILE_BYTES / 2) +
+                             (uint32_t)row * 128u + (uint32_t)(((c & 7) ^ (row & 7)) * 16);
+        cu_cp_async16(dst, src, ok ? 16 : 0);
     }
-    return r;
+}
+
+/* S = Q K^T for the group's 64 rows, Q from a tile buffer (both operands
+ * K-major in the 128-byte swizzle: 32 bytes per k-step within a column
+ * half, the halves 8 KB (Q) and 16 KB (K) apart). */
+template <typename Tag>
+__device__ __forceinline__ void cu_pfk_qk(uint32_t qa, uint32_t ka, float (&sc)[16][4])
+{
+    cu_wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+        const uint32_t k32 = (uint32_t)(ks & 3) * 32u;
+        cu_wgmma_m64n128k16_ss(
+            sc, cu_wgmma_desc(qa + (uint32_t)(ks >> 2) * (PFK_TILE_BYTES / 2) + k32, 16),
+            cu_wgmma_desc(ka + (uint32_t)(ks >> 2) * (PFH_TILE_BYTES / 2) + k32, 16), ks > 0,
+            Tag());
+    }
+    cu_wgmma_commit();
+    cu_wgmma_wait_all();
+    cu_wgmma_hold(sc);
+}
+
+/* The tile's normalized output rows into buf as 16-bit values, row-major
+ * (256 bytes a row, 16-byte chunk c of row r at chunk c ^ (r % 8), so the
+ * quad-strided writes of the accumulator layout do not collide in banks). */
+template <typename Tag>
+__device__ __forceinline__ void cu_pfk_stage_o(unsigned char *buf, const float (&o)[16][4],
+                                               float inv_lo, float inv_hi, int32_t row_lo)
+{
+    const int lane = threadIdx.x & 31;
+    const int32_t row_hi = row_lo + 8;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int32_t in = (lane & 3) * 4;
+        *(uint32_t *)(buf + row_lo * PFH_ROW_BYTES + ((j ^ (row_lo & 7)) * 16) + in) =
+            cu_pack2(o[j][0] * inv_lo, o[j][1] * inv_lo, Tag());
+        *(uint32_t *)(buf + row_hi * PFH_ROW_BYTES + ((j ^ (row_hi & 7)) * 16) + in) =
+            cu_pack2(o[j][2] * inv_hi, o[j][3] * inv_hi, Tag());
+    }
+}
+
+/* The staged rows of the tile (first token t0) to their partial rows:
+ * 16-byte pieces, a row's 16 pieces by 16 threads. */
+__device__ __forceinline__ void cu_pfk_store_o(const cu_pfk_params &p, const int4 *ent, int32_t n,
+                                               int32_t t0, int32_t lg, const unsigned char *buf,
+                                               int tid)
+{
+    unsigned char *dst = (unsigned char *)p.ws.part_o;
+#pragma unroll
+    for (int i = 0; i < PFK_TILE_BYTES / 16 / PFK_GROUP_THREADS; ++i) {
+        const int32_t k = tid + i * PFK_GROUP_THREADS;
+        const int32_t row = k >> 4, c = k & 15;
+        const int32_t tok = t0 + (row >> lg);
+        if (tok < n) {
+            const int64_t prow = (int64_t)ent[tok].x * p.g + (row & (p.g - 1));
+            *(uint4 *)(dst + prow * PFH_ROW_BYTES + c * 16) =
+                *(const uint4 *)(buf + row * PFH_ROW_BYTES + ((c ^ (row & 7)) * 16));
+        }
+    }
 }
 
 template <typename Tag>
@@ -319,72 +395,72 @@ __device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int wg = warp >> 2;
+    const int tid = threadIdx.x & (PFK_GROUP_THREADS - 1);
     /* The thread's two rows of a tile: row = token x g + head. */
     const int32_t lg = __ffs(p.g) - 1;
     const int32_t tile_tokens = PFH_GROUP_ROWS >> lg;
     const int32_t row_lo = (warp & 3) * 16 + (lane >> 2), row_hi = row_lo + 8;
-    const int32_t tok_lo = row_lo >> lg, head_lo = row_lo & (p.g - 1);
-    const int32_t tok_hi = row_hi >> lg, head_hi = row_hi & (p.g - 1);
+    const int32_t tok_lo = row_lo >> lg, tok_hi = row_hi >> lg;
+    const int32_t head_lo = row_lo & (p.g - 1), head_hi = row_hi & (p.g - 1);
+    unsigned char *bufs = sm.qbuf + wg * 2 * PFK_TILE_BYTES;
+    const uint32_t bufs_a = cu_smem_addr(bufs);
+    const int32_t step = PFK_GROUPS * tile_tokens;
     uint32_t gs = 0;
     for (int32_t w = blockIdx.x; w < n_items; w += gridDim.x, ++gs) {
         const int s = (int)(gs % PFK_STAGES);
         const uint32_t par = (gs / PFK_STAGES) & 1u;
         cu_mbar_wait(&sm.full_k[s], par);
-        const int4 mt = sm.meta[s];
-        const int32_t n = mt.y;
+        const int32_t n = sm.meta[s].y;
         const int4 *ent = sm.ent + s * CU_PFK_ITEM_TOKENS;
         const uint32_t ka = cu_smem_addr(sm.ring + s * PFK_STAGE_BYTES);
         bool v_seen = false;
-        /* The group's tiles t0 = wg x tile_tokens, then every PFK_GROUPS-th;
-         * each tile's Q rows are loaded while the one before is computed. */
-        const int32_t step = PFK_GROUPS * tile_tokens;
+        /* The group's tiles: t0 = wg x tile_tokens, then every step; each
+         * tile's Q rows are copied in while the one before is computed. */
         int32_t t0 = wg * tile_tokens;
-        cu_pfk_rowinfo lo = cu_pfk_row(p, ent, n, t0 + tok_lo, head_lo);
-        cu_pfk_rowinfo hi = cu_pfk_row(p, ent, n, t0 + tok_hi, head_hi);
-        uint32_t qa[8][4];
-        cu_rows_load_q(p.q, lo.q, hi.q, lo.ok, hi.ok, qa);
-        for (; t0 < n; t0 += step) {
-            const cu_pfk_rowinfo nlo = cu_pfk_row(p, ent, n, t0 + step + tok_lo, head_lo);
-            const cu_pfk_rowinfo nhi = cu_pfk_row(p, ent, n, t0 + step + tok_hi, head_hi);
-            uint32_t qn[8][4];
-            cu_rows_load_q(p.q, nlo.q, nhi.q, nlo.ok, nhi.ok, qn);
+        if (t0 < n)
+            cu_pfk_load_q(p, ent, n, t0, lg, bufs_a, tid);
+        cu_cp_async_commit();
+        for (int i = 0; t0 < n; t0 += step, ++i) {
+            const int b = i & 1;
+            if (t0 + step < n)
+                cu_pfk_load_q(p, ent, n, t0 + step, lg, bufs_a + (uint32_t)(b ^ 1) * PFK_TILE_BYTES,
+                              tid);
+            cu_cp_async_commit();
+            cu_cp_async_wait<1>();
+            /* This thread's copies are seen by the products (async proxy);
+             * the barrier waits for the other threads'. */
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            cu_pfk_group_sync(wg);
             float sc[16][4];
-            cu_pfh_qk<Tag>(ka, qa, sc);
+            cu_pfk_qk<Tag>(bufs_a + (uint32_t)b * PFK_TILE_BYTES, ka, sc);
+            const bool ok_lo = t0 + tok_lo < n, ok_hi = t0 + tok_hi < n;
+            const int4 e_lo = ok_lo ? ent[t0 + tok_lo] : make_int4(0, -1, 0, 0);
+            const int4 e_hi = ok_hi ? ent[t0 + tok_hi] : make_int4(0, -1, 0, 0);
             float o[16][4], m_lo, m_hi, l_lo, l_hi;
             cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
-            cu_pfh_softmax(sc, lo.lim, hi.lim, p.scale_log2, o, m_lo, m_hi, l_lo, l_hi);
+            cu_pfh_softmax(sc, e_lo.y, e_hi.y, p.scale_log2, o, m_lo, m_hi, l_lo, l_hi);
             if (!v_seen) {
                 cu_mbar_wait(&sm.v_ready[s], par);
                 v_seen = true;
             }
             cu_pfh_pv<Tag>(ka + PFH_TILE_BYTES, sc, o);
             cu_rows_sum_quads(l_lo, l_hi);
-            const float inv_lo = cu_rows_inv(l_lo), inv_hi = cu_rows_inv(l_hi);
-            uint32_t *po = (uint32_t *)p.ws.part_o;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const int d = j * 8 + 2 * (lane & 3);
-                if (lo.ok)
-                    po[(lo.part * PFH_HEAD_DIM + d) >> 1] =
-                        cu_pack2(o[j][0] * inv_lo, o[j][1] * inv_lo, Tag());
-                if (hi.ok)
-                    po[(hi.part * PFH_HEAD_DIM + d) >> 1] =
-                        cu_pack2(o[j][2] * inv_hi, o[j][3] * inv_hi, Tag());
-            }
             if ((lane & 3) == 0) {
-                if (lo.ok)
-                    p.ws.part_lse[lo.part] = cu_rows_lse(m_lo, l_lo);
-                if (hi.ok)
-                    p.ws.part_lse[hi.part] = cu_rows_lse(m_hi, l_hi);
+                if (ok_lo)
+                    p.ws.part_lse[(int64_t)e_lo.x * p.g + head_lo] = cu_rows_lse(m_lo, l_lo);
+                if (ok_hi)
+                    p.ws.part_lse[(int64_t)e_hi.x * p.g + head_hi] = cu_rows_lse(m_hi, l_hi);
             }
-            lo = nlo;
-            hi = nhi;
-#pragma unroll
-            for (int k = 0; k < 8; ++k)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    qa[k][e] = qn[k][e];
+            /* The products have read the Q rows: the buffer takes the
+             * output rows, which then leave in 16-byte pieces. */
+            unsigned char *buf = bufs + b * PFK_TILE_BYTES;
+            cu_pfk_stage_o<Tag>(buf, o, cu_rows_inv(l_lo), cu_rows_inv(l_hi), row_lo);
+            cu_pfk_group_sync(wg);
+            cu_pfk_store_o(p, ent, n, t0, lg, buf, tid);
+            /* The buffer is free for the copy two tiles on. */
+            cu_pfk_group_sync(wg);
         }
+        cu_cp_async_wait<0>();
         /* The slot's V is released (and its copy landed) before the slot is
          * handed back. */
         if (!v_seen)
@@ -462,15 +538,22 @@ __global__ void __launch_bounds__(PFK_MERGE_THREADS) cu_pfk_merge(const __grid_c
         const int32_t t = p.pf_tok[(int64_t)p.chunk * p.chunk_tokens + tl];
         const int32_t *srow = p.sel + ((int64_t)t * p.hkv + g) * p.W;
         const int64_t e0 = tg * p.W; /* the token's first entry */
+        /* The row's blocks (ascending, -1 padded), then its partials with
+         * their loads free to be issued several at a time. */
+        int32_t nv = 0;
+        while (nv < p.W && srow[nv] >= 0)
+            ++nv;
         float M = -INFINITY;
-        for (int32_t j = 0; j < p.W && srow[j] >= 0; ++j)
+#pragma unroll 4
+        for (int32_t j = 0; j < nv; ++j)
             M = fmaxf(M, p.ws.part_lse[(e0 + j) * p.g + head]);
         float acc[PFK_MERGE_DIMS];
 #pragma unroll
         for (int k = 0; k < PFK_MERGE_DIMS; ++k)
             acc[k] = 0.0f;
         float wsum = 0.0f;
-        for (int32_t j = 0; j < p.W && srow[j] >= 0; ++j) {
+#pragma unroll 4
+        for (int32_t j = 0; j < nv; ++j) {
             const int64_t pr = (e0 + j) * p.g + head;
             const float ls = p.ws.part_lse[pr];
             const float w = ls == -INFINITY ? 0.0f : expf(ls - M);
