@@ -14,6 +14,7 @@
 #include "check.h"
 #include "core/internal.h"
 #include "core/quant.h"
+#include "cpu/cpu_kernels.h"
 #include "testkit_internal.h"
 
 /* E4M3 value of a code from its fields: bias 7, subnormals at exponent 0,
@@ -478,11 +479,78 @@ static void test_cache(void)
     msa_context_free(ctx);
 }
 
+/* x and y hold the same bits, except that any two NaNs are equal: C
+ * leaves the sign of a NaN product open (the scalar nvfp4 read of a NaN
+ * group scale may give either), and a NaN reads as NaN whatever its sign. */
+static int same_floats(const float *x, const float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t a, b;
+        memcpy(&a, &x[i], 4);
+        memcpy(&b, &y[i], 4);
+        if (a != b && !(isnan(x[i]) && isnan(y[i])))
+            return 0;
+    }
+    return 1;
+}
+
+/* The CPU gather of every kernel level on quantized planes: rows read
+ * through a level's load_rows equal the scalar read rule
+ * (msa_cpu_dequant_rows) bit for bit, signed zeros included (NaN for NaN), for
+ * every code, runs that cross pages, scales whose products are subnormal
+ * and scales too large for the vector route. */
+static void test_cpu_dequant_levels(void)
+{
+    enum { PAGES = 3, P = 8, HEADS = 2, ROWS = PAGES * P };
+    static const int32_t page_row[PAGES] = {2, 0, 1};
+    static const float scales[] = {1.0f, 0.37f, 1e-40f, 3.0e-3f, 7.5e36f, 1.5e38f};
+    static const int32_t fp8_dims[] = {48, 21, 128};
+    tk_rng rng = {0x6465717561ull};
+    /* Largest region: fp8 rows of dim 128. */
+    static uint8_t data[PAGES * HEADS * P * 128];
+    static float want[ROWS * 128], got[ROWS * 128];
+    int levels = 0;
+    for (int isa = MSA_CPU_ISA_PORTABLE; isa <= MSA_CPU_ISA_NEON; isa++) {
+        const msa_cpu_kernels *k = msa_cpu_kernels_for((msa_cpu_isa)isa);
+        if (!k || !msa_cpu_isa_supported((msa_cpu_isa)isa))
+            continue;
+        levels++;
+        for (int fmt = 0; fmt < 2; fmt++) {
+            const msa_dtype dt = fmt ? MSA_DTYPE_NVFP4 : MSA_DTYPE_FP8_E4M3;
+            for (size_t di = 0; di < sizeof fp8_dims / sizeof fp8_dims[0]; di++) {
+                const int32_t dim = fmt ? 32 * (int32_t)(di + 1) : fp8_dims[di];
+                const size_t bytes = fmt ? (size_t)PAGES * HEADS * P * (dim / 2 + dim / 16)
+                                         : (size_t)PAGES * HEADS * P * dim;
+                /* Every byte value appears; a few NaN group scales too. */
+                for (size_t b = 0; b < bytes; b++)
+                    data[b] = (uint8_t)(b < 256 ? (int)b : tk_rng_below(&rng, 256));
+                for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++) {
+                    const cpu_plane pl = {data, dt, HEADS, dim, P, scales[si]};
+                    long bad = 0;
+                    for (int32_t head = 0; head < HEADS; head++)
+                        for (int32_t j0 = 0; j0 < ROWS; j0 += 5) {
+                            const int32_t n = ROWS - j0 < 11 ? ROWS - j0 : 11;
+                            memset(got, 0xa5, sizeof got);
+                            msa_cpu_dequant_rows(want, &pl, page_row, head, j0, n);
+                            k->load_rows(got, &pl, page_row, head, j0, n);
+                            bad += !same_floats(got, want, (int64_t)n * dim);
+                        }
+                    CHECK(bad == 0, "%s: %s rows of dim %d at scale %g: %ld runs differ",
+                          msa_cpu_isa_name((msa_cpu_isa)isa), fmt ? "nvfp4" : "fp8_e4m3", dim,
+                          (double)scales[si], bad);
+                }
+            }
+        }
+    }
+    CHECK(levels >= 1, "at least the portable level runs (%d levels)", levels);
+}
+
 int main(void)
 {
     test_e4m3();
     test_e2m1();
     test_nvfp4_groups();
+    test_cpu_dequant_levels();
     test_helpers();
     test_cache();
     return check_finish();

@@ -12,6 +12,7 @@
 #include "cpu/cpu_kernels.h"
 #include "cpu/cpu_bf16.h"
 #include "cpu/cpu_math.h"
+#include "core/quant.h"
 
 #include <math.h>
 #include <string.h>
@@ -70,6 +71,8 @@ static void level_convert(float *restrict dst, const void *restrict src, msa_dty
     }
 }
 
+#include "cpu/cpu_dequant_impl.h"
+
 /* The gather: key rows [j0, j0 + n) of one head, from their pages, into
  * dst[n][dim] as fp32.  Rows of one page and head are contiguous and are
  * converted in one go.  Quantized planes are de-quantized here, so every
@@ -81,7 +84,7 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
 {
     const int32_t P = plane->page_size, dim = plane->dim;
     if (cpu_plane_quantized(plane)) { /* the same rows, de-quantized */
-        msa_cpu_dequant_rows(dst, plane, page_row, head, j0, n);
+        level_dequant_rows(dst, plane, page_row, head, j0, n);
         return;
     }
     int32_t i = 0;

@@ -1,0 +1,157 @@
+/* De-quantization of fp8_e4m3 and nvfp4 rows (SPEC 8's read rule) on
+ * vector registers, compiled once per instruction-set level: included by
+ * cpu_level.h only.  Every value is the one msa_fp8_dequantize and
+ * msa_nvfp4_dequantize (src/core/quant.c) compute, bit for bit, NaNs
+ * included; only the instructions differ.
+ *
+ * fp8 e4m3 through the half-precision converter: a code S.EEEE.MMM
+ * placed as the fp16 bits S.0EEEE.MMM0000000 is the e4m3 value times
+ * 2^-8, subnormals included (E = 0 is an fp16 subnormal with the same
+ * mantissa), and vcvtph2ps widens it exactly.  Multiplying by 256 * scale
+ * (exact: a power of two) rounds the exact product code * scale once, as
+ * the scalar code does.  The only code that differs is S.1111.111, NaN in
+ * e4m3 and 1.875 as fp16: those lanes become sign | 0x7fc00000, the NaN
+ * that the scalar code's product carries.
+ *
+ * nvfp4: the 16 values a group can take, e2m1(c) * s * global in that
+ * order, are one vector; the codes pick lanes of it with a permute. */
+
+/* Whether 256 * scale stays finite, so that the fp16 route above is exact. */
+static inline int dq_fp8_fast_scale(float scale)
+{
+    return scale * 256.0f <= 3.0e38f;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define MSA_CPU_DQ_FP8_LANES 16
+
+/* 16 e4m3 codes at src as fp32 values code * scale; s256 = 256 * scale. */
+static inline __m512 dq_fp8x16(const uint8_t *src, __m512 s256)
+{
+    const __m128i raw = _mm_loadu_si128((const __m128i *)src);
+    const __m256i b = _mm256_slli_epi16(_mm256_cvtepu8_epi16(raw), 7);
+    /* b has the sign at bit 14: adding that bit to itself moves it to 15. */
+    const __m256i h = _mm256_add_epi16(b, _mm256_and_si256(b, _mm256_set1_epi16(0x4000)));
+    const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), s256);
+    const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(raw, _mm_set1_epi8((char)0x80)),
+                                              _mm_set1_epi8((char)0xff));
+    /* NaN lanes: (f & sign) | quiet NaN. */
+    return _mm512_castsi512_ps(_mm512_mask_ternarylogic_epi32(_mm512_castps_si512(f), nan,
+                                                              _mm512_set1_epi32(INT32_MIN),
+                                                              _mm512_set1_epi32(0x7fc00000), 0xea));
+}
+#elif defined(__AVX2__) && defined(__F16C__)
+#define MSA_CPU_DQ_FP8_LANES 8
+
+/* 8 e4m3 codes at src as fp32 values code * scale; s256 = 256 * scale. */
+static inline __m256 dq_fp8x8(const uint8_t *src, __m256 s256)
+{
+    const __m128i raw = _mm_loadl_epi64((const __m128i *)src);
+    const __m128i b = _mm_slli_epi16(_mm_cvtepu8_epi16(raw), 7);
+    const __m128i h = _mm_add_epi16(b, _mm_and_si128(b, _mm_set1_epi16(0x4000)));
+    const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), s256);
+    /* NaN codes: the low 15 bits of h are 0x3f80. */
+    const __m128i nan16 =
+        _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan16));
+    const __m256 qnan = _mm256_or_ps(_mm256_and_ps(f, _mm256_set1_ps(-0.0f)),
+                                     _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
+    return _mm256_blendv_ps(f, qnan, nan);
+}
+#else
+#define MSA_CPU_DQ_FP8_LANES 0
+#endif
+
+/* dst[i] = e4m3(src[i]) * scale for i < n. */
+static void dq_fp8_row(float *restrict dst, const uint8_t *restrict src, int64_t n, float scale)
+{
+    int64_t i = 0;
+#if MSA_CPU_DQ_FP8_LANES == 16
+    if (dq_fp8_fast_scale(scale)) {
+        const __m512 s256 = _mm512_set1_ps(scale * 256.0f);
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(dst + i, dq_fp8x16(src + i, s256));
+    }
+#elif MSA_CPU_DQ_FP8_LANES == 8
+    if (dq_fp8_fast_scale(scale)) {
+        const __m256 s256 = _mm256_set1_ps(scale * 256.0f);
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, dq_fp8x8(src + i, s256));
+    }
+#endif
+    if (i < n)
+        msa_fp8_dequantize(dst + i, src + i, n - i, scale);
+}
+
+/* n elements (a multiple of 16) of nvfp4: codes[n / 2], one E4M3 group
+ * scale per 16 elements, the layer's global scale. */
+static void dq_nvfp4_row(float *restrict dst, const uint8_t *restrict codes,
+                         const uint8_t *restrict group_scales, int64_t n, float global)
+{
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    const __m512 e2m1 = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
+                                       -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    const __m512 gv = _mm512_set1_ps(global);
+    for (int64_t g = 0; g < n / MSA_NVFP4_GROUP; g++) {
+        /* The group's 16 values, e2m1(code) * scale * global in that order. */
+        const __m512 v =
+            _mm512_mul_ps(_mm512_mul_ps(e2m1, _mm512_set1_ps(msa_e4m3_to_f32(group_scales[g]))),
+                          gv);
+        const __m128i b = _mm_loadl_epi64((const __m128i *)(codes + g * (MSA_NVFP4_GROUP / 2)));
+        const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+        /* low nibble = even element */
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+        _mm512_storeu_ps(dst + g * MSA_NVFP4_GROUP, _mm512_permutexvar_ps(idx, v));
+    }
+#elif defined(__AVX2__)
+    const __m256 pos = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    const __m256 neg = _mm256_setr_ps(-0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    const __m256 gv = _mm256_set1_ps(global);
+    for (int64_t g = 0; g < n / MSA_NVFP4_GROUP; g++) {
+        const __m256 s = _mm256_set1_ps(msa_e4m3_to_f32(group_scales[g]));
+        const __m256 vp = _mm256_mul_ps(_mm256_mul_ps(pos, s), gv);
+        const __m256 vn = _mm256_mul_ps(_mm256_mul_ps(neg, s), gv);
+        const __m128i b = _mm_loadl_epi64((const __m128i *)(codes + g * (MSA_NVFP4_GROUP / 2)));
+        const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+        const __m128i c = _mm_unpacklo_epi8(lo, hi);
+        for (int half = 0; half < 2; half++) {
+            const __m256i idx = _mm256_cvtepu8_epi32(half ? _mm_srli_si128(c, 8) : c);
+            /* bit 3 (the sign) picks the table; vpermps reads the low 3 bits */
+            const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+            const __m256 x = _mm256_blendv_ps(_mm256_permutevar8x32_ps(vp, idx),
+                                              _mm256_permutevar8x32_ps(vn, idx), sign);
+            _mm256_storeu_ps(dst + g * MSA_NVFP4_GROUP + 8 * half, x);
+        }
+    }
+#else
+    msa_nvfp4_dequantize(dst, codes, group_scales, n, global);
+#endif
+}
+
+/* Rows [j0, j0 + n) of one head of a quantized plane, de-quantized into
+ * dst[n][dim]: the rows of one page and head are consecutive in both
+ * arrays of the region, so a run within a page is one call. */
+static void level_dequant_rows(float *dst, const cpu_plane *plane, const int32_t *page_row,
+                               int32_t head, int64_t j0, int32_t n)
+{
+    const int32_t P = plane->page_size, dim = plane->dim;
+    int32_t i = 0;
+    while (i < n) {
+        const int64_t j = j0 + i;
+        const int32_t off = (int32_t)(j % P);
+        const int32_t run = P - off < n - i ? P - off : n - i;
+        const int32_t page = page_row[j / P];
+        if (plane->dtype == MSA_DTYPE_NVFP4) {
+            const uint8_t *codes, *scales;
+            cpu_plane_nvfp4_row(plane, page, head, off, &codes, &scales);
+            dq_nvfp4_row(dst + (int64_t)i * dim, codes, scales, (int64_t)run * dim, plane->scale);
+        } else {
+            dq_fp8_row(dst + (int64_t)i * dim,
+                       (const uint8_t *)cpu_plane_row(plane, page, head, off), (int64_t)run * dim,
+                       plane->scale);
+        }
+        i += run;
+    }
+}
