@@ -155,3 +155,75 @@ static void level_dequant_rows(float *dst, const cpu_plane *plane, const int32_t
         i += run;
     }
 }
+
+#if MSA_CPU_DQ_FP8_LANES == 16 && MSA_CPU_WIDE
+#define MSA_CPU_DQ_FP8_DOT 1
+/* Most query rows of one fused fp8 call: the index scan's rows of a decode
+ * token (or two); longer chunks de-quantize a tile once for all rows. */
+#define MSA_CPU_DQ_FP8_DOT_ROWS 8
+
+/* out[r * ld + j] = q[r] . (e4m3(k[j]) * scale) for rows r < rows (at most
+ * MSA_CPU_DQ_FP8_DOT_ROWS) and keys j < nk (at most 16; the other lanes of
+ * out are 0), dim a multiple of 16, 256 * scale finite: msa_dot16_rows on
+ * the de-quantized rows without storing them.  Each key vector is
+ * converted in registers and feeds four rows' chains (two keys at a time:
+ * eight independent chains); every lane sums over d in msa_dot16_rows'
+ * order and the same transposed reduction follows, so the scores are the
+ * same bits. */
+/* Sums of keys k0, k1 with rows q[0 .. NR) (NR a constant after inlining,
+ * so the row loop unrolls): a[0][r] = q[r] . k0, a[1][r] = q[r] . k1. */
+static inline __attribute__((always_inline)) void dq_fp8_dot_pair(msa_v16 a[2][4], const float *q,
+                                                                  int32_t dim, const uint8_t *k0,
+                                                                  const uint8_t *k1, int32_t dimq,
+                                                                  __m512 s256, const int NR)
+{
+    for (int r = 0; r < NR; r++)
+        a[0][r] = a[1][r] = (msa_v16){0};
+    for (int32_t d = 0; d < dim; d += 16) {
+        const msa_v16 kv0 = (msa_v16)dq_fp8x16(k0 + d, s256);
+        const msa_v16 kv1 = (msa_v16)dq_fp8x16(k1 + d, s256);
+        for (int r = 0; r < NR; r++) {
+            const msa_v16 qd = MSA_V16_LOAD(q + (int64_t)r * dimq + d);
+            a[0][r] += qd * kv0;
+            a[1][r] += qd * kv1;
+        }
+    }
+}
+
+static void dq_fp8_dot16_rows(float *out, int64_t ld, const float *q, int32_t rows,
+                              const uint8_t *const k[16], int32_t nk, int32_t dim, float scale)
+{
+    const __m512 s256 = _mm512_set1_ps(scale * 256.0f);
+    msa_v16 p[MSA_CPU_DQ_FP8_DOT_ROWS][16];
+    for (int32_t r0 = 0; r0 < rows; r0 += 4) {
+        const int32_t nr = rows - r0 < 4 ? rows - r0 : 4;
+        const float *qr = q + (int64_t)r0 * dim;
+        for (int32_t j = 0; j < 16; j += 2) {
+            msa_v16 a[2][4] = {{{0}}};
+            if (j < nk) {
+                /* a missing second key repeats the first; its sums are dropped */
+                const uint8_t *k0 = k[j], *k1 = j + 1 < nk ? k[j + 1] : k[j];
+                if (nr == 4)
+                    dq_fp8_dot_pair(a, qr, dim, k0, k1, dim, s256, 4);
+                else if (nr == 3)
+                    dq_fp8_dot_pair(a, qr, dim, k0, k1, dim, s256, 3);
+                else if (nr == 2)
+                    dq_fp8_dot_pair(a, qr, dim, k0, k1, dim, s256, 2);
+                else
+                    dq_fp8_dot_pair(a, qr, dim, k0, k1, dim, s256, 1);
+                if (j + 1 >= nk)
+                    for (int r = 0; r < 4; r++)
+                        a[1][r] = (msa_v16){0};
+            }
+            for (int r = 0; r < nr; r++) {
+                p[r0 + r][j] = a[0][r];
+                p[r0 + r][j + 1] = a[1][r];
+            }
+        }
+    }
+    for (int32_t r = 0; r < rows; r++)
+        msa_v16_transpose_sum(out + (int64_t)r * ld, p[r]);
+}
+#else
+#define MSA_CPU_DQ_FP8_DOT 0
+#endif

@@ -55,6 +55,14 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                          ik.dtype == MSA_DTYPE_BF16 && Di % 32 == 0;
     if (!bf16_dot)
         level_convert(q, q_src, job->io->act_dtype, (int64_t)rows * Di);
+        /* fp8 keys and few rows (decode): scores straight from the codes, each
+     * key row converted in registers, no fp32 tile. */
+#if MSA_CPU_DQ_FP8_DOT
+    const int fp8_dot = ik.dtype == MSA_DTYPE_FP8_E4M3 && Di % 16 == 0 &&
+                        rows <= MSA_CPU_DQ_FP8_DOT_ROWS && dq_fp8_fast_scale(ik.scale);
+#else
+    const int fp8_dot = 0;
+#endif
     const int64_t p_last = ch->pos0 + ch->n - 1;
     float *out = cp->scores + ch->score_off;
 
@@ -77,6 +85,8 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
             } else if (bf16_dot) {
                 msa_cpu_copy_rows(tile, &ik, pt, 0, j0, nk);
                 memset((uint16_t *)tile + (int64_t)nk * Di, 0, (size_t)(nk16 - nk) * Di * 2);
+            } else if (fp8_dot) {
+                (void)keys; /* the codes are read below */
             } else {
                 (void)keys; /* only the bf16 path reads keys in place */
                 level_load_rows(tile, &ik, pt, 0, j0, nk);
@@ -86,6 +96,27 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
             /* Raw scores of every row, one group of 16 keys at a time so the
              * group stays in L1 while all rows use it. */
             for (int32_t jj = 0; jj < nk; jj += 16) {
+#if MSA_CPU_DQ_FP8_DOT
+                if (fp8_dot) {
+                    const uint8_t *kr[16];
+                    const int32_t ng = nk - jj < 16 ? nk - jj : 16;
+                    for (int32_t l = 0; l < ng; l++) {
+                        const int64_t j = j0 + jj + l;
+                        kr[l] = cpu_plane_row(&ik, pt[j / ik.page_size], 0,
+                                              (int32_t)(j % ik.page_size));
+                    }
+                    for (int32_t l = 0; l + 16 < nk - jj && l < 16; l++) /* the next group */
+                        for (int32_t b = 0; b < Di; b += 64) {
+                            const int64_t j = j0 + jj + 16 + l;
+                            __builtin_prefetch(
+                                (const char *)cpu_plane_row(&ik, pt[j / ik.page_size], 0,
+                                                            (int32_t)(j % ik.page_size)) +
+                                b);
+                        }
+                    dq_fp8_dot16_rows(sr + jj, TW16, q, rows, kr, ng, Di, ik.scale);
+                    continue;
+                }
+#endif
                 if (jj + 16 < nk) /* the next group, while this one computes */
                     for (int64_t b = 0; b < (int64_t)16 * Di * (bf16_dot ? 2 : 4); b += 64)
                         __builtin_prefetch(
