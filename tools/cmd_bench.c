@@ -292,6 +292,8 @@ static cJSON *result_json(const bench_case *c, const bench_result *res, int li, 
 /* The CPU's fp32 multiply-add ceiling measured in this run (GFLOP/s; 0 on a
  * GPU): prefill rows report their share of it in the "% bw" column. */
 static double fma_peak;
+/* The bf16 dot-product (vdpbf16ps) ceiling where the level has one. */
+static double bf16_peak;
 
 static void add_row(table *tab, const bench_case *c, const bench_result *res, int li, double bw)
 {
@@ -428,6 +430,9 @@ int cmd_bench(int argc, char **argv)
     fma_peak = o.backend == MSA_BACKEND_CPU ? fmapeak_gflops(msa_context_num_threads(ctx),
                                                              msa_context_cpu_isa(ctx), &fma_what)
                                             : 0.0;
+    bf16_peak = o.backend == MSA_BACKEND_CPU
+                    ? fmapeak_bf16_gflops(msa_context_num_threads(ctx), msa_context_cpu_isa(ctx))
+                    : 0.0;
     uint8_t sparse[2] = {1, 0};
     msa_model_config cfg;
     msa_model_config_default(&cfg); /* one M3 sparse layer (+ a dense one) */
@@ -471,6 +476,9 @@ int cmd_bench(int argc, char **argv)
         printf("fp32 FMA peak %.1f GFLOP/s (%s, %d threads, measured now; %% fma: a prefill "
                "row's share of it)\n",
                fma_peak, fma_what, msa_context_num_threads(ctx));
+    if (bf16_peak > 0)
+        printf("bf16 dot-product peak %.1f GFLOP/s (vdpbf16ps, %d threads, measured now)\n",
+               bf16_peak, msa_context_num_threads(ctx));
     fflush(stdout);
 
     int32_t layers[2] = {0, 1};
@@ -550,6 +558,8 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(root, "read_bw_gbps", bw);
         if (fma_peak > 0)
             cJSON_AddNumberToObject(root, "fma_peak_gflops", fma_peak);
+        if (bf16_peak > 0)
+            cJSON_AddNumberToObject(root, "bf16_dot_peak_gflops", bf16_peak);
         cJSON_AddNumberToObject(root, "llc_bytes", (double)llc);
         cJSON_AddStringToObject(root, "act_dtype", msa_dtype_name(o.act_dtype));
         cJSON_AddStringToObject(root, "kv_dtype", msa_dtype_name(o.kv_dtype));

@@ -1,4 +1,5 @@
-/* The fp32 multiply-add ceiling: every thread runs FMAPEAK_CHAINS
+/* The fp32 multiply-add ceiling (and the bf16 dot-product one of
+ * AVX512-BF16): every thread runs FMAPEAK_CHAINS
  * independent multiply-add chains on registers, enough to cover the
  * latency of two FMA pipes (4 cycles x 2 pipes = 8 chains in flight), so
  * the loop runs at the throughput the CPU offers.  x = x * m + c with m
@@ -20,7 +21,7 @@
 #define FMAPEAK_CHAINS 12
 
 typedef struct fma_job {
-    int kind; /* 0: 4-lane mul + add, 1: AVX2 FMA, 2: AVX-512 FMA */
+    int kind; /* 0: 4-lane mul + add, 1: AVX2 FMA, 2: AVX-512 FMA, 3: vdpbf16ps */
     int64_t iters;
     float sink;
 } fma_job;
@@ -55,6 +56,25 @@ __attribute__((target("avx512f"))) static float run_avx512(int64_t iters)
         s = _mm512_add_ps(s, x[k]);
     return _mm512_reduce_add_ps(s);
 }
+
+/* vdpbf16ps chains: each instruction adds two bf16 products per lane (64
+ * FLOPs on 16 lanes).  The products are constant and small (2^-20 per
+ * pair), so the sums stay normal and finite for any run length here. */
+__attribute__((target("avx512f,avx512bf16"))) static float run_dpbf16(int64_t iters)
+{
+    __m512 x[FMAPEAK_CHAINS];
+    /* bf16 pairs 2^-10 (0x3a80) times 2^-10 */
+    const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3a803a80);
+    for (int k = 0; k < FMAPEAK_CHAINS; k++)
+        x[k] = _mm512_set1_ps((float)k);
+    for (int64_t i = 0; i < iters; i++)
+        for (int k = 0; k < FMAPEAK_CHAINS; k++)
+            x[k] = _mm512_dpbf16_ps(x[k], a, a);
+    __m512 s = x[0];
+    for (int k = 1; k < FMAPEAK_CHAINS; k++)
+        s = _mm512_add_ps(s, x[k]);
+    return _mm512_reduce_add_ps(s);
+}
 #endif
 
 /* Four lanes as a multiply and an add (no fused instruction assumed). */
@@ -78,6 +98,10 @@ static void *fma_thread(void *arg)
 {
     fma_job *j = arg;
 #if FMAPEAK_X86
+    if (j->kind == 3) {
+        j->sink = run_dpbf16(j->iters);
+        return NULL;
+    }
     if (j->kind == 2) {
         j->sink = run_avx512(j->iters);
         return NULL;
@@ -91,25 +115,10 @@ static void *fma_thread(void *arg)
     return NULL;
 }
 
-double fmapeak_gflops(int threads, msa_cpu_isa isa, const char **what)
+/* GFLOP/s of `threads` threads running `kind` (fma_job), `flops_per_op`
+ * FLOPs per instruction: the best of three runs of about 0.1 s. */
+static double probe(int threads, int kind, double flops_per_op)
 {
-    int kind = 0, lanes = 4;
-    *what = "4-lane multiply and add";
-#if FMAPEAK_X86
-    if ((isa == MSA_CPU_ISA_AVX512 || isa == MSA_CPU_ISA_AVX512_BF16) &&
-        __builtin_cpu_supports("avx512f")) {
-        kind = 2;
-        lanes = 16;
-        *what = "AVX-512 FMA";
-    } else if (isa == MSA_CPU_ISA_AVX2 && __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("fma")) {
-        kind = 1;
-        lanes = 8;
-        *what = "AVX2 FMA";
-    }
-#else
-    (void)isa;
-#endif
     if (threads < 1 || threads > 1024)
         return 0.0;
     fma_job jobs[1024];
@@ -131,9 +140,43 @@ double fmapeak_gflops(int threads, msa_cpu_isa isa, const char **what)
         double dt = cli_now() - t0;
         if (started < threads || !(dt > 0))
             return 0.0;
-        double flops = (double)threads * (double)iters * FMAPEAK_CHAINS * lanes * 2.0;
+        double flops = (double)threads * (double)iters * FMAPEAK_CHAINS * flops_per_op;
         if (flops / dt * 1e-9 > best)
             best = flops / dt * 1e-9;
     }
     return best;
+}
+
+double fmapeak_gflops(int threads, msa_cpu_isa isa, const char **what)
+{
+    int kind = 0, lanes = 4;
+    *what = "4-lane multiply and add";
+#if FMAPEAK_X86
+    if ((isa == MSA_CPU_ISA_AVX512 || isa == MSA_CPU_ISA_AVX512_BF16) &&
+        __builtin_cpu_supports("avx512f")) {
+        kind = 2;
+        lanes = 16;
+        *what = "AVX-512 FMA";
+    } else if (isa == MSA_CPU_ISA_AVX2 && __builtin_cpu_supports("avx2") &&
+               __builtin_cpu_supports("fma")) {
+        kind = 1;
+        lanes = 8;
+        *what = "AVX2 FMA";
+    }
+#else
+    (void)isa;
+#endif
+    return probe(threads, kind, lanes * 2.0);
+}
+
+double fmapeak_bf16_gflops(int threads, msa_cpu_isa isa)
+{
+#if FMAPEAK_X86
+    if (isa == MSA_CPU_ISA_AVX512_BF16 && __builtin_cpu_supports("avx512bf16"))
+        return probe(threads, 3, 64.0);
+#else
+    (void)threads;
+    (void)isa;
+#endif
+    return 0.0;
 }

@@ -12,4 +12,9 @@
  * Writes what ran to *what.  0 when the probe cannot run here. */
 double fmapeak_gflops(int threads, msa_cpu_isa isa, const char **what);
 
+/* The same for vdpbf16ps (two bf16 products per fp32 lane, 64 FLOPs per
+ * instruction) when `isa` is AVX512_BF16 and the CPU has it; else 0.
+ * What the bf16 dot-product kernels of that level are measured against. */
+double fmapeak_bf16_gflops(int threads, msa_cpu_isa isa);
+
 #endif
