@@ -300,6 +300,35 @@ MSA_API msa_status msa_cache_create(msa_context *ctx, const msa_model *model,
 MSA_API msa_status msa_cache_wrap(msa_context *ctx, const msa_model *model,
                                   const msa_cache_config *cfg, void *const *planes,
                                   msa_cache **out);
+/* One plane of an engine's own cache, wrapped in place: the row of
+ * (page, head, token slot) starts at element
+ *   page * page_stride + head * head_stride + slot * token_stride
+ * of `data`, and its D (or Di) elements are consecutive.  Strides count
+ * elements of the plane's dtype.  All three 0: the library's layout above.
+ * Index planes have one head, so their head_stride is not read. */
+typedef struct msa_plane_view {
+    void *data; /* NULL for a plane the layer does not have */
+    int64_t page_stride;
+    int64_t head_stride;
+    int64_t token_stride;
+} msa_plane_view;
+
+/* msa_cache_wrap for caches in an engine's layout (docs/API.md draws
+ * vLLM's, SGLang's and llama.cpp's): views[layer * 4 + plane] describes
+ * each plane, and every kernel reads and writes the rows through the
+ * strides.  Checked, with MSA_ERR_INVALID_ARGUMENT and a message naming
+ * the plane: strides positive (or all 0), no two (page, head, slot) rows
+ * of one plane sharing an element (the dimensions, ordered by stride, must
+ * nest: each stride at least the extent of the smaller ones), the plane's
+ * extent below 2^46 bytes, and alignment: data at a multiple of the
+ * element size (CPU) or of 16 bytes, with every stride a multiple of 16
+ * bytes (CUDA).  Quantized planes (fp8_e4m3, nvfp4) take only the
+ * library's layout (strides 0; MSA_ERR_UNSUPPORTED otherwise).
+ * msa_cache_plane_data gives `data`, msa_cache_plane_bytes the bytes from
+ * `data` to the end of the plane's last row.  The caller keeps ownership. */
+MSA_API msa_status msa_cache_wrap_strided(msa_context *ctx, const msa_model *model,
+                                          const msa_cache_config *cfg, const msa_plane_view *views,
+                                          msa_cache **out);
 MSA_API void msa_cache_free(msa_cache *cache);
 MSA_API void msa_cache_get_config(const msa_cache *cache, msa_cache_config *cfg);
 /* Bytes of one plane of one layer (0 when the layer has no such plane). */

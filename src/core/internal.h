@@ -82,15 +82,31 @@ struct msa_model {
     int32_t topk_width; /* W */
 };
 
+/* Where a plane keeps its rows: the row of (page, head, slot) starts at
+ * element page * page + head * head + slot * token of the plane's data. */
+typedef struct msa_plane_strides {
+    int64_t page, head, token;
+} msa_plane_strides;
+
 struct msa_cache {
     msa_context *ctx;
     const msa_model *model;
     msa_cache_config cfg;
     int owns_memory;
     void **planes;       /* [num_layers * 4] */
-    size_t *plane_bytes; /* [num_layers * 4] */
+    size_t *plane_bytes; /* [num_layers * 4]: bytes from planes[i] to its last row's end */
     float *scales;       /* [num_layers * 4] */
+    /* [num_layers * 4] in elements: the library layout's
+     * (msa_plane_library_strides) unless wrapped with other strides; for
+     * nvfp4 planes, which only take the library layout, not read. */
+    msa_plane_strides *strides;
 };
+
+/* Strides of a plane in the library layout: [pages][heads][P][dim]. */
+msa_plane_strides msa_plane_library_strides(const msa_model *model, const msa_cache_config *cfg,
+                                            msa_plane plane);
+/* 1 when every plane of the layer is in the library layout. */
+int msa_cache_layer_is_library_layout(const msa_cache *cache, int32_t layer);
 
 /* Host arrays of one step, sized by the plan's capacities. */
 typedef struct msa_plan_arrays {

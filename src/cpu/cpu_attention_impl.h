@@ -44,6 +44,9 @@ static void prefetch_block(const cpu_attention *a, const int32_t *pt, int32_t g,
     if (j0 + n > p_last + 1) /* keys past the chunk's last token have no page */
         n = (int32_t)(p_last + 1 - j0);
     const int64_t row_bytes = (int64_t)a->k.dim * (int64_t)msa_dtype_size(a->k.dtype);
+    const int packed = cpu_plane_packed(&a->k) && cpu_plane_packed(&a->v);
+    const int64_t kstep = a->k.row_stride * (int64_t)msa_dtype_size(a->k.dtype);
+    const int64_t vstep = a->v.row_stride * (int64_t)msa_dtype_size(a->v.dtype);
     for (int32_t i = 0; i < n;) {
         int64_t j = j0 + i;
         int32_t off = (int32_t)(j % P);
@@ -51,9 +54,17 @@ static void prefetch_block(const cpu_attention *a, const int32_t *pt, int32_t g,
         int32_t page = pt[j / P];
         const char *k = cpu_plane_row(&a->k, page, g, off);
         const char *v = cpu_plane_row(&a->v, page, g, off);
-        for (int64_t b = 0; b < run * row_bytes; b += 64) {
-            __builtin_prefetch(k + b);
-            __builtin_prefetch(v + b);
+        if (packed) {
+            for (int64_t b = 0; b < run * row_bytes; b += 64) {
+                __builtin_prefetch(k + b);
+                __builtin_prefetch(v + b);
+            }
+        } else {
+            for (int32_t r = 0; r < run; r++)
+                for (int64_t b = 0; b < row_bytes; b += 64) {
+                    __builtin_prefetch(k + r * kstep + b);
+                    __builtin_prefetch(v + r * vstep + b);
+                }
         }
         i += run;
     }
@@ -98,6 +109,9 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     /* bf16 values too: P.V with bf16 products (the weights rounded to bf16,
      * sums in fp32, as in the GPU kernels). */
     const int bf16_pv = bf16_dot && D % 16 == 0;
+    /* Keys and values of one page are read in place only where their rows
+     * are packed; other strided planes go through the copying gather. */
+    const int k_packed = cpu_plane_packed(&a->k), v_packed = cpu_plane_packed(&a->v);
     size_t es = msa_dtype_size(a->act);
     for (int32_t t = 0; t < ch->n; t++) {
         const char *src =
@@ -166,7 +180,7 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
         for (int64_t j0 = blk0; j0 <= blk1; j0 += TW) {
             int32_t nk = (int32_t)(blk1 - j0 + 1 < TW ? blk1 - j0 + 1 : TW);
             const void *keys = kt;
-            if (bf16_dot && (j0 % a->k.page_size) + nk <= a->k.page_size)
+            if (bf16_dot && k_packed && (j0 % a->k.page_size) + nk <= a->k.page_size)
                 keys = cpu_plane_row(&a->k, pt[j0 / a->k.page_size], g,
                                      (int32_t)(j0 % a->k.page_size));
             else if (bf16_dot)
@@ -178,7 +192,7 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                 /* vt[0 .. npairs * D) as uint32 pairs (v[2jp][d], v[2jp+1][d]);
                  * rows copied to the second half of vt when not in one page. */
                 const uint16_t *vrows;
-                if ((j0 % a->v.page_size) + nk <= a->v.page_size) {
+                if (v_packed && (j0 % a->v.page_size) + nk <= a->v.page_size) {
                     vrows = cpu_plane_row(&a->v, pt[j0 / a->v.page_size], g,
                                           (int32_t)(j0 % a->v.page_size));
                 } else {

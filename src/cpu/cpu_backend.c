@@ -412,25 +412,13 @@ static msa_status cpu_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
                    (size_t)(plan->active_tokens * m->cfg.num_kv_heads * m->topk_width) *
                        sizeof(int32_t));
     }
-    const int32_t P = c->cfg.page_size;
-    const float *sc = c->scales + layer * 4; /* the layer's plane scales */
     cpu_attention a;
     a.q = io->q;
     a.q_row = (int64_t)m->cfg.num_q_heads * m->cfg.head_dim;
     a.q_heads = m->cfg.num_q_heads;
     a.group = m->group;
-    a.k = (cpu_plane){c->planes[layer * 4 + MSA_PLANE_K],
-                      c->cfg.kv_dtype,
-                      m->cfg.num_kv_heads,
-                      m->cfg.head_dim,
-                      P,
-                      sc[MSA_PLANE_K]};
-    a.v = (cpu_plane){c->planes[layer * 4 + MSA_PLANE_V],
-                      c->cfg.kv_dtype,
-                      m->cfg.num_kv_heads,
-                      m->cfg.head_dim,
-                      P,
-                      sc[MSA_PLANE_V]};
+    a.k = cpu_plane_of(c, layer, MSA_PLANE_K);
+    a.v = cpu_plane_of(c, layer, MSA_PLANE_V);
     a.scale = m->cfg.softmax_scale;
     a.block = sparse ? m->cfg.block_size : MSA_CPU_TILE;
     a.sel = sparse ? cp->sel : NULL;
@@ -446,18 +434,8 @@ static msa_status cpu_forward(msa_context *ctx, msa_plan *plan, int32_t layer,
         b.q_row = (int64_t)m->cfg.num_index_heads * m->cfg.index_dim;
         b.q_heads = m->cfg.num_index_heads;
         b.group = m->cfg.num_index_heads;
-        b.k = (cpu_plane){c->planes[layer * 4 + MSA_PLANE_INDEX_K],
-                          c->cfg.index_dtype,
-                          1,
-                          m->cfg.index_dim,
-                          P,
-                          sc[MSA_PLANE_INDEX_K]};
-        b.v = (cpu_plane){c->planes[layer * 4 + MSA_PLANE_INDEX_V],
-                          c->cfg.index_dtype,
-                          1,
-                          m->cfg.index_dim,
-                          P,
-                          sc[MSA_PLANE_INDEX_V]};
+        b.k = cpu_plane_of(c, layer, MSA_PLANE_INDEX_K);
+        b.v = cpu_plane_of(c, layer, MSA_PLANE_INDEX_V);
         b.scale = m->cfg.index_softmax_scale;
         b.block = MSA_CPU_TILE;
         b.sel = NULL;

@@ -228,12 +228,7 @@ static void score_blocked(select_job *job, int64_t c, int32_t b0, int32_t b1, fl
     const float c_scale = m->cfg.index_softmax_scale;
     const int32_t rows = ch->n * Hi;
     const int32_t RP = bk_round_up(rows, BK_MR), TWP = bk_round_up(TW, BK_NR);
-    const cpu_plane ik = {cache->planes[job->layer * 4 + MSA_PLANE_INDEX_K],
-                          cache->cfg.index_dtype,
-                          1,
-                          Di,
-                          cache->cfg.page_size,
-                          cache->scales[job->layer * 4 + MSA_PLANE_INDEX_K]};
+    const cpu_plane ik = cpu_plane_of(cache, job->layer, MSA_PLANE_INDEX_K);
     const int32_t *pt = p->page_table + (int64_t)ch->request * p->cap_pages_per_request;
 
     /* scratch: q [rows][Di] | q panels [RP][Di] | key tile [TW][Di] |

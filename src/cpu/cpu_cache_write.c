@@ -77,6 +77,12 @@ static void write_work(void *arg, int ith, int nth)
     const int32_t L = job->layer, P = c->cfg.page_size;
     const int32_t Hkv = m->cfg.num_kv_heads, D = m->cfg.head_dim, Di = m->cfg.index_dim;
     const int sparse = m->layer_sparse[L], ivalue = m->layer_index_value[L];
+    const cpu_plane kp = cpu_plane_of(c, L, MSA_PLANE_K), vp = cpu_plane_of(c, L, MSA_PLANE_V);
+    cpu_plane ik, iv;
+    if (sparse)
+        ik = cpu_plane_of(c, L, MSA_PLANE_INDEX_K);
+    if (ivalue)
+        iv = cpu_plane_of(c, L, MSA_PLANE_INDEX_V);
     int64_t rows = p->active_tokens;
     int64_t lo = rows * ith / nth, hi = rows * (ith + 1) / nth;
     for (int64_t t = lo; t < hi; t++) {
@@ -85,23 +91,13 @@ static void write_work(void *arg, int ith, int nth)
         int32_t page = p->page_table[(int64_t)r * p->cap_pages_per_request + pos / P];
         int32_t off = (int32_t)(pos % P);
         for (int32_t g = 0; g < Hkv; g++) {
-            cpu_plane kp = {c->planes[L * 4 + MSA_PLANE_K], c->cfg.kv_dtype, Hkv, D, P,
-                            c->scales[L * 4 + MSA_PLANE_K]};
-            cpu_plane vp = {c->planes[L * 4 + MSA_PLANE_V], c->cfg.kv_dtype, Hkv, D, P,
-                            c->scales[L * 4 + MSA_PLANE_V]};
             store_row(&kp, page, g, off, io->k, io->act_dtype, (t * Hkv + g) * D);
             store_row(&vp, page, g, off, io->v, io->act_dtype, (t * Hkv + g) * D);
         }
-        if (sparse) {
-            cpu_plane ik = {c->planes[L * 4 + MSA_PLANE_INDEX_K], c->cfg.index_dtype, 1, Di, P,
-                            c->scales[L * 4 + MSA_PLANE_INDEX_K]};
+        if (sparse)
             store_row(&ik, page, 0, off, io->idx_k, io->act_dtype, t * Di);
-        }
-        if (ivalue) {
-            cpu_plane iv = {c->planes[L * 4 + MSA_PLANE_INDEX_V], c->cfg.index_dtype, 1, Di, P,
-                            c->scales[L * 4 + MSA_PLANE_INDEX_V]};
+        if (ivalue)
             store_row(&iv, page, 0, off, io->idx_v, io->act_dtype, t * Di);
-        }
     }
 }
 
@@ -116,13 +112,20 @@ void msa_cpu_copy_rows(void *dst, const cpu_plane *plane, const int32_t *page_ro
 {
     const int32_t P = plane->page_size;
     const size_t row_bytes = (size_t)plane->dim * msa_dtype_size(plane->dtype);
+    const int packed = cpu_plane_packed(plane);
+    const int64_t step = plane->row_stride * (int64_t)msa_dtype_size(plane->dtype);
     int32_t i = 0;
     while (i < n) {
         int64_t j = j0 + i;
         int32_t off = (int32_t)(j % P);
         int32_t run = P - off < n - i ? P - off : n - i;
-        memcpy((char *)dst + (size_t)i * row_bytes,
-               cpu_plane_row(plane, page_row[j / P], head, off), (size_t)run * row_bytes);
+        const char *src = cpu_plane_row(plane, page_row[j / P], head, off);
+        char *out = (char *)dst + (size_t)i * row_bytes;
+        if (packed) /* the run is one block */
+            memcpy(out, src, (size_t)run * row_bytes);
+        else
+            for (int32_t k = 0; k < run; k++)
+                memcpy(out + (size_t)k * row_bytes, src + k * step, row_bytes);
         i += run;
     }
 }

@@ -32,13 +32,7 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
     const int lse = m->cfg.score_type == MSA_SCORE_LSE;
     const float c_scale = m->cfg.index_softmax_scale;
     const int32_t rows = ch->n * Hi;
-    const float *sc = cache->scales + job->layer * 4; /* the layer's plane scales */
-    const cpu_plane ik = {cache->planes[job->layer * 4 + MSA_PLANE_INDEX_K],
-                          cache->cfg.index_dtype,
-                          1,
-                          Di,
-                          cache->cfg.page_size,
-                          sc[MSA_PLANE_INDEX_K]};
+    const cpu_plane ik = cpu_plane_of(cache, job->layer, MSA_PLANE_INDEX_K);
     const int32_t *pt = p->page_table + (int64_t)ch->request * p->cap_pages_per_request;
 
     /* scratch: q [rows][Di] | key tile [TW16][Di] | raw scores [rows][TW16] | acc [rows] */
@@ -77,7 +71,7 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
              * 16-key dot products read them (their scores are not used). */
             int32_t nk16 = (nk + 15) & ~15;
             const uint16_t *keys = (const uint16_t *)tile;
-            if (bf16_dot && (j0 % ik.page_size) + nk16 <= ik.page_size) {
+            if (bf16_dot && cpu_plane_packed(&ik) && (j0 % ik.page_size) + nk16 <= ik.page_size) {
                 /* The 16-key groups lie inside one page: read them in place.
                  * Rows past the last key belong to the page too; their
                  * scores are never used. */

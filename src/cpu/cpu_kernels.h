@@ -61,9 +61,12 @@ typedef struct cpu_plan {
     int64_t scratch_per_thread;
 } cpu_plan;
 
-/* Where a plane keeps the row of (page, head, offset).  scale is the
- * layer's scale of the plane (msa_cache_set_scales), read by the
- * quantized formats only. */
+/* Where a plane keeps the row of (page, head, offset): at element
+ * page * page_stride + head * head_stride + offset * row_stride of data
+ * (the cache's strides, msa_cache_wrap_strided).  scale is the layer's
+ * scale of the plane (msa_cache_set_scales), read by the quantized formats
+ * only.  nvfp4 planes are in the library layout and use their own region
+ * arithmetic (cpu_plane_nvfp4_row). */
 typedef struct cpu_plane {
     const void *data;
     msa_dtype dtype;
@@ -71,7 +74,34 @@ typedef struct cpu_plane {
     int32_t dim;
     int32_t page_size;
     float scale;
+    int64_t page_stride, head_stride, row_stride;
 } cpu_plane;
+
+/* The plane `pl` of `layer` of the cache, as the kernels read it. */
+static inline cpu_plane cpu_plane_of(const msa_cache *c, int32_t layer, msa_plane pl)
+{
+    const int main_plane = pl == MSA_PLANE_K || pl == MSA_PLANE_V;
+    const msa_plane_strides *s = &c->strides[layer * 4 + pl];
+    cpu_plane p;
+    p.data = c->planes[layer * 4 + pl];
+    p.dtype = main_plane ? c->cfg.kv_dtype : c->cfg.index_dtype;
+    p.heads = main_plane ? c->model->cfg.num_kv_heads : 1;
+    p.dim = msa_plane_dim(c->model, pl);
+    p.page_size = c->cfg.page_size;
+    p.scale = c->scales[layer * 4 + pl];
+    p.page_stride = s->page;
+    p.head_stride = s->head;
+    p.row_stride = s->token;
+    return p;
+}
+
+/* 1 when the rows of one (page, head) follow each other with no gap, so
+ * that a run of them inside one page is one block of memory.  Strided
+ * planes whose rows are not packed are read one row at a time. */
+static inline int cpu_plane_packed(const cpu_plane *p)
+{
+    return p->row_stride == p->dim;
+}
 
 static inline int cpu_plane_quantized(const cpu_plane *p)
 {
@@ -93,7 +123,8 @@ static inline void cpu_plane_nvfp4_row(const cpu_plane *p, int32_t page, int32_t
 
 static inline const void *cpu_plane_row(const cpu_plane *p, int32_t page, int32_t head, int32_t off)
 {
-    int64_t idx = (((int64_t)page * p->heads + head) * p->page_size + off) * p->dim;
+    const int64_t idx = (int64_t)page * p->page_stride + (int64_t)head * p->head_stride +
+                        (int64_t)off * p->row_stride;
     return (const char *)p->data + idx * (int64_t)msa_dtype_size(p->dtype);
 }
 

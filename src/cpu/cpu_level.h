@@ -74,8 +74,8 @@ static void level_convert(float *restrict dst, const void *restrict src, msa_dty
 #include "cpu/cpu_dequant_impl.h"
 
 /* The gather: key rows [j0, j0 + n) of one head, from their pages, into
- * dst[n][dim] as fp32.  Rows of one page and head are contiguous and are
- * converted in one go.  Quantized planes are de-quantized here, so every
+ * dst[n][dim] as fp32.  Rows of one page and head that are packed (no gap
+ * between them) are converted in one go, others one row at a time.  Quantized planes are de-quantized here, so every
  * kernel that reads keys or values through this gather (index scan,
  * attention, index value; decode, verify and prefill rows) sees the values
  * of SPEC 8's read rule. */
@@ -87,13 +87,19 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
         level_dequant_rows(dst, plane, page_row, head, j0, n);
         return;
     }
+    const int packed = cpu_plane_packed(plane);
+    const int64_t step = plane->row_stride * (int64_t)msa_dtype_size(plane->dtype);
     int32_t i = 0;
     while (i < n) {
         int64_t j = j0 + i;
         int32_t off = (int32_t)(j % P);
         int32_t run = P - off < n - i ? P - off : n - i;
-        const void *src = cpu_plane_row(plane, page_row[j / P], head, off);
-        level_convert(dst + (int64_t)i * dim, src, plane->dtype, (int64_t)run * dim);
+        const char *src = cpu_plane_row(plane, page_row[j / P], head, off);
+        if (packed) /* the run is one block */
+            level_convert(dst + (int64_t)i * dim, src, plane->dtype, (int64_t)run * dim);
+        else
+            for (int32_t k = 0; k < run; k++)
+                level_convert(dst + (int64_t)(i + k) * dim, src + k * step, plane->dtype, dim);
         i += run;
     }
 }
