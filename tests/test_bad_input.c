@@ -812,6 +812,118 @@ static void test_alignment(void)
             msa_buffer_free(ctx, plane_mem[i]);
 }
 
+/* msa_cache_wrap_strided: a vLLM-style pool ([pages][2][P][Hkv][D], index
+ * planes [pages][2][P][Di]) is taken; strides that are negative, mixed
+ * with zeros, overlapping, too large or misaligned are refused with a
+ * message and no cache, as are quantized planes with strides. */
+static void test_strided_wrap(void)
+{
+    const msa_status IA = MSA_ERR_INVALID_ARGUMENT;
+    msa_cache_config cc;
+    msa_cache_config_default(&cc);
+    cc.num_pages = PAGES;
+    cc.page_size = P;
+    const int64_t half = (int64_t)P * HKV * D, ihalf = (int64_t)P * DI;
+    void *kv = NULL, *idx = NULL;
+    if (msa_buffer_alloc(ctx, (size_t)(PAGES * 2 * half) * 2, &kv) != MSA_OK ||
+        msa_buffer_alloc(ctx, (size_t)(PAGES * 2 * ihalf) * 2, &idx) != MSA_OK) {
+        CHECK(0, "strided wrap: buffers");
+        return;
+    }
+    msa_plane_view views[L * 4];
+    memset(views, 0, sizeof views);
+    for (int l = 0; l < L; l++) {
+        for (int h = 0; h < 2; h++)
+            views[l * 4 + h] = (msa_plane_view){(char *)kv + h * half * 2, 2 * half, D, HKV * D};
+        if (msa_model_layer_is_sparse(model, l))
+            views[l * 4 + 2] = (msa_plane_view){idx, 2 * ihalf, -5 /* not read */, DI};
+        if (msa_model_layer_has_index_value(model, l))
+            views[l * 4 + 3] = (msa_plane_view){(char *)idx + ihalf * 2, 2 * ihalf, 0, DI};
+    }
+    msa_cache *c2 = NULL;
+    msa_status st = msa_cache_wrap_strided(ctx, model, &cc, views, &c2);
+    CHECK(st == MSA_OK && c2, "strided wrap: vLLM layout: %s", msa_context_last_error(ctx));
+    if (c2) {
+        /* From the base to the end of the last row: the last page's V rows
+         * end half a page before the K plane's extent would. */
+        const size_t want_k = (size_t)((PAGES - 1) * 2 * half + half) * 2;
+        CHECK(msa_cache_plane_bytes(c2, 0, MSA_PLANE_K) == want_k,
+              "strided wrap: K plane spans %zu bytes, want %zu",
+              msa_cache_plane_bytes(c2, 0, MSA_PLANE_K), want_k);
+        CHECK(msa_cache_plane_data(c2, 0, MSA_PLANE_V) == views[1].data,
+              "strided wrap: V plane data");
+        msa_cache_free(c2);
+    }
+
+    struct {
+        const char *what, *message;
+        int plane;
+        int64_t page, head, token;
+    } bad[] = {
+        {"negative page stride", "must be positive", 0, -2 * half, D, HKV * D},
+        {"zero token stride beside others", "must be positive", 1, 2 * half, D, 0},
+        {"rows overlap (token stride < D)", "overlap", 0, 2 * half, P * D, D - 1},
+        {"heads on the same rows", "overlap", 0, 2 * half, HKV * D, HKV * D},
+        {"pages overlap", "overlap", 1, half - 1, D, HKV * D},
+        {"index rows overlap", "overlap", 2, 2 * ihalf, 0, DI / 2},
+        {"extent beyond 2^46 bytes", "2^46", 0, INT64_C(1) << 44, D, HKV * D},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        msa_plane_view w[L * 4];
+        memcpy(w, views, sizeof w);
+        const int idx_plane = bad[i].plane >= 2;
+        const int layer = idx_plane && !msa_model_layer_is_sparse(model, 0) ? 1 : 0;
+        msa_plane_view *pv = &w[layer * 4 + bad[i].plane];
+        pv->page_stride = bad[i].page;
+        pv->head_stride = bad[i].head;
+        pv->token_stride = bad[i].token;
+        c2 = NULL;
+        const char *pl = plant_message();
+        st = msa_cache_wrap_strided(ctx, model, &cc, w, &c2);
+        CHECK(st == IA && c2 == NULL, "strided wrap: %s: %s", bad[i].what, msa_status_name(st));
+        CHECK(fresh_message(pl) && strstr(msa_context_last_error(ctx), bad[i].message),
+              "strided wrap: %s: message (\"%s\")", bad[i].what, msa_context_last_error(ctx));
+        msa_cache_free(c2);
+    }
+
+    /* A plane at an odd address (bf16 elements). */
+    msa_plane_view w[L * 4];
+    memcpy(w, views, sizeof w);
+    w[0].data = (char *)w[0].data + 1;
+    c2 = NULL;
+    st = msa_cache_wrap_strided(ctx, model, &cc, w, &c2);
+    CHECK(st == IA && c2 == NULL && strstr(msa_context_last_error(ctx), "aligned"),
+          "strided wrap: odd address: %s (%s)", msa_status_name(st), msa_context_last_error(ctx));
+
+    /* Quantized planes take the library layout only. */
+    msa_cache_config qc = cc;
+    qc.kv_dtype = MSA_DTYPE_FP8_E4M3;
+    c2 = NULL;
+    st = msa_cache_wrap_strided(ctx, model, &qc, views, &c2);
+    CHECK(st == MSA_ERR_UNSUPPORTED && c2 == NULL &&
+              strstr(msa_context_last_error(ctx), "library layout"),
+          "strided wrap: fp8 planes with strides: %s (%s)", msa_status_name(st),
+          msa_context_last_error(ctx));
+
+    /* All strides 0: the library layout, the same bytes as msa_cache_create's. */
+    memset(w, 0, sizeof w);
+    for (int i = 0; i < L * 4; i++)
+        w[i].data = views[i].data;
+    c2 = NULL;
+    st = msa_cache_wrap_strided(ctx, model, &cc, w, &c2);
+    CHECK(st == MSA_OK && c2, "strided wrap: zero strides: %s", msa_context_last_error(ctx));
+    if (c2)
+        CHECK(msa_cache_plane_bytes(c2, 0, MSA_PLANE_K) == (size_t)(PAGES * half) * 2,
+              "strided wrap: zero strides: K plane of %zu bytes",
+              msa_cache_plane_bytes(c2, 0, MSA_PLANE_K));
+    msa_cache_free(c2);
+    c2 = NULL;
+    CHECK(msa_cache_wrap_strided(ctx, model, &cc, NULL, &c2) == IA && c2 == NULL,
+          "strided wrap: NULL views");
+    msa_buffer_free(ctx, kv);
+    msa_buffer_free(ctx, idx);
+}
+
 /* ---- objects -------------------------------------------------------------- */
 
 static void expect_fail(const char *what, msa_status st, msa_status a, msa_status b,
@@ -1026,6 +1138,7 @@ int main(void)
     test_forward();
     test_alignment();
     test_objects();
+    test_strided_wrap();
 
     for (int i = 0; i < L * 4; i++)
         free(base_cache[i]);

@@ -23,6 +23,15 @@ typedef struct tk_run {
     msa_plan *plan;
     void *buf[10];
     int nbuf;
+    /* Engine layout (msa_case.engine_layout): the pool's buffers and where
+     * each plane lies in them; what was uploaded last, host side. */
+    int layout;
+    void *pool[4];
+    size_t pool_bytes[4];
+    int plane_pool[4];
+    size_t plane_off[4];
+    int64_t plane_stride[4][3]; /* page, head, token in elements */
+    uint8_t *uploaded[4];
 } tk_run;
 
 /* Host copies of the outputs after the call. */
@@ -31,6 +40,7 @@ typedef struct tk_outputs {
     float *lse;
     int32_t *topk;
     uint8_t *cache[4];
+    long stray; /* engine layouts: bytes between the rows that changed */
 } tk_outputs;
 
 static double now_seconds(void)
@@ -106,6 +116,132 @@ static double tolerance_of(const msa_case *c)
     return fp32 ? 1e-5 : 1e-2;
 }
 
+const char *msa_case_layout_name(int layout)
+{
+    static const char *const names[MSA_CASE_LAYOUT_COUNT] = {"library", "vllm", "vllm-head-major",
+                                                             "sglang", "llama.cpp"};
+    return layout >= 0 && layout < MSA_CASE_LAYOUT_COUNT ? names[layout] : "?";
+}
+
+static size_t round256(size_t n)
+{
+    return (n + 255) & ~(size_t)255;
+}
+
+/* Where each plane of the case's engine layout lies: its buffer, its byte
+ * offset in it and its strides (msa_case_layout in testkit.h); the bytes
+ * of every buffer. */
+static void plan_layout(tk_run *run, const msa_case *c, int64_t pages)
+{
+    const int64_t P = c->page_size, H = c->Hkv, D = c->D, Di = c->Di;
+    const size_t ekv = act_size(c->kv_dtype), ei = act_size(c->index_dtype);
+    memset(run->pool_bytes, 0, sizeof run->pool_bytes);
+    for (int p = 0; p < 4; p++) {
+        const int main_plane = p < 2;
+        const size_t es = main_plane ? ekv : ei;
+        const int64_t row = main_plane ? D : Di;
+        int64_t *st = run->plane_stride[p];
+        switch (run->layout) {
+        case MSA_CASE_LAYOUT_VLLM: /* K and V interleaved per page, token-major */
+        case MSA_CASE_LAYOUT_VLLM_HEAD_MAJOR: {
+            const int head_major = run->layout == MSA_CASE_LAYOUT_VLLM_HEAD_MAJOR;
+            const int64_t half = main_plane ? P * H * D : P * Di;
+            st[0] = 2 * half;
+            st[1] = main_plane ? (head_major ? P * D : D) : Di;
+            st[2] = main_plane && !head_major ? H * D : row;
+            run->plane_pool[p] = main_plane ? 0 : 1;
+            run->plane_off[p] = (size_t)(p % 2) * (size_t)half * es;
+            run->pool_bytes[run->plane_pool[p]] = (size_t)(pages * 2 * half) * es;
+            break;
+        }
+        default: { /* SGLang and llama.cpp: token (cell) pools, [cells][heads][dim] */
+            const int64_t heads = main_plane ? H : 1;
+            st[0] = P * heads * row;
+            st[1] = row;
+            st[2] = heads * row;
+            const size_t bytes = (size_t)(pages * P * heads * row) * es;
+            if (run->layout == MSA_CASE_LAYOUT_SGLANG) { /* a buffer per pool */
+                run->plane_pool[p] = p;
+                run->plane_off[p] = 0;
+                run->pool_bytes[p] = bytes;
+            } else { /* K before V in one buffer, index K before index V in another */
+                run->plane_pool[p] = main_plane ? 0 : 1;
+                run->plane_off[p] = (p % 2) ? round256(bytes) : 0;
+                run->pool_bytes[run->plane_pool[p]] = round256(bytes) + bytes;
+            }
+        }
+        }
+    }
+}
+
+static size_t lib_row_offset(const tk_plane *pl, int64_t page, int head, int slot)
+{
+    const size_t es = act_size(pl->dtype);
+    return (((size_t)page * (size_t)pl->heads + (size_t)head) * (size_t)pl->page_size +
+            (size_t)slot) *
+           (size_t)pl->dim * es;
+}
+
+static size_t engine_row_offset(const tk_run *run, int p, int64_t page, int head, int slot,
+                                size_t es)
+{
+    const int64_t *st = run->plane_stride[p];
+    return run->plane_off[p] +
+           (size_t)(page * st[0] + (int64_t)head * st[1] + (int64_t)slot * st[2]) * es;
+}
+
+/* Copies every row of plane p between a library-layout image and the
+ * plane's buffer image: to_engine 1 scatters lib into eng, 0 gathers. */
+static void copy_plane_rows(const tk_run *run, int p, const tk_plane *pl, uint8_t *lib,
+                            uint8_t *eng, int to_engine)
+{
+    const size_t es = act_size(pl->dtype), row = (size_t)pl->dim * es;
+    for (int64_t pg = 0; pg < pl->pages; pg++)
+        for (int h = 0; h < pl->heads; h++)
+            for (int t = 0; t < pl->page_size; t++) {
+                uint8_t *a = lib + lib_row_offset(pl, pg, h, t);
+                uint8_t *b = eng + engine_row_offset(run, p, pg, h, t, es);
+                if (to_engine)
+                    memcpy(b, a, row);
+                else
+                    memcpy(a, b, row);
+            }
+}
+
+/* The pool in the case's engine layout: buffers, then the wrapped cache. */
+static msa_status create_engine_cache(tk_run *run, const msa_case *c, const msa_cache_config *cc,
+                                      msa_case_result *res)
+{
+    if (c->kv_dtype == MSA_DTYPE_FP8_E4M3 || c->kv_dtype == MSA_DTYPE_NVFP4 ||
+        (c->sparse &&
+         (c->index_dtype == MSA_DTYPE_FP8_E4M3 || c->index_dtype == MSA_DTYPE_NVFP4))) {
+        note(res, "engine layouts hold activation formats only");
+        return MSA_ERR_INVALID_CONFIG;
+    }
+    run->layout = c->engine_layout;
+    plan_layout(run, c, cc->num_pages);
+    msa_status st = MSA_OK;
+    for (int b = 0; b < 4 && st == MSA_OK; b++)
+        if (run->pool_bytes[b])
+            st = msa_buffer_alloc(run->ctx, run->pool_bytes[b], &run->pool[b]);
+    if (call_failed(run, res, "msa_buffer_alloc", st))
+        return st;
+    msa_plane_view views[4];
+    memset(views, 0, sizeof views);
+    const int has[4] = {1, 1, c->sparse, c->sparse && c->index_value};
+    for (int p = 0; p < 4; p++) {
+        if (!has[p])
+            continue;
+        views[p].data = (char *)run->pool[run->plane_pool[p]] + run->plane_off[p];
+        views[p].page_stride = run->plane_stride[p][0];
+        views[p].head_stride = run->plane_stride[p][1];
+        views[p].token_stride = run->plane_stride[p][2];
+    }
+    st = msa_cache_wrap_strided(run->ctx, run->model, cc, views, &run->cache);
+    call_failed(run, res, "msa_cache_wrap_strided", st);
+    return st;
+}
+
 static msa_status create_model_cache(tk_run *run, const msa_case *c, int64_t num_pages,
                                      msa_case_result *res)
 {
@@ -137,9 +273,14 @@ static msa_status create_model_cache(tk_run *run, const msa_case *c, int64_t num
     cc.page_size = c->page_size;
     cc.kv_dtype = c->kv_dtype;
     cc.index_dtype = c->index_dtype;
-    st = msa_cache_create(run->ctx, run->model, &cc, &run->cache);
-    if (call_failed(run, res, "msa_cache_create", st))
-        return st;
+    if (c->engine_layout != MSA_CASE_LAYOUT_LIBRARY) {
+        if ((st = create_engine_cache(run, c, &cc, res)) != MSA_OK)
+            return st;
+    } else {
+        st = msa_cache_create(run->ctx, run->model, &cc, &run->cache);
+        if (call_failed(run, res, "msa_cache_create", st))
+            return st;
+    }
     if (c->k_scale > 0 || c->v_scale > 0 || c->index_k_scale > 0 || c->index_v_scale > 0) {
         st = msa_cache_set_scales(run->cache, 0, c->k_scale > 0 ? c->k_scale : 1.0f,
                                   c->v_scale > 0 ? c->v_scale : 1.0f,
@@ -177,11 +318,40 @@ static msa_status create_plan(tk_run *run, const msa_case *cases, int n, msa_cas
     return st;
 }
 
+static msa_status update_plan(tk_run *run, const tk_step *s, msa_case_result *res);
+
+/* The engine pool gets the step's "before" rows through the layout; the
+ * elements between rows get a pattern, so a stray write shows up. */
+static msa_status load_engine_step(tk_run *run, const tk_step *s, msa_case_result *res)
+{
+    msa_status st = MSA_OK;
+    for (int b = 0; b < 4; b++) {
+        free(run->uploaded[b]);
+        run->uploaded[b] = NULL;
+        if (!run->pool_bytes[b])
+            continue;
+        run->uploaded[b] = malloc(run->pool_bytes[b]);
+        memset(run->uploaded[b], 0xa5, run->pool_bytes[b]);
+    }
+    for (int p = 0; p < 4; p++)
+        if (s->has_plane[p])
+            copy_plane_rows(run, p, &s->plane[p], s->before[p], run->uploaded[run->plane_pool[p]],
+                            1);
+    for (int b = 0; b < 4 && st == MSA_OK; b++)
+        if (run->pool_bytes[b])
+            st = msa_copy_to_buffer(run->ctx, run->pool[b], run->uploaded[b], run->pool_bytes[b]);
+    if (call_failed(run, res, "msa_copy_to_buffer", st))
+        return st;
+    return update_plan(run, s, res);
+}
+
 /* The pool must have exactly the documented layout; it gets the step's
  * "before" image, then the plan gets the step. */
 static msa_status load_step(tk_run *run, const tk_step *s, msa_case_result *res)
 {
     msa_status st;
+    if (run->layout != MSA_CASE_LAYOUT_LIBRARY)
+        return load_engine_step(run, s, res);
     for (int p = 0; p < 4; p++) {
         size_t want = s->has_plane[p] ? tk_plane_bytes(&s->plane[p]) : 0;
         size_t got = msa_cache_plane_bytes(run->cache, 0, (msa_plane)p);
@@ -196,7 +366,12 @@ static msa_status load_step(tk_run *run, const tk_step *s, msa_case_result *res)
         if (call_failed(run, res, "msa_copy_to_buffer", st))
             return st;
     }
+    return update_plan(run, s, res);
+}
 
+static msa_status update_plan(tk_run *run, const tk_step *s, msa_case_result *res)
+{
+    msa_status st;
     msa_step step;
     memset(&step, 0, sizeof step);
     step.num_requests = s->R;
@@ -207,6 +382,34 @@ static msa_status load_step(tk_run *run, const tk_step *s, msa_case_result *res)
     step.page_table_stride = s->stride;
     st = msa_plan_update(run->plan, &step, NULL);
     call_failed(run, res, "msa_plan_update", st);
+    return st;
+}
+
+/* Reads the engine pool back: each plane's rows, gathered through the
+ * layout into the library layout's image (out->cache), and out->stray, the
+ * bytes between rows that differ from what was uploaded. */
+static msa_status read_engine_pool(tk_run *run, const tk_step *s, tk_outputs *out)
+{
+    msa_status st = MSA_OK;
+    uint8_t *got[4] = {NULL, NULL, NULL, NULL};
+    for (int b = 0; b < 4 && st == MSA_OK; b++)
+        if (run->pool_bytes[b]) {
+            got[b] = malloc(run->pool_bytes[b]);
+            st = msa_copy_from_buffer(run->ctx, got[b], run->pool[b], run->pool_bytes[b]);
+        }
+    for (int p = 0; p < 4 && st == MSA_OK; p++) {
+        if (!s->has_plane[p])
+            continue;
+        out->cache[p] = malloc(tk_plane_bytes(&s->plane[p]));
+        copy_plane_rows(run, p, &s->plane[p], out->cache[p], got[run->plane_pool[p]], 0);
+        /* What the buffer should hold: the upload with these rows put back. */
+        copy_plane_rows(run, p, &s->plane[p], out->cache[p], run->uploaded[run->plane_pool[p]], 1);
+    }
+    for (int b = 0; b < 4 && st == MSA_OK; b++)
+        for (size_t i = 0; i < run->pool_bytes[b]; i++)
+            out->stray += got[b][i] != run->uploaded[b][i];
+    for (int b = 0; b < 4; b++)
+        free(got[b]);
     return st;
 }
 
@@ -276,6 +479,12 @@ static msa_status forward(tk_run *run, const msa_case *c, const tk_step *s, msa_
     if (st == MSA_OK && out->topk)
         st = msa_copy_from_buffer(run->ctx, out->topk, io.topk,
                                   T * (size_t)L->Hkv * W * sizeof(int32_t));
+    if (run->layout != MSA_CASE_LAYOUT_LIBRARY) {
+        if (st == MSA_OK)
+            st = read_engine_pool(run, s, out);
+        call_failed(run, res, "msa_copy_from_buffer", st);
+        return st;
+    }
     for (int p = 0; p < 4 && st == MSA_OK; p++) {
         if (!s->has_plane[p])
             continue;
@@ -467,6 +676,11 @@ static void release(tk_run *run)
     msa_plan_free(run->plan);
     msa_cache_free(run->cache);
     msa_model_free(run->model);
+    for (int b = 0; b < 4; b++) {
+        if (run->pool[b])
+            msa_buffer_free(run->ctx, run->pool[b]);
+        free(run->uploaded[b]);
+    }
 }
 
 /* Cases of one sequence must describe the same layer and cache. */
@@ -480,7 +694,7 @@ static int same_setup(const msa_case *a, const msa_case *b)
            a->act_dtype == b->act_dtype && a->kv_dtype == b->kv_dtype &&
            a->index_dtype == b->index_dtype && a->k_scale == b->k_scale &&
            a->v_scale == b->v_scale && a->index_k_scale == b->index_k_scale &&
-           a->index_v_scale == b->index_v_scale;
+           a->index_v_scale == b->index_v_scale && a->engine_layout == b->engine_layout;
 }
 
 /* Folds one step's result into the sequence's: worst error, summed counts. */
@@ -533,7 +747,16 @@ int msa_case_run_sequence(msa_context *ctx, const msa_case *cases, int n, msa_ca
                    forward(&run, c, &s, res, &out) != MSA_OK) {
             ok = 0;
         } else {
-            one.cache_errors = check_cache(&s, &out);
+            one.cache_errors = check_cache(&s, &out) + (out.stray > 0);
+            if (out.stray)
+                note(res, "%ld bytes between the engine layout's rows changed", out.stray);
+            uint64_t h = res->cache_hash ? res->cache_hash : 0xcbf29ce484222325ull;
+            for (int p = 0; p < 4; p++)
+                if (s.has_plane[p])
+                    h = hash_bytes(h, out.cache[p], tk_plane_bytes(&s.plane[p]));
+            res->cache_hash = h;
+            snprintf(res->kernel, sizeof res->kernel, "%s (%s)", msa_plan_kernel_name(run.plan, 0),
+                     msa_plan_fallback_reason(run.plan, 0));
             check_outputs(c, &s, &out, &one);
             check_padding(c, &s, &out, &one);
             merge(res, &one);
@@ -547,6 +770,43 @@ int msa_case_run_sequence(msa_context *ctx, const msa_case *cases, int n, msa_ca
         judge(res);
     release(&run);
     res->seconds = now_seconds() - t0;
+    return res->passed;
+}
+
+int msa_case_run_layout_pair(msa_context *ctx, const msa_case *cases, int n, msa_case_result *res)
+{
+    msa_case_result lib;
+    memset(&lib, 0, sizeof lib);
+    msa_case_run_sequence(ctx, cases, n, res);
+    if (!res->passed || n < 1)
+        return 0;
+    msa_case *twin = malloc(sizeof *twin * (size_t)n);
+    if (!twin) {
+        res->passed = 0;
+        note(res, "out of memory");
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        twin[i] = cases[i];
+        twin[i].engine_layout = MSA_CASE_LAYOUT_LIBRARY;
+    }
+    msa_case_run_sequence(ctx, twin, n, &lib);
+    free(twin);
+    res->seconds += lib.seconds;
+    const int same_kernels = strcmp(lib.kernel, res->kernel) == 0;
+    if (!lib.passed) {
+        res->passed = 0;
+        note(res, "the library-layout run failed: %s", lib.message);
+    } else if (lib.cache_hash != res->cache_hash) {
+        res->passed = 0;
+        note(res, "cache rows differ from the library layout's");
+    } else if (same_kernels && lib.out_hash != res->out_hash) {
+        res->passed = 0;
+        note(res, "outputs differ from the library layout's (both ran %s)", res->kernel);
+    } else if (!same_kernels) {
+        note(res, "kernels differ, outputs compared with the oracle only: %s vs library %s",
+             res->kernel, lib.kernel);
+    }
     return res->passed;
 }
 

@@ -38,10 +38,32 @@ typedef struct msa_case {
     int out_offset;    /* bytes (a multiple of 4, < 64) the output `o` starts after its
                         * buffer's start: 4 keeps 4-byte alignment but not 16 */
     float k_scale, v_scale, index_k_scale, index_v_scale; /* quantized planes; 0 = 1.0 */
-    int index_period; /* >0: the cached index keys of block n >= index_period of a
+    int index_period;  /* >0: the cached index keys of block n >= index_period of a
                        * request repeat those of block n mod index_period (exact
                        * ties in pairs or more, like `msa bench`'s repeated data) */
+    int engine_layout; /* msa_case_layout: the pool lies in an engine's layout, wrapped
+                        * in place with msa_cache_wrap_strided (activation formats) */
 } msa_case;
+
+/* Cache layouts of the engines (docs/API.md), for msa_case.engine_layout.
+ * Per layer, elements of the plane's dtype:
+ *   VLLM             K/V [pages][2][P][Hkv][D], index [pages][2][P][Di]
+ *   VLLM_HEAD_MAJOR  K/V [pages][2][Hkv][P][D], index [pages][2][P][Di]
+ *   SGLANG           K, V [pages * P][Hkv][D] each, index K, V [pages * P][Di],
+ *                    every pool in a buffer of its own (page size 1 in SGLang)
+ *   LLAMA_CPP        K, V [cells][Hkv * D] each, index K, V [cells][Di]; cell =
+ *                    page * P + slot, K before V in one buffer */
+typedef enum msa_case_layout {
+    MSA_CASE_LAYOUT_LIBRARY = 0,
+    MSA_CASE_LAYOUT_VLLM,
+    MSA_CASE_LAYOUT_VLLM_HEAD_MAJOR,
+    MSA_CASE_LAYOUT_SGLANG,
+    MSA_CASE_LAYOUT_LLAMA_CPP,
+    MSA_CASE_LAYOUT_COUNT
+} msa_case_layout;
+
+/* "library", "vllm", "vllm-head-major", "sglang", "llama.cpp". */
+const char *msa_case_layout_name(int layout);
 
 typedef struct msa_case_result {
     double o_err, lse_err, idx_o_err; /* relative errors (||out-ref|| / ||ref||) */
@@ -57,6 +79,9 @@ typedef struct msa_case_result {
     double seconds;      /* wall time of the whole case */
     uint64_t out_hash;   /* hash of every step's outputs, bit for bit (o, idx_o, lse,
                           * topk of all rows) */
+    uint64_t cache_hash; /* hash of every step's cache rows after the call, read back
+                          * through the layout and laid out as the library's */
+    char kernel[160];    /* msa_plan_kernel_name and fallback reason of the last step */
 } msa_case_result;
 
 /* Runs one case on `ctx`'s backend against the oracle. Returns result->passed. */
@@ -67,6 +92,15 @@ int msa_case_run(msa_context *ctx, const msa_case *c, msa_case_result *result);
  * cases must agree on everything but their steps and seeds; each step gets
  * fresh pool contents.  The result holds the worst error over the steps. */
 int msa_case_run_sequence(msa_context *ctx, const msa_case *cases, int n, msa_case_result *result);
+
+/* Runs the steps of cases (whose engine_layout is not the library's) in
+ * their engine layout and again in the library layout, each against the
+ * oracle, and passes when both pass, the cache rows of both are the same
+ * bit for bit, and so are the outputs where both ran the same kernels
+ * (the same msa_plan_kernel_name and fallback reason; the CPU backend
+ * always does). */
+int msa_case_run_layout_pair(msa_context *ctx, const msa_case *cases, int n,
+                             msa_case_result *result);
 
 typedef struct msa_sweep_options {
     msa_backend backend;

@@ -184,7 +184,7 @@ static void then(tk_list *l, const tk_steps *st)
 static void name_entry(tk_entry *e)
 {
     const msa_case *c = &e->c[0];
-    char tags[64] = "", step[96] = "";
+    char tags[96] = "", step[96] = "";
     size_t n = 0, m = 0;
     for (int i = 0; i < e->n; i++)
         m += (size_t)snprintf(step + m, sizeof step - m, "%s%s", i ? ">" : "", e->step[i]);
@@ -199,6 +199,7 @@ static void name_entry(tk_entry *e)
     TAG(c->tie_blocks, "ties");
     TAG(c->nan_blocks, "nan");
     TAG(c->scale > 0 || c->index_scale > 0, "scales");
+    TAG(c->engine_layout, msa_case_layout_name(c->engine_layout));
 #undef TAG
     snprintf(e->name, sizeof e->name, "%s/%s/%s%s/%s-%s-%s/p%d%s", e->shape, step,
              c->sparse ? (c->score_lse ? "lse" : "max") : "dense",
@@ -650,6 +651,48 @@ static void add_cpu_prefill(tk_list *l)
     then(l, &M3_SMALL);
 }
 
+/* Engine cache layouts (msa_case.engine_layout): each case runs in the
+ * engine's layout and in the library's, and must give the same outputs and
+ * cache rows bit for bit (msa_case_run_layout_pair).  Decode, verify and
+ * prefill rows (the blocked kernels), sparse layers with and without index
+ * values, a dense layer, every activation format, packed rows (head-major
+ * pages, one KV head) and rows one token apart (token-major pages), page
+ * sizes 1 (SGLang) to 128. */
+static void add_layouts(tk_list *l)
+{
+    enum {
+        VLLM = MSA_CASE_LAYOUT_VLLM,
+        HEAD = MSA_CASE_LAYOUT_VLLM_HEAD_MAJOR,
+        SGL = MSA_CASE_LAYOUT_SGLANG,
+        LLAMA = MSA_CASE_LAYOUT_LLAMA_CPP
+    };
+    msa_case *c;
+    for (int layout = VLLM; layout <= LLAMA; layout++) {
+        const int page = layout == SGL ? 1 : 16;
+        c = add(l, 1, &SMALL, &MIXED, DTYPES[1], page, 0, 1); /* bf16, decode + prefill */
+        c->engine_layout = layout;
+        c = add(l, layout != SGL, &CPFSPLIT, &CPF_MIX, DTYPES[0], page, 1, 1); /* fp32 */
+        c->engine_layout = layout;
+        c = add(l, 0, &UNION4, &VERIFY, DTYPES[2], layout == SGL ? 1 : 32, 1, 0); /* fp16 */
+        c->engine_layout = layout;
+        c = add(l, 0, &ODD, &EXTEND, DTYPES[5], page, 0, 1); /* unaligned dims, mixed */
+        c->engine_layout = layout;
+        c = add(l, layout == HEAD, &CPFMID, &CPF_SMALL, DTYPES[1], layout == SGL ? 1 : 64, 0, 0);
+        c->engine_layout = layout;
+        c->sparse = 0; /* dense layer */
+    }
+    /* The real layer's shape with whole 128-token pages. */
+    c = add(l, 0, &M3, &M3_SMALL, DTYPES[1], 128, 0, 1);
+    c->engine_layout = VLLM;
+    c = add(l, 0, &M3, &M3_EXTEND, DTYPES[1], 128, 0, 0);
+    c->engine_layout = HEAD;
+    /* A sequence of steps on one plan over one wrapped pool. */
+    c = add(l, 1, &CPFUNION, &CPF_SMALL, DTYPES[1], 16, 0, 1);
+    c->engine_layout = LLAMA;
+    then(l, &CPF_EXT);
+    then(l, &M3_SMALL);
+}
+
 static void build(tk_list *l)
 {
     add_core(l);
@@ -666,6 +709,7 @@ static void build(tk_list *l)
     add_prefill(l);
     add_quantized_prefill(l);
     add_cpu_prefill(l);
+    add_layouts(l);
     for (int i = 0; i < l->n; i++) {
         tk_entry *e = &l->e[i];
         for (int j = 0; j < e->n; j++) {
@@ -734,7 +778,10 @@ int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *
             res.skipped = 1;
             snprintf(res.message, sizeof res.message, "no context");
         } else {
-            msa_case_run_sequence(ctx, e->c, e->n, &res);
+            if (c->engine_layout != MSA_CASE_LAYOUT_LIBRARY)
+                msa_case_run_layout_pair(ctx, e->c, e->n, &res);
+            else
+                msa_case_run_sequence(ctx, e->c, e->n, &res);
             if (opts->compare_own_pool && res.passed) {
                 msa_case_result twin;
                 memset(&twin, 0, sizeof twin);
