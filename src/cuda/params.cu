@@ -68,6 +68,11 @@ void cu_prologue_build(const msa_plan *plan, const cu_plan_state *st, int32_t la
     p->v_plane = planes[MSA_PLANE_V];
     p->index_k_plane = planes[MSA_PLANE_INDEX_K];
     p->index_v_plane = planes[MSA_PLANE_INDEX_V];
+    const msa_plane_strides *strides = cache->strides + (size_t)layer * 4;
+    p->k_strides = strides[MSA_PLANE_K];
+    p->v_strides = strides[MSA_PLANE_V];
+    p->index_k_strides = strides[MSA_PLANE_INDEX_K];
+    p->index_v_strides = strides[MSA_PLANE_INDEX_V];
     p->out = io->o;
     p->index_out = io->idx_o;
     p->lse = io->lse;
@@ -103,6 +108,7 @@ void cu_indexer_build(const msa_plan *plan, const cu_plan_state *st, int32_t lay
     p->cap_blocks = st->sz.cap_blocks;
     p->index_q = io->idx_q;
     p->index_k_plane = cache->planes[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
+    p->index_k_strides = cache->strides[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
     p->scores = st->scores;
     p->next_chunk = st->idx_next;
     p->meta = st->dev;
@@ -150,6 +156,7 @@ void cu_select_build(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     p->attention_union_blocks = attention_union_blocks;
     p->index_q = io->idx_q;
     p->index_k_plane = cache->planes[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
+    p->index_k_strides = cache->strides[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
     p->scores = st->scores;
     p->selected = st->sel;
     p->topk_ids = io->topk;
@@ -188,6 +195,8 @@ void cu_attn_build(const msa_plan *plan, const cu_plan_state *st, int32_t layer,
         p->q = io->idx_q;
         p->k_plane = planes[MSA_PLANE_INDEX_K];
         p->v_plane = planes[MSA_PLANE_INDEX_V];
+        p->k_strides = cache->strides[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
+        p->v_strides = cache->strides[(size_t)layer * 4 + MSA_PLANE_INDEX_V];
         p->out = io->idx_o;
         p->lse = NULL;
         p->sparse = 0;
@@ -201,6 +210,8 @@ void cu_attn_build(const msa_plan *plan, const cu_plan_state *st, int32_t layer,
         p->q = io->q;
         p->k_plane = planes[MSA_PLANE_K];
         p->v_plane = planes[MSA_PLANE_V];
+        p->k_strides = cache->strides[(size_t)layer * 4 + MSA_PLANE_K];
+        p->v_strides = cache->strides[(size_t)layer * 4 + MSA_PLANE_V];
         p->out = io->o;
         p->lse = io->lse;
         p->sparse = kind == CU_KIND_SPARSE;

@@ -19,6 +19,7 @@
 #define MSA_CUDA_PARAMS_CUH
 
 #include "cuda/plan.cuh"
+#include "cuda/common/plane_rows.cuh"
 
 /* What the prologue reads and writes (kernels/prologue/prologue.cu): the
  * step's K, V, index-K and index-V rows into the layer's cache planes,
@@ -42,8 +43,9 @@ typedef struct cu_prologue_params {
     int32_t rows_in_pieces;
     /* The step's rows, [tokens][heads][dim]. */
     const void *k_rows, *v_rows, *index_k_rows, *index_v_rows;
-    /* The layer's cache planes, [pages][heads][page_size][dim]. */
+    /* The layer's cache planes, rows at cu_plane_row of their strides. */
     void *k_plane, *v_plane, *index_k_plane, *index_v_plane;
+    msa_plane_strides k_strides, v_strides, index_k_strides, index_v_strides;
     /* Outputs of padding rows. */
     void *out;         /* [tokens][num_q_heads][head_dim] */
     void *index_out;   /* [tokens][num_index_heads][index_dim] (index value) */
@@ -75,8 +77,9 @@ typedef struct cu_indexer_params {
     int32_t cap_pages;         /* page-table row length */
     int32_t cap_blocks;        /* scores per (decode row, index head) */
     const void *index_q;       /* [tokens][num_index_heads][index_dim] */
-    const void *index_k_plane; /* [pages][page_size][index_dim] */
-    float *scores;             /* [decode rows][num_index_heads][cap_blocks] */
+    const void *index_k_plane; /* rows at cu_plane_row of index_k_strides */
+    msa_plane_strides index_k_strides;
+    float *scores; /* [decode rows][num_index_heads][cap_blocks] */
     /* The Hopper indexer's next on-demand chunk (put back to 0 by its last
      * draw); NULL: every share is fixed. */
     int32_t *next_chunk;
@@ -125,16 +128,17 @@ typedef struct cu_select_params {
      * selection builds every union. */
     int32_t attention_union_blocks;
     const void *index_q;       /* [tokens][num_index_heads][index_dim] */
-    const void *index_k_plane; /* [pages][page_size][index_dim] */
-    float *scores;             /* [decode rows][num_index_heads][cap_blocks] */
-    int32_t *selected;         /* [tokens][num_kv_heads][topk_width] ascending ids, -1 padded */
-    int32_t *topk_ids;         /* the caller's copy of selected, or NULL */
-    int32_t *union_ids;        /* [requests][num_kv_heads][cap_union] */
-    uint32_t *union_masks;     /* same shape: bit i = token i selected the block */
-    int32_t *union_counts;     /* [requests][num_kv_heads] */
-    int32_t *rows_done;        /* [requests][num_units] completion counters (kept 0) */
-    float *prefill_scores;     /* [prefill_ctas][index_heads_per_unit][cap_blocks] */
-    cu_meta meta;              /* the step's metadata (schedule.h) */
+    const void *index_k_plane; /* rows at cu_plane_row of index_k_strides */
+    msa_plane_strides index_k_strides;
+    float *scores;         /* [decode rows][num_index_heads][cap_blocks] */
+    int32_t *selected;     /* [tokens][num_kv_heads][topk_width] ascending ids, -1 padded */
+    int32_t *topk_ids;     /* the caller's copy of selected, or NULL */
+    int32_t *union_ids;    /* [requests][num_kv_heads][cap_union] */
+    uint32_t *union_masks; /* same shape: bit i = token i selected the block */
+    int32_t *union_counts; /* [requests][num_kv_heads] */
+    int32_t *rows_done;    /* [requests][num_units] completion counters (kept 0) */
+    float *prefill_scores; /* [prefill_ctas][index_heads_per_unit][cap_blocks] */
+    cu_meta meta;          /* the step's metadata (schedule.h) */
 #ifdef MSA_TIMELINE
     unsigned long long *tl;
 #endif
@@ -155,12 +159,13 @@ typedef struct cu_attn_params {
     float scale;
     int32_t act_dtype, kv_dtype;
     const void *q;                 /* [tokens][q_heads][head_dim] */
-    const void *k_plane, *v_plane; /* [pages][kv_heads][page_size][head_dim] */
-    void *out;                     /* [tokens][q_heads][head_dim] */
-    float *lse;                    /* [tokens][q_heads], or NULL (index-value pass) */
-    int32_t block_size;            /* key-stream block size (sparse unions) */
-    int32_t sparse;                /* keys from the unions / selection rows, else all causal keys */
-    int32_t topk_width;            /* width of a selection row */
+    const void *k_plane, *v_plane; /* rows at cu_plane_row of k_strides, v_strides */
+    msa_plane_strides k_strides, v_strides;
+    void *out;          /* [tokens][q_heads][head_dim] */
+    float *lse;         /* [tokens][q_heads], or NULL (index-value pass) */
+    int32_t block_size; /* key-stream block size (sparse unions) */
+    int32_t sparse;     /* keys from the unions / selection rows, else all causal keys */
+    int32_t topk_width; /* width of a selection row */
     /* Prefill rows run on tensor cores (attention_prefill_*), not in the
      * merge kernel. */
     int32_t prefill_on_tensor_cores;

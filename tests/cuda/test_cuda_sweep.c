@@ -9,7 +9,10 @@
  *      mixes decode requests with a prefill request;
  *   3. prefill rows (PF_CASES): the tensor-core indexer's shapes, every
  *      head mapping, prefixes, several requests, mixed steps;
- *   4. with --prefill, also the sweep's steps with prefill requests (q_len >
+ *   4. engine cache layouts (LAYOUT_CASES, msa_cache_wrap_strided) against
+ *      the library layout: cache rows bit for bit, outputs too where both
+ *      ran the same kernels;
+ *   5. with --prefill, also the sweep's steps with prefill requests (q_len >
  *      16: the prefill rows' kernels), e.g. --prefill --filter pf for the
  *      cases at head dim 128 that the tensor-core prefill kernel serves.
  *   test_cuda_sweep [--quick] [--prefill] [--filter TEXT] [--cpu] [--shard I/N]
@@ -780,6 +783,112 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
     return 1;
 }
 
+/* Engine cache layouts (msa_cache_wrap_strided) in the real layer's shape:
+ * each case runs in the engine's layout and in the library layout, and
+ * the cache rows must match bit for bit, the outputs too where both ran
+ * the same kernels (fp32 activations: the SIMT kernels on both). */
+typedef struct layout_case {
+    const char *name;
+    int layout; /* msa_case_layout */
+    msa_dtype act;
+    int page, index_value, quick;
+    int nreq;
+    int q[CASE_REQS], kv[CASE_REQS];
+} layout_case;
+
+static const layout_case LAYOUT_CASES[] = {
+    {"layout vllm bf16 P16 decode+prefill",
+     MSA_CASE_LAYOUT_VLLM,
+     MSA_DTYPE_BF16,
+     16,
+     1,
+     1,
+     3,
+     {1, 4, 300},
+     {9000, 2100, 1300}},
+    {"layout vllm-head-major bf16 P128",
+     MSA_CASE_LAYOUT_VLLM_HEAD_MAJOR,
+     MSA_DTYPE_BF16,
+     128,
+     0,
+     1,
+     2,
+     {1, 40},
+     {20000, 700}},
+    {"layout sglang bf16 P1",
+     MSA_CASE_LAYOUT_SGLANG,
+     MSA_DTYPE_BF16,
+     1,
+     1,
+     1,
+     2,
+     {1, 8},
+     {5000, 900}},
+    {"layout llama.cpp fp16 P32",
+     MSA_CASE_LAYOUT_LLAMA_CPP,
+     MSA_DTYPE_FP16,
+     32,
+     0,
+     0,
+     2,
+     {2, 100},
+     {7000, 400}},
+    {"layout vllm fp32 P16 (same kernels)",
+     MSA_CASE_LAYOUT_VLLM,
+     MSA_DTYPE_FP32,
+     16,
+     1,
+     1,
+     2,
+     {1, 20},
+     {3000, 300}},
+};
+
+static int run_layout(msa_context *ctx, const layout_case *lc, int *passed, int *failed)
+{
+    msa_case c;
+    memset(&c, 0, sizeof c);
+    c.name = lc->name;
+    c.Hq = 64;
+    c.Hkv = 4;
+    c.D = 128;
+    c.Hi = 4;
+    c.Di = 128;
+    c.block = 128;
+    c.topk = 16;
+    c.local_blocks = 1;
+    c.sparse = 1;
+    c.index_value = lc->index_value;
+    c.page_size = lc->page;
+    c.act_dtype = lc->act;
+    c.kv_dtype = lc->act;
+    c.index_dtype = lc->act;
+    c.num_requests = lc->nreq;
+    c.q_len = lc->q;
+    c.kv_len = lc->kv;
+    c.padding_rows = 2;
+    c.shuffle_pages = 1;
+    c.write_cache = 1;
+    c.seed = 0x1a70u + (uint64_t)lc->layout * 7919u + (uint64_t)lc->page;
+    c.engine_layout = lc->layout;
+    msa_case_result res;
+    memset(&res, 0, sizeof res);
+    msa_case_run_layout_pair(ctx, &c, 1, &res);
+    printf("%-40s %s  o %.2e  lse %.2e  idx_o %.2e  ids %ld  %.1fs %s\n", lc->name,
+           res.skipped  ? "SKIP"
+           : res.passed ? "ok  "
+                        : "FAIL",
+           res.o_err, res.lse_err, res.idx_o_err, res.topk_mismatches, res.seconds, res.message);
+    fflush(stdout);
+    if (res.skipped)
+        return 0;
+    if (res.passed)
+        ++*passed;
+    else
+        ++*failed;
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     int quick = 0, prefill = 0, shard = 0, shards = 1;
@@ -872,6 +981,15 @@ int main(int argc, char **argv)
             if (selected++ % shards != shard)
                 continue;
             if (!run_pf(ctx, pc, &passed, &failed))
+                ++skipped;
+        }
+        for (size_t i = 0; i < sizeof LAYOUT_CASES / sizeof LAYOUT_CASES[0]; ++i) {
+            const layout_case *lc = &LAYOUT_CASES[i];
+            if ((quick && !lc->quick) || (filter && !strstr(lc->name, filter)))
+                continue;
+            if (selected++ % shards != shard)
+                continue;
+            if (!run_layout(ctx, lc, &passed, &failed))
                 ++skipped;
         }
         msa_context_free(ctx);

@@ -30,9 +30,14 @@ __device__ __forceinline__ void cu_row_init(cu_row_state &st, const cu_attn_para
     st.l = 0.0f;
 }
 
-/* Adds key/value row at element offset `off` of the planes. */
+/* Element offsets of one key's K row and V row. */
+struct cu_kv_rows {
+    int64_t k, v;
+};
+
+/* Adds the key/value rows at element offsets `off` of the planes. */
 __device__ __forceinline__ void cu_row_add(cu_row_state &st, const cu_attn_params &params,
-                                           int64_t off)
+                                           cu_kv_rows off)
 {
     const int lane = threadIdx.x & 31;
     float s = 0.0f;
@@ -40,7 +45,7 @@ __device__ __forceinline__ void cu_row_add(cu_row_state &st, const cu_attn_param
     for (int e = 0; e < ATT_SIMT_VEC; ++e) {
         const int d = lane + 32 * e;
         if (d < params.head_dim)
-            s = fmaf(st.q[e], cu_load(params.k_plane, params.kv_dtype, off + d), s);
+            s = fmaf(st.q[e], cu_load(params.k_plane, params.kv_dtype, off.k + d), s);
     }
     s = cu_warp_sum(s) * params.scale;
     const float m_new = fmaxf(st.m, s);
@@ -53,7 +58,7 @@ __device__ __forceinline__ void cu_row_add(cu_row_state &st, const cu_attn_param
         const int d = lane + 32 * e;
         if (d < params.head_dim)
             st.acc[e] =
-                fmaf(p, cu_load(params.v_plane, params.kv_dtype, off + d), st.acc[e] * corr);
+                fmaf(p, cu_load(params.v_plane, params.kv_dtype, off.v + d), st.acc[e] * corr);
     }
 }
 
@@ -90,14 +95,18 @@ __device__ __forceinline__ void cu_row_write_part(const cu_row_state &st,
         prow[params.head_dim] = st.l > 0.0f ? st.m + logf(st.l) : -INFINITY;
 }
 
-__device__ __forceinline__ int64_t cu_plane_off(const cu_attn_params &params, int32_t r, int32_t g,
-                                                int32_t pos)
+/* Element offsets of the K row and the V row of request r's key `pos`
+ * for KV head g. */
+__device__ __forceinline__ cu_kv_rows cu_plane_off(const cu_attn_params &params, int32_t r,
+                                                   int32_t g, int32_t pos)
 {
     const int32_t page =
         cu_page_of(params.meta.page_table, params.cap_pages, r, pos, params.log_page_size);
-    return (((int64_t)page * params.kv_heads + g) * params.page_size +
-            (pos & (params.page_size - 1))) *
-           params.head_dim;
+    const int32_t slot = pos & (params.page_size - 1);
+    cu_kv_rows rows;
+    rows.k = cu_plane_row(params.k_strides, page, g, slot);
+    rows.v = cu_plane_row(params.v_strides, page, g, slot);
+    return rows;
 }
 
 /* Prefill rows (requests with q_len > 16): one warp per (token, query head)

@@ -26,7 +26,7 @@ __device__ __forceinline__ float cu_warp_block_score(const Params &params, int32
         const int32_t page =
             cu_page_of(params.meta.page_table, params.cap_pages, r, j, params.log_page_size);
         const int64_t koff =
-            ((int64_t)page * params.page_size + (j & (params.page_size - 1))) * params.index_dim;
+            cu_plane_row(params.index_k_strides, page, 0, j & (params.page_size - 1));
         float s = 0.0f;
         for (int32_t d = 0; d < params.index_dim; ++d)
             s = fmaf(cu_load(params.index_q, params.act_dtype, qoff + d),

@@ -45,8 +45,7 @@ __device__ __forceinline__ void cu_prologue_row_vec(const cu_prologue_params &p,
             const int32_t v = e >= nkv;
             const int32_t x = e - v * nkv;
             const int32_t h = x / pk, c = x - h * pk;
-            const int64_t d =
-                ((((int64_t)page * p.num_kv_heads + h) * p.page_size + slot) * p.head_dim) / 8 + c;
+            const int64_t d = cu_plane_row(v ? p.v_strides : p.k_strides, page, h, slot) / 8 + c;
             const int64_t sidx = (((int64_t)t * p.num_kv_heads + h) * p.head_dim) / 8 + c;
             src = (const uint4 *)(v ? p.v_rows : p.k_rows) + sidx;
             dst = (uint4 *)(v ? p.v_plane : p.k_plane) + d;
@@ -54,7 +53,8 @@ __device__ __forceinline__ void cu_prologue_row_vec(const cu_prologue_params &p,
             const int32_t x = e - 2 * nkv;
             const int32_t w = x >= nidx; /* index value */
             const int32_t c = x - w * nidx;
-            const int64_t d = (((int64_t)page * p.page_size + slot) * p.index_dim) / 8 + c;
+            const int64_t d =
+                cu_plane_row(w ? p.index_v_strides : p.index_k_strides, page, 0, slot) / 8 + c;
             src = (const uint4 *)(w ? p.index_v_rows : p.index_k_rows) + (int64_t)t * pi + c;
             dst = (uint4 *)(w ? p.index_v_plane : p.index_k_plane) + d;
         }
@@ -101,8 +101,7 @@ __global__ void __launch_bounds__(256, 8) cu_prologue_kernel(cu_prologue_params 
                     const int32_t x = e - v * nkv;
                     const int32_t h = x / p.head_dim, d = x - h * p.head_dim;
                     const int64_t dst =
-                        (((int64_t)page * p.num_kv_heads + h) * p.page_size + slot) * p.head_dim +
-                        d;
+                        cu_plane_row(v ? p.v_strides : p.k_strides, page, h, slot) + d;
                     const int64_t src = ((int64_t)t * p.num_kv_heads + h) * p.head_dim + d;
                     if (v)
                         cu_copy_elem(p.v_plane, p.kv_dtype, dst, p.v_rows, p.act_dtype, src);
@@ -112,7 +111,8 @@ __global__ void __launch_bounds__(256, 8) cu_prologue_kernel(cu_prologue_params 
                     const int32_t x = e - 2 * nkv;
                     const int32_t w = x >= nidx; /* index value */
                     const int32_t d = x - w * nidx;
-                    const int64_t dst = ((int64_t)page * p.page_size + slot) * p.index_dim + d;
+                    const int64_t dst =
+                        cu_plane_row(w ? p.index_v_strides : p.index_k_strides, page, 0, slot) + d;
                     const int64_t src = (int64_t)t * p.index_dim + d;
                     if (w)
                         cu_copy_elem(p.index_v_plane, p.index_dtype, dst, p.index_v_rows,
