@@ -370,6 +370,56 @@ class Cache(_Owned):
         self._own(out.value, "msa_cache_free", model._handle)
         self._mc = model.config
 
+    @classmethod
+    def wrap(cls, ctx, model, views, num_pages, page_size, kv_dtype="bf16", index_dtype="bf16",
+             keep=None):
+        """msa_cache_wrap_strided: a cache over an engine's own memory, read
+        and written in place.  views maps (layer, kind) to (address,
+        page_stride, head_stride, token_stride), strides in elements (every
+        plane the model's layers have; msa.adapters.wrap_cache builds it
+        from tensors).  keep: objects the cache keeps alive (the engine's
+        tensors).  The library checks the strides (msa.Error otherwise)."""
+        if not isinstance(ctx, Context) or not isinstance(model, Model):
+            raise ValueError("Cache.wrap(ctx, model, ...) takes an msa.Context and an msa.Model")
+        if model.context is not ctx:
+            raise ValueError("the model belongs to another context")
+        lib = _ffi.lib()
+        cc = _ffi.CacheConfig()
+        lib.msa_cache_config_default(ctypes.byref(cc))
+        cc.num_pages = _int_arg(num_pages, "num_pages")
+        cc.page_size = _int_arg(page_size, "page_size")
+        cc.kv_dtype = _enum(_ffi.DTYPES, kv_dtype, "kv_dtype")
+        cc.index_dtype = _enum(_ffi.DTYPES, index_dtype, "index_dtype")
+        mc = model.config
+        arr = (_ffi.PlaneView * (4 * mc.num_layers))()
+        strides = {}
+        for (layer, kind), view in views.items():
+            layer = _int_arg(layer, "layer")
+            if not 0 <= layer < mc.num_layers:
+                raise ValueError("views name layer %d of a %d-layer model" % (layer,
+                                                                              mc.num_layers))
+            i = layer * 4 + _enum(_ffi.PLANES, kind, "plane kind")
+            address, page, head, token = (int(x) for x in view)
+            arr[i].data = address
+            arr[i].page_stride, arr[i].head_stride, arr[i].token_stride = page, head, token
+            strides[(layer, kind)] = (page, head, token)
+        out = ctypes.c_void_p()
+        ctx._check(lib.msa_cache_wrap_strided(ctx._ptr, model._ptr, ctypes.byref(cc), arr,
+                                              ctypes.byref(out)))
+        self = cls.__new__(cls)
+        self.context = ctx
+        self.model = model
+        self._own(out.value, "msa_cache_free", model._handle)
+        self._mc = mc
+        self._strides = strides
+        self._keep = keep
+        return self
+
+    def _strided(self, layer, kind):
+        """The strides a wrapped plane was given; None in the library layout."""
+        s = getattr(self, "_strides", {}).get((layer, kind))
+        return None if s is None or s == (0, 0, 0) else s
+
     @property
     def config(self):
         """dict: num_pages, page_size, kv_dtype, index_dtype."""
@@ -411,6 +461,11 @@ class Cache(_Owned):
             dtype = cfg["index_dtype"]
         return Plane(lib.msa_cache_plane_data(self._ptr, layer, k), int(nbytes), shape, dtype)
 
+    def _library_layout(self, layer, kind, what):
+        if self._strided(self._layer(layer), kind):
+            raise ValueError("%s: plane %s of layer %d lies in an engine's layout (Cache.wrap); "
+                             "read or write the engine's tensor instead" % (what, kind, layer))
+
     def _host_array(self, p):
         dt = _NUMPY_DTYPES.get(p.dtype)
         if dt is None or int(np.prod(p.shape)) * dt.itemsize != p.nbytes:
@@ -421,6 +476,7 @@ class Cache(_Owned):
         """A NumPy copy of the plane (bf16 as uint16), through
         msa_copy_from_buffer, so it works for both backends."""
         p = self.plane(layer, kind)
+        self._library_layout(layer, kind, "read_plane")
         dt, shape = self._host_array(p)
         out = np.empty(shape, dtype=dt)
         self.context._check(
@@ -457,7 +513,17 @@ class Cache(_Owned):
             buf = (ctypes.c_uint8 * p.nbytes).from_address(p.address)
             raw = torch.frombuffer(buf, dtype=torch.uint8)
         itemsize = torch.empty((), dtype=dt).element_size() if dt is not None else 0
-        if dt is None or int(np.prod(p.shape)) * itemsize != p.nbytes:
+        st = self._strided(self._layer(layer), kind)
+        if st is not None and dt is not None:
+            # The plane's rows where the engine keeps them: a strided view
+            # of the library layout's shape.
+            page, head, token = st
+            elems = raw.view(dt)
+            if kind in ("k", "v"):
+                t = elems.as_strided(p.shape, (page, head, token, 1))
+            else:
+                t = elems.as_strided(p.shape, (page, token, 1))
+        elif dt is None or int(np.prod(p.shape)) * itemsize != p.nbytes:
             t = raw
         else:
             t = raw.view(dt).view(p.shape)
@@ -468,6 +534,7 @@ class Cache(_Owned):
         """Copies a NumPy array of the plane's shape and element type (bf16:
         uint16 or ml_dtypes.bfloat16) into the plane."""
         p = self.plane(layer, kind)
+        self._library_layout(layer, kind, "write_plane")
         dt, shape = self._host_array(p)
         if not isinstance(array, np.ndarray):
             raise ValueError("write_plane takes a NumPy array")

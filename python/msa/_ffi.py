@@ -69,6 +69,15 @@ class ModelConfig(ctypes.Structure):
     ]
 
 
+class PlaneView(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("page_stride", ctypes.c_int64),
+        ("head_stride", ctypes.c_int64),
+        ("token_stride", ctypes.c_int64),
+    ]
+
+
 class CacheConfig(ctypes.Structure):
     _fields_ = [
         ("num_pages", ctypes.c_int64),
@@ -169,6 +178,8 @@ PROTOTYPES = {
     "msa_model_topk_width": (_I32, [_P]),
     "msa_cache_config_default": (None, [ctypes.POINTER(CacheConfig)]),
     "msa_cache_create": (_ST, [_P, _P, ctypes.POINTER(CacheConfig), _PP]),
+    "msa_cache_wrap_strided": (_ST, [_P, _P, ctypes.POINTER(CacheConfig), ctypes.POINTER(PlaneView),
+                                     _PP]),
     "msa_cache_free": (None, [_P]),
     "msa_cache_get_config": (None, [_P, ctypes.POINTER(CacheConfig)]),
     "msa_cache_plane_bytes": (_SZ, [_P, _I32, ctypes.c_int]),

@@ -14,14 +14,17 @@ ValueError that names the first entry that breaks it.
   (slot = page * P + offset), which SGLang's paged allocator guarantees and
   its page-size-1 allocator does only when msa's page size is 1.
 
-The cache itself: msa's planes are [pages][Hkv][P][D] (index planes
-[pages][P][Di]) and the C API has no strided planes yet, so msa cannot attend
-over an engine's own cache tensors in place.  An engine either lets msa own
-the cache of its MSA layers (forward with write_cache=True writes the step's
-keys and values; the engine allocates no KV tensors for those layers and
-gives msa's page ids to its block manager), or keeps its own layout and
-copies into msa's planes: copy_into_cache() does that copy, for every page
-or for the pages a step wrote.
+The cache itself: msa attends over the engine's own cache tensors in place.
+wrap_vllm_cache wraps vLLM's per-layer [pages, 2, P, Hkv, D] caches (K and V
+interleaved per page, token-major; head_major=True for [pages, 2, Hkv, P,
+D]), wrap_sglang_cache SGLang's per-layer [tokens, Hkv, D] pools, and
+wrap_cache any tensors in the layouts "msa", "nhd" or "tokens": each builds
+an msa.Cache over the engine's memory through msa_cache_wrap_strided (the
+strides are the tensors' own), so forward's cache writes land in the
+engine's tensors and the attention reads them there, with no copy.  An
+engine whose cache is in none of these layouts can still copy into msa's
+planes: copy_into_cache() does that copy, for every page or for the pages
+a step wrote.
 
 Every function takes NumPy arrays, sequences or torch tensors (CPU or CUDA;
 metadata is copied to the host, once per step, outside CUDA graph capture).
@@ -34,7 +37,7 @@ import numpy as np
 from . import _core
 
 __all__ = ["Step", "copy_into_cache", "step_from_block_table", "step_from_req_to_token",
-           "written_pages"]
+           "wrap_cache", "wrap_sglang_cache", "wrap_vllm_cache", "written_pages"]
 
 Step = collections.namedtuple("Step", "q_len kv_len page_table num_tokens")
 Step.__doc__ = """One step for Plan.update: int32 q_len [R], kv_len [R],
@@ -203,7 +206,152 @@ def written_pages(step, page_size):
     return sorted(out)
 
 
-# ---- the one copy: an engine's cache layout into msa's planes ---------------------
+# ---- an engine's cache, wrapped in place ------------------------------------------
+
+
+def _address_and_strides(name, x):
+    """Address, element strides and element type of an array or tensor."""
+    torch = _core._torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        kind = _core._TORCH_KINDS.get(str(x.dtype).replace("torch.", ""), str(x.dtype))
+        return x.data_ptr(), tuple(x.stride()), kind, x.dim()
+    if isinstance(x, np.ndarray):
+        size = x.dtype.itemsize
+        if any(s % size for s in x.strides) or any(s < 0 for s in x.strides):
+            raise ValueError("%s has strides %s, not whole non-negative elements" % (name,
+                                                                                    x.strides))
+        return x.ctypes.data, tuple(s // size for s in x.strides), _core._np_kind(x.dtype), x.ndim
+    raise ValueError("%s must be a NumPy array or a torch.Tensor, not %s" % (name,
+                                                                            type(x).__name__))
+
+
+def _plane_view(name, x, kind, layout, page_size, dims):
+    """(address, page, head, token strides), pages and element type of one
+    plane held by x in `layout` ("msa", "nhd", "tokens"); dims: the row
+    shape (Hkv, D) of K and V, (Di,) of index planes."""
+    address, st, dt, ndim = _address_and_strides(name, x)
+    kv = kind in ("k", "v")
+    shape = tuple(x.shape)
+    if layout == "tokens":
+        want = (None,) + dims
+    elif kv:
+        want = (None, dims[0], page_size, dims[1]) if layout == "msa" else (
+            None, page_size, dims[0], dims[1])
+    else:
+        want = (None, page_size, dims[0])
+    if ndim != len(want) or any(w is not None and w != n for w, n in zip(want, shape)):
+        raise ValueError("%s must have shape [pages or slots]%s in layout %r, not %s" % (
+            name, "".join("[%d]" % d for d in want[1:]), layout, list(shape)))
+    if st[-1] != 1:
+        raise ValueError("%s: the elements of a row must be consecutive (last stride %d)" % (
+            name, st[-1]))
+    if layout == "tokens":
+        pages = shape[0] // page_size
+        page, token = st[0] * page_size, st[0]
+        head = st[1] if kv else 0
+    elif kv and layout == "msa":
+        pages, page, head, token = shape[0], st[0], st[1], st[2]
+    elif kv:
+        pages, page, token, head = shape[0], st[0], st[1], st[2]
+    else:
+        pages, page, head, token = shape[0], st[0], 0, st[1]
+    return (address, page, head, token), pages, dt
+
+
+def wrap_cache(ctx, model, planes, layout, page_size):
+    """An msa.Cache over an engine's tensors, read and written in place
+    (msa_cache_wrap_strided).  planes maps (layer, kind) to a tensor or
+    array for every plane the model's layers have ("k" and "v" of every
+    layer, "index_k" of sparse layers, "index_v" of index-value layers).
+    layout: "msa" [pages][Hkv][P][D], "nhd" [pages][P][Hkv][D] or "tokens"
+    [slots][Hkv][D] (slot = page * P + offset), index planes [pages][P][Di]
+    or [slots][Di]; any strides of the leading dimensions (such as K and V
+    views of one interleaved tensor), the last one 1.  The pool has the
+    fewest pages any plane holds; every plane of a kind holds one element
+    type.  The cache keeps the tensors alive; with the CUDA backend they are
+    device tensors, with the CPU backend host ones."""
+    if layout not in _LAYOUTS:
+        raise ValueError("layout must be one of %s, not %r" % (", ".join(sorted(_LAYOUTS)),
+                                                              layout))
+    p = _core._int_arg(page_size, "page_size")
+    mc = model.config
+    views, pages, dtypes = {}, [], {}
+    for (layer, kind), x in planes.items():
+        kv = kind in ("k", "v")
+        dims = (mc.num_kv_heads, mc.head_dim) if kv else (mc.index_dim,)
+        name = "plane %s of layer %d" % (kind, layer)
+        view, n, dt = _plane_view(name, x, kind, layout, p, dims)
+        group = "kv" if kv else "index"
+        if dtypes.setdefault(group, dt) != dt:
+            raise ValueError("%s holds %s; other %s planes hold %s" % (name, dt, group,
+                                                                        dtypes[group]))
+        views[(layer, kind)] = view
+        pages.append(n)
+    if not pages or min(pages) < 1:
+        raise ValueError("the planes hold no whole page of %d tokens" % p)
+    return _core.Cache.wrap(ctx, model, views, min(pages), p, kv_dtype=dtypes["kv"],
+                            index_dtype=dtypes.get("index", dtypes["kv"]),
+                            keep=list(planes.values()))
+
+
+def wrap_vllm_cache(ctx, model, kv_caches, index_caches=None, head_major=False):
+    """An msa.Cache over vLLM-style caches, in place: kv_caches[l] is layer
+    l's [pages][2][P][Hkv][D] tensor (K then V in each page, token-major;
+    head_major=True: [pages][2][Hkv][P][D]); index_caches[l] (sparse layers,
+    None for dense ones) is [pages][2][P][Di] (index K, then index V for
+    index-value layers) or [pages][P][Di] (index K alone)."""
+    mc = model.config
+    if len(kv_caches) != mc.num_layers:
+        raise ValueError("kv_caches has %d layers; the model %d" % (len(kv_caches),
+                                                                   mc.num_layers))
+    first = kv_caches[0]
+    if first.ndim != 5 or first.shape[1] != 2:
+        raise ValueError("kv_caches[0] must be [pages][2][...] (5-D), not %s" % list(first.shape))
+    P = first.shape[3] if head_major else first.shape[2]
+    planes = {}
+    for layer, kvc in enumerate(kv_caches):
+        planes[(layer, "k")] = kvc[:, 0]
+        planes[(layer, "v")] = kvc[:, 1]
+        ic = index_caches[layer] if index_caches is not None else None
+        if model.layer_is_sparse(layer):
+            if ic is None:
+                raise ValueError("layer %d is sparse: index_caches[%d] is required" % (layer,
+                                                                                      layer))
+            pair = ic.ndim == 4
+            planes[(layer, "index_k")] = ic[:, 0] if pair else ic
+            if model.layer_has_index_value(layer):
+                if not pair:
+                    raise ValueError("layer %d keeps an index value: index_caches[%d] must be "
+                                     "[pages][2][P][Di]" % (layer, layer))
+                planes[(layer, "index_v")] = ic[:, 1]
+    return wrap_cache(ctx, model, planes, "msa" if head_major else "nhd", P)
+
+
+def wrap_sglang_cache(ctx, model, k_buffers, v_buffers, index_k_buffers=None,
+                      index_v_buffers=None, page_size=1):
+    """An msa.Cache over SGLang-style token pools, in place: k_buffers[l],
+    v_buffers[l] are layer l's [slots][Hkv][D] pools, index_k_buffers[l]
+    (sparse layers) and index_v_buffers[l] (index-value layers) [slots][Di];
+    slot = page * page_size + offset, so page_size 1 serves SGLang's
+    token-by-token allocator and a larger one its paged allocator
+    (step_from_req_to_token checks the tables)."""
+    mc = model.config
+    planes = {}
+    for layer in range(mc.num_layers):
+        planes[(layer, "k")] = k_buffers[layer]
+        planes[(layer, "v")] = v_buffers[layer]
+        for kind, bufs, needed in (("index_k", index_k_buffers, model.layer_is_sparse(layer)),
+                                   ("index_v", index_v_buffers,
+                                    model.layer_has_index_value(layer))):
+            if not needed:
+                continue
+            if bufs is None or bufs[layer] is None:
+                raise ValueError("layer %d needs its %s pool" % (layer, kind))
+            planes[(layer, kind)] = bufs[layer]
+    return wrap_cache(ctx, model, planes, "tokens", page_size)
+
+
+# ---- the copy: an engine's cache layout into msa's planes --------------------------
 
 _LAYOUTS = {
     # name: (what it is, dims of one K or V tensor)

@@ -31,6 +31,7 @@ if np is not None and os.environ.get("MSA_TEST_INSTALLED") != "1":
 
 if np is not None:
     import msa
+    import msa.adapters as adapters
     from msa import _ffi
 
 
@@ -409,6 +410,171 @@ class TestSmallShapes(unittest.TestCase):
         finally:
             a.close()
             b.close()
+
+
+# ---- engine caches wrapped in place -------------------------------------------------
+
+
+def _engine_values(rng, shape, act):
+    x = rng.integers(-8, 9, shape) / 8.0 + rng.standard_normal(shape) / 64.0
+    return bf16_round(x) if act == "bf16" else x.astype(np.float32)
+
+
+@unittest.skipIf(np is None, "NumPy is not installed")
+class TestEngineCaches(unittest.TestCase):
+    """An engine's cache wrapped in place (msa.adapters.wrap_*) gives the
+    outputs of the copy path (copy_into_cache into msa's own planes) bit
+    for bit, and the engine's tensors end up holding what the copied
+    cache's planes hold."""
+
+    PAGES = 24
+
+    def run_both(self, act, page_size, engine, planes_of, wrap):
+        ctx = msa.Context("cpu", num_threads=2)
+        try:
+            model = msa.Model(ctx, small_config())
+            mc = model.config
+            rng = np.random.default_rng(11)
+            eng = engine(mc, rng)
+            # The copy path: msa's own cache, filled from the engine's arrays.
+            copied = msa.Cache(ctx, model, num_pages=self.PAGES, page_size=page_size,
+                               kv_dtype=act, index_dtype=act)
+            for (layer, kind), (src, layout) in planes_of(eng).items():
+                adapters.copy_into_cache(copied, layer, kind, src, layout)
+            # The wrapped path: the library reads and writes a copy of them.
+            mine = {n: [None if a is None else a.copy() for a in arrs] for n, arrs in eng.items()}
+            wrapped = wrap(ctx, model, mine)
+            tables = [[5, 17, 2, 9, 11, 0, 3, 21, 14, 7, 19, 4, 8, 1, 12, 6, 10, 13, 15, 16][:],
+                      [18, 20, 22, 23]]
+            per_page = max(1, 4 // page_size)
+            tables = [sum(([p * per_page + i for i in range(per_page)] for p in t), [])
+                      for t in tables] if page_size < 4 else tables
+            steps = [([20, 1], [20, 9], 23), ([1, 3], [21, 12], 4)]
+            outs = {}
+            for name, cache in (("copied", copied), ("wrapped", wrapped)):
+                plan = msa.Plan(ctx, model, cache, act_dtype=act)
+                s_rng = np.random.default_rng(5)
+                res = []
+                for q_len, kv_len, T in steps:
+                    need = [-(-k // page_size) for k in kv_len]
+                    plan.update(q_len, kv_len, [t[:n] for t, n in zip(tables, need)],
+                                num_tokens=T)
+                    arrays, _ = make_inputs(mc, s_rng, act, T)
+                    for layer in range(mc.num_layers):
+                        iv = model.layer_has_index_value(layer)
+                        dt = np.uint16 if act == "bf16" else np.float32
+                        idx_o = np.empty((T, mc.num_index_heads, mc.index_dim), dt) if iv else None
+                        lse = np.empty((T, mc.num_q_heads), np.float32)
+                        o = plan.forward(layer, arrays["q"], arrays["k"], arrays["v"],
+                                         arrays["idx_q"], arrays["idx_k"], arrays["idx_v"],
+                                         idx_o=idx_o, lse=lse)
+                        res += [o, lse] + ([idx_o] if iv else [])
+                outs[name] = res
+                plan.close()
+            self.assertEqual(len(outs["copied"]), len(outs["wrapped"]))
+            for a, b in zip(outs["copied"], outs["wrapped"]):
+                np.testing.assert_array_equal(a, b)
+            # The engine's arrays after the steps, laid out as msa's planes,
+            # hold what the copied cache holds.
+            back = msa.Cache(ctx, model, num_pages=self.PAGES, page_size=page_size,
+                             kv_dtype=act, index_dtype=act)
+            for (layer, kind), (src, layout) in planes_of(mine).items():
+                adapters.copy_into_cache(back, layer, kind, src, layout)
+                np.testing.assert_array_equal(back.read_plane(layer, kind),
+                                              copied.read_plane(layer, kind))
+                with self.assertRaises(ValueError):
+                    wrapped.read_plane(layer, kind)  # the engine's tensor holds it
+            self.assertTrue(any((a != b).any() for a, b in zip(
+                [x for arrs in eng.values() for x in arrs if x is not None],
+                [x for arrs in mine.values() for x in arrs if x is not None])),
+                "the forwards wrote into the engine's arrays")
+        finally:
+            ctx.close()
+
+    def vllm(self, act, head_major):
+        P = 4
+
+        def engine(mc, rng):
+            H, D, Di = mc.num_kv_heads, mc.head_dim, mc.index_dim
+            kv_shape = (self.PAGES, 2, H, P, D) if head_major else (self.PAGES, 2, P, H, D)
+            return {"kv": [_engine_values(rng, kv_shape, act) for _ in range(2)],
+                    "idx": [None, _engine_values(rng, (self.PAGES, 2, P, Di), act)]}
+
+        def planes_of(eng):
+            lay = "msa" if head_major else "nhd"
+            out = {}
+            for layer in range(2):
+                out[(layer, "k")] = (eng["kv"][layer][:, 0], lay)
+                out[(layer, "v")] = (eng["kv"][layer][:, 1], lay)
+            out[(1, "index_k")] = (eng["idx"][1][:, 0], "nhd")
+            out[(1, "index_v")] = (eng["idx"][1][:, 1], "nhd")
+            return out
+
+        def wrap(ctx, model, eng):
+            return adapters.wrap_vllm_cache(ctx, model, eng["kv"], eng["idx"],
+                                            head_major=head_major)
+
+        self.run_both(act, P, engine, planes_of, wrap)
+
+    def test_vllm_token_major(self):
+        self.vllm("fp32", head_major=False)
+
+    def test_vllm_token_major_bf16(self):
+        self.vllm("bf16", head_major=False)
+
+    def test_vllm_head_major(self):
+        self.vllm("fp32", head_major=True)
+
+    def test_sglang_page_size_1(self):
+        P, slots = 1, self.PAGES * 4
+
+        def engine(mc, rng):
+            H, D, Di = mc.num_kv_heads, mc.head_dim, mc.index_dim
+            return {"k": [_engine_values(rng, (slots, H, D), "bf16") for _ in range(2)],
+                    "v": [_engine_values(rng, (slots, H, D), "bf16") for _ in range(2)],
+                    "ik": [None, _engine_values(rng, (slots, Di), "bf16")],
+                    "iv": [None, _engine_values(rng, (slots, Di), "bf16")]}
+
+        def planes_of(eng):
+            out = {}
+            for layer in range(2):
+                out[(layer, "k")] = (eng["k"][layer], "tokens")
+                out[(layer, "v")] = (eng["v"][layer], "tokens")
+            out[(1, "index_k")] = (eng["ik"][1], "tokens")
+            out[(1, "index_v")] = (eng["iv"][1], "tokens")
+            return out
+
+        def wrap(ctx, model, eng):
+            return adapters.wrap_sglang_cache(ctx, model, eng["k"], eng["v"], eng["ik"],
+                                              eng["iv"], page_size=P)
+
+        self.PAGES = slots  # page size 1: one slot per page
+        self.run_both("bf16", P, engine, planes_of, wrap)
+
+    def test_bad_strides_are_refused(self):
+        ctx = msa.Context("cpu", num_threads=1)
+        try:
+            model = msa.Model(ctx, small_config())
+            mc = model.config
+            kv = [np.zeros((8, 2, 4, mc.num_kv_heads, mc.head_dim), np.float32)] * 2
+            idx = [None, np.zeros((8, 2, 4, mc.index_dim), np.float32)]
+            # K and V of a layer on the same rows: K's heads overlap its tokens.
+            bad = {(l, k): (kv[l][:, 0], "nhd") for l in range(2) for k in ("k", "v")}
+            views = {}
+            for (l, k), (x, _) in bad.items():
+                addr = x.ctypes.data
+                views[(l, k)] = (addr, x.strides[0] // 4, mc.head_dim, mc.head_dim)
+            views[(1, "index_k")] = (idx[1].ctypes.data, 2 * 4 * mc.index_dim, 0, mc.index_dim)
+            views[(1, "index_v")] = (idx[1].ctypes.data + 4 * 4 * mc.index_dim,
+                                     2 * 4 * mc.index_dim, 0, mc.index_dim)
+            with self.assertRaises(msa.Error) as e:
+                msa.Cache.wrap(ctx, model, views, 8, 4, "fp32", "fp32")
+            self.assertIn("overlap", str(e.exception))
+            with self.assertRaises(ValueError):
+                adapters.wrap_vllm_cache(ctx, model, kv, [None, None])  # layer 1 is sparse
+            self.assertIsNotNone(adapters.wrap_vllm_cache(ctx, model, kv, idx))
+        finally:
+            ctx.close()
 
 
 # ---- configs, errors, lifetimes --------------------------------------------------
