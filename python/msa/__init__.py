@@ -15,7 +15,8 @@ computation happens in the library.
 Beside the package: msa.torch_ops (imports torch) registers the custom op
 torch.ops.msa.forward for torch.compile and CUDA graphs; msa.adapters
 builds steps from vLLM block tables and SGLang req_to_token tables and
-copies an engine's cache layout into msa's planes.
+wraps an engine's cache tensors in place (or copies them into msa's
+planes).
 
 The library is found, in order, at $MSA_LIBRARY, in msa/_lib/ (where an
 installed wheel keeps it) and in the build folders of the source tree
