@@ -487,6 +487,46 @@ class TestAdapters(unittest.TestCase):
         finally:
             s.close()
 
+    def test_vllm_cache_wrapped_in_place(self):
+        """vLLM's [pages, 2, P, Hkv, D] caches wrapped in place: forward
+        writes the step into the engine's tensors and gives the outputs of
+        msa's own cache filled by copy_into_cache, bit for bit."""
+        a = Setup("bf16", num_pages=8, page_size=4)
+        try:
+            g = torch.Generator().manual_seed(9)
+            kv = [torch.randn(8, 2, 4, 2, 16, generator=g).to(torch.bfloat16) for _ in range(2)]
+            idx = [None, torch.randn(8, 2, 4, 8, generator=g).to(torch.bfloat16)]
+            for layer in range(2):
+                adapters.copy_into_cache(a.cache, layer, "k", kv[layer][:, 0], "nhd")
+                adapters.copy_into_cache(a.cache, layer, "v", kv[layer][:, 1], "nhd")
+            adapters.copy_into_cache(a.cache, 1, "index_k", idx[1][:, 0], "nhd")
+            adapters.copy_into_cache(a.cache, 1, "index_v", idx[1][:, 1], "nhd")
+            mine_kv = [t.clone() for t in kv]
+            mine_idx = [None, idx[1].clone()]
+            cache = adapters.wrap_vllm_cache(a.ctx, a.model, mine_kv, mine_idx)
+            # The wrapped planes as tensors: strided views of the engine's.
+            self.assertTrue(torch.equal(cache.tensor(0, "k"), mine_kv[0][:, 0].transpose(1, 2)))
+            self.assertEqual(cache.tensor(0, "k").data_ptr(), mine_kv[0].data_ptr())
+            plan = msa.Plan(a.ctx, a.model, cache, act_dtype="bf16")
+            x = a.inputs(14, seed=3)
+            for p in (a.plan, plan):
+                p.update([10, 4], [14, 6], [[3, 6, 1, 0], [7, 2]])
+            for layer in range(2):
+                oa, ob = a.outputs(14), a.outputs(14)
+                for p, o in ((a.plan, oa), (plan, ob)):
+                    p.forward(layer, x["q"], x["k"], x["v"], x["idx_q"], x["idx_k"], x["idx_v"],
+                              o=o["o"], idx_o=o["idx_o"] if layer else None, lse=o["lse"])
+                for k in ("o", "lse") + (("idx_o",) if layer else ()):
+                    self.assertTrue(torch.equal(oa[k], ob[k]), (layer, k))
+            for layer in range(2):
+                self.assertTrue(torch.equal(a.cache.tensor(layer, "v"),
+                                            mine_kv[layer][:, 1].transpose(1, 2)), layer)
+            self.assertTrue(torch.equal(a.cache.tensor(1, "index_v"), mine_idx[1][:, 1]))
+            self.assertFalse(torch.equal(mine_kv[1], kv[1]), "the step was written in place")
+            plan.close()
+        finally:
+            a.close()
+
     def test_engine_cache_then_forward_without_cache_write(self):
         """An engine that keeps its own token-major cache (SGLang's layout),
         writes the step there and copies the written pages into msa's cache:
