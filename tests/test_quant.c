@@ -525,7 +525,17 @@ static void test_cpu_dequant_levels(void)
                 for (size_t b = 0; b < bytes; b++)
                     data[b] = (uint8_t)(b < 256 ? (int)b : tk_rng_below(&rng, 256));
                 for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++) {
-                    const cpu_plane pl = {data, dt, HEADS, dim, P, scales[si]};
+                    /* The library layout's strides, in elements (nvfp4 rows are
+                     * found by their own arithmetic). */
+                    const cpu_plane pl = {data,
+                                          dt,
+                                          HEADS,
+                                          dim,
+                                          P,
+                                          scales[si],
+                                          (int64_t)HEADS * P * dim,
+                                          (int64_t)P * dim,
+                                          dim};
                     long bad = 0;
                     for (int32_t head = 0; head < HEADS; head++)
                         for (int32_t j0 = 0; j0 < ROWS; j0 += 5) {

@@ -124,7 +124,10 @@ static void cu_ws_layout_of(const msa_plan *plan, const cu_ctx_state *cs, const 
      * it, 16-bit activations and K/V planes alike (the Hopper prefill
      * kernel's conditions), a plan that can hold a prefill request. */
     const msa_dtype act = plan->params.act_dtype;
-    const int pfk = any_sparse && cs->pf_kbm && sz->pf_blocks_cap > 0 &&
+    int lib_sparse = 0; /* a sparse layer in the library layout (the tensor maps') */
+    for (int32_t l = 0; l < cfg->num_layers && !lib_sparse; ++l)
+        lib_sparse = m->layer_sparse[l] && msa_cache_layer_is_library_layout(plan->cache, l);
+    const int pfk = lib_sparse && cs->pf_kbm && sz->pf_blocks_cap > 0 &&
                     sz->pf_tiles_cap[0] > 0 &&
                     (act == MSA_DTYPE_BF16 || act == MSA_DTYPE_FP16) &&
                     plan->cache->cfg.kv_dtype == act &&
