@@ -252,9 +252,8 @@ __device__ __forceinline__ void cu_pfk_release_v(const cu_pfk_smem_t &sm, const 
         /* Seen by the products (async proxy). */
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
-    __syncwarp();
-    if (lane == 0)
-        cu_mbar_arrive(&sm.v_ready[pd.s]);
+    /* Every lane releases its own writes (the barrier counts 32). */
+    cu_mbar_arrive(&sm.v_ready[pd.s]);
 }
 
 __device__ void cu_pfk_producer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
@@ -274,11 +273,14 @@ __device__ void cu_pfk_producer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
         const int4 e1 = lane + 32 < it.w ? p.ws.ent[it.z + lane + 32] : none;
         if (gs >= PFK_STAGES)
             cu_mbar_wait(&sm.empty[s], par ^ 1u);
-        /* Published with the slot: the K barrier's phase completes after
-         * lane 0's arrival, which follows these writes. */
+        /* Published with the slot: every lane arrives on the K barrier
+         * after its own writes (the barrier counts the warp's 32 lanes and
+         * lane 0's copies). */
         sm.ent[s * CU_PFK_ITEM_TOKENS + lane] = e0;
         sm.ent[s * CU_PFK_ITEM_TOKENS + lane + 32] = e1;
         __syncwarp();
+        if (lane != 0)
+            cu_mbar_arrive(&sm.full_k[s]);
         if (lane == 0) {
             sm.meta[s] = make_int4(it.z, it.w, 0, 0);
             const int32_t row = (it.y * p.hkv + it.x) * PFH_KEYS;
@@ -482,9 +484,9 @@ __global__ void __launch_bounds__(PFK_THREADS, 1)
     if (threadIdx.x == 0) {
         const cu_pfk_smem_t sm = cu_pfk_smem_of(smem_raw);
         for (int s = 0; s < PFK_STAGES; ++s) {
-            cu_mbar_init(&sm.full_k[s], 1);
+            cu_mbar_init(&sm.full_k[s], 32);
             cu_mbar_init(&sm.full_v[s], 1);
-            cu_mbar_init(&sm.v_ready[s], 1);
+            cu_mbar_init(&sm.v_ready[s], 32);
             cu_mbar_init(&sm.empty[s], PFK_EMPTY_ARRIVALS);
         }
         cu_mbar_fence_init();
