@@ -659,6 +659,41 @@ static const pf_case PF_CASES[] = {
      1},
 };
 
+/* Prints a case's line and counts it; returns 0 when it was skipped. */
+static int report_case(const char *name, const msa_case_result *res, int *passed, int *failed)
+{
+    printf("%-40s %s  o %.2e  lse %.2e  idx_o %.2e  ids %ld  unwritten %ld  %.1fs %s\n", name,
+           res->skipped  ? "SKIP"
+           : res->passed ? "ok  "
+                         : "FAIL",
+           res->o_err, res->lse_err, res->idx_o_err, res->topk_mismatches, res->unwritten,
+           res->seconds, res->message);
+    fflush(stdout);
+    if (res->skipped)
+        return 0;
+    if (res->passed)
+        ++*passed;
+    else
+        ++*failed;
+    return 1;
+}
+
+/* The M3 sparse layer's shape (64 query heads on 4 KV heads of 128, 4
+ * index heads of 128, blocks of 128, top 16 and one local block). */
+static void m3_sparse_shape(msa_case *c)
+{
+    c->Hq = 64;
+    c->Hkv = 4;
+    c->D = 128;
+    c->Hi = 4;
+    c->Di = 128;
+    c->block = 128;
+    c->topk = 16;
+    c->init_blocks = 0;
+    c->local_blocks = 1;
+    c->sparse = 1;
+}
+
 static int run_pf(msa_context *ctx, const pf_case *pc, int *passed, int *failed)
 {
     msa_case c;
@@ -698,20 +733,7 @@ static int run_pf(msa_context *ctx, const pf_case *pc, int *passed, int *failed)
     } else {
         msa_case_run(ctx, &c, &res);
     }
-    printf("%-40s %s  o %.2e  lse %.2e  idx_o %.2e  ids %ld  unwritten %ld  %.1fs %s\n", pc->name,
-           res.skipped  ? "SKIP"
-           : res.passed ? "ok  "
-                        : "FAIL",
-           res.o_err, res.lse_err, res.idx_o_err, res.topk_mismatches, res.unwritten, res.seconds,
-           res.message);
-    fflush(stdout);
-    if (res.skipped)
-        return 0;
-    if (res.passed)
-        ++*passed;
-    else
-        ++*failed;
-    return 1;
+    return report_case(pc->name, &res, passed, failed);
 }
 
 static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *failed)
@@ -719,17 +741,8 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
     msa_case c;
     memset(&c, 0, sizeof c);
     c.name = lc->name;
-    c.Hq = 64;
-    c.Hkv = 4;
-    c.D = 128;
-    c.Hi = 4;
-    c.Di = 128;
-    c.block = 128;
-    c.topk = 16;
-    c.init_blocks = 0;
-    c.local_blocks = 1;
+    m3_sparse_shape(&c);
     c.score_lse = lc->lse;
-    c.sparse = 1;
     c.index_value = lc->index_value;
     c.page_size = lc->page;
     c.act_dtype = lc->act;
@@ -767,20 +780,7 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
     } else {
         msa_case_run(ctx, &c, &res);
     }
-    printf("%-40s %s  o %.2e  lse %.2e  idx_o %.2e  ids %ld  unwritten %ld  %.1fs %s\n", lc->name,
-           res.skipped  ? "SKIP"
-           : res.passed ? "ok  "
-                        : "FAIL",
-           res.o_err, res.lse_err, res.idx_o_err, res.topk_mismatches, res.unwritten, res.seconds,
-           res.message);
-    fflush(stdout);
-    if (res.skipped)
-        return 0;
-    if (res.passed)
-        ++*passed;
-    else
-        ++*failed;
-    return 1;
+    return report_case(lc->name, &res, passed, failed);
 }
 
 /* Engine cache layouts (msa_cache_wrap_strided) in the real layer's shape:
@@ -849,15 +849,7 @@ static int run_layout(msa_context *ctx, const layout_case *lc, int *passed, int 
     msa_case c;
     memset(&c, 0, sizeof c);
     c.name = lc->name;
-    c.Hq = 64;
-    c.Hkv = 4;
-    c.D = 128;
-    c.Hi = 4;
-    c.Di = 128;
-    c.block = 128;
-    c.topk = 16;
-    c.local_blocks = 1;
-    c.sparse = 1;
+    m3_sparse_shape(&c);
     c.index_value = lc->index_value;
     c.page_size = lc->page;
     c.act_dtype = lc->act;
@@ -874,19 +866,7 @@ static int run_layout(msa_context *ctx, const layout_case *lc, int *passed, int 
     msa_case_result res;
     memset(&res, 0, sizeof res);
     msa_case_run_layout_pair(ctx, &c, 1, &res);
-    printf("%-40s %s  o %.2e  lse %.2e  idx_o %.2e  ids %ld  %.1fs %s\n", lc->name,
-           res.skipped  ? "SKIP"
-           : res.passed ? "ok  "
-                        : "FAIL",
-           res.o_err, res.lse_err, res.idx_o_err, res.topk_mismatches, res.seconds, res.message);
-    fflush(stdout);
-    if (res.skipped)
-        return 0;
-    if (res.passed)
-        ++*passed;
-    else
-        ++*failed;
-    return 1;
+    return report_case(lc->name, &res, passed, failed);
 }
 
 int main(int argc, char **argv)
