@@ -12,11 +12,14 @@
  *               kv_len would otherwise reach O as 0 x NaN) and releases V;
  *   warps 0-7   two consumer warpgroups; group h takes the item's token
  *               tiles h, h + 2, ... (a tile is 64 rows: 64 / g tokens x g
- *               heads).  Per tile: Q rows from global memory into
- *               registers, S = Q K^T (wgmma), the causal mask (keys after
- *               the token's position, in its own block only), one softmax
- *               over the block's 128 keys, O = P V (wgmma), and the
- *               normalized partial row and its LSE to the workspace.
+ *               heads).  Per tile: its Q rows copied (cp.async, one tile
+ *               ahead) into one of the group's two tile buffers, S = Q K^T
+ *               (wgmma, both operands in shared memory), the causal mask
+ *               (keys after the token's position, in its own block only),
+ *               one softmax over the block's 128 keys, O = P V (wgmma, P
+ *               from registers), and the normalized partial rows (staged
+ *               in the tile buffer, written in 16-byte pieces) and their
+ *               LSE to the workspace.
  * Each partial row is written by exactly one tile, so the outputs do not
  * depend on the order in which the count kernel's atomics placed the
  * entries in their lists.
