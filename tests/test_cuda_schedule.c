@@ -381,6 +381,34 @@ static void check_units(const msa_model *model, const cu_sched_sizes *sz, const 
  * with q_len > CU_DEC_MAX_Q in exactly one tile, a tile at most tt
  * consecutive tokens of one request at their positions, within the list's
  * capacity, a request's later tiles first. */
+/* The prefill requests' blocks laid end to end (the key-block-major
+ * attention's list keys): each prefill request's first block, -1 for the
+ * others, the total in the header and within the sized capacity. */
+static void check_pf_blocks(const msa_plan *plan, const cu_sched_sizes *sz, const cu_meta *h)
+{
+    const int32_t B = plan->model->cfg.block_size;
+    int32_t blocks = 0;
+    for (int32_t r = 0; r < plan->num_requests; ++r) {
+        if (plan->q_len[r] > CU_DEC_MAX_Q) {
+            EXPECT(h->pf_blk0[r] == blocks, "request %d: first prefill block %d, want %d", r,
+                   h->pf_blk0[r], blocks);
+            blocks += (plan->kv_len[r] + B - 1) / B;
+        } else {
+            EXPECT(h->pf_blk0[r] == -1, "request %d (q_len %d): first prefill block %d, want -1",
+                   r, plan->q_len[r], h->pf_blk0[r]);
+        }
+    }
+    EXPECT(h->hdr->n_pf_blocks == blocks, "header: %d prefill blocks, want %d",
+           h->hdr->n_pf_blocks, blocks);
+    /* A plan of a sparse model that can hold a prefill request sizes the
+     * lists; one that cannot hold one sees none. */
+    if (sz->pf_tiles_cap[0] > 0 && cu_sched_any_layer(plan->model, 1, 0))
+        EXPECT(sz->pf_blocks_cap > 0 && blocks <= sz->pf_blocks_cap,
+               "%d prefill blocks, capacity %d", blocks, sz->pf_blocks_cap);
+    else
+        EXPECT(blocks == 0, "%d prefill blocks in a plan without prefill capacity", blocks);
+}
+
 static void check_pf_tiles(const msa_plan *plan, const cu_sched_sizes *sz, const cu_meta *h,
                            int list, int32_t g, const char *what)
 {
@@ -498,6 +526,7 @@ static void run_case(msa_model *model, const sched_case *sc, unsigned seed)
     check_kind(&plan, &sz, &h, CU_KIND_SPARSE, cfg->num_kv_heads, model->group, on_tma, "sparse");
     check_units(model, &sz, &h, on_tma);
     check_rows(&plan, &h);
+    check_pf_blocks(&plan, &sz, &h);
     check_pf_tiles(&plan, &sz, &h, CU_PFA_MAIN, model->group, "prefill tiles");
     if (model->layer_index_value[0] || (cfg->num_layers > 1 && model->layer_index_value[1]))
         check_pf_tiles(&plan, &sz, &h, CU_PFA_IV, cfg->num_index_heads,
