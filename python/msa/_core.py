@@ -267,6 +267,48 @@ class ModelConfig:
         c.index_softmax_scale = float(self.index_softmax_scale)
         return c, keep
 
+    def for_rank(self, rank, size, ctx=None):
+        """The config of tensor-parallel rank `rank` of `size` ranks and
+        where its heads lie (msa_model_config_for_rank): returns
+        (ModelConfig, TpShard).  The rank holds query heads
+        [shard.q_head_begin, + num_q_heads) of this config, and its KV and
+        index heads likewise; every other field is this config's.  A split
+        the library refuses (a head count that `size` does not divide, a
+        rank outside [0, size)) raises msa.Error with the library's
+        message.  `ctx` (optional) is the context whose last_error gets
+        that message; without one a short-lived CPU context is used."""
+        rank = _int_arg(rank, "rank")
+        size = _int_arg(size, "size")
+        for what, v in (("rank", rank), ("size", size)):
+            if not -(2**31) <= v < 2**31:
+                raise ValueError("%s = %d does not fit in int32" % (what, v))
+        if ctx is not None and not isinstance(ctx, Context):
+            raise ValueError("ctx must be an msa.Context or None")
+        c, keep = self._to_c()
+        out = _ffi.ModelConfig()
+        shard = _ffi.TpShard()
+        own = ctx is None
+        if own:
+            ctx = Context("cpu", num_threads=1)
+        try:
+            ctx._check(_ffi.lib().msa_model_config_for_rank(
+                ctx._ptr, ctypes.byref(c), rank, size, ctypes.byref(out), ctypes.byref(shard)))
+            # The output's layer arrays point into `keep`: read them now.
+            config = ModelConfig._from_c(out)
+        finally:
+            if own:
+                ctx.close()
+        del keep
+        return config, TpShard(*(int(getattr(shard, f)) for f in TpShard._fields))
+
+
+TpShard = collections.namedtuple(
+    "TpShard", "q_head_begin kv_head_begin index_head_begin kv_replicas index_replicas")
+TpShard.__doc__ = """Where one tensor-parallel rank's heads lie among the full
+model's (msa_tp_shard): the first query, KV and index head it holds, and on
+how many ranks each of its KV heads and index heads is held (1: on this rank
+only)."""
+
 
 class Model(_Owned):
     """msa_model: the layer shapes and per-layer flags, made from a

@@ -69,6 +69,16 @@ class ModelConfig(ctypes.Structure):
     ]
 
 
+class TpShard(ctypes.Structure):
+    _fields_ = [
+        ("q_head_begin", ctypes.c_int32),
+        ("kv_head_begin", ctypes.c_int32),
+        ("index_head_begin", ctypes.c_int32),
+        ("kv_replicas", ctypes.c_int32),
+        ("index_replicas", ctypes.c_int32),
+    ]
+
+
 class PlaneView(ctypes.Structure):
     _fields_ = [
         ("data", ctypes.c_void_p),
@@ -176,6 +186,8 @@ PROTOTYPES = {
     "msa_model_layer_is_sparse": (ctypes.c_int, [_P, _I32]),
     "msa_model_layer_has_index_value": (ctypes.c_int, [_P, _I32]),
     "msa_model_topk_width": (_I32, [_P]),
+    "msa_model_config_for_rank": (_ST, [_P, ctypes.POINTER(ModelConfig), _I32, _I32,
+                                        ctypes.POINTER(ModelConfig), ctypes.POINTER(TpShard)]),
     "msa_cache_config_default": (None, [ctypes.POINTER(CacheConfig)]),
     "msa_cache_create": (_ST, [_P, _P, ctypes.POINTER(CacheConfig), _PP]),
     "msa_cache_wrap_strided": (_ST, [_P, _P, ctypes.POINTER(CacheConfig), ctypes.POINTER(PlaneView),

@@ -915,6 +915,79 @@ class TestLifetimes(unittest.TestCase):
         self.assertEqual(self.order(ptrs), self.ORDER)
 
 
+@unittest.skipIf(np is None, "NumPy is not installed")
+class TestTensorParallel(unittest.TestCase):
+    """ModelConfig.for_rank (msa_model_config_for_rank): each rank's heads,
+    shares that tile the full model, and refused splits."""
+
+    def test_m3_sizes(self):
+        full = msa.ModelConfig.default()
+        for size in (1, 2, 4, 8, 64):
+            q_heads = []
+            for rank in range(size):
+                rc, sh = full.for_rank(rank, size)
+                kv = max(4 // size, 1)
+                self.assertEqual((rc.num_q_heads, rc.num_kv_heads, rc.num_index_heads),
+                                 (64 // size, kv, kv), (rank, size))
+                rep = max(size // 4, 1)
+                self.assertEqual(sh, msa.TpShard(rank * (64 // size), rank * kv // rep,
+                                                 rank * kv // rep, rep, rep), (rank, size))
+                q_heads += range(sh.q_head_begin, sh.q_head_begin + rc.num_q_heads)
+                # Every other field is the full config's.
+                for f in ("num_layers", "head_dim", "index_dim", "block_size", "topk_blocks",
+                          "init_blocks", "local_blocks", "score_type", "layer_sparse",
+                          "layer_index_value"):
+                    self.assertEqual(getattr(rc, f), getattr(full, f), f)
+            self.assertEqual(q_heads, list(range(64)), size)
+
+    def test_rank_model_keeps_layers(self):
+        full = small_config()  # 4 query, 2 KV, 2 index heads; layers [dense, sparse + iv]
+        rc, sh = full.for_rank(1, 2)
+        self.assertEqual((rc.num_q_heads, rc.num_kv_heads, rc.num_index_heads), (2, 1, 1))
+        self.assertEqual(sh, msa.TpShard(2, 1, 1, 1, 1))
+        self.assertEqual(rc.layer_sparse, [0, 1])
+        self.assertEqual(rc.layer_index_value, [0, 1])
+        with msa.Context("cpu", num_threads=1) as ctx:
+            m = msa.Model(ctx, rc)
+            self.assertEqual(m.config.num_q_heads, 2)
+            self.assertTrue(m.layer_has_index_value(1))
+            self.assertEqual(m.topk_width, 3)
+
+    def test_refused_splits(self):
+        full = msa.ModelConfig.default()
+        with msa.Context("cpu", num_threads=1) as ctx:
+            with self.assertRaises(msa.Error) as e:
+                full.for_rank(0, 3, ctx=ctx)
+            self.assertEqual(e.exception.status_name, "MSA_ERR_INVALID_CONFIG")
+            self.assertIn("num_attention_heads (64) is not a multiple of the tensor-parallel "
+                          "size (3)", e.exception.message)
+            self.assertEqual(ctx.last_error, e.exception.message)
+        with self.assertRaises(msa.Error) as e:
+            full.for_rank(0, 128)
+        self.assertEqual(e.exception.status_name, "MSA_ERR_INVALID_CONFIG")
+        # 12 query heads split in 2, but 3 KV heads over 2 ranks do not.
+        odd = msa.ModelConfig(num_q_heads=12, num_kv_heads=3, num_index_heads=3)
+        with self.assertRaises(msa.Error) as e:
+            odd.for_rank(1, 2)
+        self.assertEqual(e.exception.status_name, "MSA_ERR_INVALID_CONFIG")
+        self.assertIn("num_key_value_heads (3)", e.exception.message)
+        for rank, size in ((-1, 2), (2, 2), (0, 0), (0, -4)):
+            with self.assertRaises(msa.Error) as e:
+                full.for_rank(rank, size)
+            self.assertEqual(e.exception.status_name, "MSA_ERR_INVALID_ARGUMENT", (rank, size))
+            self.assertIn("need 0 <= rank < size", e.exception.message)
+        for rank, size in ((0.0, 2), (0, "2"), (True, 2), (0, 2**31)):
+            with self.assertRaises(ValueError):
+                full.for_rank(rank, size)
+        with self.assertRaises(ValueError):
+            full.for_rank(0, 2, ctx="cpu")
+        # A config the library refuses as a whole is refused here too.
+        bad = msa.ModelConfig(num_q_heads=6, num_kv_heads=4)
+        with self.assertRaises(msa.Error) as e:
+            bad.for_rank(0, 2)
+        self.assertEqual(e.exception.status_name, "MSA_ERR_INVALID_CONFIG")
+
+
 # ---- the program ------------------------------------------------------------------
 
 
