@@ -221,10 +221,16 @@ class MsaAttention:
     prefill steps and one with fixed limits for decode steps (so that a CUDA
     graph captured on one decode step replays on the next)."""
 
-    def __init__(self, config_path, cfg, dtype, device, num_pages, page_size, max_batch, max_len):
+    def __init__(self, config_path, cfg, dtype, device, num_pages, page_size, max_batch, max_len,
+                 msa_config=None, num_threads=0):
         backend = "cuda" if device.type == "cuda" else "cpu"
-        self.ctx = msa.Context(backend, device=device.index or 0)
-        self.model = msa.Model.from_json(self.ctx, config_path)
+        self.ctx = msa.Context(backend, num_threads=num_threads, device=device.index or 0)
+        # The model of config.json, or a given msa.ModelConfig (a
+        # tensor-parallel rank's share of the heads).
+        if msa_config is not None:
+            self.model = msa.Model(self.ctx, msa_config)
+        else:
+            self.model = msa.Model.from_json(self.ctx, config_path)
         act = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
         self.cache = msa.Cache(self.ctx, self.model, num_pages=num_pages, page_size=page_size,
                                kv_dtype=act, index_dtype=act)
