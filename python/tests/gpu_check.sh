@@ -7,12 +7,15 @@
 #      capture of torch.ops.msa.forward replayed over plan updates, the tiny
 #      model with CUDA graph decode);
 #   3. runs python/examples/tiny_m3.py --device cuda (fp32 and bf16, CUDA
-#      graphs for decode), then once more without CUDA graphs.
+#      graphs for decode), then once more without CUDA graphs;
+#   4. runs python/tests/test_tp.py (two ranks over gloo on the CPU, and
+#      over nccl where there are two GPUs) and, with two GPUs or more,
+#      python/examples/tiny_m3_tp.py on two GPUs under torchrun.
 # Needs python3 with torch (CUDA) and NumPy, cmake and nvcc.  Where cJSON is
 # not installed, build-deps/*.deb (libcjson1, libcjson-dev) are unpacked
 # and used, as bench/final_round.sh does.  Logs in $OUT (default
 # gpu-check-out/): build.log, test_msa.log, test_torch.log, tiny_m3.log,
-# summary.txt.  Exits non-zero when a step fails.
+# test_tp.log, tiny_m3_tp.log, summary.txt.  Exits non-zero when a step fails.
 #
 # Usage (repository root): OUT=dir python/tests/gpu_check.sh
 #        OUT=dir SKIP_BUILD=1 python/tests/gpu_check.sh   (reuse the build)
@@ -83,7 +86,15 @@ step "tiny_m3.py --device cuda" tiny_m3.log 300 \
     python3 "$ROOT/python/examples/tiny_m3.py" --device cuda --new-tokens 32
 step "tiny_m3.py --device cuda, no graphs" tiny_m3.log 300 \
     python3 "$ROOT/python/examples/tiny_m3.py" --device cuda --new-tokens 32 --no-cuda-graph
+step "python/tests/test_tp.py" test_tp.log 300 python3 "$ROOT/python/tests/test_tp.py"
+if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+    step "tiny_m3_tp.py, 2 GPUs (nccl)" tiny_m3_tp.log 300 \
+        python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+        "$ROOT/python/examples/tiny_m3_tp.py" --device cuda --new-tokens 32
+else
+    echo "tiny_m3_tp.py, 2 GPUs (nccl)          skipped: fewer than two GPUs" | tee -a "$SUMMARY"
+fi
 grep -h -E "passed, .* failed|identical tokens|max rel err|tokens/s|^OK|FAILED|kernels" \
-    "$OUT"/test_*.log "$OUT"/tiny_m3.log >>"$SUMMARY" 2>/dev/null
+    "$OUT"/test_*.log "$OUT"/tiny_m3.log "$OUT"/tiny_m3_tp.log >>"$SUMMARY" 2>/dev/null
 cat "$SUMMARY"
 exit $failed
