@@ -644,6 +644,13 @@ static void add_cpu_prefill(tk_list *l)
     c->sparse = 0;
     c = add(l, 1, &CPFODD, &CPF_MIX, DTYPES[0], 16, 0, 0);
     c->sparse = 0;
+    /* bf16 throughout (the bf16 dot-product kernels where the CPU has
+     * them): head dims that are not a multiple of the register block,
+     * rows copied from small pages, 1-key blocks (odd key tiles) and a
+     * group of 320 heads. */
+    add(l, 1, &CPFODD, &CPF_MIX, DTYPES[1], 8, 1, 1);
+    add(l, 1, &CPFB1, &CPF_B1, DTYPES[1], 2, 0, 1);
+    add(l, 1, &CPFHUGEG, &CPF_SMALL, DTYPES[1], 16, 0, 1);
     /* A chunked prefill on one plan: the prompt, then more on its prefix,
      * then decode rows. */
     add(l, 1, &CPFUNION, &CPF_SMALL, DTYPES[0], 16, 0, 1);

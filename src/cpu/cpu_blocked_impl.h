@@ -207,6 +207,10 @@ static float bk_row_exp_sum(float *restrict x, int32_t n, float m)
     return sum;
 }
 
+#if MSA_CPU_HAVE_BF16_DOT
+#include "cpu/cpu_blocked_bf16_impl.h"
+#endif
+
 /* ---- index scan ------------------------------------------------------ */
 
 /* Block scores of chunk c, blocks [b0, b1), as blocked products of the
@@ -243,10 +247,20 @@ static void score_blocked(select_job *job, int64_t c, int32_t b0, int32_t b1, fl
 
     const char *q_src = (const char *)job->io->idx_q +
                         ch->row0 * Hi * Di * (int64_t)msa_dtype_size(job->io->act_dtype);
-    level_convert(q, q_src, job->io->act_dtype, (int64_t)rows * Di);
-    for (int32_t r = 0; r < rows; r++)
-        idx[r] = r;
-    bk_pack_rows(qp, q, idx, rows, Di);
+    /* bf16 queries and index keys: bf16 dot products on pairs packed from
+     * the stored values (q and kt then hold bf16, qp and kp pairs). */
+    const int bf16 = MSA_CPU_HAVE_BF16_DOT && job->io->act_dtype == MSA_DTYPE_BF16 &&
+                     ik.dtype == MSA_DTYPE_BF16 && Di % 2 == 0;
+#if MSA_CPU_HAVE_BF16_DOT
+    if (bf16)
+        bk16_pack((uint32_t *)qp, (const uint16_t *)q_src, NULL, rows, Di, BK_MR);
+#endif
+    if (!bf16) {
+        level_convert(q, q_src, job->io->act_dtype, (int64_t)rows * Di);
+        for (int32_t r = 0; r < rows; r++)
+            idx[r] = r;
+        bk_pack_rows(qp, q, idx, rows, Di);
+    }
     const int64_t p_last = ch->pos0 + ch->n - 1;
     float *out = cp->scores + ch->score_off;
 
@@ -258,8 +272,16 @@ static void score_blocked(select_job *job, int64_t c, int32_t b0, int32_t b1, fl
         for (int64_t j0 = blk0; j0 <= blk1; j0 += TW) {
             const int32_t nk = (int32_t)(blk1 - j0 + 1 < TW ? blk1 - j0 + 1 : TW);
             const int32_t nkp = bk_round_up(nk, BK_NR);
-            level_load_rows(kt, &ik, pt, 0, j0, nk);
-            bk_pack_keys(kp, kt, nk, Di);
+            if (!bf16) {
+                level_load_rows(kt, &ik, pt, 0, j0, nk);
+                bk_pack_keys(kp, kt, nk, Di);
+            }
+#if MSA_CPU_HAVE_BF16_DOT
+            else {
+                msa_cpu_copy_rows(kt, &ik, pt, 0, j0, nk);
+                bk16_pack((uint32_t *)kp, (const uint16_t *)kt, NULL, nk, Di, BK_NR);
+            }
+#endif
             /* Rows of tokens before j0 see none of these keys; the first
              * token's rows are the first rows, so a prefix of panels can
              * be skipped. */
@@ -267,7 +289,15 @@ static void score_blocked(select_job *job, int64_t c, int32_t b0, int32_t b1, fl
             while (r0 < rows && ch->pos0 + r0 / Hi < j0)
                 r0++;
             r0 = r0 / BK_MR * BK_MR;
-            bk_scores(sb + (int64_t)r0 * TWP, TWP, qp + (int64_t)r0 * Di, rows - r0, kp, nkp, Di);
+#if MSA_CPU_HAVE_BF16_DOT
+            if (bf16)
+                bk16_scores(sb + (int64_t)r0 * TWP, TWP,
+                            (const uint32_t *)qp + (int64_t)r0 * (Di / 2), rows - r0,
+                            (const uint32_t *)kp, nkp, Di);
+            else
+#endif
+                bk_scores(sb + (int64_t)r0 * TWP, TWP, qp + (int64_t)r0 * Di, rows - r0, kp, nkp,
+                          Di);
             for (int32_t rr = r0; rr < rows; rr++) {
                 const int64_t pos = ch->pos0 + rr / Hi;
                 if (pos < j0)
@@ -448,7 +478,8 @@ static void attn_blocked(attn_job *job, int64_t item, float *scratch)
 
     /* scratch: qs [rows][D] | acc [rows][DP] | m, l [rows] | kt [TW+MR][D]
      *          | vt [TW][DP] | qp [LDR][D] | st [TW+MR][LDR] | mc, lc, corr,
-     *          vis [LDR] | dummy [DP] | act [LDR] | union ids | cursors */
+     *          vis [LDR] | dummy [DP] | act [LDR] | union ids | cursors
+     * (bf16 products use the same regions for narrower data: see below) */
     float *qs = scratch;
     float *acc = qs + (int64_t)rows * D;
     float *mrow = acc + (int64_t)rows * DP;
@@ -466,11 +497,25 @@ static void attn_blocked(attn_job *job, int64_t item, float *scratch)
     int32_t *uni = act + LDR;
     int32_t *cursor = uni + (int64_t)ch->n * a->sel_width;
 
-    /* Queries as fp32, pre-scaled by the softmax scale. */
+    /* bf16 queries, keys and values: the products on bf16 pairs (the
+     * kernels of cpu_blocked_bf16_impl.h).  qs then holds the bf16 query
+     * rows, qp pairs of them, kt bf16 key rows (and a copy of the value
+     * rows after them where those are not read in place), vt value pairs
+     * and st, after the softmax, weight pairs. */
+    const int bf16 = MSA_CPU_HAVE_BF16_DOT && a->act == MSA_DTYPE_BF16 &&
+                     a->k.dtype == MSA_DTYPE_BF16 && a->v.dtype == MSA_DTYPE_BF16 && D % 2 == 0;
+    const int k_packed = cpu_plane_packed(&a->k), v_packed = cpu_plane_packed(&a->v);
+    (void)k_packed, (void)v_packed; /* bf16 levels only */
+    /* Queries as fp32, pre-scaled by the softmax scale (bf16: as stored,
+     * the scale applied to the sums). */
     const size_t es = msa_dtype_size(a->act);
     for (int32_t t = 0; t < ch->n; t++) {
         const char *src =
             (const char *)a->q + ((ch->row0 + t) * a->q_row + (int64_t)g * G * D) * (int64_t)es;
+        if (bf16) {
+            memcpy((uint16_t *)qs + (int64_t)t * G * D, src, (size_t)G * D * 2);
+            continue;
+        }
         float *dst = qs + (int64_t)t * G * D;
         level_convert(dst, src, a->act, (int64_t)G * D);
         for (int64_t i = 0; i < (int64_t)G * D; i++)
@@ -518,8 +563,16 @@ static void attn_blocked(attn_job *job, int64_t item, float *scratch)
         }
         if (last < 0)
             continue;
+        if (u + 1 < u1) /* the next block's first tile, while this one computes */
+            prefetch_block(a, pt, g, (int64_t)(a->sel ? uni[u + 1] : u + 1) * B, B,
+                           ch->pos0 + ch->n - 1);
         const int32_t nrp = bk_round_up(nact, BK_NR), nap = bk_round_up(nact, BK_MR);
-        bk_pack_strips(qp, qs, act, nact, D);
+#if MSA_CPU_HAVE_BF16_DOT
+        if (bf16)
+            bk16_pack((uint32_t *)qp, (const uint16_t *)qs, act, nact, D, BK_NR);
+        else
+#endif
+            bk_pack_strips(qp, qs, act, nact, D);
         for (int32_t i = 0; i < nrp; i++) {
             mc[i] = i < nact ? mrow[act[i]] : -INFINITY;
             lc[i] = i < nact ? lrow[act[i]] : 0.0f;
@@ -528,10 +581,41 @@ static void attn_blocked(attn_job *job, int64_t item, float *scratch)
         for (int64_t j0 = blk0; j0 <= blk1; j0 += TW) {
             const int32_t nk = (int32_t)(blk1 - j0 + 1 < TW ? blk1 - j0 + 1 : TW);
             const int32_t nkm = bk_round_up(nk, BK_MR);
-            level_load_rows(kt, &a->k, pt, g, j0, nk);
-            for (int64_t i = (int64_t)nk * D; i < (int64_t)nkm * D; i++)
-                kt[i] = 0.0f;
-            if (DP == D) {
+            const int32_t npairs = (nk + 1) / 2;
+            const uint16_t *k16 = (const uint16_t *)kt;
+            (void)npairs, (void)k16; /* bf16 levels only */
+#if MSA_CPU_HAVE_BF16_DOT
+            if (bf16) {
+                /* Key rows in place where the tile's key panels lie in one
+                 * page (rows past nk are read, their scores never used),
+                 * else copied, the rows from nk to nkm zero. */
+                const int32_t P = a->k.page_size, off = (int32_t)(j0 % P);
+                if (k_packed && off + nkm <= P) {
+                    k16 = cpu_plane_row(&a->k, pt[j0 / P], g, off);
+                } else {
+                    msa_cpu_copy_rows(kt, &a->k, pt, g, j0, nk);
+                    memset((uint16_t *)kt + (int64_t)nk * D, 0, (size_t)(nkm - nk) * D * 2);
+                }
+                const int32_t Pv = a->v.page_size, offv = (int32_t)(j0 % Pv);
+                const uint16_t *v16;
+                if (v_packed && offv + nk <= Pv) {
+                    v16 = cpu_plane_row(&a->v, pt[j0 / Pv], g, offv);
+                } else { /* after the key rows, (TW + BK_MR) * D bf16 */
+                    uint16_t *copy = (uint16_t *)kt + (int64_t)(TW + BK_MR) * D;
+                    msa_cpu_copy_rows(copy, &a->v, pt, g, j0, nk);
+                    v16 = copy;
+                }
+                bk16_pack_value_pairs((uint32_t *)vt, DP, v16, nk, D);
+            } else
+#endif
+            {
+                level_load_rows(kt, &a->k, pt, g, j0, nk);
+                for (int64_t i = (int64_t)nk * D; i < (int64_t)nkm * D; i++)
+                    kt[i] = 0.0f;
+            }
+            if (bf16) {
+                /* values packed above */
+            } else if (DP == D) {
                 level_load_rows(vt, &a->v, pt, g, j0, nk);
             } else { /* value rows at stride DP, the extra columns zero */
                 for (int32_t j = 0; j < nk; j++) {
@@ -549,14 +633,26 @@ static void attn_blocked(attn_job *job, int64_t item, float *scratch)
              * (they come from L2: 4 * BK_MR bytes a step against 4 *
              * BK_NR for the strip). */
             for (int32_t r0 = 0; r0 < nrp; r0 += BK_NR)
-                for (int32_t k0 = 0; k0 < nkm; k0 += BK_MR)
+                for (int32_t k0 = 0; k0 < nkm; k0 += BK_MR) {
+#if MSA_CPU_HAVE_BF16_DOT
+                    if (bf16) {
+                        bk16_kernel_kq(st + (int64_t)k0 * LDR + r0, LDR, k16 + (int64_t)k0 * D,
+                                       (const uint32_t *)qp + (int64_t)r0 * (D / 2), D, a->scale);
+                        continue;
+                    }
+#endif
                     bk_kernel_kq(st + (int64_t)k0 * LDR + r0, LDR, kt + (int64_t)k0 * D,
                                  qp + (int64_t)r0 * D, D);
+                }
             for (int32_t l0 = 0; l0 < nrp; l0 += BK_VN)
                 bk_softmax_lanes(st + l0, LDR, nk, vis + l0, mc + l0, lc + l0, corr + l0);
             for (int32_t j = 0; j < nk; j++) /* lanes the last P V panel reads */
                 for (int32_t i = nrp; i < LDR; i++)
                     st[(int64_t)j * LDR + i] = 0.0f;
+#if MSA_CPU_HAVE_BF16_DOT
+            if (bf16)
+                bk16_pack_weight_pairs(st, LDR, nk);
+#endif
             for (int32_t i = 0; i < nact; i++)
                 if (corr[i] != 1.0f) {
                     float *o = acc + (int64_t)act[i] * DP;
@@ -570,6 +666,13 @@ static void attn_blocked(attn_job *job, int64_t item, float *scratch)
                     float *o[BK_MR];
                     for (int r = 0; r < BK_MR; r++)
                         o[r] = p0 + r < nact ? acc + (int64_t)act[p0 + r] * DP : dummy;
+#if MSA_CPU_HAVE_BF16_DOT
+                    if (bf16) {
+                        bk16_kernel_pv_t(o, c0, (const uint32_t *)st + p0, LDR,
+                                         (const uint32_t *)vt, DP, npairs);
+                        continue;
+                    }
+#endif
                     bk_kernel_pv_t(o, c0, st + p0, LDR, vt, DP, nk);
                 }
         }

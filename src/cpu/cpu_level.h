@@ -116,9 +116,14 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
 /* What prefill rows run (cpu_blocked_impl.h) and their register block. */
 #define MSA_CPU_STR2(x) #x
 #define MSA_CPU_STR(x) MSA_CPU_STR2(x)
-#define MSA_CPU_LEVEL_PREFILL                                                                 \
-    "; prefill rows (q_len >= " MSA_CPU_STR(MSA_CPU_BLOCKED_MIN_Q) "): fp32 blocked "         \
-                                                                   "products, " BK_BLOCK_TEXT \
+#if MSA_CPU_HAVE_BF16_DOT
+#define MSA_CPU_LEVEL_BLOCKED "bf16 (vdpbf16ps) blocked products on bf16 data, else fp32"
+#else
+#define MSA_CPU_LEVEL_BLOCKED "fp32 blocked products"
+#endif
+#define MSA_CPU_LEVEL_PREFILL                                                                  \
+    "; prefill rows (q_len >= " MSA_CPU_STR(MSA_CPU_BLOCKED_MIN_Q) "): " MSA_CPU_LEVEL_BLOCKED \
+                                                                   ", " BK_BLOCK_TEXT          \
                                                                    " register block"
 
 const msa_cpu_kernels MSA_CPU_LEVEL_TABLE = {
