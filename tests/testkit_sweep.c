@@ -363,6 +363,15 @@ static void add_quantized(tk_list *l)
     c->nan_blocks = 6;
     c = add(l, 0, &SMALL, &DECODE, fp8_fp8, 16, 0, 0);
     c->tie_blocks = 9;
+    /* fp8 K/V with bf16 queries on the bf16 dot-product kernels (codes
+     * widened to bf16, scales on the sums): the real layer's group of 16
+     * (four tokens' scores per pass) and a group of 320 heads. */
+    c = add(l, 0, &M3, &M3_DECODE, fp8_fp8, 128, 0, 1);
+    c->k_scale = 0.004f;
+    c->v_scale = 0.02f;
+    c = add(l, 1, &HUGEG, &VERIFY, fp8_fp8, 16, 1, 0);
+    c->k_scale = 0.3f;
+    c->v_scale = 7.0f;
     c = add(l, 0, &UNION2, &VERIFY, nv_nv, 32, 1, 1);
     c->tie_blocks = 8;
     /* One plan over several steps. */

@@ -102,10 +102,25 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     uint32_t *pp = (uint32_t *)(cursor + MSA_CPU_ATTN_ROWS); /* [TILE/2][16] weight pairs */
     (void)pp;                                                /* used by the AVX512-BF16 path only */
 
+    /* fp8 K and V with bf16 queries: the codes become bf16 exactly (code
+     * times 2^-8, cpu_dequant_impl.h) and take the bf16 kernels below;
+     * 256 times each plane's scale multiplies the fp32 sums (scores) and
+     * the accumulators (outputs) instead of every element. */
+    const float qk_scale_fp8 = a->scale * (256.0f * a->k.scale);
+#if MSA_CPU_DQ_FP8_BF16
+    const int fp8_kv = a->act == MSA_DTYPE_BF16 && a->k.dtype == MSA_DTYPE_FP8_E4M3 &&
+                       a->v.dtype == MSA_DTYPE_FP8_E4M3 && D % 16 == 0 &&
+                       dq_fp8_fast_scale(a->k.scale) && dq_fp8_fast_scale(a->v.scale) &&
+                       isfinite(qk_scale_fp8);
+#else
+    const int fp8_kv = 0;
+#endif
     /* bf16 queries and keys: q.k with bf16 dot products straight from the
      * stored values; the scale is applied to the fp32 sums. */
     const int bf16_dot = MSA_CPU_HAVE_BF16_DOT && a->act == MSA_DTYPE_BF16 &&
-                         a->k.dtype == MSA_DTYPE_BF16 && D % 2 == 0;
+                         ((a->k.dtype == MSA_DTYPE_BF16 && D % 2 == 0) || fp8_kv);
+    const float qk_scale = fp8_kv ? qk_scale_fp8 : a->scale;
+    (void)qk_scale; /* bf16 levels only */
     /* bf16 values too: P.V with bf16 products (the weights rounded to bf16,
      * sums in fp32, as in the GPU kernels). */
     const int bf16_pv = bf16_dot && D % 16 == 0;
@@ -180,7 +195,12 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
         for (int64_t j0 = blk0; j0 <= blk1; j0 += TW) {
             int32_t nk = (int32_t)(blk1 - j0 + 1 < TW ? blk1 - j0 + 1 : TW);
             const void *keys = kt;
-            if (bf16_dot && k_packed && (j0 % a->k.page_size) + nk <= a->k.page_size)
+#if MSA_CPU_DQ_FP8_BF16
+            if (fp8_kv)
+                level_fp8_rows_bf16((uint16_t *)kt, &a->k, pt, g, j0, nk);
+            else
+#endif
+                if (bf16_dot && k_packed && (j0 % a->k.page_size) + nk <= a->k.page_size)
                 keys = cpu_plane_row(&a->k, pt[j0 / a->k.page_size], g,
                                      (int32_t)(j0 % a->k.page_size));
             else if (bf16_dot)
@@ -192,7 +212,13 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                 /* vt[0 .. npairs * D) as uint32 pairs (v[2jp][d], v[2jp+1][d]);
                  * rows copied to the second half of vt when not in one page. */
                 const uint16_t *vrows;
-                if (v_packed && (j0 % a->v.page_size) + nk <= a->v.page_size) {
+                if (fp8_kv) {
+#if MSA_CPU_DQ_FP8_BF16
+                    uint16_t *conv = (uint16_t *)(vt + (int64_t)MSA_CPU_TILE * D / 2);
+                    level_fp8_rows_bf16(conv, &a->v, pt, g, j0, nk);
+                    vrows = conv;
+#endif
+                } else if (v_packed && (j0 % a->v.page_size) + nk <= a->v.page_size) {
                     vrows = cpu_plane_row(&a->v, pt[j0 / a->v.page_size], g,
                                           (int32_t)(j0 % a->v.page_size));
                 } else {
@@ -245,15 +271,15 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                                     (int64_t)grp[i < ngrp ? i : 0] * (D / 2) * GP;
                         if (ngrp > 1)
                             msa_scores_heads_bf16_x4(sbuf, (int64_t)MSA_CPU_TILE * GP, qs,
-                                                     (const uint16_t *)keys, D, nv, a->scale);
+                                                     (const uint16_t *)keys, D, nv, qk_scale);
                         else
                             msa_scores_heads_bf16(sbuf, qs[0], GP, (const uint16_t *)keys, D, nv,
-                                                  a->scale);
+                                                  qk_scale);
                     }
                     s = sbuf + (int64_t)gi++ * MSA_CPU_TILE * GP;
                 } else if (bf16_dot)
                     msa_scores_heads_bf16(s, (const uint32_t *)qt + (int64_t)t * (D / 2) * GP, GP,
-                                          (const uint16_t *)keys, D, vis, a->scale);
+                                          (const uint16_t *)keys, D, vis, qk_scale);
                 else
 #endif
                     msa_scores_heads(s, qt + (int64_t)t * D * GP, GP, (const float *)keys, D, vis);
@@ -332,6 +358,11 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
         }
     }
 
+    if (fp8_kv) { /* the values' scale (the weights summed to l unscaled) */
+        const float vs = 256.0f * a->v.scale;
+        for (int64_t i = 0; i < (int64_t)rows * D; i++)
+            acc[i] *= vs;
+    }
     if (S == 1) {
         for (int32_t t = 0; t < ch->n; t++)
             for (int32_t h = 0; h < G; h++) {

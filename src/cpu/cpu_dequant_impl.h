@@ -156,6 +156,53 @@ static void level_dequant_rows(float *dst, const cpu_plane *plane, const int32_t
     }
 }
 
+#if MSA_CPU_DQ_FP8_LANES == 16 && MSA_CPU_HAVE_BF16_DOT
+#define MSA_CPU_DQ_FP8_BF16 1
+/* fp8 e4m3 as bf16, for the bf16 dot-product kernels: every e4m3 value
+ * has at most four significant bits and its exponent fits bf16's, so the
+ * code times 2^-8 (the fp16 route above, widened exactly) is exact in
+ * bf16 and its upper half is that bf16.  The scale of the plane, times
+ * 256, is applied to the fp32 sums instead of to each element. */
+
+/* 16 e4m3 codes at src as the bf16 values code * 2^-8; NaN codes become
+ * the quiet bf16 NaN of their sign. */
+static inline __m256i dq_fp8x16_bf16(const uint8_t *src)
+{
+    const __m128i raw = _mm_loadu_si128((const __m128i *)src);
+    const __m256i b = _mm256_slli_epi16(_mm256_cvtepu8_epi16(raw), 7);
+    const __m256i h = _mm256_add_epi16(b, _mm256_and_si256(b, _mm256_set1_epi16(0x4000)));
+    const __m512i f = _mm512_castps_si512(_mm512_cvtph_ps(h));
+    const __m256i r = _mm512_cvtepi32_epi16(_mm512_srli_epi32(f, 16));
+    const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(raw, _mm_set1_epi8((char)0x80)),
+                                              _mm_set1_epi8((char)0xff));
+    const __m256i qnan = _mm256_or_si256(_mm256_and_si256(r, _mm256_set1_epi16((short)0x8000)),
+                                         _mm256_set1_epi16(0x7fc0));
+    return _mm256_mask_blend_epi16(nan, r, qnan);
+}
+
+/* Rows [j0, j0 + n) of one head of an fp8_e4m3 plane into dst[n][dim] as
+ * the bf16 values code * 2^-8 (dim a multiple of 16; a run of rows within
+ * a page is one block of codes, as in level_dequant_rows). */
+static void level_fp8_rows_bf16(uint16_t *dst, const cpu_plane *plane, const int32_t *page_row,
+                                int32_t head, int64_t j0, int32_t n)
+{
+    const int32_t P = plane->page_size, dim = plane->dim;
+    int32_t i = 0;
+    while (i < n) {
+        const int64_t j = j0 + i;
+        const int32_t off = (int32_t)(j % P);
+        const int32_t run = P - off < n - i ? P - off : n - i;
+        const uint8_t *src = cpu_plane_row(plane, page_row[j / P], head, off);
+        uint16_t *d = dst + (int64_t)i * dim;
+        for (int64_t e = 0; e < (int64_t)run * dim; e += 16)
+            _mm256_storeu_si256((__m256i *)(d + e), dq_fp8x16_bf16(src + e));
+        i += run;
+    }
+}
+#else
+#define MSA_CPU_DQ_FP8_BF16 0
+#endif
+
 #if MSA_CPU_DQ_FP8_LANES == 16 && MSA_CPU_WIDE
 #define MSA_CPU_DQ_FP8_DOT 1
 /* Most query rows of one fused fp8 call: the index scan's rows of a decode
