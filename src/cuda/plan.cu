@@ -314,8 +314,10 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
             cu_pfk_ws_carve(base + L.pfk, cfg->num_kv_heads, m->group, m->topk_width, L.pfk_chunk,
                             st->sz.pf_blocks_cap, &st->pfk_ws, &st->pfk_items_cap);
             st->pfk_chunk = L.pfk_chunk;
-            e = cu_pfk_setup();
-            st->pfk = e == cudaSuccess;
+            /* Where its kernels cannot be set up, the union kernel serves. */
+            st->pfk = cu_pfk_setup() == cudaSuccess;
+            if (!st->pfk)
+                cudaGetLastError();
         }
         if (st->pfi_scratch)
             e = cu_pfidx_setup(
