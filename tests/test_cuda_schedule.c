@@ -394,12 +394,12 @@ static void check_pf_blocks(const msa_plan *plan, const cu_sched_sizes *sz, cons
                    h->pf_blk0[r], blocks);
             blocks += (plan->kv_len[r] + B - 1) / B;
         } else {
-            EXPECT(h->pf_blk0[r] == -1, "request %d (q_len %d): first prefill block %d, want -1",
-                   r, plan->q_len[r], h->pf_blk0[r]);
+            EXPECT(h->pf_blk0[r] == -1, "request %d (q_len %d): first prefill block %d, want -1", r,
+                   plan->q_len[r], h->pf_blk0[r]);
         }
     }
-    EXPECT(h->hdr->n_pf_blocks == blocks, "header: %d prefill blocks, want %d",
-           h->hdr->n_pf_blocks, blocks);
+    EXPECT(h->hdr->n_pf_blocks == blocks, "header: %d prefill blocks, want %d", h->hdr->n_pf_blocks,
+           blocks);
     /* A plan of a sparse model that can hold a prefill request sizes the
      * lists; one that cannot hold one sees none. */
     if (sz->pf_tiles_cap[0] > 0 && cu_sched_any_layer(plan->model, 1, 0))

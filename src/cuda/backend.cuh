@@ -10,20 +10,20 @@
 
 typedef struct cu_ctx_state {
     int device;
-    int num_sms;            /* the SMs the grids are sized for: all of the device's, or fewer
+    int num_sms;       /* the SMs the grids are sized for: all of the device's, or fewer
                              * (msa_debug_options.cuda_num_sms) */
-    int grid_idx_fast;      /* persistent grid of the tensor-core indexer */
-    int grid_att_fast;      /* persistent grid of the tensor-core attention */
-    int pdl;                /* Hopper+: programmatic dependent launch (unless cuda_no_pdl) */
-    int tma;                /* Hopper+: tensor-map kernels (unless cuda_no_tma) */
-    int wgmma;              /* compute capability 9.x with tma: warpgroup products (sm_90a code) */
-    int sel_warp_rows;      /* msa_debug_options.cuda_sel_warp_rows */
-    int sel_unions;         /* msa_debug_options.cuda_sel_unions */
-    int pf_tma;             /* wgmma: the Hopper prefill attention (unless cuda_no_prefill_tma) */
-    int pfi;                /* the tensor-core prefill indexer (unless cuda_no_prefill_indexer) */
-    int pf_kbm;             /* pf_tma: the key-block-major sparse prefill (unless cuda_no_prefill_kbm) */
-    int pf_kbm_chunk;       /* > 0: its chunk's tokens at most (cuda_prefill_kbm_chunk) */
-    int pfi_wgmma;          /* wgmma: its products as warpgroup products (unless
+    int grid_idx_fast; /* persistent grid of the tensor-core indexer */
+    int grid_att_fast; /* persistent grid of the tensor-core attention */
+    int pdl;           /* Hopper+: programmatic dependent launch (unless cuda_no_pdl) */
+    int tma;           /* Hopper+: tensor-map kernels (unless cuda_no_tma) */
+    int wgmma;         /* compute capability 9.x with tma: warpgroup products (sm_90a code) */
+    int sel_warp_rows; /* msa_debug_options.cuda_sel_warp_rows */
+    int sel_unions;    /* msa_debug_options.cuda_sel_unions */
+    int pf_tma;        /* wgmma: the Hopper prefill attention (unless cuda_no_prefill_tma) */
+    int pfi;           /* the tensor-core prefill indexer (unless cuda_no_prefill_indexer) */
+    int pf_kbm;        /* pf_tma: the key-block-major sparse prefill (unless cuda_no_prefill_kbm) */
+    int pf_kbm_chunk;  /* > 0: its chunk's tokens at most (cuda_prefill_kbm_chunk) */
+    int pfi_wgmma;     /* wgmma: its products as warpgroup products (unless
                              * cuda_no_prefill_wgmma) */
     unsigned long long *tl; /* profiler (msa_debug_options.cuda_timeline_path): kernel
                              * timeline stamps (common/timeline.cuh), written to tl_path when

@@ -245,8 +245,8 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
         /* The step's notes beside the plan's reason. */
         snprintf(st->why_step, sizeof st->why_step, "%s", st->path_why[layer]);
         cu_why(st->why_step, sizeof st->why_step,
-               p->pf_kbm ? "prefill requests (q_len > 16) in this step: key-block-major Hopper "
-                           "prefill attention"
+               p->pf_kbm   ? "prefill requests (q_len > 16) in this step: key-block-major Hopper "
+                             "prefill attention"
                : p->pf_tma ? "prefill requests (q_len > 16) in this step: Hopper prefill kernel"
                : p->pf_fast
                    ? "prefill requests (q_len > 16) in this step: tensor-core prefill kernel"

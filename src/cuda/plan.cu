@@ -127,15 +127,12 @@ static void cu_ws_layout_of(const msa_plan *plan, const cu_ctx_state *cs, const 
     int lib_sparse = 0; /* a sparse layer in the library layout (the tensor maps') */
     for (int32_t l = 0; l < cfg->num_layers && !lib_sparse; ++l)
         lib_sparse = m->layer_sparse[l] && msa_cache_layer_is_library_layout(plan->cache, l);
-    const int pfk = lib_sparse && cs->pf_kbm && sz->pf_blocks_cap > 0 &&
-                    sz->pf_tiles_cap[0] > 0 &&
-                    (act == MSA_DTYPE_BF16 || act == MSA_DTYPE_FP16) &&
-                    plan->cache->cfg.kv_dtype == act &&
-                    cu_pfk_fits(cfg->head_dim, plan->cache->cfg.page_size, cfg->block_size,
-                                m->group, NULL);
-    L->pfk_chunk = pfk ? cu_pfk_chunk_tokens(sz->cap_tok, cfg->num_kv_heads, m->group,
-                                             m->topk_width)
-                       : 0;
+    const int pfk =
+        lib_sparse && cs->pf_kbm && sz->pf_blocks_cap > 0 && sz->pf_tiles_cap[0] > 0 &&
+        (act == MSA_DTYPE_BF16 || act == MSA_DTYPE_FP16) && plan->cache->cfg.kv_dtype == act &&
+        cu_pfk_fits(cfg->head_dim, plan->cache->cfg.page_size, cfg->block_size, m->group, NULL);
+    L->pfk_chunk =
+        pfk ? cu_pfk_chunk_tokens(sz->cap_tok, cfg->num_kv_heads, m->group, m->topk_width) : 0;
     if (cs->pf_kbm_chunk > 0 && cs->pf_kbm_chunk < L->pfk_chunk)
         L->pfk_chunk = cs->pf_kbm_chunk;
     L->pfk = cu_ws_take(&off, pfk && L->pfk_chunk > 0,

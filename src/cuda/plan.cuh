@@ -35,7 +35,7 @@ typedef struct cu_paths {
     int pf_fast;    /* prefill rows of the main pass on tensor cores (attention_prefill_mma_sm80) */
     int pf_iv_fast; /* and of the index-value pass */
     int pf_tma;     /* the main pass's on Hopper (attention_prefill_tma_sm90), when pf_fast */
-    int pf_kbm;     /* the sparse pass's key-block-major (attention_prefill_kbm_sm90), when pf_tma */
+    int pf_kbm; /* the sparse pass's key-block-major (attention_prefill_kbm_sm90), when pf_tma */
 } cu_paths;
 
 /* Bytes of a layer's fallback reason. */

@@ -158,22 +158,22 @@ CU_SCHED_ASSERT(sizeof(cu_merge_item) == 32, "merge items are two 16-byte loads"
 /* Typed views into the metadata blob (device or staging copy). */
 typedef struct cu_meta {
     cu_step_hdr *hdr;
-    int32_t *q_len;             /* [cap_req] */
-    int32_t *kv_len;            /* [cap_req] */
-    int32_t *q_start;           /* [cap_req] */
-    cu_tok_info *tok_info;      /* [cap_tok] request of a row (-1 padding), position, page */
-    int32_t *dec_req;           /* [cap_req] request of decode slot k */
-    int32_t *dec_row0;          /* [cap_req] first compact row of decode slot k */
-    int32_t *dec_blk0;          /* [cap_req + 1] prefix sum of blocks over decode slots */
-    cu_dec_info *dec_info;      /* [cap_req] */
-    cu_dec_row *dec_row;        /* [dec_rows_cap] */
-    int32_t *pf_tok;            /* [cap_tok] token rows of prefill requests */
-    cu_pf_tile *pf_tiles[2];    /* [pf_tiles_cap[i]] prefill attention tiles (main, index value) */
+    int32_t *q_len;          /* [cap_req] */
+    int32_t *kv_len;         /* [cap_req] */
+    int32_t *q_start;        /* [cap_req] */
+    cu_tok_info *tok_info;   /* [cap_tok] request of a row (-1 padding), position, page */
+    int32_t *dec_req;        /* [cap_req] request of decode slot k */
+    int32_t *dec_row0;       /* [cap_req] first compact row of decode slot k */
+    int32_t *dec_blk0;       /* [cap_req + 1] prefix sum of blocks over decode slots */
+    cu_dec_info *dec_info;   /* [cap_req] */
+    cu_dec_row *dec_row;     /* [dec_rows_cap] */
+    int32_t *pf_tok;         /* [cap_tok] token rows of prefill requests */
+    cu_pf_tile *pf_tiles[2]; /* [pf_tiles_cap[i]] prefill attention tiles (main, index value) */
     /* [cap_req] first of request r's blocks in the end-to-end block
      * sequence of the step's prefill requests (-1: not a prefill request);
      * the key-block-major prefill attention keys its lists on it. */
     int32_t *pf_blk0;
-    cu_att_item *att[CU_KINDS]; /* [att_cap] each */
+    cu_att_item *att[CU_KINDS];     /* [att_cap] each */
     cu_merge_item *merge[CU_KINDS]; /* [merge_cap] each */
     /* Sparse pass, Hopper kernel: first item of each unit.  A unit is one
      * item, or two adjacent items of the same (request, KV head, split)

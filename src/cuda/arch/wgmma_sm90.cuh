@@ -140,10 +140,10 @@ __device__ __forceinline__ void cu_wgmma_hold(float (&d)[NJ][4])
     }                                                                                                   \
     /* d (64 x 128, fp32) = (accumulate ? d : 0) + A (64 x 16 at descriptor a,                        \
      * K-major) x B (128 x 16 at descriptor b, K-major): both from shared. */ \
-    __device__ __forceinline__ void cu_wgmma_m64n128k16_ss(float(&d)[16][4], uint64_t a, uint64_t b,    \
-                                                           int accumulate, TAG)                         \
+    __device__ __forceinline__ void cu_wgmma_m64n128k16_ss(float(&d)[16][4], uint64_t a,                \
+                                                           uint64_t b, int accumulate, TAG)             \
     {                                                                                                   \
-        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"                                   \
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"                                     \
                      " wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " CU_WG_REGS64         \
                      ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                                  \
                      : CU_WG_D64                                                                        \

@@ -54,9 +54,8 @@ static_assert(4 * 32 * PFK_PRODUCER_REGS + PFK_CONSUMER_WARPS * 32 * PFK_CONSUME
  * empty; then one meta word per stage and the item's entries per stage. */
 #define PFK_BAR_BYTES (4 * PFK_STAGES * 8)
 #define PFK_ENT_BYTES (PFK_STAGES * CU_PFK_ITEM_TOKENS * 16)
-#define PFK_SMEM                                                                         \
-    (1024 + PFK_RING_BYTES + PFK_QBUF_BYTES + PFK_BAR_BYTES + PFK_STAGES * 16 + \
-     PFK_ENT_BYTES)
+#define PFK_SMEM \
+    (1024 + PFK_RING_BYTES + PFK_QBUF_BYTES + PFK_BAR_BYTES + PFK_STAGES * 16 + PFK_ENT_BYTES)
 static_assert(PFK_SMEM <= 227 * 1024, "the ring fits in shared memory");
 #define PFK_EMPTY_ARRIVALS (PFK_CONSUMER_WARPS * 32)
 static_assert(CU_PFK_ITEM_TOKENS <= 64, "the producer reads an item's entries two per lane");
@@ -87,8 +86,8 @@ __device__ __forceinline__ int32_t cu_pfk_entry(const cu_pfk_params &p, int32_t 
     return p.sel[(int64_t)t * per_tok + rest];
 }
 
-__global__ void __launch_bounds__(PFK_LIST_THREADS) cu_pfk_count(const __grid_constant__
-                                                                 cu_pfk_params p)
+__global__ void __launch_bounds__(PFK_LIST_THREADS)
+    cu_pfk_count(const __grid_constant__ cu_pfk_params p)
 {
     cu_pdl_wait(); /* the selection's rows */
     cu_pdl_trigger();
@@ -152,8 +151,8 @@ __device__ __forceinline__ void cu_pfk_block_scan(int32_t &a, int32_t &b, int32_
     __syncthreads(); /* wa, wb are read before the next scan writes them */
 }
 
-__global__ void __launch_bounds__(PFK_SCAN_THREADS) cu_pfk_scan(const __grid_constant__
-                                                                cu_pfk_params p)
+__global__ void __launch_bounds__(PFK_SCAN_THREADS)
+    cu_pfk_scan(const __grid_constant__ cu_pfk_params p)
 {
     cu_pdl_wait(); /* the counts */
     cu_pdl_trigger();
@@ -185,8 +184,8 @@ __global__ void __launch_bounds__(PFK_SCAN_THREADS) cu_pfk_scan(const __grid_con
         p.ws.n_items[0] = item_base;
 }
 
-__global__ void __launch_bounds__(PFK_LIST_THREADS) cu_pfk_scatter(const __grid_constant__
-                                                                   cu_pfk_params p)
+__global__ void __launch_bounds__(PFK_LIST_THREADS)
+    cu_pfk_scatter(const __grid_constant__ cu_pfk_params p)
 {
     cu_pdl_wait(); /* the offsets */
     cu_pdl_trigger();
@@ -260,8 +259,7 @@ __device__ __forceinline__ void cu_pfk_release_v(const cu_pfk_smem_t &sm, const 
 }
 
 __device__ void cu_pfk_producer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
-                                const CUtensorMap *map_k, const CUtensorMap *map_v,
-                                int32_t n_items)
+                                const CUtensorMap *map_k, const CUtensorMap *map_v, int32_t n_items)
 {
     const int lane = threadIdx.x & 31;
     uint32_t gs = 0;
@@ -478,7 +476,8 @@ __device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
 
 template <typename Tag>
 __global__ void __launch_bounds__(PFK_THREADS, 1)
-    cu_pfk_attend(const __grid_constant__ cu_pfk_params p, const __grid_constant__ CUtensorMap map_k,
+    cu_pfk_attend(const __grid_constant__ cu_pfk_params p,
+                  const __grid_constant__ CUtensorMap map_k,
                   const __grid_constant__ CUtensorMap map_v)
 {
 #ifdef CU_HAVE_WGMMA
@@ -525,8 +524,8 @@ __global__ void __launch_bounds__(PFK_THREADS, 1)
 #define PFK_MERGE_DIMS 16
 
 template <typename Tag>
-__global__ void __launch_bounds__(PFK_MERGE_THREADS) cu_pfk_merge(const __grid_constant__
-                                                                  cu_pfk_params p)
+__global__ void __launch_bounds__(PFK_MERGE_THREADS)
+    cu_pfk_merge(const __grid_constant__ cu_pfk_params p)
 {
     cu_pdl_wait(); /* the partial rows */
     cu_pdl_trigger();
@@ -563,9 +562,8 @@ __global__ void __launch_bounds__(PFK_MERGE_THREADS) cu_pfk_merge(const __grid_c
             const float ls = p.ws.part_lse[pr];
             const float w = ls == -INFINITY ? 0.0f : expf(ls - M);
             wsum += w;
-            const uint4 *src =
-                (const uint4 *)((const uint16_t *)p.ws.part_o + pr * PFH_HEAD_DIM +
-                                part * PFK_MERGE_DIMS);
+            const uint4 *src = (const uint4 *)((const uint16_t *)p.ws.part_o + pr * PFH_HEAD_DIM +
+                                               part * PFK_MERGE_DIMS);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const uint4 x = src[h];
@@ -631,10 +629,10 @@ size_t cu_pfk_ws_carve(void *base, int32_t hkv, int32_t g, int32_t W, int32_t ch
     const size_t items = entries / CU_PFK_ITEM_TOKENS + lists;
     size_t off = 0;
     char *b = (char *)base;
-#define PFK_CARVE(field, type, count)                                 \
-    do {                                                              \
-        if (ws)                                                       \
-            ws->field = (type *)(b + off);                            \
+#define PFK_CARVE(field, type, count)                                      \
+    do {                                                                   \
+        if (ws)                                                            \
+            ws->field = (type *)(b + off);                                 \
         off = (off + sizeof(type) * (size_t)(count) + 255) & ~(size_t)255; \
     } while (0)
     PFK_CARVE(cnt, int32_t, lists);
@@ -645,7 +643,7 @@ size_t cu_pfk_ws_carve(void *base, int32_t hkv, int32_t g, int32_t W, int32_t ch
     PFK_CARVE(items, int4, items);
     PFK_CARVE(n_items, int32_t, 1);
     PFK_CARVE(part_o, uint16_t, entries * (size_t)g * PFH_HEAD_DIM);
-    PFK_CARVE(part_lse, float, entries * (size_t)g);
+    PFK_CARVE(part_lse, float, entries *(size_t)g);
 #undef PFK_CARVE
     if (items_cap)
         *items_cap = (int32_t)items;

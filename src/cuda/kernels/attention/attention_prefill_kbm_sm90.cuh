@@ -34,7 +34,6 @@
  * chunk's token count follows from it (cu_pfk_chunk_tokens). */
 #define CU_PFK_CHUNK_BUDGET ((size_t)2 << 30)
 
-
 /* What the kernels read and write. */
 typedef struct cu_pfk_params {
     int32_t act;          /* MSA_DTYPE_BF16 or MSA_DTYPE_FP16 */
@@ -48,9 +47,9 @@ typedef struct cu_pfk_params {
     int32_t items_cap;
     int32_t chunk; /* this launch's chunk */
     float scale_log2;
-    const void *q;  /* [tokens][hq_total][128] */
-    void *o;        /* [tokens][hq_total][128] */
-    float *lse;     /* [tokens][hq_total], or NULL */
+    const void *q; /* [tokens][hq_total][128] */
+    void *o;       /* [tokens][hq_total][128] */
+    float *lse;    /* [tokens][hq_total], or NULL */
     const int32_t *sel;
     const int32_t *page_table;
     const cu_tok_info *tok_info;
