@@ -613,6 +613,7 @@ static const tk_shape CPFUNION = {"cpfunion", 8, 2, 32, 4, 32, 16, 6, 0, 1};   /
 static const tk_shape CPFUNION4 = {"cpfunion4", 4, 1, 32, 4, 16, 16, 4, 1, 1}; /* Hi = 4 Hkv */
 static const tk_shape CPFSPLIT = {"cpfsplit", 8, 4, 32, 2, 32, 32, 6, 1, 2};   /* Hkv = 2 Hi */
 static const tk_shape CPFODD = {"cpfodd", 6, 3, 40, 3, 24, 16, 5, 0, 1};       /* unaligned dims */
+static const tk_shape CPFODDD = {"cpfoddd", 4, 2, 37, 2, 21, 16, 4, 0, 1};     /* odd dims */
 static const tk_shape CPFMHA = {"cpfmha", 4, 4, 16, 4, 16, 16, 5, 0, 3};       /* group of 1 */
 static const tk_shape CPFHUGEG = {"cpfhugeg", 320, 1, 16, 1, 16, 16, 4, 0, 1}; /* > 256 rows */
 static const tk_shape CPFB1 = {"cpfb1", 4, 2, 16, 2, 16, 1, 8, 1, 2};          /* 1-key blocks */
@@ -658,6 +659,8 @@ static void add_cpu_prefill(tk_list *l)
      * rows copied from small pages, 1-key blocks (odd key tiles) and a
      * group of 320 heads. */
     add(l, 1, &CPFODD, &CPF_MIX, DTYPES[1], 8, 1, 1);
+    /* odd head dims: the bf16 pair kernels leave them to the fp32 ones */
+    add(l, 1, &CPFODDD, &CPF_EXT, DTYPES[1], 16, 0, 1);
     add(l, 1, &CPFB1, &CPF_B1, DTYPES[1], 2, 0, 1);
     add(l, 1, &CPFHUGEG, &CPF_SMALL, DTYPES[1], 16, 0, 1);
     /* A chunked prefill on one plan: the prompt, then more on its prefix,
