@@ -394,23 +394,30 @@ class Cache(_Owned):
     "index_v" [num_pages][page_size][Di] (sparse layers / index-value layers)."""
 
     def __init__(self, ctx, model, num_pages, page_size=128, kv_dtype="bf16", index_dtype="bf16"):
-        if not isinstance(ctx, Context) or not isinstance(model, Model):
-            raise ValueError("Cache(ctx, model, ...) takes an msa.Context and an msa.Model")
-        if model.context is not ctx:
-            raise ValueError("the model belongs to another context")
+        cc = Cache._config("Cache", ctx, model, num_pages, page_size, kv_dtype, index_dtype)
         lib = _ffi.lib()
-        cc = _ffi.CacheConfig()
-        lib.msa_cache_config_default(ctypes.byref(cc))
-        cc.num_pages = _int_arg(num_pages, "num_pages")
-        cc.page_size = _int_arg(page_size, "page_size")
-        cc.kv_dtype = _enum(_ffi.DTYPES, kv_dtype, "kv_dtype")
-        cc.index_dtype = _enum(_ffi.DTYPES, index_dtype, "index_dtype")
         out = ctypes.c_void_p()
         ctx._check(lib.msa_cache_create(ctx._ptr, model._ptr, ctypes.byref(cc), ctypes.byref(out)))
         self.context = ctx
         self.model = model
         self._own(out.value, "msa_cache_free", model._handle)
         self._mc = model.config
+
+    @staticmethod
+    def _config(call, ctx, model, num_pages, page_size, kv_dtype, index_dtype):
+        """The arguments both constructors share, checked, as an
+        msa_cache_config (call names the constructor in messages)."""
+        if not isinstance(ctx, Context) or not isinstance(model, Model):
+            raise ValueError("%s(ctx, model, ...) takes an msa.Context and an msa.Model" % call)
+        if model.context is not ctx:
+            raise ValueError("the model belongs to another context")
+        cc = _ffi.CacheConfig()
+        _ffi.lib().msa_cache_config_default(ctypes.byref(cc))
+        cc.num_pages = _int_arg(num_pages, "num_pages")
+        cc.page_size = _int_arg(page_size, "page_size")
+        cc.kv_dtype = _enum(_ffi.DTYPES, kv_dtype, "kv_dtype")
+        cc.index_dtype = _enum(_ffi.DTYPES, index_dtype, "index_dtype")
+        return cc
 
     @classmethod
     def wrap(cls, ctx, model, views, num_pages, page_size, kv_dtype="bf16", index_dtype="bf16",
@@ -421,17 +428,8 @@ class Cache(_Owned):
         plane the model's layers have; msa.adapters.wrap_cache builds it
         from tensors).  keep: objects the cache keeps alive (the engine's
         tensors).  The library checks the strides (msa.Error otherwise)."""
-        if not isinstance(ctx, Context) or not isinstance(model, Model):
-            raise ValueError("Cache.wrap(ctx, model, ...) takes an msa.Context and an msa.Model")
-        if model.context is not ctx:
-            raise ValueError("the model belongs to another context")
+        cc = Cache._config("Cache.wrap", ctx, model, num_pages, page_size, kv_dtype, index_dtype)
         lib = _ffi.lib()
-        cc = _ffi.CacheConfig()
-        lib.msa_cache_config_default(ctypes.byref(cc))
-        cc.num_pages = _int_arg(num_pages, "num_pages")
-        cc.page_size = _int_arg(page_size, "page_size")
-        cc.kv_dtype = _enum(_ffi.DTYPES, kv_dtype, "kv_dtype")
-        cc.index_dtype = _enum(_ffi.DTYPES, index_dtype, "index_dtype")
         mc = model.config
         arr = (_ffi.PlaneView * (4 * mc.num_layers))()
         strides = {}
