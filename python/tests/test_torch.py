@@ -12,6 +12,8 @@ import math
 import os
 import sys
 import unittest
+
+import unittest_counts  # beside this file
 import warnings
 
 try:
@@ -664,13 +666,7 @@ def main():
         print("0 passed, 0 failed, 1 skipped")
         return 77
     print("msa %s from %s, torch %s" % (msa.version(), msa.library_path(), torch.__version__))
-    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
-    result = unittest.TextTestRunner(verbosity=2).run(suite)
-    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
-    skipped = len(result.skipped)
-    passed = result.testsRun - failed - skipped
-    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
-    return 0 if failed == 0 else 1
+    return unittest_counts.run_module(__name__)
 
 
 if __name__ == "__main__":
