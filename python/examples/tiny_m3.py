@@ -139,6 +139,25 @@ def rope(x, cos, sin):
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
+def attention_inputs(c, i, L, x, rope_d, rope_i):
+    """Layer i's attention inputs from its normed rows x [T][H] and weights
+    L: q, k, v (RoPE on q and k), and on sparse layers the index query and
+    key (RoPE on both) and, on index-value layers, the index value (else
+    None); head counts from c.  rope_d, rope_i: the rows' (cos, sin) for
+    the head dim and the index dim."""
+    T = x.shape[0]
+    q = rope(mm(x, L["wq"]).view(T, c.hq, c.d), *rope_d).contiguous()
+    k = rope(mm(x, L["wk"]).view(T, c.hkv, c.d), *rope_d).contiguous()
+    v = mm(x, L["wv"]).view(T, c.hkv, c.d).contiguous()
+    iq = ik = iv = None
+    if c.sparse[i]:
+        iq = rope(mm(x, L["wiq"]).view(T, c.hi, c.di), *rope_i).contiguous()
+        ik = rope(mm(x, L["wik"]).view(T, 1, c.di), *rope_i).view(T, c.di).contiguous()
+        if c.index_value[i]:
+            iv = mm(x, L["wiv"]).contiguous()
+    return q, k, v, iq, ik, iv
+
+
 class TinyM3:
     """The weights (random, from a seed) and the forward pass of one step."""
 
@@ -192,16 +211,7 @@ class TinyM3:
         cos_i, sin_i = self.rope_di[0][positions], self.rope_di[1][positions]
         for i, L in enumerate(self.layers):
             x = rms_norm(h, L["norm_in"], c.eps)
-            q = rope(mm(x, L["wq"]).view(T, c.hq, c.d), cos_d, sin_d).contiguous()
-            k = rope(mm(x, L["wk"]).view(T, c.hkv, c.d), cos_d, sin_d).contiguous()
-            v = mm(x, L["wv"]).view(T, c.hkv, c.d).contiguous()
-            iq = ik = iv = None
-            if c.sparse[i]:
-                iq = rope(mm(x, L["wiq"]).view(T, c.hi, c.di), cos_i, sin_i).contiguous()
-                ik = rope(mm(x, L["wik"]).view(T, 1, c.di), cos_i, sin_i).view(T, c.di).contiguous()
-                if c.index_value[i]:
-                    iv = mm(x, L["wiv"]).contiguous()
-            o, io = attn(i, q, k, v, iq, ik, iv)
+            o, io = attn(i, *attention_inputs(c, i, L, x, (cos_d, sin_d), (cos_i, sin_i)))
             h = h + mm(o.reshape(T, -1), L["wo"])
             if io is not None:
                 h = h + mm(io.reshape(T, -1), L["wio"])

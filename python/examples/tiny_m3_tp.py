@@ -148,19 +148,10 @@ class RankModel:
         h = self.embed[ids]
         cos_d, sin_d = self.rope_d[0][positions], self.rope_d[1][positions]
         cos_i, sin_i = self.rope_di[0][positions], self.rope_di[1][positions]
-        mm, rope = base.mm, base.rope
+        mm = base.mm
         for i, L in enumerate(self.layers):
             x = base.rms_norm(h, L["norm_in"], c.eps)
-            q = rope(mm(x, L["wq"]).view(T, c.hq, c.d), cos_d, sin_d).contiguous()
-            k = rope(mm(x, L["wk"]).view(T, c.hkv, c.d), cos_d, sin_d).contiguous()
-            v = mm(x, L["wv"]).view(T, c.hkv, c.d).contiguous()
-            iq = ik = iv = None
-            if c.sparse[i]:
-                iq = rope(mm(x, L["wiq"]).view(T, c.hi, c.di), cos_i, sin_i).contiguous()
-                ik = rope(mm(x, L["wik"]).view(T, 1, c.di), cos_i, sin_i).view(T, c.di).contiguous()
-                if c.index_value[i]:
-                    iv = mm(x, L["wiv"]).contiguous()
-            o, io = attn(i, q, k, v, iq, ik, iv)
+            o, io = attn(i, *base.attention_inputs(c, i, L, x, (cos_d, sin_d), (cos_i, sin_i)))
             # Each projection's sum is rounded once and added to h on its
             # own, as the unsharded model does, so that one rank computes
             # exactly the unsharded model.
