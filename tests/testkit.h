@@ -122,10 +122,6 @@ typedef struct msa_sweep_options {
      * threads (same thread count and level), and fails unless both wrote
      * the same outputs bit for bit. */
     int compare_own_pool;
-    /* Non-NULL: the cases whose last step ran a kernel whose name (layer 0,
-     * msa_plan_kernel_name) contains this text are counted into *counted. */
-    const char *count_kernel;
-    int *counted;
 } msa_sweep_options;
 
 /* Runs the oracle sweep; counts go to *passed / *failed / *skipped.

@@ -133,15 +133,12 @@ const msa_debug_options *cli_debug_options(void)
     d.cuda_no_prefill_kbm = env_starts("MSA_CUDA_PF_KBM", '0');
     const char *chunk = getenv("MSA_CUDA_PF_KBM_CHUNK");
     d.cuda_prefill_kbm_chunk = chunk && atoi(chunk) > 0 ? atoi(chunk) : 0;
-    d.cuda_no_fused_decode = env_starts("MSA_CUDA_FUSED", '0');
-    const char *fused_rows = getenv("MSA_CUDA_FUSED_ROWS");
-    d.cuda_fused_decode_rows = fused_rows && atoi(fused_rows) > 0 ? atoi(fused_rows) : 0;
     const char *tl = getenv("MSA_CUDA_TIMELINE");
     d.cuda_timeline_path = tl && tl[0] ? tl : NULL;
     const int any = d.cuda_num_sms || d.cuda_no_tma || d.cuda_no_pdl || d.cuda_sel_warp_rows ||
                     d.cuda_sel_unions || d.cuda_no_prefill_tma || d.cuda_no_prefill_indexer ||
                     d.cuda_no_prefill_wgmma || d.cuda_no_prefill_kbm || d.cuda_prefill_kbm_chunk ||
-                    d.cuda_no_fused_decode || d.cuda_fused_decode_rows || d.cuda_timeline_path;
+                    d.cuda_timeline_path;
     return any ? &d : NULL;
 }
 

@@ -125,12 +125,6 @@ typedef struct msa_debug_options {
      * in chunks of at most this many (tests of several chunks); 0: as many
      * as its workspace budget allows. */
     int cuda_prefill_kbm_chunk;
-    /* 1: small decode steps run the chain of stage kernels, not the fused
-     * small-step kernel. */
-    int cuda_no_fused_decode;
-    /* > 0: the fused small-step kernel serves steps of at most this many
-     * token rows (0: the backend's measured default). */
-    int cuda_fused_decode_rows;
 } msa_debug_options;
 
 /* Instruction-set levels of the CPU kernels (docs/CPU.md).  A CPU context

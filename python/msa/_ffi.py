@@ -25,8 +25,6 @@ class DebugOptions(ctypes.Structure):
         ("cuda_timeline_path", ctypes.c_char_p),
         ("cuda_no_prefill_kbm", ctypes.c_int),
         ("cuda_prefill_kbm_chunk", ctypes.c_int),
-        ("cuda_no_fused_decode", ctypes.c_int),
-        ("cuda_fused_decode_rows", ctypes.c_int),
     ]
 
 

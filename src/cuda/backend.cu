@@ -75,15 +75,6 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
     cs->pf_kbm = cs->pf_tma && !dbg->cuda_no_prefill_kbm;
     cs->pf_kbm_chunk = dbg->cuda_prefill_kbm_chunk;
     cs->pfi_wgmma = cs->wgmma && !dbg->cuda_no_prefill_wgmma;
-    /* The fused small-step kernel: mma.sync stages (sm_80+), launched
-     * cooperatively. */
-    int coop = 0;
-    if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev);
-    cs->fused_rows = major >= 8 && coop && !dbg->cuda_no_fused_decode
-                         ? (dbg->cuda_fused_decode_rows > 0 ? dbg->cuda_fused_decode_rows
-                                                            : CU_FUSED_ROWS_DEFAULT)
-                         : 0;
     if (e == cudaSuccess)
         e = cu_indexer_mma_setup(cs->num_sms, &cs->grid_idx_fast);
     if (e == cudaSuccess)

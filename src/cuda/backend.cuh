@@ -25,9 +25,6 @@ typedef struct cu_ctx_state {
     int pf_kbm_chunk;  /* > 0: its chunk's tokens at most (cuda_prefill_kbm_chunk) */
     int pfi_wgmma;     /* wgmma: its products as warpgroup products (unless
                              * cuda_no_prefill_wgmma) */
-    int fused_rows;    /* decode steps of at most this many token rows run the fused
-                        * small-step kernel (0: never; cuda_no_fused_decode,
-                        * cuda_fused_decode_rows) */
     unsigned long long *tl; /* profiler (msa_debug_options.cuda_timeline_path): kernel
                              * timeline stamps (common/timeline.cuh), written to tl_path when
                              * the context ends */

@@ -213,24 +213,6 @@ int cu_plan_paths(const msa_plan *plan, cu_plan_state *st)
     return 0;
 }
 
-/* Whether a forward of layer `layer` on paths p runs the fused small-step
- * kernel: the plan set it up, the layer's stages run the mma.sync kernels
- * (no index-value pass), and the step (under capture: every step the plan
- * can hold) has no prefill row and at most fused_rows token rows. */
-static int cu_fused_takes(const msa_plan *plan, const cu_plan_state *st, const cu_paths *p,
-                          int32_t layer, int capturing)
-{
-    const cu_ctx_state *cs = (const cu_ctx_state *)plan->ctx->backend_state;
-    const msa_model *m = plan->model;
-    if (st->grid_fused <= 0 || cs->fused_rows <= 0 || !p->attn_fast)
-        return 0;
-    if (m->layer_sparse[layer] && (m->layer_index_value[layer] || !p->idx_fast))
-        return 0;
-    if (capturing)
-        return st->sz.cap_q <= CU_DEC_MAX_Q && st->sz.cap_tok <= cs->fused_rows;
-    return st->step.n_pf == 0 && plan->num_tokens <= cs->fused_rows;
-}
-
 void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const char **reason)
 {
     cu_plan_state *st = (cu_plan_state *)plan->backend;
@@ -259,18 +241,6 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
     if (st->step.n_pf > 0 && p->pf_kbm)
         *kernel = names_pfk[fast];
     *reason = st->path_why[layer];
-    if (cu_fused_takes(plan, st, p, layer, 0)) {
-        const cu_ctx_state *cs = (const cu_ctx_state *)plan->ctx->backend_state;
-        *kernel = sparse ? "cuda.sparse.fused" : "cuda.dense.fused";
-        snprintf(st->why_step, sizeof st->why_step, "%s", st->path_why[layer]);
-        char note[96];
-        snprintf(note, sizeof note,
-                 "a decode step of at most %d token rows: every stage in one fused kernel",
-                 cs->fused_rows);
-        cu_why(st->why_step, sizeof st->why_step, note);
-        *reason = st->why_step;
-        return;
-    }
     if (st->step.n_pf > 0) {
         /* The step's notes beside the plan's reason. */
         snprintf(st->why_step, sizeof st->why_step, "%s", st->path_why[layer]);
@@ -375,7 +345,7 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     int32_t prefill_ctas = st->sz.grid_pf;
     int pfi = sparse && paths.idx_fast && st->pfi_scratch != NULL;
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (pfi || paths.pf_kbm || st->grid_fused > 0)
+    if (pfi || paths.pf_kbm)
         CU_TRY(ctx, cudaStreamIsCapturing(s, &cap));
     const int capturing = cap != cudaStreamCaptureStatusNone;
     if (pfi) {
@@ -403,29 +373,6 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     } while (0)
     if (cs->tl) /* profiling aid: the timeline holds this forward's stamps only */
         CU_TRY(ctx, cudaMemsetAsync(cs->tl, 0, CU_TL_WORDS * sizeof(unsigned long long), s));
-    if (cu_fused_takes(plan, st, &paths, layer, capturing)) {
-        /* One kernel for every stage (its time counts as the attention's). */
-        CU_STAGE_MARK(MSA_STAGE_CACHE_WRITE, MSA_STAGE_ATTENTION);
-        cu_fused_params f;
-        memset(&f, 0, sizeof f);
-        cu_prologue_build(plan, st, layer, io, cs->tl, &f.pro);
-        if (sparse) {
-            cu_indexer_build(plan, st, layer, io, cs->tl, &f.idx);
-            cu_select_build(plan, st, layer, io, 0, 0, 0, cs->tl, &f.sel);
-        }
-        cu_attn_build(plan, st, layer, io, sparse ? CU_KIND_SPARSE : CU_KIND_DENSE, 0, 0, cs->tl,
-                      &f.att);
-        const int64_t units = sparse ? f.sel.num_units : 0;
-        f.written = st->fused_ctr;
-        f.exits = st->fused_ctr + 1;
-        f.scored = st->fused_ctr + 2;
-        f.selected = f.scored + st->sz.cap_req;
-        f.merged = f.selected + st->sz.cap_req * units;
-        cu_launch_fused(&f, st, s);
-        CU_STAGE_MARK(MSA_STAGE_INDEX_VALUE, MSA_STAGE_COUNT);
-        CU_TRY(ctx, cudaGetLastError());
-        return MSA_OK;
-    }
     CU_STAGE_MARK(MSA_STAGE_CACHE_WRITE, MSA_STAGE_CACHE_WRITE);
     cu_prologue_params prologue;
     cu_prologue_build(plan, st, layer, io, cs->tl, &prologue);

@@ -193,26 +193,6 @@ typedef struct cu_attn_params {
 #endif
 } cu_attn_params;
 
-/* The fused small-step decode kernel's parameters (kernels/fused): the
- * stages' own, and its counters (cu_plan_state.fused_ctr). */
-typedef struct cu_fused_params {
-    cu_prologue_params pro;
-    cu_indexer_params idx; /* sparse layers */
-    cu_select_params sel;  /* sparse layers */
-    cu_attn_params att;
-    int32_t *written;  /* token rows written */
-    int32_t *exits;    /* CTAs finished */
-    int32_t *scored;   /* [cap_req] blocks scored per decode slot */
-    int32_t *selected; /* [cap_req][units] rows selected per decode slot and unit */
-    int32_t *merged;   /* [part_rows_cap] splits finished per partial base */
-} cu_fused_params;
-
-/* Its shared memory for a selection needing select_smem bytes, its setup
- * (grid for num_sms SMs; an error when it cannot run) and its launch. */
-size_t cu_fused_smem(size_t select_smem);
-cudaError_t cu_fused_setup(int num_sms, size_t smem, int *grid);
-void cu_launch_fused(const cu_fused_params *p, const cu_plan_state *st, cudaStream_t s);
-
 /* The prologue's parameters for one layer's forward (params.cu). */
 void cu_prologue_build(const msa_plan *plan, const cu_plan_state *st, int32_t layer,
                        const msa_layer_io *io, unsigned long long *timeline, cu_prologue_params *p);

@@ -66,7 +66,7 @@ static cudaError_t cu_zalloc(void **p, size_t n)
 #define CU_WS_NONE SIZE_MAX
 typedef struct cu_ws_layout {
     size_t meta, scores, sel, uids, umask, ucnt, sel_done, idx_next, pf_scratch, part;
-    size_t pfi_scratch, pfi_split, pfk, fused_ctr;
+    size_t pfi_scratch, pfi_split, pfk;
     int grid_pfi;
     int32_t pfk_chunk;
     size_t total;
@@ -138,10 +138,6 @@ static void cu_ws_layout_of(const msa_plan *plan, const cu_ctx_state *cs, const 
     L->pfk = cu_ws_take(&off, pfk && L->pfk_chunk > 0,
                         cu_pfk_ws_carve(NULL, cfg->num_kv_heads, m->group, m->topk_width,
                                         L->pfk_chunk, sz->pf_blocks_cap, NULL, NULL));
-    /* Counters of the fused small-step kernel (cu_plan_state.fused_ctr). */
-    L->fused_ctr =
-        cu_ws_take(&off, cs->fused_rows > 0,
-                   sizeof(int32_t) * (2 + req + req * units + (size_t)sz->part_rows_cap));
     L->total = off;
 }
 
@@ -311,7 +307,6 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
         st->grid_pfi = L.grid_pfi;
         st->pfi_scratch = cu_ws_at<float>(base, L.pfi_scratch);
         st->pfi_split = cu_ws_at<int32_t>(base, L.pfi_split);
-        st->fused_ctr = cu_ws_at<int32_t>(base, L.fused_ctr);
         if (L.pfk != CU_WS_NONE) {
             cu_pfk_ws_carve(base + L.pfk, cfg->num_kv_heads, m->group, m->topk_width, L.pfk_chunk,
                             st->sz.pf_blocks_cap, &st->pfk_ws, &st->pfk_items_cap);
@@ -351,18 +346,6 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
             cu_state_release(st);
             return msa_set_error(ctx, MSA_ERR_BACKEND, "selection kernel setup: %s",
                                  cudaGetErrorString(e));
-        }
-    }
-    /* The fused small-step kernel, where its shared memory fits; without
-     * it small steps run the chain of stage kernels. */
-    st->grid_fused = 0;
-    if (st->fused_ctr) {
-        st->fused_smem = cu_fused_smem(
-            any_sparse ? cu_select_smem(index_heads_per_unit, cfg->topk_blocks, W, st->sz.sel_cache)
-                       : 0);
-        if (cu_fused_setup(cs->num_sms, st->fused_smem, &st->grid_fused) != cudaSuccess) {
-            st->grid_fused = 0;
-            cudaGetLastError();
         }
     }
     /* Prefill attention on tensor cores: its grid, when a step can hold a

@@ -38,10 +38,6 @@ typedef struct cu_paths {
     int pf_kbm; /* the sparse pass's key-block-major (attention_prefill_kbm_sm90), when pf_tma */
 } cu_paths;
 
-/* Token rows of a decode step up to which the fused small-step kernel
- * serves it, unless a debugging option sets another limit. */
-#define CU_FUSED_ROWS_DEFAULT 32
-
 /* Bytes of a layer's fallback reason. */
 #define CU_WHY_BYTES 512
 
@@ -96,15 +92,6 @@ typedef struct cu_plan_state {
     int32_t pfk_chunk;
     int32_t pfk_items_cap;
     cu_pfk_ws pfk_ws;
-    /* The fused small-step decode kernel (kernels/fused/decode_fused.cu):
-     * its grid (0: not set up) and shared memory, and its counters, kept
-     * at 0 between launches: [0] rows written, [1] CTAs finished, then
-     * blocks scored per decode slot [cap_req], rows selected per (slot,
-     * unit) [cap_req * units], finished splits per partial base
-     * [part_rows_cap]. */
-    int grid_fused;
-    size_t fused_smem;
-    int32_t *fused_ctr;
 
     /* Tensor maps of the layers' planes for the Hopper kernels (index K:
      * sparse layers; K and V: every layer, for the prefill kernel),

@@ -12,17 +12,9 @@
  * Unused cache slots hold NaN, so a kernel that reads a slot it should not
  * poisons its output.  Outputs are poisoned before every run.
  *
- * Each configuration runs twice: with a plan that can hold prefill
- * requests (STEPS), and with a decode plan (at most 16 tokens a request, 32
- * rows: DEC_STEPS), whose captured small steps run the fused small-step
- * kernel where the layer's shapes allow it (at least one configuration
- * must).
- *
  * Without a GPU (or without the CUDA runtime at build time) it prints
  * "skipped" and exits 77.  `--sms N` sizes the CUDA grids for N SMs
- * (msa_debug_options.cuda_num_sms); `--no-fused` keeps small steps on the
- * chain of stage kernels, `--fused-rows N` sets the fused kernel's row
- * limit.
+ * (msa_debug_options.cuda_num_sms).
  */
 #include <math.h>
 #include <stdint.h>
@@ -73,16 +65,6 @@ static const stepdef STEPS[] = {
     {2, 9, {8, 1}, {8, 2999}},
 };
 
-/* Decode and verify steps only (padding rows in the third), for a plan of
- * DEC_MAXTOK rows and q_len at most 16. */
-#define DEC_MAXTOK 32
-static const stepdef DEC_STEPS[] = {
-    {3, 14, {1, 8, 3}, {2900, 1500, 700}},
-    {2, 9, {8, 1}, {8, 2999}},
-    {4, 30, {16, 1, 8, 4}, {3000, 1, 900, 2500}},
-    {1, 1, {1}, {2000}},
-};
-
 /* Fixed shapes: two KV heads of 8 query heads, two index heads. */
 enum { HQ = 16, HKV = 2, D = 128, HI = 2, DI = 128 };
 
@@ -120,10 +102,6 @@ static size_t esz(msa_dtype d)
 
 /* The CUDA backend's debugging aids of this run (command line). */
 static msa_debug_options g_debug;
-/* 1: the decode plan and DEC_STEPS; captures whose sparse layer ran the
- * fused small-step kernel. */
-static int g_decode_plan;
-static int g_fused_captures;
 
 static void *xmalloc(size_t n)
 {
@@ -179,10 +157,8 @@ static int make_side(side *s, msa_backend be, const cfg *c, int64_t num_pages)
     msa_plan_params_default(&lim);
     lim.act_dtype = c->act;
     lim.max_requests = MAXREQ;
-    lim.max_tokens = g_decode_plan ? DEC_MAXTOK : MAXTOK;
+    lim.max_tokens = MAXTOK;
     lim.max_kv_len = MAXKV;
-    if (g_decode_plan)
-        lim.max_q_len = 16;
     if (msa_plan_create(s->ctx, s->model, s->cache, &lim, &s->plan) != MSA_OK)
         return 0;
     const size_t e = esz(c->act);
@@ -584,11 +560,8 @@ static void run_config(const cfg *c)
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess, "stream");
     cudaGraphExec_t exec = NULL;
-    const stepdef *steps = g_decode_plan ? DEC_STEPS : STEPS;
-    const size_t nsteps = g_decode_plan ? sizeof DEC_STEPS / sizeof DEC_STEPS[0]
-                                        : sizeof STEPS / sizeof STEPS[0];
-    for (size_t si = 0; si < nsteps; ++si) {
-        const stepdef *sd = &steps[si];
+    for (size_t si = 0; si < sizeof STEPS / sizeof STEPS[0]; ++si) {
+        const stepdef *sd = &STEPS[si];
         images im;
         memset(&im, 0, sizeof im);
         build_step(c, sd, num_pages, &cpu, &im);
@@ -628,7 +601,6 @@ static void run_config(const cfg *c)
             printf("%s: kernels %s / %s, reason \"%s\"\n", c->name,
                    msa_plan_kernel_name(gpu.plan, 0), msa_plan_kernel_name(gpu.plan, 2),
                    msa_plan_fallback_reason(gpu.plan, 2));
-            g_fused_captures += strstr(msa_plan_kernel_name(gpu.plan, 1), ".fused") != NULL;
         }
         cudaError_t e = cudaGraphLaunch(exec, stream);
         if (e == cudaSuccess)
@@ -654,15 +626,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--kbm-chunk") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
             /* the key-block-major prefill attention in chunks of N tokens */
             g_debug.cuda_prefill_kbm_chunk = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--no-fused")) {
-            /* small steps on the chain of stage kernels */
-            g_debug.cuda_no_fused_decode = 1;
-        } else if (!strcmp(argv[i], "--fused-rows") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
-            /* the fused small-step kernel up to N token rows */
-            g_debug.cuda_fused_decode_rows = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--sms N] [--kbm-chunk N] [--no-fused | --fused-rows N]\n",
-                    argv[0]);
+            fprintf(stderr, "usage: %s [--sms N] [--kbm-chunk N]\n", argv[0]);
             return 2;
         }
     }
@@ -677,19 +642,8 @@ int main(int argc, char **argv)
         {"bf16 P16 B128", MSA_DTYPE_BF16, 16, 128, 4, 1, 1, 0, 1e-2, 1e-4},
         {"fp32 P32 B64", MSA_DTYPE_FP32, 32, 64, 6, 1, 2, 0, 1e-5, 1e-5},
     };
-    for (g_decode_plan = 0; g_decode_plan < 2; ++g_decode_plan)
-        for (size_t i = 0; i < sizeof CFGS / sizeof CFGS[0]; ++i) {
-            if (g_decode_plan)
-                printf("decode plan: ");
-            run_config(&CFGS[i]);
-        }
-    if (g_debug.cuda_no_fused_decode)
-        CHECK(g_fused_captures == 0,
-              "cuda_no_fused_decode is set, yet %d captures ran the fused "
-              "kernel",
-              g_fused_captures);
-    else
-        CHECK(g_fused_captures > 0, "no decode-plan capture ran the fused small-step kernel");
+    for (size_t i = 0; i < sizeof CFGS / sizeof CFGS[0]; ++i)
+        run_config(&CFGS[i]);
     return check_finish();
 }
 

@@ -18,7 +18,7 @@
  *   test_cuda_sweep [--quick] [--prefill] [--filter TEXT] [--cpu] [--shard I/N]
  *                   [--sms N] [--sel-warp-rows] [--sel-unions] [--no-prefill-tma]
  *                   [--no-prefill-indexer] [--no-prefill-wgmma] [--no-prefill-kbm]
- *                   [--kbm-chunk N] [--no-fused | --fused-rows N] [--expect-fused]
+ *                   [--kbm-chunk N]
  * Without a GPU it prints "skipped" and exits 77.  --cpu runs the same
  * cases on the CPU backend instead: a check of the cases themselves (and
  * of the CPU backend at these lengths) on a machine without a GPU.
@@ -30,12 +30,6 @@
  * cuda_no_prefill_indexer, cuda_no_prefill_wgmma, cuda_no_prefill_kbm) of
  * every context; --kbm-chunk N cuts the key-block-major prefill
  * attention's tokens into chunks of N (cuda_prefill_kbm_chunk).
- * Small decode steps run the fused small-step kernel (kernels/fused) where
- * it applies; --no-fused keeps the chain of stage kernels
- * (cuda_no_fused_decode) and fails if a case still ran the fused kernel,
- * --fused-rows N sets its row limit (cuda_fused_decode_rows), and
- * --expect-fused fails unless some case ran it.  The count of sweep cases
- * that ran it is printed either way.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -877,7 +871,7 @@ static int run_layout(msa_context *ctx, const layout_case *lc, int *passed, int 
 
 int main(int argc, char **argv)
 {
-    int quick = 0, prefill = 0, shard = 0, shards = 1, expect_fused = 0;
+    int quick = 0, prefill = 0, shard = 0, shards = 1;
     const char *filter = NULL;
     msa_backend backend = MSA_BACKEND_CUDA;
     msa_debug_options debug;
@@ -904,12 +898,6 @@ int main(int argc, char **argv)
             debug.cuda_no_prefill_kbm = 1;
         } else if (!strcmp(argv[i], "--kbm-chunk") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
             debug.cuda_prefill_kbm_chunk = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--no-fused")) {
-            debug.cuda_no_fused_decode = 1;
-        } else if (!strcmp(argv[i], "--fused-rows") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
-            debug.cuda_fused_decode_rows = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--expect-fused")) {
-            expect_fused = 1;
         } else if (!strcmp(argv[i], "--no-prefill-indexer")) {
             debug.cuda_no_prefill_indexer = 1;
         } else if (!strcmp(argv[i], "--no-prefill-wgmma")) {
@@ -923,7 +911,7 @@ int main(int argc, char **argv)
                     "usage: test_cuda_sweep [--quick] [--prefill] [--filter TEXT] [--cpu] "
                     "[--shard I/N] [--sms N] [--sel-warp-rows] [--sel-unions] [--no-prefill-tma] "
                     "[--no-prefill-indexer] [--no-prefill-wgmma] [--no-prefill-kbm] "
-                    "[--kbm-chunk N] [--no-fused | --fused-rows N] [--expect-fused]\n");
+                    "[--kbm-chunk N]\n");
             return 2;
         }
     }
@@ -943,21 +931,8 @@ int main(int argc, char **argv)
     opts.shard = shard;
     opts.shards = shards;
     opts.log = stdout;
-    int fused_cases = 0;
-    opts.count_kernel = ".fused";
-    opts.counted = &fused_cases;
     int passed = 0, failed = 0, skipped = 0;
     msa_sweep_run(&opts, &passed, &failed, &skipped);
-    printf("sweep cases whose last step ran the fused small-step kernel: %d\n", fused_cases);
-    if (debug.cuda_no_fused_decode && fused_cases > 0) {
-        printf("FAIL: cuda_no_fused_decode is set, yet %d cases ran the fused kernel\n",
-               fused_cases);
-        ++failed;
-    }
-    if (expect_fused && fused_cases == 0 && backend == MSA_BACKEND_CUDA) {
-        printf("FAIL: no case ran the fused small-step kernel\n");
-        ++failed;
-    }
 
     msa_context_params cp;
     msa_context_params_default(&cp);

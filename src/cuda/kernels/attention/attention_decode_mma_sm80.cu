@@ -1,9 +1,317 @@
 /*
- * Decode attention, tensor-core path: one CTA (4 warps) per work item at a
- * time, items dealt round robin (the item code: attention_decode_mma_sm80.cuh).
+ * Decode attention, tensor-core path: bf16/fp16 queries and KV planes of the
+ * same type, head dim 128.  Serves the sparse pass (key stream = union of
+ * the request's selected blocks), the dense pass and the index-value pass.
+ *
+ * One CTA (4 warps) per work item: up to 64 query rows (tokens x heads of one
+ * KV group) against one split of the key stream.  The item's stream
+ * metadata (union entries, pages) is staged in shared memory once, then
+ * 64-key tiles of K and V go through a 3-stage cp.async ring; warps whose
+ * tokens use none of a tile's keys skip it.  Each key carries the bits of
+ * the tokens that use it (membership and causal window), applied as -inf
+ * before the softmax.  Rows map to warps in m16 tiles; with fewer than 64 rows the
+ * warps also split each tile's keys and are merged by LSE at the end, so a
+ * single decode token (16 rows) still keeps four warps busy.  Q stays in
+ * registers, S = Q K^T and O += P V run on mma.sync m16n8k16 with fp32
+ * accumulators; P is rounded to the 16-bit type for the second product.
  */
-#include "cuda/kernels/attention/attention_decode_mma_sm80.cuh"
+#include "cuda/kernels/attention/key_stream.cuh"
+#include "cuda/arch/mma_sm80.cuh"
+#include "cuda/kernels/attention/rows_mma.cuh"
 #include "cuda/arch/launch.cuh"
+
+#define ATT_MMA_STAGES 3
+#define ATT_MMA_THREADS 128
+#define ATT_MMA_TILE_BYTES (CU_TILE_KEYS * 256)
+#define ATT_MMA_STAGE_BYTES (2 * ATT_MMA_TILE_BYTES + CU_TILE_KEYS * 4)
+/* Stream metadata of one item, read once at its start (see cu_att_meta). */
+#define ATT_MMA_META_BLK 512
+#define ATT_MMA_META_PAGES 2048
+#define ATT_MMA_META_BYTES (ATT_MMA_META_BLK * 8 + ATT_MMA_META_PAGES * 4)
+#define ATT_MMA_SMEM_BYTES (ATT_MMA_STAGES * ATT_MMA_STAGE_BYTES + ATT_MMA_META_BYTES)
+
+/* The tiles of this path: rows of 256 bytes, cu_swz. */
+struct cu_swz256 {
+    __device__ __forceinline__ uint32_t operator()(int row, int chunk) const
+    {
+        return cu_swz(row, chunk);
+    }
+};
+
+#define LOG2E 1.4426950408889634f
+
+/* Row metadata of a tile read straight from memory (union entry, then page
+ * table): the fallback when the item's metadata does not fit in shared
+ * memory (cu_att_meta). */
+typedef struct cu_att_look {
+    int32_t blk, off;
+    uint32_t member;
+} cu_att_look;
+
+typedef struct cu_att_loc {
+    int32_t pos, page;
+    uint32_t use;
+} cu_att_loc;
+
+__device__ __forceinline__ cu_att_look cu_att_lookup(const cu_stream &s, int32_t j)
+{
+    cu_att_look a;
+    const int32_t u = s.u0 + j * CU_TILE_KEYS + (threadIdx.x >> 1);
+    a.blk = -1;
+    a.off = 0;
+    a.member = 0u;
+    if (u < s.u1) {
+        if (s.sparse) {
+            const int32_t bi = u / s.B;
+            a.blk = s.uid[bi];
+            a.member = s.masks[bi];
+            a.off = u - bi * s.B;
+        } else {
+            a.blk = 0;
+            a.off = u;
+            a.member = 0xffffffffu;
+        }
+    }
+    return a;
+}
+
+__device__ __forceinline__ cu_att_loc cu_att_locate(const cu_attn_params &params,
+                                                    const cu_stream &s, const cu_att_look &a)
+{
+    cu_att_loc b;
+    b.pos = a.blk * s.B + a.off;
+    b.use = (a.blk >= 0 && b.pos < s.kl) ? a.member & cu_causal_bits(b.pos, s.base, s.ql) : 0u;
+    b.page = b.use ? cu_page_of(params.meta.page_table, params.cap_pages, s.r, b.pos,
+                                params.log_page_size)
+                   : 0;
+    return b;
+}
+
+__device__ __forceinline__ void cu_att_issue(const cu_attn_params &params, unsigned char *smem,
+                                             int32_t group, const cu_att_loc &b, int stage)
+{
+    unsigned char *st = smem + stage * ATT_MMA_STAGE_BYTES;
+    uint32_t *kmask = (uint32_t *)(st + 2 * ATT_MMA_TILE_BYTES);
+    const int row = threadIdx.x >> 1;
+    const int half = threadIdx.x & 1;
+    const unsigned char *ksrc = (const unsigned char *)params.k_plane;
+    const unsigned char *vsrc = (const unsigned char *)params.v_plane;
+    if (b.use) {
+        const int64_t off = ((((int64_t)b.page * params.kv_heads + group) * params.page_size +
+                              (b.pos & (params.page_size - 1))) *
+                             128) *
+                            2;
+        ksrc += off;
+        vsrc += off;
+    }
+    const uint32_t kd = cu_smem_addr(st);
+    const uint32_t vd = kd + ATT_MMA_TILE_BYTES;
+    const int nbytes = b.use ? 16 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int chunk = half * 8 + i;
+        const int so = b.use ? chunk * 16 : 0;
+        cu_cp_async16(kd + cu_swz(row, chunk), ksrc + so, nbytes);
+        cu_cp_async16(vd + cu_swz(row, chunk), vsrc + so, nbytes);
+    }
+    if (half == 0)
+        kmask[row] = b.use;
+}
+
+/* The item's stream metadata in shared memory: its union entries (block id,
+ * token bits) and the page of every P-chunk of them (sparse), or the pages
+ * of its key range (dense).  Loaded once, in two parallel rounds, so the
+ * tile loop issues its copies without waiting on memory.  Returns 0 when it
+ * does not fit (tiny pages over a long range): the tile loop then looks the
+ * rows up itself, a few tiles ahead. */
+typedef struct cu_att_meta {
+    int32_t bi0, ppb, first;
+    int32_t *blk;
+    uint32_t *msk;
+    int32_t *page;
+} cu_att_meta;
+
+__device__ __forceinline__ int cu_att_meta_load(const cu_attn_params &params, const cu_stream &s,
+                                                unsigned char *smem, cu_att_meta &mt)
+{
+    unsigned char *base = smem + ATT_MMA_STAGES * ATT_MMA_STAGE_BYTES;
+    mt.blk = (int32_t *)base;
+    mt.msk = (uint32_t *)(base + ATT_MMA_META_BLK * 4);
+    mt.page = (int32_t *)(base + ATT_MMA_META_BLK * 8);
+    mt.ppb = s.B > params.page_size ? s.B >> params.log_page_size : 1;
+    mt.bi0 = 0;
+    mt.first = 0;
+    if (s.u1 <= s.u0)
+        return 1;
+    const int32_t *pt = params.meta.page_table + (int64_t)s.r * params.cap_pages;
+    if (s.sparse) {
+        mt.bi0 = s.u0 / s.B;
+        const int32_t nblk = (s.u1 + s.B - 1) / s.B - mt.bi0;
+        if (nblk > ATT_MMA_META_BLK || nblk * mt.ppb > ATT_MMA_META_PAGES)
+            return 0;
+        for (int32_t i = threadIdx.x; i < nblk; i += ATT_MMA_THREADS) {
+            mt.blk[i] = s.uid[mt.bi0 + i];
+            mt.msk[i] = s.masks[mt.bi0 + i];
+        }
+        __syncthreads();
+        for (int32_t e = threadIdx.x; e < nblk * mt.ppb; e += ATT_MMA_THREADS) {
+            const int32_t b = e / mt.ppb;
+            const int32_t pos0 = mt.blk[b] * s.B + (e - b * mt.ppb) * params.page_size;
+            mt.page[e] = pt[pos0 >> params.log_page_size];
+        }
+    } else {
+        mt.first = s.u0 >> params.log_page_size;
+        const int32_t np = ((s.u1 - 1) >> params.log_page_size) - mt.first + 1;
+        if (np > ATT_MMA_META_PAGES)
+            return 0;
+        for (int32_t e = threadIdx.x; e < np; e += ATT_MMA_THREADS)
+            mt.page[e] = pt[mt.first + e];
+    }
+    __syncthreads();
+    return 1;
+}
+
+/* Row metadata of tile j from the shared copy. */
+__device__ __forceinline__ cu_att_loc cu_att_meta_loc(const cu_attn_params &params,
+                                                      const cu_stream &s, const cu_att_meta &mt,
+                                                      int32_t j)
+{
+    cu_att_loc b;
+    const int32_t u = s.u0 + j * CU_TILE_KEYS + (threadIdx.x >> 1);
+    b.pos = 0;
+    b.page = 0;
+    b.use = 0u;
+    if (u >= s.u1)
+        return b;
+    if (s.sparse) {
+        const int32_t bi = u / s.B;
+        const int32_t off = u - bi * s.B;
+        const int32_t i = bi - mt.bi0;
+        b.pos = mt.blk[i] * s.B + off;
+        b.page = mt.page[i * mt.ppb + (mt.ppb > 1 ? off >> params.log_page_size : 0)];
+        b.use = b.pos < s.kl ? mt.msk[i] & cu_causal_bits(b.pos, s.base, s.ql) : 0u;
+    } else {
+        b.pos = u;
+        b.page = mt.page[(u >> params.log_page_size) - mt.first];
+        b.use = cu_causal_bits(u, s.base, s.ql);
+    }
+    return b;
+}
+
+template <typename Tag, int RT>
+__device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *smem,
+                                const cu_att_item &it)
+{
+    constexpr int KS = 4 / RT;            /* warps sharing one row tile */
+    constexpr int KW = CU_TILE_KEYS / KS; /* keys per warp per tile */
+    constexpr int NS = KW / 8;            /* S n-tiles */
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int rt = warp % RT;
+    const int ks = warp / RT;
+    const int key_base = ks * KW;
+
+    const cu_stream cs = cu_stream_of(params, it);
+    const int32_t ntiles = (cs.u1 - cs.u0 + CU_TILE_KEYS - 1) / CU_TILE_KEYS;
+
+    /* Rows of this thread and their query fragments. */
+    const int row_lo = rt * 16 + (lane >> 2);
+    const int row_hi = row_lo + 8;
+    const bool ok_lo = row_lo < it.nrows, ok_hi = row_hi < it.nrows;
+    int tok_lo = 31, tok_hi = 31;
+    int64_t q_lo = 0, q_hi = 0;
+    if (ok_lo) {
+        const int32_t row = it.row0 + row_lo;
+        tok_lo = row / params.group;
+        q_lo = (int64_t)(cs.t0 + tok_lo) * params.q_heads + it.group * params.group +
+               (row - tok_lo * params.group);
+    }
+    if (ok_hi) {
+        const int32_t row = it.row0 + row_hi;
+        tok_hi = row / params.group;
+        q_hi = (int64_t)(cs.t0 + tok_hi) * params.q_heads + it.group * params.group +
+               (row - tok_hi * params.group);
+    }
+    uint32_t qa[8][4];
+    cu_rows_load_q(params.q, q_lo, q_hi, ok_lo, ok_hi, qa);
+    float o[16][4], m_lo, m_hi, l_lo, l_hi;
+    cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
+    const float sl2 = params.scale * LOG2E;
+
+    cu_att_meta mt;
+    const int meta = cu_att_meta_load(params, cs, smem, mt);
+    for (int s = 0; s < ATT_MMA_STAGES - 1; ++s) {
+        if (s < ntiles)
+            cu_att_issue(params, smem, it.group,
+                         meta ? cu_att_meta_loc(params, cs, mt, s)
+                              : cu_att_locate(params, cs, cu_att_lookup(cs, s)),
+                         s);
+        cu_cp_async_commit();
+    }
+    for (int32_t j = 0; j < ntiles; ++j) {
+        cu_cp_async_wait<ATT_MMA_STAGES - 2>();
+        __syncthreads();
+        const int32_t jn = j + ATT_MMA_STAGES - 1;
+        if (jn < ntiles)
+            cu_att_issue(params, smem, it.group,
+                         meta ? cu_att_meta_loc(params, cs, mt, jn)
+                              : cu_att_locate(params, cs, cu_att_lookup(cs, jn)),
+                         jn % ATT_MMA_STAGES);
+        cu_cp_async_commit();
+
+        const unsigned char *st = smem + (j % ATT_MMA_STAGES) * ATT_MMA_STAGE_BYTES;
+        const uint32_t *kmask = (const uint32_t *)(st + 2 * ATT_MMA_TILE_BYTES);
+        const uint32_t ka = cu_smem_addr(st);
+        const uint32_t va = ka + ATT_MMA_TILE_BYTES;
+
+        /* A warp whose tokens use none of its keys in this tile skips it:
+         * with selections that differ per token most of a union is such. */
+        uint32_t used = 0u;
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const uint32_t km = kmask[key_base + n * 8 + 2 * (lane & 3) + e];
+                used |= (km >> tok_lo) | (km >> tok_hi);
+            }
+        if (!__any_sync(0xffffffffu, used & 1u))
+            continue;
+
+        float sc[NS][4];
+        cu_rows_qk<Tag, NS, cu_swz256>(ka, key_base, qa, sc);
+        /* Mask, scale to log2 units, online softmax. */
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const uint32_t km = kmask[key_base + n * 8 + 2 * (lane & 3) + e];
+                sc[n][e] = ((km >> tok_lo) & 1u) ? sc[n][e] * sl2 : -INFINITY;
+                sc[n][2 + e] = ((km >> tok_hi) & 1u) ? sc[n][2 + e] * sl2 : -INFINITY;
+            }
+        }
+        cu_rows_softmax<NS>(sc, o, m_lo, m_hi, l_lo, l_hi);
+        cu_rows_pv<Tag, KW, cu_swz256>(va, key_base, sc, o);
+    }
+    cu_cp_async_wait<0>();
+    cu_rows_sum_quads(l_lo, l_hi);
+
+    /* Merge the key slices of one row tile (warps ks > 0 into ks = 0). */
+    __syncthreads();
+    if (KS > 1) {
+        float *comb = (float *)smem;
+        if (ks > 0)
+            cu_rows_save(comb + ((ks - 1) * RT + rt) * CU_ROWS_SLOT_FLOATS, o, m_lo, m_hi, l_lo,
+                         l_hi);
+        __syncthreads();
+        if (ks == 0)
+            for (int k2 = 1; k2 < KS; ++k2)
+                cu_rows_absorb(comb + ((k2 - 1) * RT + rt) * CU_ROWS_SLOT_FLOATS, o, m_lo, m_hi,
+                               l_lo, l_hi);
+    }
+    if (ks == 0)
+        cu_rows_write<Tag>(params, it, row_lo, q_lo, q_hi, ok_lo, ok_hi, o, m_lo, m_hi, l_lo, l_hi);
+    __syncthreads(); /* the shared memory is reused by the next item */
+}
 
 template <typename Tag>
 __global__ void __launch_bounds__(ATT_MMA_THREADS, 2) cu_attn_mma_kernel(cu_attn_params params)
@@ -14,7 +322,13 @@ __global__ void __launch_bounds__(ATT_MMA_THREADS, 2) cu_attn_mma_kernel(cu_attn
     const int32_t n_items = params.meta.hdr->n_att[params.kind];
     const cu_att_item *items = params.meta.att[params.kind];
     for (int32_t ii = blockIdx.x; ii < n_items; ii += gridDim.x) {
-        cu_att_item_any<Tag>(params, smem, items[ii]);
+        const cu_att_item it = items[ii];
+        if (it.nrows <= 16)
+            cu_att_item_run<Tag, 1>(params, smem, it);
+        else if (it.nrows <= 32)
+            cu_att_item_run<Tag, 2>(params, smem, it);
+        else
+            cu_att_item_run<Tag, 4>(params, smem, it);
     }
 }
 

@@ -34,8 +34,7 @@ __device__ __forceinline__ void cu_stream_split(cu_stream &s, const cu_att_item 
     s.u1 = min(te * CU_TILE_KEYS, len);
 }
 
-/* all_blocks (sparse pass: the Hopper kernel, and the mma.sync items of the
- * fused small-step kernel): the request reaches at
+/* all_blocks (sparse pass, Hopper kernel only): the request reaches at
  * most K blocks, so its union is all of them (SPEC 4), known without the
  * selection's results: uid and masks stay NULL (blocks 0, 1, ..., every
  * token a member).  own_uid, own_masks, own_cnt (sparse pass, Hopper kernel

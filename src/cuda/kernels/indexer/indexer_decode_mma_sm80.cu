@@ -1,10 +1,262 @@
 /*
- * Decode indexer, tensor-core path (the scoring: indexer_decode_mma_sm80.cuh).
+ * Decode indexer, tensor-core path: bf16/fp16 index keys and queries,
+ * Di = 128, B a multiple of 64, at most 4 index heads.
+ *
  * Work split as in the portable path: the blocks of all decode requests end
- * to end, an equal contiguous share per CTA.
+ * to end, an equal contiguous share per CTA.  Each 64-key tile of index keys
+ * is streamed once through a 3-stage cp.async ring and multiplied with all
+ * query columns of its request (q_len x Hi <= 64: every token and index head
+ * at once) with the keys on the MMA's M side, so even a single query column
+ * wastes only half an n-tile.  Products of 16-bit values are exact in fp32
+ * and accumulate in fp32.  Block max (or log-sum-exp) is fused: per-warp
+ * column reductions, then a running state across the tiles of a block.
  */
-#include "cuda/kernels/indexer/indexer_decode_mma_sm80.cuh"
+#include "cuda/params.cuh"
+#include "cuda/arch/mma_sm80.cuh"
 #include "cuda/arch/launch.cuh"
+
+#define IDX_MMA_STAGES 3
+#define IDX_MMA_THREADS 128
+#define IDX_MMA_TILE_BYTES (CU_TILE_KEYS * 256)
+/* Page entries of the key rows, looked up IDX_MMA_STAGES tiles before their copies. */
+#define IDX_MMA_PRING (2 * IDX_MMA_STAGES)
+#define IDX_MMA_SMEM_BYTES                                                                    \
+    (IDX_MMA_STAGES * IDX_MMA_TILE_BYTES + IDX_MMA_TILE_BYTES + 4 * 64 * 4 * 2 + 64 * 4 * 2 + \
+     IDX_MMA_PRING * 64 * 4)
+
+/* A position in this CTA's tile sequence, walked tile by tile (no search
+ * per tile).  Two walk ahead of the consumer: one issues the copies of
+ * tile f + STAGES - 1, one looks up the pages of tile f + 2*STAGES - 1.
+ * Under full memory load a page-table read takes microseconds: issued that
+ * far ahead, as a 4-byte cp.async into a ring in shared memory, it never
+ * holds up the copies. */
+typedef struct cu_idx_it {
+    int32_t k, n, tb, gb, blk_end; /* decode slot, block in request, tile in block */
+    int32_t r, kl;
+} cu_idx_it;
+
+typedef struct cu_idx_ctx {
+    int32_t gb_begin, tpb, F, n_dec;
+    unsigned char *ktile;
+    unsigned char *qtile;
+    float *red_m, *red_l, *run_m, *run_l;
+    int32_t *pring; /* [IDX_MMA_PRING][64] */
+    cu_idx_it issue, look;
+} cu_idx_ctx;
+
+__device__ __forceinline__ void cu_idx_it_slot(const cu_indexer_params &params, cu_idx_it &p,
+                                               int32_t k)
+{
+    const cu_dec_info di = params.meta.dec_info[k];
+    p.k = k;
+    p.r = di.r;
+    p.kl = di.kl;
+    p.blk_end = di.blk1;
+    p.n = p.gb - di.blk0;
+}
+
+__device__ __forceinline__ void cu_idx_it_advance(const cu_indexer_params &params, cu_idx_it &p,
+                                                  int32_t n_dec)
+{
+    if (++p.tb < params.block_size / CU_TILE_KEYS)
+        return;
+    p.tb = 0;
+    ++p.n;
+    if (++p.gb == p.blk_end && p.k + 1 < n_dec)
+        cu_idx_it_slot(params, p, p.k + 1);
+}
+
+__device__ __forceinline__ int32_t cu_idx_it_pos(const cu_indexer_params &params,
+                                                 const cu_idx_it &p)
+{
+    return p.n * params.block_size + p.tb * CU_TILE_KEYS + (threadIdx.x >> 1);
+}
+
+/* Page-table entry of this thread's row of tile `look`, into ring slot x. */
+__device__ __forceinline__ void cu_idx_look(const cu_indexer_params &params, const cu_idx_ctx &c,
+                                            int32_t x)
+{
+    if (threadIdx.x & 1)
+        return;
+    const int32_t pos = cu_idx_it_pos(params, c.look);
+    const bool valid = pos < c.look.kl;
+    const int32_t *src = valid ? params.meta.page_table + (int64_t)c.look.r * params.cap_pages +
+                                     (pos >> params.log_page_size)
+                               : params.meta.page_table;
+    const uint32_t dst = cu_smem_addr(c.pring + (x % IDX_MMA_PRING) * 64 + (threadIdx.x >> 1));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+
+/* Copies of tile x (the `issue` position) into ring stage x % IDX_MMA_STAGES. */
+__device__ __forceinline__ void cu_idx_issue(const cu_indexer_params &params, const cu_idx_ctx &c,
+                                             int32_t x)
+{
+    const int row = threadIdx.x >> 1;
+    const int half = threadIdx.x & 1;
+    const int32_t pos = cu_idx_it_pos(params, c.issue);
+    const bool valid = pos < c.issue.kl;
+    const unsigned char *src = (const unsigned char *)params.index_k_plane;
+    if (valid) {
+        const int32_t page = c.pring[(x % IDX_MMA_PRING) * 64 + row];
+        src += (((int64_t)page * params.page_size + (pos & (params.page_size - 1))) * 128) * 2;
+    }
+    const uint32_t dst = cu_smem_addr(c.ktile + (x % IDX_MMA_STAGES) * IDX_MMA_TILE_BYTES);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int chunk = half * 8 + i;
+        cu_cp_async16(dst + cu_swz(row, chunk), src + (valid ? chunk * 16 : 0), valid ? 16 : 0);
+    }
+}
+
+/* B fragments (query columns nt0*8 .. +NR*8, all 128 dims) from the Q tile. */
+template <int NR>
+__device__ __forceinline__ void cu_idx_bfrags(const unsigned char *qtile, int nt0,
+                                              uint32_t (&bq)[NR][8][2])
+{
+    const int lane = threadIdx.x & 31;
+    const uint32_t qa = cu_smem_addr(qtile);
+#pragma unroll
+    for (int nt = 0; nt < NR; ++nt) {
+#pragma unroll
+        for (int kpair = 0; kpair < 4; ++kpair) {
+            const int row = (nt0 + nt) * 8 + (lane & 7);
+            const int chunk = kpair * 4 + (lane >> 3);
+            cu_ldsm_x4(qa + cu_swz(row, chunk), bq[nt][2 * kpair][0], bq[nt][2 * kpair][1],
+                       bq[nt][2 * kpair + 1][0], bq[nt][2 * kpair + 1][1]);
+        }
+    }
+}
+
+/* Scores of this warp's 16 keys against NR n-tiles, reduced over the keys
+ * into red_m / red_l [warp][column]. */
+template <typename Tag, int NR>
+__device__ __forceinline__ void cu_idx_tile(const cu_indexer_params &params, const cu_idx_ctx &c,
+                                            int stage, const uint32_t (&bq)[NR][8][2], int nt0,
+                                            int32_t key0, int32_t base, int32_t nq)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    float acc[NR][4];
+#pragma unroll
+    for (int nt = 0; nt < NR; ++nt)
+        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    const uint32_t ka = cu_smem_addr(c.ktile + stage * IDX_MMA_TILE_BYTES);
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+        uint32_t a0, a1, a2, a3;
+        const int row = warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+        const int chunk = 2 * ks + (lane >> 4);
+        cu_ldsm_x4(ka + cu_swz(row, chunk), a0, a1, a2, a3);
+#pragma unroll
+        for (int nt = 0; nt < NR; ++nt)
+            cu_mma16816(acc[nt], a0, a1, a2, a3, bq[nt][ks][0], bq[nt][ks][1], Tag());
+    }
+    const int32_t pos_lo = key0 + warp * 16 + (lane >> 2);
+    const int32_t pos_hi = pos_lo + 8;
+#pragma unroll
+    for (int nt = 0; nt < NR; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int32_t col = (nt0 + nt) * 8 + 2 * (lane & 3) + e;
+            const int32_t tok = (col * params.index_heads_magic) >> 16; /* col / Hi, col < 64 */
+            const bool in = col < nq;
+            const bool vlo = in && pos_lo <= base + tok;
+            const bool vhi = in && pos_hi <= base + tok;
+            float xlo = acc[nt][e], xhi = acc[nt][2 + e];
+            if (params.score_lse) {
+                xlo *= params.index_scale;
+                xhi *= params.index_scale;
+            }
+            float m = cu_nanmax(vlo ? xlo : -INFINITY, vhi ? xhi : -INFINITY);
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1)
+                m = cu_nanmax(m, __shfl_xor_sync(0xffffffffu, m, o));
+            float l = 0.0f;
+            if (params.score_lse) {
+                /* Shuffles stay outside any branch on m: it differs per column. */
+                const bool decided = isnan(m) || isinf(m); /* m alone is the state */
+                if (!decided)
+                    l = (vlo ? expf(xlo - m) : 0.0f) + (vhi ? expf(xhi - m) : 0.0f);
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1)
+                    l += __shfl_xor_sync(0xffffffffu, l, o);
+                if (decided)
+                    l = 1.0f;
+            }
+            if (lane < 4 && col < 64) {
+                c.red_m[warp * 64 + col] = m;
+                c.red_l[warp * 64 + col] = l;
+            }
+        }
+    }
+}
+
+template <typename Tag, int NT>
+__device__ void cu_idx_segment(const cu_indexer_params &params, cu_idx_ctx &c, int32_t f_begin,
+                               int32_t f_end, int32_t n0, int32_t base, int32_t d0, int32_t nq)
+{
+    constexpr int NR = NT < 4 ? NT : 4;
+    uint32_t bq[NR][8][2];
+    cu_idx_bfrags<NR>(c.qtile, 0, bq);
+    for (int32_t f = f_begin; f < f_end; ++f) {
+        cu_cp_async_wait<IDX_MMA_STAGES - 2>();
+        __syncthreads();
+        const int32_t fn = f + IDX_MMA_STAGES - 1;
+        if (fn < c.F)
+            cu_idx_issue(params, c, fn);
+        if (fn + IDX_MMA_STAGES < c.F) {
+            cu_idx_look(params, c, fn + IDX_MMA_STAGES);
+            if (fn + IDX_MMA_STAGES + 1 < c.F)
+                cu_idx_it_advance(params, c.look, c.n_dec);
+        }
+        cu_cp_async_commit();
+        if (fn + 1 < c.F)
+            cu_idx_it_advance(params, c.issue, c.n_dec);
+        const int stage = f % IDX_MMA_STAGES;
+        const int32_t blk = f / c.tpb; /* block index in this CTA's range */
+        const int32_t tb = f - blk * c.tpb;
+        const int32_t n = n0 + blk - f_begin / c.tpb; /* block id within the request */
+        const int32_t key0 = n * params.block_size + tb * CU_TILE_KEYS;
+        if (NT > 4) {
+            cu_idx_bfrags<NR>(c.qtile, 0, bq);
+            cu_idx_tile<Tag, NR>(params, c, stage, bq, 0, key0, base, nq);
+            cu_idx_bfrags<NR>(c.qtile, 4, bq);
+            cu_idx_tile<Tag, NR>(params, c, stage, bq, 4, key0, base, nq);
+        } else {
+            cu_idx_tile<Tag, NR>(params, c, stage, bq, 0, key0, base, nq);
+        }
+        __syncthreads();
+        const int col = threadIdx.x;
+        if (col < nq) {
+            float m = -INFINITY, l = 0.0f;
+            if (tb > 0) {
+                m = c.run_m[col];
+                l = c.run_l[col];
+            }
+#pragma unroll
+            for (int w = 0; w < IDX_MMA_THREADS / 32; ++w) {
+                const float m2 = c.red_m[w * 64 + col];
+                if (params.score_lse) {
+                    cu_lse_merge(m, l, m2, c.red_l[w * 64 + col]);
+                } else {
+                    m = cu_nanmax(m, m2);
+                }
+            }
+            if (tb == c.tpb - 1) {
+                const float score = params.score_lse ? cu_lse_value(m, l) : m;
+                const int32_t tok = (col * params.index_heads_magic) >> 16;
+                const int32_t h = col - tok * params.num_index_heads;
+                params
+                    .scores[((int64_t)(d0 + tok) * params.num_index_heads + h) * params.cap_blocks +
+                            n] = score;
+            } else {
+                c.run_m[col] = m;
+                c.run_l[col] = l;
+            }
+        }
+    }
+}
 
 template <typename Tag>
 /* Three CTAs per SM (68 KB of shared memory each): the loop is bound by
@@ -16,11 +268,81 @@ __global__ void __launch_bounds__(IDX_MMA_THREADS, 3)
     cu_pdl_trigger();
     extern __shared__ __align__(128) unsigned char smem[];
     const cu_step_hdr *hdr = params.meta.hdr;
+    cu_idx_ctx c;
+    c.n_dec = hdr->n_dec;
     const int64_t total = hdr->total_dec_blocks;
-    if (hdr->n_dec == 0 || total == 0)
+    if (c.n_dec == 0 || total == 0)
         return;
-    cu_idx_mma_range<Tag>(params, smem, (int32_t)(total * blockIdx.x / gridDim.x),
-                          (int32_t)(total * (blockIdx.x + 1) / gridDim.x));
+    c.gb_begin = (int32_t)(total * blockIdx.x / gridDim.x);
+    const int32_t gb_end = (int32_t)(total * (blockIdx.x + 1) / gridDim.x);
+    c.tpb = params.block_size / CU_TILE_KEYS;
+    c.F = (gb_end - c.gb_begin) * c.tpb;
+    if (c.F == 0)
+        return;
+    c.ktile = smem;
+    c.qtile = smem + IDX_MMA_STAGES * IDX_MMA_TILE_BYTES;
+    c.red_m = (float *)(c.qtile + IDX_MMA_TILE_BYTES);
+    c.red_l = c.red_m + 4 * 64;
+    c.run_m = c.red_l + 4 * 64;
+    c.run_l = c.run_m + 64;
+    c.pring = (int32_t *)(c.run_l + 64);
+
+    /* Prologue: pages of tiles 0 .. 2*STAGES-2, then the copies of tiles
+     * 0 .. STAGES-2 (the loop issues the rest, one of each per tile). */
+    c.issue.gb = c.gb_begin;
+    c.issue.tb = 0;
+    cu_idx_it_slot(params, c.issue, cu_dec_of_block(params.meta.dec_blk0, c.n_dec, c.gb_begin));
+    c.look = c.issue;
+    for (int32_t x = 0; x < 2 * IDX_MMA_STAGES - 1 && x < c.F; ++x) {
+        cu_idx_look(params, c, x);
+        if (x + 1 < c.F)
+            cu_idx_it_advance(params, c.look, c.n_dec);
+    }
+    cu_cp_async_commit();
+    cu_cp_async_wait<0>();
+    __syncthreads();
+    for (int s = 0; s < IDX_MMA_STAGES - 1; ++s) {
+        if (s < c.F)
+            cu_idx_issue(params, c, s);
+        cu_cp_async_commit();
+        if (s + 1 < c.F)
+            cu_idx_it_advance(params, c.issue, c.n_dec);
+    }
+    int32_t f = 0;
+    while (f < c.F) {
+        const int32_t gb = c.gb_begin + f / c.tpb;
+        const int32_t k = cu_dec_of_block(params.meta.dec_blk0, c.n_dec, gb);
+        const cu_dec_info di = params.meta.dec_info[k];
+        const int32_t seg_end = min(c.F, (di.blk1 - c.gb_begin) * c.tpb);
+        const int32_t ql = di.ql;
+        const int32_t base = di.kl - ql;
+        const int32_t t0 = di.t0;
+        const int32_t nq = ql * params.num_index_heads;
+        const int32_t n0 = gb - di.blk0;
+        __syncthreads(); /* every warp is done with the previous request's Q tile */
+        const uint4 *q = (const uint4 *)((const unsigned char *)params.index_q +
+                                         (int64_t)t0 * params.num_index_heads * 256);
+        for (int i = threadIdx.x; i < 64 * 16; i += IDX_MMA_THREADS) {
+            const int row = i >> 4, chunk = i & 15;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (row < nq)
+                v = q[row * 16 + chunk];
+            *(uint4 *)(c.qtile + cu_swz(row, chunk)) = v;
+        }
+        __syncthreads();
+        const int nt = (nq + 7) >> 3;
+        const int32_t d0 = di.d0;
+        if (nt <= 1)
+            cu_idx_segment<Tag, 1>(params, c, f, seg_end, n0, base, d0, nq);
+        else if (nt <= 2)
+            cu_idx_segment<Tag, 2>(params, c, f, seg_end, n0, base, d0, nq);
+        else if (nt <= 4)
+            cu_idx_segment<Tag, 4>(params, c, f, seg_end, n0, base, d0, nq);
+        else
+            cu_idx_segment<Tag, 8>(params, c, f, seg_end, n0, base, d0, nq);
+        f = seg_end;
+    }
+    cu_cp_async_wait<0>();
 }
 
 void cu_launch_indexer_mma(const cu_indexer_params *params, const cu_plan_state *st, cudaStream_t s)

@@ -10,7 +10,13 @@
 #define MSA_INDEXER_PREFILL_SELECT_CUH
 
 #include "cuda/kernels/indexer/indexer_prefill_mma_sm80.cuh"
+/* select_row.cuh defines a device function that is not inline
+ * (cu_select_list64), as select.cu does by the same header: in this
+ * kernel's files it gets internal linkage, so the library links. */
+namespace
+{
 #include "cuda/kernels/select/select_row.cuh"
+}
 
 /* Key-range splits of a tile at most (when the step has few tiles), and
  * the candidates a split keeps per row: the blocks chosen by score,

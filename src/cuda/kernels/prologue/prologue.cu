@@ -6,9 +6,61 @@
  *   - padding rows: write the padding outputs (o = 0, idx_o = 0, lse = -inf,
  *     selected ids = -1), so the later kernels only ever touch real rows.
  */
-#include "cuda/kernels/prologue/prologue_row.cuh"
+#include "cuda/params.cuh"
 #include "cuda/arch/launch.cuh"
 #include "cuda/common/timeline.cuh"
+
+/* One element, converted when the element types differ.  Equal types copy
+ * the bits, so NaN payloads survive as on the CPU. */
+__device__ __forceinline__ void cu_copy_elem(void *dst, int dst_dt, int64_t di, const void *src,
+                                             int src_dt, int64_t si)
+{
+    if (dst_dt == src_dt) {
+        if (dst_dt == MSA_DTYPE_FP32)
+            ((uint32_t *)dst)[di] = ((const uint32_t *)src)[si];
+        else
+            ((uint16_t *)dst)[di] = ((const uint16_t *)src)[si];
+    } else {
+        cu_store(dst, dst_dt, di, cu_load(src, src_dt, si));
+    }
+}
+
+/* Row copy in 16-byte pieces: equal 16-bit element types, every row length
+ * a multiple of 8 and every base 16-byte aligned (checked on the host).
+ * One piece per thread: the loads of a token row are all in flight at once
+ * instead of one dependent round trip per element loop iteration. */
+__device__ __forceinline__ void cu_prologue_row_vec(const cu_prologue_params &p, int32_t t,
+                                                    int32_t page, int32_t slot)
+{
+    const int32_t pk = p.head_dim / 8;       /* pieces per KV head row */
+    const int32_t nkv = p.num_kv_heads * pk; /* pieces of k (and of v) */
+    const int32_t pi = p.index_dim / 8;      /* pieces of an index row */
+    const int32_t nidx = p.sparse ? pi : 0;
+    const int32_t niv = p.index_value ? pi : 0;
+    const int32_t total = 2 * nkv + nidx + niv;
+    for (int32_t e = threadIdx.x; e < total; e += blockDim.x) {
+        const uint4 *src;
+        uint4 *dst;
+        if (e < 2 * nkv) {
+            const int32_t v = e >= nkv;
+            const int32_t x = e - v * nkv;
+            const int32_t h = x / pk, c = x - h * pk;
+            const int64_t d = cu_plane_row(v ? p.v_strides : p.k_strides, page, h, slot) / 8 + c;
+            const int64_t sidx = (((int64_t)t * p.num_kv_heads + h) * p.head_dim) / 8 + c;
+            src = (const uint4 *)(v ? p.v_rows : p.k_rows) + sidx;
+            dst = (uint4 *)(v ? p.v_plane : p.k_plane) + d;
+        } else {
+            const int32_t x = e - 2 * nkv;
+            const int32_t w = x >= nidx; /* index value */
+            const int32_t c = x - w * nidx;
+            const int64_t d =
+                cu_plane_row(w ? p.index_v_strides : p.index_k_strides, page, 0, slot) / 8 + c;
+            src = (const uint4 *)(w ? p.index_v_rows : p.index_k_rows) + (int64_t)t * pi + c;
+            dst = (uint4 *)(w ? p.index_v_plane : p.index_k_plane) + d;
+        }
+        *dst = __ldg(src);
+    }
+}
 
 /* Eight CTAs per SM (32 registers): the grid (up to 8 per SM, one per
  * token) is then a single wave. */
@@ -24,7 +76,70 @@ __global__ void __launch_bounds__(256, 8) cu_prologue_kernel(cu_prologue_params 
     for (int32_t t = blockIdx.x; t < ntok; t += gridDim.x) {
         if (t != (int32_t)blockIdx.x)
             ti = p.tok_info[t];
-        cu_prologue_token(p, t, ti);
+        const int32_t r = ti.r;
+        if (r >= 0) {
+            if (!p.write_cache)
+                continue;
+            const int32_t page = ti.page;
+            /* -1: the row's page-table entry, read on the device, lies
+             * outside the pool (plan.cu): the row is not written. */
+            if (page < 0)
+                continue;
+            const int32_t slot = ti.pos & (p.page_size - 1);
+            if (p.rows_in_pieces) {
+                cu_prologue_row_vec(p, t, page, slot);
+                continue;
+            }
+            /* All elements of the row's planes at once: independent loads. */
+            const int32_t nkv = p.num_kv_heads * p.head_dim;
+            const int32_t nidx = p.sparse ? p.index_dim : 0;
+            const int32_t niv = p.index_value ? p.index_dim : 0;
+            const int32_t total = 2 * nkv + nidx + niv;
+            for (int32_t e = threadIdx.x; e < total; e += blockDim.x) {
+                if (e < 2 * nkv) {
+                    const int32_t v = e >= nkv;
+                    const int32_t x = e - v * nkv;
+                    const int32_t h = x / p.head_dim, d = x - h * p.head_dim;
+                    const int64_t dst =
+                        cu_plane_row(v ? p.v_strides : p.k_strides, page, h, slot) + d;
+                    const int64_t src = ((int64_t)t * p.num_kv_heads + h) * p.head_dim + d;
+                    if (v)
+                        cu_copy_elem(p.v_plane, p.kv_dtype, dst, p.v_rows, p.act_dtype, src);
+                    else
+                        cu_copy_elem(p.k_plane, p.kv_dtype, dst, p.k_rows, p.act_dtype, src);
+                } else {
+                    const int32_t x = e - 2 * nkv;
+                    const int32_t w = x >= nidx; /* index value */
+                    const int32_t d = x - w * nidx;
+                    const int64_t dst =
+                        cu_plane_row(w ? p.index_v_strides : p.index_k_strides, page, 0, slot) + d;
+                    const int64_t src = (int64_t)t * p.index_dim + d;
+                    if (w)
+                        cu_copy_elem(p.index_v_plane, p.index_dtype, dst, p.index_v_rows,
+                                     p.act_dtype, src);
+                    else
+                        cu_copy_elem(p.index_k_plane, p.index_dtype, dst, p.index_k_rows,
+                                     p.act_dtype, src);
+                }
+            }
+        } else {
+            const int64_t no = (int64_t)p.num_q_heads * p.head_dim;
+            for (int64_t i = threadIdx.x; i < no; i += blockDim.x)
+                cu_store(p.out, p.act_dtype, (int64_t)t * no + i, 0.0f);
+            if (p.lse)
+                for (int i = threadIdx.x; i < p.num_q_heads; i += blockDim.x)
+                    p.lse[(int64_t)t * p.num_q_heads + i] = -INFINITY;
+            if (p.sparse && p.topk_ids) {
+                const int64_t nw = (int64_t)p.num_kv_heads * p.topk_width;
+                for (int64_t i = threadIdx.x; i < nw; i += blockDim.x)
+                    p.topk_ids[(int64_t)t * nw + i] = -1;
+            }
+            if (p.index_value) {
+                const int64_t ni = (int64_t)p.num_index_heads * p.index_dim;
+                for (int64_t i = threadIdx.x; i < ni; i += blockDim.x)
+                    cu_store(p.index_out, p.act_dtype, (int64_t)t * ni + i, 0.0f);
+            }
+        }
     }
     if (threadIdx.x == 0)
         CU_TL_MARK(p, CU_TL_PROLOGUE, CU_TL_EXIT);
