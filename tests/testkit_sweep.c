@@ -676,7 +676,9 @@ static void add_cpu_prefill(tk_list *l)
  * prefill rows (the blocked kernels), sparse layers with and without index
  * values, a dense layer, every activation format, packed rows (head-major
  * pages, one KV head) and rows one token apart (token-major pages), page
- * sizes 1 (SGLang) to 128. */
+ * sizes 1 (SGLang) to 128, and on CUDA the tensor-core kernels (head dim
+ * 128), which must run in the engine layout where they run in the
+ * library layout. */
 static void add_layouts(tk_list *l)
 {
     enum {
@@ -705,6 +707,19 @@ static void add_layouts(tk_list *l)
     c->engine_layout = VLLM;
     c = add(l, 0, &M3, &M3_EXTEND, DTYPES[1], 128, 0, 0);
     c->engine_layout = HEAD;
+    /* Prefill steps at head dim 128, whose rows the CUDA backend's
+     * tensor-core kernels read through the strides: the mma.sync kernels
+     * (pages of 16), the Hopper tensor-map kernels (pages of 128, one KV
+     * head: a head stride the layout does not use), a dense layer. */
+    c = add(l, 1, &PF128, &PF_QUICK, DTYPES[1], 16, 0, 1);
+    c->engine_layout = VLLM;
+    c = add(l, 1, &PFM3, &PF_QUICK, DTYPES[2], 128, 1, 0);
+    c->engine_layout = VLLM;
+    c = add(l, 0, &PFM3, &PF_QUICK, DTYPES[1], 128, 0, 1);
+    c->engine_layout = HEAD;
+    c = add(l, 0, &PF128, &PF_QUICK, DTYPES[1], 128, 0, 0);
+    c->engine_layout = LLAMA;
+    c->sparse = 0; /* dense layer */
     /* A sequence of steps on one plan over one wrapped pool. */
     c = add(l, 1, &CPFUNION, &CPF_SMALL, DTYPES[1], 16, 0, 1);
     c->engine_layout = LLAMA;

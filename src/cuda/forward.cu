@@ -172,6 +172,16 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
         out->attn_tma = 0;
     if (out->pf_tma && (map_ok & kv_bits) != kv_bits)
         out->pf_tma = 0;
+    /* Planes in an engine's layout (msa_cache_wrap_strided): the mma.sync
+     * kernels read rows through the strides (cu_plane_row16) like the SIMT
+     * kernels; the tensor maps describe the library layout only. */
+    if (!msa_cache_layer_is_library_layout(plan->cache, layer) &&
+        (out->idx_tma || out->attn_tma || out->pf_tma)) {
+        out->idx_tma = out->attn_tma = out->pf_tma = 0;
+        cu_why(why, why_size,
+               "planes in an engine layout (msa_cache_wrap_strided): mma.sync kernels, no "
+               "tensor maps");
+    }
     /* The sparse pass's prefill rows key-block-major where the plan set
      * it up (its shapes and types, the debugging option). */
     out->pf_kbm = sparse && out->pf_tma && st->pfk &&
@@ -181,19 +191,6 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
                st->pfk ? "prefill tiles over block unions (shape)"
                        : "key-block-major prefill not set up (shape, type, capacity or "
                          "cuda_no_prefill_kbm): prefill tiles over block unions");
-    /* Planes in an engine's layout (msa_cache_wrap_strided): the SIMT
-     * kernels read every row through the strides (cu_plane_row); the
-     * tensor-core kernels and tensor maps assume the library layout. */
-    if (!msa_cache_layer_is_library_layout(plan->cache, layer)) {
-        out->idx_fast = out->attn_fast = out->iv_fast = 0;
-        out->idx_tma = out->attn_tma = 0;
-        out->pf_fast = out->pf_iv_fast = out->pf_tma = out->pf_kbm = 0;
-        if (why && why_size)
-            why[0] = '\0';
-        cu_why(why, why_size,
-               "planes in an engine layout (msa_cache_wrap_strided): SIMT kernels read rows "
-               "through the strides");
-    }
 }
 
 int cu_plan_paths(const msa_plan *plan, cu_plan_state *st)

@@ -10,8 +10,8 @@
  *   3. prefill rows (PF_CASES): the tensor-core indexer's shapes, every
  *      head mapping, prefixes, several requests, mixed steps;
  *   4. engine cache layouts (LAYOUT_CASES, msa_cache_wrap_strided) against
- *      the library layout: cache rows bit for bit, outputs too where both
- *      ran the same kernels;
+ *      the library layout: the same kernels (on CUDA), cache rows and
+ *      outputs bit for bit;
  *   5. with --prefill, also the sweep's steps with prefill requests (q_len >
  *      16: the prefill rows' kernels), e.g. --prefill --filter pf for the
  *      cases at head dim 128 that the tensor-core prefill kernel serves.
@@ -785,8 +785,13 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
 
 /* Engine cache layouts (msa_cache_wrap_strided) in the real layer's shape:
  * each case runs in the engine's layout and in the library layout, and
- * the cache rows must match bit for bit, the outputs too where both ran
- * the same kernels (fp32 activations: the SIMT kernels on both). */
+ * the cache rows must match bit for bit, and so must the outputs where
+ * both ran the same kernels.  The tensor-core kernels read rows through
+ * the strides, so the engine layout runs the library layout's kernels
+ * (same name and reason), and its kernel name holds `expect`: "mma" for
+ * the mma.sync kernels (pages other than 128, where no tensor map
+ * serves), "" where the device decides (tensor maps on Hopper, mma.sync
+ * before it), "simt" for fp32 activations. */
 typedef struct layout_case {
     const char *name;
     int layout; /* msa_case_layout */
@@ -794,6 +799,7 @@ typedef struct layout_case {
     int page, index_value, quick;
     int nreq;
     int q[CASE_REQS], kv[CASE_REQS];
+    const char *expect;
 } layout_case;
 
 static const layout_case LAYOUT_CASES[] = {
@@ -805,7 +811,8 @@ static const layout_case LAYOUT_CASES[] = {
      1,
      3,
      {1, 4, 300},
-     {9000, 2100, 1300}},
+     {9000, 2100, 1300},
+     "mma"},
     {"layout vllm-head-major bf16 P128",
      MSA_CASE_LAYOUT_VLLM_HEAD_MAJOR,
      MSA_DTYPE_BF16,
@@ -814,7 +821,20 @@ static const layout_case LAYOUT_CASES[] = {
      1,
      2,
      {1, 40},
-     {20000, 700}},
+     {20000, 700},
+     ""},
+    /* Token-major pages of 128: rows Hkv x D elements apart, a head's
+     * rows of a page not contiguous; prefill rows beside decode rows. */
+    {"layout vllm bf16 P128 decode+prefill",
+     MSA_CASE_LAYOUT_VLLM,
+     MSA_DTYPE_BF16,
+     128,
+     1,
+     1,
+     3,
+     {1, 9, 400},
+     {12000, 5000, 1500},
+     ""},
     {"layout sglang bf16 P1",
      MSA_CASE_LAYOUT_SGLANG,
      MSA_DTYPE_BF16,
@@ -823,7 +843,8 @@ static const layout_case LAYOUT_CASES[] = {
      1,
      2,
      {1, 8},
-     {5000, 900}},
+     {5000, 900},
+     "mma"},
     {"layout llama.cpp fp16 P32",
      MSA_CASE_LAYOUT_LLAMA_CPP,
      MSA_DTYPE_FP16,
@@ -832,7 +853,18 @@ static const layout_case LAYOUT_CASES[] = {
      0,
      2,
      {2, 100},
-     {7000, 400}},
+     {7000, 400},
+     "mma"},
+    {"layout llama.cpp fp16 P128 prefill",
+     MSA_CASE_LAYOUT_LLAMA_CPP,
+     MSA_DTYPE_FP16,
+     128,
+     0,
+     0,
+     2,
+     {600, 3},
+     {2600, 9000},
+     ""},
     {"layout vllm fp32 P16 (same kernels)",
      MSA_CASE_LAYOUT_VLLM,
      MSA_DTYPE_FP32,
@@ -841,10 +873,11 @@ static const layout_case LAYOUT_CASES[] = {
      1,
      2,
      {1, 20},
-     {3000, 300}},
+     {3000, 300},
+     "simt"},
 };
 
-static int run_layout(msa_context *ctx, const layout_case *lc, int *passed, int *failed)
+static int run_layout(msa_context *ctx, const layout_case *lc, int cuda, int *passed, int *failed)
 {
     msa_case c;
     memset(&c, 0, sizeof c);
@@ -866,6 +899,18 @@ static int run_layout(msa_context *ctx, const layout_case *lc, int *passed, int 
     msa_case_result res;
     memset(&res, 0, sizeof res);
     msa_case_run_layout_pair(ctx, &c, 1, &res);
+    /* The paths (the CPU backend has one kernel for every layout). */
+    if (res.passed && cuda && lc->expect[0] && strcmp(res.kernel, res.library_kernel) != 0) {
+        res.passed = 0;
+        snprintf(res.message, sizeof res.message, "kernels differ: %.100s vs library %.100s",
+                 res.kernel, res.library_kernel);
+    } else if (res.passed && cuda && !strstr(res.kernel, lc->expect)) {
+        res.passed = 0;
+        snprintf(res.message, sizeof res.message, "ran %.160s, expected a %s kernel", res.kernel,
+                 lc->expect);
+    } else if (res.passed && cuda) {
+        snprintf(res.message, sizeof res.message, "%.200s", res.kernel);
+    }
     return report_case(lc->name, &res, passed, failed);
 }
 
@@ -969,7 +1014,7 @@ int main(int argc, char **argv)
                 continue;
             if (selected++ % shards != shard)
                 continue;
-            if (!run_layout(ctx, lc, &passed, &failed))
+            if (!run_layout(ctx, lc, backend == MSA_BACKEND_CUDA, &passed, &failed))
                 ++skipped;
         }
         msa_context_free(ctx);

@@ -97,12 +97,9 @@ __device__ __forceinline__ void cu_att_issue(const cu_attn_params &params, unsig
     const unsigned char *ksrc = (const unsigned char *)params.k_plane;
     const unsigned char *vsrc = (const unsigned char *)params.v_plane;
     if (b.use) {
-        const int64_t off = ((((int64_t)b.page * params.kv_heads + group) * params.page_size +
-                              (b.pos & (params.page_size - 1))) *
-                             128) *
-                            2;
-        ksrc += off;
-        vsrc += off;
+        const int32_t slot = b.pos & (params.page_size - 1);
+        ksrc = cu_plane_row16(params.k_plane, params.k_strides, b.page, group, slot);
+        vsrc = cu_plane_row16(params.v_plane, params.v_strides, b.page, group, slot);
     }
     const uint32_t kd = cu_smem_addr(st);
     const uint32_t vd = kd + ATT_MMA_TILE_BYTES;

@@ -111,10 +111,9 @@ __device__ __forceinline__ void cu_pfa_issue(const cu_pfa_params &p, const cu_pf
     const unsigned char *vsrc = (const unsigned char *)p.vp;
     const bool use = b.use != 0u;
     if (use) {
-        const int64_t off =
-            ((((int64_t)b.page * p.hkv + it.g) * p.P + (b.pos & (p.P - 1))) * 128) * 2;
-        ksrc += off;
-        vsrc += off;
+        const int32_t slot = b.pos & (p.P - 1);
+        ksrc = cu_plane_row16(p.kp, p.ks, b.page, it.g, slot);
+        vsrc = cu_plane_row16(p.vp, p.vs, b.page, it.g, slot);
     }
     const uint32_t kd = cu_smem_addr(st);
     const uint32_t vd = kd + PFA_TILE_BYTES;
@@ -350,6 +349,8 @@ void cu_pfa_build(const cu_attn_params *A, cu_pfa_params *p)
     p->q = A->q;
     p->kp = A->k_plane;
     p->vp = A->v_plane;
+    p->ks = A->k_strides;
+    p->vs = A->v_strides;
     p->o = A->out;
     p->lse = A->lse;
     p->sel = A->selected;

@@ -42,7 +42,8 @@ typedef struct cu_pfa_params {
     int32_t list;              /* CU_PFA_MAIN or CU_PFA_IV */
     float scale_log2;          /* softmax scale x log2(e) */
     const void *q;             /* [tokens][hq_total][128] */
-    const void *kp, *vp;       /* planes [pages][hkv][P][128] */
+    const void *kp, *vp;       /* planes, rows at cu_plane_row of ks, vs */
+    msa_plane_strides ks, vs;  /* the planes' strides (library or engine layout) */
     void *o;                   /* [tokens][hq_total][128] */
     float *lse;                /* [tokens][hq_total] natural-log LSE, or NULL */
     const int32_t *sel;        /* [tokens][hkv][W] ascending block ids, -1 padded (sparse) */

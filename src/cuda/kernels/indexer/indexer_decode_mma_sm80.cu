@@ -99,7 +99,8 @@ __device__ __forceinline__ void cu_idx_issue(const cu_indexer_params &params, co
     const unsigned char *src = (const unsigned char *)params.index_k_plane;
     if (valid) {
         const int32_t page = c.pring[(x % IDX_MMA_PRING) * 64 + row];
-        src += (((int64_t)page * params.page_size + (pos & (params.page_size - 1))) * 128) * 2;
+        src = cu_plane_row16(params.index_k_plane, params.index_k_strides, page, 0,
+                             pos & (params.page_size - 1));
     }
     const uint32_t dst = cu_smem_addr(c.ktile + (x % IDX_MMA_STAGES) * IDX_MMA_TILE_BYTES);
 #pragma unroll

@@ -79,7 +79,7 @@ __device__ __forceinline__ int64_t cu_pfi_row_offset(const cu_pfidx_params &p, i
     if (pos > p_last)
         return -1;
     const int32_t page = p.page_table[(int64_t)r * p.cap_pages + (pos >> p.logP)];
-    return ((int64_t)page * p.P + (pos & (p.P - 1))) * 256;
+    return cu_plane_row(p.iks, page, 0, pos & (p.P - 1)) * 2;
 }
 
 /* Copies of this thread's half key row (8 pieces of 16 bytes, at cache

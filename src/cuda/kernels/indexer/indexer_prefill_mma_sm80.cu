@@ -42,6 +42,7 @@ void cu_pfidx_build(const cu_select_params *sel, const cu_plan_state *st, cu_pfi
     p->sel_cache = st->sz.sel_cache;
     p->iq = sel->index_q;
     p->ikp = sel->index_k_plane;
+    p->iks = sel->index_k_strides;
     p->hdr = st->dev.hdr;
     p->q_len = st->dev.q_len;
     p->kv_len = st->dev.kv_len;

@@ -36,6 +36,7 @@ typedef struct cu_pfidx_params {
     /* Inputs: index queries of the step, the layer's index-key plane, the
      * plan's request arrays and page table. */
     const void *iq, *ikp;
+    msa_plane_strides iks; /* the index-key plane's strides: rows at cu_plane_row */
     const cu_step_hdr *hdr;
     const int32_t *q_len, *kv_len, *q_start, *page_table;
     /* Outputs: the plan's sel rows, the caller's topk rows (or NULL), and
