@@ -82,8 +82,6 @@ typedef struct msa_case_result {
     uint64_t cache_hash; /* hash of every step's cache rows after the call, read back
                           * through the layout and laid out as the library's */
     char kernel[160];    /* msa_plan_kernel_name and fallback reason of the last step */
-    /* msa_case_run_layout_pair: kernel of the library-layout run. */
-    char library_kernel[160];
 } msa_case_result;
 
 /* Runs one case on `ctx`'s backend against the oracle. Returns result->passed. */
@@ -97,11 +95,10 @@ int msa_case_run_sequence(msa_context *ctx, const msa_case *cases, int n, msa_ca
 
 /* Runs the steps of cases (whose engine_layout is not the library's) in
  * their engine layout and again in the library layout, each against the
- * oracle, and passes when both pass, the engine layout ran no SIMT kernel
- * where the library layout ran tensor-core ones, the cache rows of both
- * are the same bit for bit, and so are the outputs where both ran the same
- * kernels (the same msa_plan_kernel_name and fallback reason; the CPU
- * backend always does). */
+ * oracle, and passes when both pass, both ran the same kernels (the same
+ * msa_plan_kernel_name and fallback reason: every kernel of both backends
+ * reads rows through the strides), and the cache rows and the outputs of
+ * both are the same bit for bit. */
 int msa_case_run_layout_pair(msa_context *ctx, const msa_case *cases, int n,
                              msa_case_result *result);
 

@@ -162,26 +162,23 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     } else if (sparse && hopper && act16) {
         cu_why(why, why_size, "page_size or block_size != 128: no tensor-map kernels");
     }
-    /* Tensor maps of the layer's planes, encoded with the plan state; a
-     * plane that could not be described falls back to the mma kernels. */
+    /* Tensor maps of the layer's planes, encoded with the plan state over
+     * the planes' strides (the library layout's or an engine's); a plane
+     * that could not be described falls back to the mma kernels. */
     const unsigned map_ok = st && st->map_ok ? st->map_ok[layer] : 0u;
-    if (out->idx_tma && !(map_ok & (1u << CU_MAP_INDEX_K)))
-        out->idx_tma = 0;
     const unsigned kv_bits = (1u << CU_MAP_K) | (1u << CU_MAP_V);
-    if (out->attn_tma && (map_ok & kv_bits) != kv_bits)
-        out->attn_tma = 0;
-    if (out->pf_tma && (map_ok & kv_bits) != kv_bits)
-        out->pf_tma = 0;
-    /* Planes in an engine's layout (msa_cache_wrap_strided): the mma.sync
-     * kernels read rows through the strides (cu_plane_row16) like the SIMT
-     * kernels; the tensor maps describe the library layout only. */
-    if (!msa_cache_layer_is_library_layout(plan->cache, layer) &&
-        (out->idx_tma || out->attn_tma || out->pf_tma)) {
-        out->idx_tma = out->attn_tma = out->pf_tma = 0;
+    const int idx_map = (map_ok & (1u << CU_MAP_INDEX_K)) != 0;
+    const int kv_maps = (map_ok & kv_bits) == kv_bits;
+    if ((out->idx_tma && !idx_map) || ((out->attn_tma || out->pf_tma) && !kv_maps))
         cu_why(why, why_size,
-               "planes in an engine layout (msa_cache_wrap_strided): mma.sync kernels, no "
-               "tensor maps");
-    }
+               msa_cache_layer_is_library_layout(plan->cache, layer)
+                   ? "no tensor maps of the planes (driver, alignment or size): mma.sync kernels"
+                   : "no tensor maps of the engine layout's planes (a stride not a multiple of "
+                     "16 bytes below 2^40, or the driver): mma.sync kernels");
+    if (!idx_map)
+        out->idx_tma = 0;
+    if (!kv_maps)
+        out->attn_tma = out->pf_tma = 0;
     /* The sparse pass's prefill rows key-block-major where the plan set
      * it up (its shapes and types, the debugging option). */
     out->pf_kbm = sparse && out->pf_tma && st->pfk &&

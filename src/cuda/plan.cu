@@ -124,11 +124,8 @@ static void cu_ws_layout_of(const msa_plan *plan, const cu_ctx_state *cs, const 
      * it, 16-bit activations and K/V planes alike (the Hopper prefill
      * kernel's conditions), a plan that can hold a prefill request. */
     const msa_dtype act = plan->params.act_dtype;
-    int lib_sparse = 0; /* a sparse layer in the library layout (the tensor maps') */
-    for (int32_t l = 0; l < cfg->num_layers && !lib_sparse; ++l)
-        lib_sparse = m->layer_sparse[l] && msa_cache_layer_is_library_layout(plan->cache, l);
     const int pfk =
-        lib_sparse && cs->pf_kbm && sz->pf_blocks_cap > 0 && sz->pf_tiles_cap[0] > 0 &&
+        any_sparse && cs->pf_kbm && sz->pf_blocks_cap > 0 && sz->pf_tiles_cap[0] > 0 &&
         (act == MSA_DTYPE_BF16 || act == MSA_DTYPE_FP16) && plan->cache->cfg.kv_dtype == act &&
         cu_pfk_fits(cfg->head_dim, plan->cache->cfg.page_size, cfg->block_size, m->group, NULL);
     L->pfk_chunk =
@@ -207,19 +204,25 @@ static int cu_state_maps(const msa_plan *plan, cu_plan_state *st)
     if (!st->maps || !st->map_ok)
         return 1;
     memset(st->maps, 0, map_bytes);
-    const uint64_t prows = (uint64_t)cache->cfg.num_pages * (uint64_t)cache->cfg.page_size;
-    const uint64_t hkv = (uint64_t)m->cfg.num_kv_heads;
+    const uint64_t pages = (uint64_t)cache->cfg.num_pages;
+    const uint32_t P = (uint32_t)cache->cfg.page_size;
+    const uint32_t hkv = (uint32_t)m->cfg.num_kv_heads;
     for (int32_t l = 0; l < layers; ++l) {
-        /* Dense layers: K and V only, for the Hopper prefill kernel. */
+        /* Dense layers: K and V only, for the Hopper prefill kernel.  The
+         * maps take the planes' strides: the library layout's or an
+         * engine's (msa_cache_wrap_strided). */
         void *const *planes = cache->planes + (size_t)l * 4;
+        const msa_plane_strides *s = cache->strides + (size_t)l * 4;
         CUtensorMap *mp = st->maps + (size_t)l * CU_MAPS;
         uint8_t ok = 0;
-        if (m->layer_sparse[l] &&
-            cu_tma_map_rows(&mp[CU_MAP_INDEX_K], planes[MSA_PLANE_INDEX_K], prows, 128) == 0)
+        if (m->layer_sparse[l] && cu_tma_map_plane(&mp[CU_MAP_INDEX_K], planes[MSA_PLANE_INDEX_K],
+                                                   &s[MSA_PLANE_INDEX_K], pages, P, 1, 128) == 0)
             ok |= 1u << CU_MAP_INDEX_K;
-        if (cu_tma_map_rows(&mp[CU_MAP_K], planes[MSA_PLANE_K], prows * hkv, 64) == 0)
+        if (cu_tma_map_plane(&mp[CU_MAP_K], planes[MSA_PLANE_K], &s[MSA_PLANE_K], pages, P, hkv,
+                             64) == 0)
             ok |= 1u << CU_MAP_K;
-        if (cu_tma_map_rows(&mp[CU_MAP_V], planes[MSA_PLANE_V], prows * hkv, 64) == 0)
+        if (cu_tma_map_plane(&mp[CU_MAP_V], planes[MSA_PLANE_V], &s[MSA_PLANE_V], pages, P, hkv,
+                             64) == 0)
             ok |= 1u << CU_MAP_V;
         st->map_ok[l] = ok;
     }

@@ -4,12 +4,16 @@
  * consumer ring.
  *
  * Every plane of 16-bit rows of 128 elements (K, V, index K with page size
- * 128) is described to the copy engine as a 2-D tensor: 128 columns, one row
- * per cached token, 256 bytes apart.  A box of 64 columns x R rows lands in
- * shared memory with the 128-byte swizzle: row r at r * 128, its 16-byte
- * chunk c at chunk c ^ (r & 7), so ldmatrix reads of eight rows at one
- * logical chunk hit eight different bank groups.  A 128-column tile is two
- * such boxes, columns 0-63 first.
+ * 128) is described to the copy engine as a 4-D tensor over (column, slot,
+ * head, page) with the plane's own strides (msa_plane_strides: the library
+ * layout's or an engine's), so one map serves every layout whose strides
+ * are multiples of 16 bytes.  A box of 64 columns x R slots of one (page,
+ * head) lands in shared memory with the 128-byte swizzle: row r at r * 128,
+ * its 16-byte chunk c at chunk c ^ (r & 7), so ldmatrix reads of eight rows
+ * at one logical chunk hit eight different bank groups.  A 128-column tile
+ * is two such boxes, columns 0-63 first.  The rows of a box need not be
+ * contiguous in memory (token-major pages): the copy engine walks the
+ * slot stride.
  *
  * One thread issues a whole tile, so the copies cost the SM no address
  * arithmetic and no registers; the kernels are free to spend their warps on
@@ -72,26 +76,31 @@ __device__ __forceinline__ void cu_mbar_wait(uint64_t *bar, uint32_t parity)
     }
 }
 
-/* Box (col, row) of the tensor map into shared memory at dst, completing
- * on bar, its lines in L2 under `policy` (cu_l2_evict_first). */
-__device__ __forceinline__ void cu_tma_load2d_hint(void *dst, const CUtensorMap *map, int32_t col,
-                                                   int32_t row, uint64_t *bar, uint64_t policy)
+/* The box of columns col.. and slots slot.. of the rows of (page, head)
+ * into shared memory at dst, completing on bar, its lines in L2 under
+ * `policy` (cu_l2_evict_first). */
+__device__ __forceinline__ void cu_tma_load_rows_hint(void *dst, const CUtensorMap *map,
+                                                      int32_t col, int32_t slot, int32_t head,
+                                                      int32_t page, uint64_t *bar, uint64_t policy)
 {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(cu_smem_addr(dst)),
-                 "l"((uint64_t)map), "r"(col), "r"(row), "r"(cu_smem_addr(bar)), "l"(policy)
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(
+                     cu_smem_addr(dst)),
+                 "l"((uint64_t)map), "r"(col), "r"(slot), "r"(head), "r"(page),
+                 "r"(cu_smem_addr(bar)), "l"(policy)
                  : "memory");
 }
 
-/* Box (col, row) of the tensor map into shared memory at shared address
- * dst, completing on bar, without a cache hint (for data read again by
- * later tiles, which should stay in L2). */
-__device__ __forceinline__ void cu_tma_load2d(uint32_t dst, const CUtensorMap *map, int32_t col,
-                                              int32_t row, uint64_t *bar)
+/* The same box into shared memory at shared address dst, without a cache
+ * hint (for data read again by later tiles, which should stay in L2). */
+__device__ __forceinline__ void cu_tma_load_rows(uint32_t dst, const CUtensorMap *map, int32_t col,
+                                                 int32_t slot, int32_t head, int32_t page,
+                                                 uint64_t *bar)
 {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(col), "r"(row), "r"(cu_smem_addr(bar))
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(col), "r"(slot), "r"(head), "r"(page),
+                 "r"(cu_smem_addr(bar))
                  : "memory");
 }
 
@@ -118,11 +127,15 @@ __device__ __forceinline__ void cu_named_sync(int id, int threads)
 
 /* ---- host side (arch/tma_map_sm90.cu) ---------------------------------------------- */
 
-/* Describes `rows` rows of 128 16-bit elements (256 bytes apart) at base,
- * read in boxes of 64 columns x box_rows rows with the 128-byte swizzle.
- * Returns 0 on success; nonzero when the driver lacks tensor maps or the
- * plane does not qualify (alignment, size). */
-int cu_tma_map_rows(CUtensorMap *map, const void *base, uint64_t rows, uint32_t box_rows);
+/* Describes a plane of rows of 128 16-bit elements at base: `pages` pages
+ * of `heads` heads of page_size slots, the row of (page, head, slot) at
+ * element cu_plane_row(*s, page, head, slot), read in boxes of 64 columns
+ * x box_rows slots of one (page, head) with the 128-byte swizzle.  Returns
+ * 0 on success; nonzero when the driver lacks tensor maps or the plane
+ * does not qualify (base alignment, a stride not a positive multiple of 16
+ * bytes below 2^40, a box beyond the page). */
+int cu_tma_map_plane(CUtensorMap *map, const void *base, const msa_plane_strides *s, uint64_t pages,
+                     uint32_t page_size, uint32_t heads, uint32_t box_rows);
 
 /* ---- Hopper kernels (indexer_decode_tma_sm90.cu, attention_decode_tma_sm90.cu) -------------------------- */
 /* map: the index-key plane, boxes of 128 rows. */

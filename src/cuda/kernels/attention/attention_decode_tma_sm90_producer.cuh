@@ -233,7 +233,7 @@ __device__ __forceinline__ int32_t cu_attt_union(const cu_attn_params &params,
 typedef struct cu_attt_feed {
     cu_stream cs;       /* the item's split of its key stream; cs.uid NULL: blocks 0, 1, ... */
     const int32_t *pt;  /* the request's page-table row */
-    int64_t prow_base;  /* the KV head's first row in a page */
+    int32_t head;       /* the unit's KV head */
     uint32_t mine;      /* the unit's tokens (request-local bits) */
     bool own;           /* cs.uid, cs.masks: the producer's own union (shared memory) */
     bool staged;        /* the pages are in area.pages, not only in pt */
@@ -245,12 +245,12 @@ typedef struct cu_attt_feed {
 #endif
 } cu_attt_feed;
 
-/* Copies one tile (K and V, 64 rows from page row `row` on) into slot s,
- * completing on barrier bar. */
+/* Copies one tile (K and V, the 64 rows of the unit's KV head in `page`
+ * from `slot` on) into slot s, completing on barrier bar. */
 __device__ __forceinline__ void cu_attt_copy(const cu_attn_params &params, const CUtensorMap *map_k,
                                              const CUtensorMap *map_v, const cu_attt_smem &sm,
-                                             const cu_attt_feed &f, int s, int32_t row,
-                                             uint64_t *bar, uint32_t ring_uses)
+                                             const cu_attt_feed &f, int s, int32_t page,
+                                             int32_t slot, uint64_t *bar, uint32_t ring_uses)
 {
     unsigned char *kd = sm.ring + s * ATT_TMA_STAGE_BYTES;
     unsigned char *vd = kd + ATT_TMA_HALF_BYTES;
@@ -262,10 +262,12 @@ __device__ __forceinline__ void cu_attt_copy(const cu_attn_params &params, const
          * merge read next.  On the H200 this took 1-8% off steps of 10K to
          * 200K context at batch 8-32. */
         const uint64_t pol = cu_l2_evict_first();
-        cu_tma_load2d_hint(kd, map_k, 0, row, bar, pol);
-        cu_tma_load2d_hint(kd + ATT_TMA_HALF_BYTES / 2, map_k, ATT_TMA_BOX_COLS, row, bar, pol);
-        cu_tma_load2d_hint(vd, map_v, 0, row, bar, pol);
-        cu_tma_load2d_hint(vd + ATT_TMA_HALF_BYTES / 2, map_v, ATT_TMA_BOX_COLS, row, bar, pol);
+        cu_tma_load_rows_hint(kd, map_k, 0, slot, f.head, page, bar, pol);
+        cu_tma_load_rows_hint(kd + ATT_TMA_HALF_BYTES / 2, map_k, ATT_TMA_BOX_COLS, slot, f.head,
+                              page, bar, pol);
+        cu_tma_load_rows_hint(vd, map_v, 0, slot, f.head, page, bar, pol);
+        cu_tma_load_rows_hint(vd + ATT_TMA_HALF_BYTES / 2, map_v, ATT_TMA_BOX_COLS, slot, f.head,
+                              page, bar, pol);
 #ifdef MSA_TIMELINE
         if (f.first_of_cta && ring_uses == f.ring_uses_first + 1u)
             CU_TL_MARK(params, CU_TL_ATTN, CU_TL_ISSUED);
@@ -292,9 +294,8 @@ __device__ __forceinline__ int cu_attt_issue_tile(const cu_attn_params &params,
     const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
     const int32_t pg = __shfl_sync(0xffffffffu, page, j);
     const int s = cu_attt_claim(sm, ring_uses, p0, b);
-    const int32_t row = (int32_t)((int64_t)pg * params.kv_heads * params.page_size + f.prow_base +
-                                  (p0 & (ATT_TMA_PAGE_ROWS - 1)));
-    cu_attt_copy(params, map_k, map_v, sm, f, s, row, tail ? &sm.tail[pj] : &sm.full[s], ring_uses);
+    cu_attt_copy(params, map_k, map_v, sm, f, s, pg, p0 & (ATT_TMA_PAGE_ROWS - 1),
+                 tail ? &sm.tail[pj] : &sm.full[s], ring_uses);
     __syncwarp();
     return s;
 }
@@ -422,7 +423,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_attn_params &params,
     if (!f.staged)
         for (int32_t i = lane * 32; i < pages; i += 32 * 32)
             cu_prefetch_l2(f.pt + i);
-    f.prow_base = (int64_t)it.group * params.page_size;
+    f.head = it.group;
     f.tok0 = it.row0 / 16;
     f.ntok = un.ntok[0] + un.ntok[1];
     f.mine = cu_attt_item_bits(f.tok0, f.ntok);

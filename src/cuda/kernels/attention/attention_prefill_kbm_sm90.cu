@@ -284,12 +284,11 @@ __device__ void cu_pfk_producer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
             cu_mbar_arrive(&sm.full_k[s]);
         if (lane == 0) {
             sm.meta[s] = make_int4(it.z, it.w, 0, 0);
-            const int32_t row = (it.y * p.hkv + it.x) * PFH_KEYS;
             const uint32_t kd = cu_smem_addr(sm.ring + s * PFK_STAGE_BYTES);
             cu_mbar_arrive_tx(&sm.full_k[s], PFH_TILE_BYTES);
-            cu_pfh_load_page(kd, map_k, row, &sm.full_k[s]);
+            cu_pfh_load_page(kd, map_k, it.y, it.x, &sm.full_k[s]);
             cu_mbar_arrive_tx(&sm.full_v[s], PFH_TILE_BYTES);
-            cu_pfh_load_page(kd + PFH_TILE_BYTES, map_v, row, &sm.full_v[s]);
+            cu_pfh_load_page(kd + PFH_TILE_BYTES, map_v, it.y, it.x, &sm.full_v[s]);
         }
         __syncwarp();
         /* The last key the item's tokens see. */

@@ -196,13 +196,12 @@ __device__ __forceinline__ void cu_pfh_issue(const cu_pfh_params &p, const cu_pf
             cu_mbar_wait(&sm.empty[s], par ^ 1u);
         sm.meta[s] = make_int4(pos, (int32_t)bits, last, 0);
         if (page >= 0) {
-            const int32_t row = (page * p.hkv + it.g) * PFH_KEYS;
             const uint32_t kd = cu_smem_addr(sm.ring + s * PFH_STAGE_BYTES);
             cu_mbar_arrive_tx(&sm.full_k[s], PFH_TILE_BYTES);
-            cu_pfh_load_page(kd, map_k, row, &sm.full_k[s]);
+            cu_pfh_load_page(kd, map_k, page, it.g, &sm.full_k[s]);
             uint64_t *vbar = tail ? sm.tail : &sm.full_v[s];
             cu_mbar_arrive_tx(vbar, PFH_TILE_BYTES);
-            cu_pfh_load_page(kd + PFH_TILE_BYTES, map_v, row, vbar);
+            cu_pfh_load_page(kd + PFH_TILE_BYTES, map_v, page, it.g, vbar);
         } else {
             cu_mbar_arrive(&sm.full_k[s]);
             cu_mbar_arrive(&sm.full_v[s]);

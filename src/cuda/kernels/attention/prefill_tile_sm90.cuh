@@ -36,17 +36,17 @@ static_assert(PFH_HEAD_DIM == 2 * PFH_BOX_COLS && PFH_KEYS == 2 * PFH_BOX_ROWS,
 
 #ifdef CU_HAVE_WGMMA
 
-/* The four boxes of one [128][128] page (plane row `row`: the page's first
- * row for this KV head) into a slot half: columns 0-63 in its first 16 KB
- * (rows 0-63, then 64-127), columns 64-127 in the next.  No cache hint:
- * a dense item's pages are read again by every later tile of the request. */
-__device__ __forceinline__ void cu_pfh_load_page(uint32_t dst, const CUtensorMap *map, int32_t row,
-                                                 uint64_t *bar)
+/* The four boxes of one [128][128] page (the rows of `page` for KV head
+ * `head`) into a slot half: columns 0-63 in its first 16 KB (rows 0-63,
+ * then 64-127), columns 64-127 in the next.  No cache hint: a dense item's
+ * pages are read again by every later tile of the request. */
+__device__ __forceinline__ void cu_pfh_load_page(uint32_t dst, const CUtensorMap *map, int32_t page,
+                                                 int32_t head, uint64_t *bar)
 {
 #pragma unroll
     for (int b = 0; b < 4; ++b)
-        cu_tma_load2d(dst + (uint32_t)b * PFH_BOX_BYTES, map, (b >> 1) * PFH_BOX_COLS,
-                      row + (b & 1) * PFH_BOX_ROWS, bar);
+        cu_tma_load_rows(dst + (uint32_t)b * PFH_BOX_BYTES, map, (b >> 1) * PFH_BOX_COLS,
+                         (b & 1) * PFH_BOX_ROWS, head, page, bar);
 }
 
 /* 2^x, flushed to 0 below 2^-126 (as the decode path's Hopper attention:

@@ -299,9 +299,9 @@ __device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned cha
      * block scores, the plan).  On the H200 this took 0.5-3% off steps of
      * 10K to 200K context. */
     const uint64_t pol = cu_l2_evict_first();
-    cu_tma_load2d_hint(dst, map, 0, pg * IDX_TMA_BLOCK_ROWS, &full[s], pol);
-    cu_tma_load2d_hint(dst + IDX_TMA_BLOCK_BYTES / 2, map, IDX_TMA_BOX_COLS,
-                       pg * IDX_TMA_BLOCK_ROWS, &full[s], pol);
+    cu_tma_load_rows_hint(dst, map, 0, 0, 0, pg, &full[s], pol);
+    cu_tma_load_rows_hint(dst + IDX_TMA_BLOCK_BYTES / 2, map, IDX_TMA_BOX_COLS, 0, 0, pg, &full[s],
+                          pol);
 }
 
 /* Blocks gb0 .. gb0 + cnt - 1 (cnt <= 32) into the ring from use x on:

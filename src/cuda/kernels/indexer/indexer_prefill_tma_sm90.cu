@@ -110,13 +110,13 @@ __device__ void cu_pfit_producer(const cu_pfidx_params &p, const cu_pfit_smem_t 
             if (lane == 0) {
                 const int s = (int)(gs % PFIT_STAGES);
                 const uint32_t par = (gs / PFIT_STAGES) & 1u;
-                const int32_t row = pt[c] * PFIT_KEYS; /* page c: block c (P = B = 128) */
+                const int32_t page = pt[c]; /* page c: block c (P = B = 128) */
                 if (gs >= PFIT_STAGES)
                     cu_mbar_wait(&sm.empty[s], par ^ 1u);
                 const uint32_t dst = cu_smem_addr(sm.ring + s * PFIT_STAGE_BYTES);
                 cu_mbar_arrive_tx(&sm.full[s], PFIT_STAGE_BYTES);
-                cu_tma_load2d(dst, map, 0, row, &sm.full[s]);
-                cu_tma_load2d(dst + PFIT_BOX_BYTES, map, PFIT_BOX_COLS, row, &sm.full[s]);
+                cu_tma_load_rows(dst, map, 0, 0, 0, page, &sm.full[s]);
+                cu_tma_load_rows(dst + PFIT_BOX_BYTES, map, PFIT_BOX_COLS, 0, 0, page, &sm.full[s]);
             }
             __syncwarp();
         }
