@@ -145,8 +145,10 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
                        : "no sm_90a products (or cuda_no_prefill_tma): mma.sync prefill kernel");
     }
 
-    /* Hopper kernels: a key block is one page, streamed by tensor maps
-     * whose row coordinates are 32-bit. */
+    /* Hopper kernels: a key block is one page, streamed by tensor maps.
+     * Their coordinates are per dimension now (slot, head, page); the
+     * bound on a plane's rows below 2^31, from the earlier maps of one row
+     * coordinate, stays (no plane on one device's memory reaches it). */
     const int hopper = st && st->tma;
     const int whole_pages = cc->page_size == 128 && cfg->block_size == 128;
     const int64_t rows = cc->num_pages * (int64_t)cc->page_size;
