@@ -1,0 +1,446 @@
+/*
+ * The CUDA backend's quantized formats (src/cuda/common/quant.cuh) against
+ * the core's (src/core/quant.c), bit for bit (any NaN equals any NaN: the
+ * sign of a NaN product is left open on both sides):
+ *   - E4M3 and E2M1 decoding of every code;
+ *   - E4M3 and E2M1 encoding of every float whose low 12 bits are one of
+ *     0, 1, 0x7ff, 0x800, 0x801, 0xfff (every rounding boundary of both
+ *     formats lies among them, and every exponent, sign, NaN and infinity);
+ *   - fp8 reads of every code at scales down to subnormal products;
+ *   - nvfp4 reads of every code pair with every group-scale byte, at
+ *     several global scales;
+ *   - nvfp4 group writes: random groups over many magnitudes, groups at
+ *     the E2M1 midpoints, zero, tiny, huge, infinite and NaN groups;
+ *   - nvfp4 rows found in a plane's (page, head) regions, read back as
+ *     msa_dequantize_rows reads them.
+ *   test_cuda_quant [--host]
+ * The same checks run on the host (the functions compile for both) and, on
+ * a GPU, in kernels; --host runs only the first.  Without a GPU the device
+ * part prints "skipped" and the program exits 77 (after the host part).
+ */
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cuda/common/quant.cuh"
+
+extern "C" {
+#include "core/quant.h"
+}
+
+#define EXIT_SKIPPED 77
+
+/* ---- inputs ---------------------------------------------------------------- */
+
+static const uint32_t LOW_BITS[] = {0u, 1u, 0x7ffu, 0x800u, 0x801u, 0xfffu};
+#define N_LOW (sizeof LOW_BITS / sizeof LOW_BITS[0])
+#define N_ENC (((size_t)1 << 20) * N_LOW)
+
+static const float SCALES[] = {1.0f, 0.37f, 1e-40f, 3.0e-3f, 7.5e36f, 1.5e38f, 2.0f, 0.05f};
+#define N_SCALES (sizeof SCALES / sizeof SCALES[0])
+static const float GLOBALS[] = {1.0f, 0.5f, 1e-3f, 3.7f, 1e-30f, 1e30f, 0.01f};
+#define N_GLOBALS (sizeof GLOBALS / sizeof GLOBALS[0])
+
+/* Plane of the row test: nvfp4 regions of P rows of D elements. */
+enum { PL_PAGES = 3, PL_HEADS = 2, PL_P = 8, PL_D = 48 };
+#define PL_BYTES ((size_t)PL_PAGES * PL_HEADS * PL_P * PL_D * 9 / 16)
+#define PL_ELEMS ((size_t)PL_PAGES * PL_HEADS * PL_P * PL_D)
+
+typedef struct inputs {
+    float *enc;          /* [N_ENC] floats to encode */
+    int n_groups;        /* nvfp4 groups to encode */
+    float *groups;       /* [n_groups][16] */
+    float *group_global; /* [n_groups] */
+    uint8_t *plane;      /* [PL_BYTES] an nvfp4 plane's bytes */
+} inputs;
+
+/* Results of one side (host or device), in the same layout. */
+typedef struct results {
+    uint8_t *e4m3_enc, *e2m1_enc;  /* [N_ENC] */
+    float *e4m3_dec, *e2m1_dec;    /* [256], [16] */
+    float *fp8_dq;                 /* [N_SCALES][256] */
+    float *nv_dq;                  /* [N_GLOBALS][256 scale bytes][256 pairs][2] */
+    uint8_t *nv_codes, *nv_scales; /* [n_groups][8], [n_groups] */
+    float *plane_dq;               /* [PL_ELEMS] in (page, head, slot, d) order */
+} results;
+
+#define N_NV_DQ ((size_t)N_GLOBALS * 256 * 256 * 2)
+
+static uint64_t rng_state = 0x7175616e74ull;
+static uint32_t rng_u32(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33);
+}
+static float rng_unit(void) /* in [-1, 1) */
+{
+    return (float)((int32_t)(rng_u32() & 0xffffffu) - 0x800000) / (float)0x800000;
+}
+
+static float f32_of(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static void make_inputs(inputs *in)
+{
+    in->enc = (float *)malloc(N_ENC * sizeof(float));
+    for (size_t hi = 0; hi < ((size_t)1 << 20); hi++)
+        for (size_t k = 0; k < N_LOW; k++)
+            in->enc[hi * N_LOW + k] = f32_of((uint32_t)(hi << 12) | LOW_BITS[k]);
+
+    /* Groups: random at magnitudes 2^-30 .. 2^30, E2M1 points and midpoints
+     * times a scale, specials; each with one of the globals. */
+    static const float mids[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f,
+                                 0.5f,  1.0f,  1.5f,  2.0f,  3.0f, 4.0f, 0.0f, 5.5f};
+    const int n_random = 20000, n_special = 8;
+    in->n_groups = (n_random + 16 + n_special) * (int)N_GLOBALS;
+    in->groups = (float *)malloc((size_t)in->n_groups * 16 * sizeof(float));
+    in->group_global = (float *)malloc((size_t)in->n_groups * sizeof(float));
+    int g = 0;
+    for (size_t gi = 0; gi < N_GLOBALS; gi++) {
+        const float global = GLOBALS[gi];
+        for (int r = 0; r < n_random; r++, g++) {
+            const float mag = ldexpf(1.0f, (int)(rng_u32() % 61) - 30);
+            for (int e = 0; e < 16; e++)
+                in->groups[g * 16 + e] = rng_unit() * mag;
+            in->group_global[g] = global;
+        }
+        /* Midpoints: amax 6 * 2^k * global makes the group scale 2^k
+         * exactly, so x / (scale * global) lands on the listed values. */
+        for (int k = 0; k < 16; k++, g++) {
+            const float s = ldexpf(1.0f, k - 8);
+            for (int e = 0; e < 16; e++)
+                in->groups[g * 16 + e] = (e & 1 ? -1.0f : 1.0f) * mids[(e + k) % 16] * s * global;
+            in->groups[g * 16 + (k % 16)] = 6.0f * s * global;
+            in->group_global[g] = global;
+        }
+        for (int k = 0; k < n_special; k++, g++) {
+            float *x = in->groups + g * 16;
+            for (int e = 0; e < 16; e++)
+                x[e] = rng_unit();
+            switch (k) {
+            case 0: memset(x, 0, 16 * sizeof(float)); break;
+            case 1: x[5] = NAN; break;
+            case 2: x[0] = INFINITY; break;
+            case 3: x[15] = -INFINITY; break;
+            case 4:
+                for (int e = 0; e < 16; e++)
+                    x[e] *= 1e-38f;
+                break;
+            case 5:
+                for (int e = 0; e < 16; e++)
+                    x[e] *= 3e38f;
+                break;
+            case 6:
+                x[3] = -0.0f;
+                x[4] = f32_of(1u);
+                break;
+            default:
+                for (int e = 0; e < 16; e++)
+                    x[e] = e % 2 ? -0.0f : 0.0f;
+                break;
+            }
+            in->group_global[g] = global;
+        }
+    }
+    in->plane = (uint8_t *)malloc(PL_BYTES);
+    for (size_t b = 0; b < PL_BYTES; b++)
+        in->plane[b] = (uint8_t)(b < 256 ? b : rng_u32());
+}
+
+static void alloc_results(results *r, int n_groups, int on_device)
+{
+    void **p[] = {(void **)&r->e4m3_enc, (void **)&r->e2m1_enc,  (void **)&r->e4m3_dec,
+                  (void **)&r->e2m1_dec, (void **)&r->fp8_dq,    (void **)&r->nv_dq,
+                  (void **)&r->nv_codes, (void **)&r->nv_scales, (void **)&r->plane_dq};
+    const size_t bytes[] = {N_ENC,
+                            N_ENC,
+                            256 * sizeof(float),
+                            16 * sizeof(float),
+                            N_SCALES * 256 * sizeof(float),
+                            N_NV_DQ * sizeof(float),
+                            (size_t)n_groups * 8,
+                            (size_t)n_groups,
+                            PL_ELEMS * sizeof(float)};
+    for (size_t i = 0; i < sizeof bytes / sizeof bytes[0]; i++) {
+        if (on_device) {
+            if (cudaMalloc(p[i], bytes[i]) != cudaSuccess)
+                *p[i] = NULL;
+        } else {
+            *p[i] = malloc(bytes[i]);
+        }
+    }
+}
+
+/* ---- one item of each check: the same code on the host and the device --- */
+
+/* The nvfp4 plane's element i in (page, head, slot, d) order. */
+__host__ __device__ static float plane_elem(const uint8_t *plane, size_t i, float global)
+{
+    const int32_t d = (int32_t)(i % PL_D);
+    const int32_t slot = (int32_t)(i / PL_D % PL_P);
+    const int64_t region = (int64_t)(i / PL_D / PL_P) * PL_P * PL_D;
+    return cu_qrow_load(plane, MSA_DTYPE_NVFP4, global, cu_nvfp4_row(region, slot, PL_P, PL_D), d);
+}
+
+__host__ __device__ static void run_item(const inputs &in, const results &out, size_t i,
+                                         const float *scales, const float *globals)
+{
+    if (i < N_ENC) {
+        out.e4m3_enc[i] = cu_f32_to_e4m3(in.enc[i]);
+        out.e2m1_enc[i] = cu_f32_to_e2m1(in.enc[i]);
+    }
+    if (i < 256)
+        out.e4m3_dec[i] = cu_e4m3_to_f32((uint32_t)i);
+    if (i < 16)
+        out.e2m1_dec[i] = cu_e2m1_to_f32((uint32_t)i);
+    if (i < N_SCALES * 256)
+        out.fp8_dq[i] = cu_fp8_dequantize((uint32_t)(i % 256), scales[i / 256]);
+    if (i < N_NV_DQ / 2) {
+        const uint32_t pair = (uint32_t)(i % 256), sb = (uint32_t)(i / 256 % 256);
+        const float global = globals[i / 65536];
+        out.nv_dq[2 * i] = cu_nvfp4_dequantize(pair & 0xfu, sb, global);
+        out.nv_dq[2 * i + 1] = cu_nvfp4_dequantize(pair >> 4, sb, global);
+    }
+    if (i < (size_t)in.n_groups)
+        cu_nvfp4_quantize_group(out.nv_codes + 8 * i, out.nv_scales + i, in.groups + 16 * i,
+                                in.group_global[i]);
+    if (i < PL_ELEMS)
+        out.plane_dq[i] = plane_elem(in.plane, i, 0.75f);
+}
+
+static size_t n_items(const inputs &in)
+{
+    size_t n = N_ENC;
+    if (N_NV_DQ / 2 > n)
+        n = N_NV_DQ / 2;
+    if ((size_t)in.n_groups > n)
+        n = (size_t)in.n_groups;
+    return n;
+}
+
+__global__ void run_items_kernel(inputs in, results out, size_t n, const float *scales,
+                                 const float *globals)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        run_item(in, out, i, scales, globals);
+}
+
+/* ---- the reference and the comparison ------------------------------------ */
+
+static int same_float(float a, float b)
+{
+    uint32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    return x == y || (isnan(a) && isnan(b));
+}
+
+static void compare(const char *side, const inputs &in, const results &got)
+{
+    long bad = 0;
+    size_t first = 0;
+    for (size_t i = 0; i < N_ENC; i++)
+        if (got.e4m3_enc[i] != msa_f32_to_e4m3(in.enc[i]) && !bad++)
+            first = i;
+    CHECK(bad == 0, "%s: e4m3 encode: %ld of %zu differ (first %a -> 0x%02x, want 0x%02x)", side,
+          bad, (size_t)N_ENC, (double)in.enc[first], got.e4m3_enc[first],
+          msa_f32_to_e4m3(in.enc[first]));
+    bad = 0;
+    for (size_t i = 0; i < N_ENC; i++)
+        if (got.e2m1_enc[i] != msa_f32_to_e2m1(in.enc[i]) && !bad++)
+            first = i;
+    CHECK(bad == 0, "%s: e2m1 encode: %ld of %zu differ (first %a -> 0x%x, want 0x%x)", side, bad,
+          (size_t)N_ENC, (double)in.enc[first], got.e2m1_enc[first],
+          msa_f32_to_e2m1(in.enc[first]));
+    bad = 0;
+    for (int c = 0; c < 256; c++)
+        bad += !same_float(got.e4m3_dec[c], msa_e4m3_to_f32((uint8_t)c));
+    CHECK(bad == 0, "%s: e4m3 decode: %ld of 256 codes differ", side, bad);
+    bad = 0;
+    for (int c = 0; c < 16; c++)
+        bad += !same_float(got.e2m1_dec[c], msa_e2m1_to_f32((uint8_t)c));
+    CHECK(bad == 0, "%s: e2m1 decode: %ld of 16 codes differ", side, bad);
+
+    for (size_t s = 0; s < N_SCALES; s++) {
+        uint8_t codes[256];
+        float want[256];
+        for (int c = 0; c < 256; c++)
+            codes[c] = (uint8_t)c;
+        msa_fp8_dequantize(want, codes, 256, SCALES[s]);
+        bad = 0;
+        for (int c = 0; c < 256; c++)
+            bad += !same_float(got.fp8_dq[s * 256 + c], want[c]);
+        CHECK(bad == 0, "%s: fp8 read at scale %g: %ld of 256 codes differ", side,
+              (double)SCALES[s], bad);
+    }
+    for (size_t gi = 0; gi < N_GLOBALS; gi++) {
+        bad = 0;
+        for (int sb = 0; sb < 256; sb++)
+            for (int pair = 0; pair < 256; pair++) {
+                uint8_t codes[8];
+                const uint8_t scale = (uint8_t)sb;
+                float want[16];
+                memset(codes, pair, sizeof codes);
+                msa_nvfp4_dequantize(want, codes, &scale, 16, GLOBALS[gi]);
+                const float *g = got.nv_dq + ((gi * 256 + sb) * 256 + pair) * 2;
+                bad += !same_float(g[0], want[0]) || !same_float(g[1], want[1]);
+            }
+        CHECK(bad == 0, "%s: nvfp4 read at global %g: %ld of 65536 pairs differ", side,
+              (double)GLOBALS[gi], bad);
+    }
+    bad = 0;
+    for (int g = 0; g < in.n_groups; g++) {
+        uint8_t codes[8], scale;
+        msa_nvfp4_quantize(codes, &scale, in.groups + 16 * g, 16, in.group_global[g]);
+        if ((memcmp(codes, got.nv_codes + 8 * g, 8) || scale != got.nv_scales[g]) && !bad++)
+            first = (size_t)g;
+    }
+    CHECK(bad == 0, "%s: nvfp4 group write: %ld of %d groups differ (first %zu)", side, bad,
+          in.n_groups, first);
+
+    /* The plane's regions as msa_dequantize_rows reads them: P rows of
+     * codes, then P rows of group scales. */
+    static float want[PL_ELEMS];
+    const size_t region_bytes = (size_t)PL_P * PL_D * 9 / 16;
+    for (size_t r = 0; r < (size_t)PL_PAGES * PL_HEADS; r++) {
+        const uint8_t *base = in.plane + r * region_bytes;
+        msa_status st = msa_dequantize_rows(NULL, MSA_DTYPE_NVFP4, 0.75f, base,
+                                            base + PL_P * PL_D / 2, PL_P, PL_D,
+                                            want + r * PL_P * PL_D, MSA_DTYPE_FP32);
+        CHECK(st == MSA_OK, "msa_dequantize_rows: %d", (int)st);
+    }
+    bad = 0;
+    for (size_t i = 0; i < PL_ELEMS; i++)
+        bad += !same_float(got.plane_dq[i], want[i]);
+    CHECK(bad == 0, "%s: nvfp4 plane rows: %ld of %zu elements differ", side, bad,
+          (size_t)PL_ELEMS);
+}
+
+/* ---- the two sides ---------------------------------------------------------- */
+
+static void run_host(const inputs &in)
+{
+    results r;
+    alloc_results(&r, in.n_groups, 0);
+    const size_t n = n_items(in);
+    for (size_t i = 0; i < n; i++)
+        run_item(in, r, i, SCALES, GLOBALS);
+    compare("host", in, r);
+    void *p[] = {r.e4m3_enc, r.e2m1_enc, r.e4m3_dec,  r.e2m1_dec, r.fp8_dq,
+                 r.nv_dq,    r.nv_codes, r.nv_scales, r.plane_dq};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        free(p[i]);
+}
+
+#define CUDA_OK(call)                                                      \
+    do {                                                                   \
+        cudaError_t e_ = (call);                                           \
+        CHECK(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_)); \
+        if (e_ != cudaSuccess)                                             \
+            return;                                                        \
+    } while (0)
+
+/* Copies n bytes to a new device buffer. */
+template <typename T>
+static T *to_device(const T *src, size_t n)
+{
+    void *d = NULL;
+    if (cudaMalloc(&d, n) != cudaSuccess)
+        return NULL;
+    if (cudaMemcpy(d, src, n, cudaMemcpyHostToDevice) != cudaSuccess) {
+        cudaFree(d);
+        return NULL;
+    }
+    return (T *)d;
+}
+
+static void run_device(const inputs &in)
+{
+    inputs din = in;
+    din.enc = to_device(in.enc, N_ENC * sizeof(float));
+    din.groups = to_device(in.groups, (size_t)in.n_groups * 16 * sizeof(float));
+    din.group_global = to_device(in.group_global, (size_t)in.n_groups * sizeof(float));
+    din.plane = to_device(in.plane, PL_BYTES);
+    float *scales = to_device(SCALES, sizeof SCALES);
+    float *globals = to_device(GLOBALS, sizeof GLOBALS);
+    results d;
+    alloc_results(&d, in.n_groups, 1);
+    void *dev[] = {din.enc,  din.groups, din.group_global, din.plane,   scales,
+                   globals,  d.e4m3_enc, d.e2m1_enc,       d.e4m3_dec,  d.e2m1_dec,
+                   d.fp8_dq, d.nv_dq,    d.nv_codes,       d.nv_scales, d.plane_dq};
+    int missing = 0;
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        missing += dev[i] == NULL;
+    CHECK(missing == 0, "device buffers: %d of %zu could not be made", missing,
+          sizeof dev / sizeof dev[0]);
+    if (missing == 0) {
+        run_items_kernel<<<1024, 256>>>(din, d, n_items(in), scales, globals);
+        cudaError_t e = cudaDeviceSynchronize();
+        CHECK(e == cudaSuccess, "kernel: %s", cudaGetErrorString(e));
+        if (e == cudaSuccess) {
+            results h;
+            alloc_results(&h, in.n_groups, 0);
+            const size_t bytes[] = {N_ENC,
+                                    N_ENC,
+                                    256 * sizeof(float),
+                                    16 * sizeof(float),
+                                    N_SCALES * 256 * sizeof(float),
+                                    N_NV_DQ * sizeof(float),
+                                    (size_t)in.n_groups * 8,
+                                    (size_t)in.n_groups,
+                                    PL_ELEMS * sizeof(float)};
+            void *hp[] = {h.e4m3_enc, h.e2m1_enc, h.e4m3_dec,  h.e2m1_dec, h.fp8_dq,
+                          h.nv_dq,    h.nv_codes, h.nv_scales, h.plane_dq};
+            void *dp[] = {d.e4m3_enc, d.e2m1_enc, d.e4m3_dec,  d.e2m1_dec, d.fp8_dq,
+                          d.nv_dq,    d.nv_codes, d.nv_scales, d.plane_dq};
+            int copied = 1;
+            for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
+                copied &= cudaMemcpy(hp[i], dp[i], bytes[i], cudaMemcpyDeviceToHost) == cudaSuccess;
+            CHECK(copied, "copies of the device results");
+            if (copied)
+                compare("device", in, h);
+            for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
+                free(hp[i]);
+        }
+    }
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        cudaFree(dev[i]);
+}
+
+int main(int argc, char **argv)
+{
+    const int host_only = argc > 1 && !strcmp(argv[1], "--host");
+    if (argc > 2 || (argc == 2 && !host_only)) {
+        fprintf(stderr, "usage: test_cuda_quant [--host]\n");
+        return 2;
+    }
+    inputs in;
+    make_inputs(&in);
+    run_host(in);
+    int skipped = 0;
+    if (!host_only) {
+        int count = 0;
+        if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+            cudaGetLastError();
+            printf("skipped: the device part (no CUDA device)\n");
+            skipped = 1;
+        } else {
+            run_device(in);
+        }
+    }
+    free(in.enc);
+    free(in.groups);
+    free(in.group_global);
+    free(in.plane);
+    const int rc = check_finish();
+    return rc == 0 && skipped ? EXIT_SKIPPED : rc;
+}
