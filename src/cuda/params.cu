@@ -73,6 +73,11 @@ void cu_prologue_build(const msa_plan *plan, const cu_plan_state *st, int32_t la
     p->v_strides = strides[MSA_PLANE_V];
     p->index_k_strides = strides[MSA_PLANE_INDEX_K];
     p->index_v_strides = strides[MSA_PLANE_INDEX_V];
+    const float *scales = cache->scales + (size_t)layer * 4;
+    p->k_scale = scales[MSA_PLANE_K];
+    p->v_scale = scales[MSA_PLANE_V];
+    p->index_k_scale = scales[MSA_PLANE_INDEX_K];
+    p->index_v_scale = scales[MSA_PLANE_INDEX_V];
     p->out = io->o;
     p->index_out = io->idx_o;
     p->lse = io->lse;
@@ -109,6 +114,7 @@ void cu_indexer_build(const msa_plan *plan, const cu_plan_state *st, int32_t lay
     p->index_q = io->idx_q;
     p->index_k_plane = cache->planes[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
     p->index_k_strides = cache->strides[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
+    p->index_k_scale = cache->scales[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
     p->scores = st->scores;
     p->next_chunk = st->idx_next;
     p->meta = st->dev;
@@ -157,6 +163,7 @@ void cu_select_build(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     p->index_q = io->idx_q;
     p->index_k_plane = cache->planes[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
     p->index_k_strides = cache->strides[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
+    p->index_k_scale = cache->scales[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
     p->scores = st->scores;
     p->selected = st->sel;
     p->topk_ids = io->topk;
@@ -197,6 +204,8 @@ void cu_attn_build(const msa_plan *plan, const cu_plan_state *st, int32_t layer,
         p->v_plane = planes[MSA_PLANE_INDEX_V];
         p->k_strides = cache->strides[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
         p->v_strides = cache->strides[(size_t)layer * 4 + MSA_PLANE_INDEX_V];
+        p->k_scale = cache->scales[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
+        p->v_scale = cache->scales[(size_t)layer * 4 + MSA_PLANE_INDEX_V];
         p->out = io->idx_o;
         p->lse = NULL;
         p->sparse = 0;
@@ -212,6 +221,8 @@ void cu_attn_build(const msa_plan *plan, const cu_plan_state *st, int32_t layer,
         p->v_plane = planes[MSA_PLANE_V];
         p->k_strides = cache->strides[(size_t)layer * 4 + MSA_PLANE_K];
         p->v_strides = cache->strides[(size_t)layer * 4 + MSA_PLANE_V];
+        p->k_scale = cache->scales[(size_t)layer * 4 + MSA_PLANE_K];
+        p->v_scale = cache->scales[(size_t)layer * 4 + MSA_PLANE_V];
         p->out = io->o;
         p->lse = io->lse;
         p->sparse = kind == CU_KIND_SPARSE;

@@ -46,6 +46,9 @@ typedef struct cu_prologue_params {
     /* The layer's cache planes, rows at cu_plane_row of their strides. */
     void *k_plane, *v_plane, *index_k_plane, *index_v_plane;
     msa_plane_strides k_strides, v_strides, index_k_strides, index_v_strides;
+    /* The planes' scales (msa_cache_set_scales), read by the quantized
+     * formats only. */
+    float k_scale, v_scale, index_k_scale, index_v_scale;
     /* Outputs of padding rows. */
     void *out;         /* [tokens][num_q_heads][head_dim] */
     void *index_out;   /* [tokens][num_index_heads][index_dim] (index value) */
@@ -77,8 +80,10 @@ typedef struct cu_indexer_params {
     int32_t cap_pages;         /* page-table row length */
     int32_t cap_blocks;        /* scores per (decode row, index head) */
     const void *index_q;       /* [tokens][num_index_heads][index_dim] */
-    const void *index_k_plane; /* rows at cu_plane_row of index_k_strides */
+    const void *index_k_plane; /* rows at cu_plane_at of index_k_strides */
     msa_plane_strides index_k_strides;
+    /* Quantized index planes: the plane's scale (msa_cache_set_scales). */
+    float index_k_scale;
     float *scores; /* [decode rows][num_index_heads][cap_blocks] */
     /* The Hopper indexer's next on-demand chunk (put back to 0 by its last
      * draw); NULL: every share is fixed. */
@@ -128,8 +133,10 @@ typedef struct cu_select_params {
      * selection builds every union. */
     int32_t attention_union_blocks;
     const void *index_q;       /* [tokens][num_index_heads][index_dim] */
-    const void *index_k_plane; /* rows at cu_plane_row of index_k_strides */
+    const void *index_k_plane; /* rows at cu_plane_at of index_k_strides */
     msa_plane_strides index_k_strides;
+    /* Quantized index planes: the plane's scale (msa_cache_set_scales). */
+    float index_k_scale;
     float *scores;         /* [decode rows][num_index_heads][cap_blocks] */
     int32_t *selected;     /* [tokens][num_kv_heads][topk_width] ascending ids, -1 padded */
     int32_t *topk_ids;     /* the caller's copy of selected, or NULL */
@@ -159,8 +166,10 @@ typedef struct cu_attn_params {
     float scale;
     int32_t act_dtype, kv_dtype;
     const void *q;                 /* [tokens][q_heads][head_dim] */
-    const void *k_plane, *v_plane; /* rows at cu_plane_row of k_strides, v_strides */
+    const void *k_plane, *v_plane; /* rows at cu_plane_at of k_strides, v_strides */
     msa_plane_strides k_strides, v_strides;
+    /* Quantized planes: the planes' scales (msa_cache_set_scales). */
+    float k_scale, v_scale;
     void *out;          /* [tokens][q_heads][head_dim] */
     float *lse;         /* [tokens][q_heads], or NULL (index-value pass) */
     int32_t block_size; /* key-stream block size (sparse unions) */

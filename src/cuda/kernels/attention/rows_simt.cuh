@@ -1,7 +1,7 @@
 /*
  * Attention of one query row spread over a warp, portable path (any element
- * type, head dim <= 512): lane holds dims lane, lane + 32, ...; online
- * softmax in fp32.  Used by the SIMT decode items and the prefill rows.
+ * type, quantized planes de-quantized on read, head dim <= 512): lane
+ * holds dims lane, lane + 32, ...; online softmax in fp32.  Used by the SIMT decode items and the prefill rows.
  */
 #ifndef MSA_CUDA_KERNELS_ATTENTION_ROWS_SIMT_CUH
 #define MSA_CUDA_KERNELS_ATTENTION_ROWS_SIMT_CUH
@@ -30,12 +30,15 @@ __device__ __forceinline__ void cu_row_init(cu_row_state &st, const cu_attn_para
     st.l = 0.0f;
 }
 
-/* Element offsets of one key's K row and V row. */
+/* Where one key's K row and V row lie (cu_plane_at). */
 struct cu_kv_rows {
-    int64_t k, v;
+    cu_qrow k, v;
 };
 
-/* Adds the key/value rows at element offsets `off` of the planes. */
+/* Adds the key/value rows `off` of the planes, read through cu_plane_load
+ * (quantized planes de-quantized; QUANT false: the planes are not
+ * quantized). */
+template <bool QUANT = true>
 __device__ __forceinline__ void cu_row_add(cu_row_state &st, const cu_attn_params &params,
                                            cu_kv_rows off)
 {
@@ -45,7 +48,10 @@ __device__ __forceinline__ void cu_row_add(cu_row_state &st, const cu_attn_param
     for (int e = 0; e < ATT_SIMT_VEC; ++e) {
         const int d = lane + 32 * e;
         if (d < params.head_dim)
-            s = fmaf(st.q[e], cu_load(params.k_plane, params.kv_dtype, off.k + d), s);
+            s = fmaf(st.q[e],
+                     cu_plane_load<QUANT>(params.k_plane, params.kv_dtype, params.k_scale, off.k,
+                                          d),
+                     s);
     }
     s = cu_warp_sum(s) * params.scale;
     const float m_new = fmaxf(st.m, s);
@@ -57,8 +63,10 @@ __device__ __forceinline__ void cu_row_add(cu_row_state &st, const cu_attn_param
     for (int e = 0; e < ATT_SIMT_VEC; ++e) {
         const int d = lane + 32 * e;
         if (d < params.head_dim)
-            st.acc[e] =
-                fmaf(p, cu_load(params.v_plane, params.kv_dtype, off.v + d), st.acc[e] * corr);
+            st.acc[e] = fmaf(p,
+                             cu_plane_load<QUANT>(params.v_plane, params.kv_dtype, params.v_scale,
+                                                  off.v, d),
+                             st.acc[e] * corr);
     }
 }
 
@@ -95,8 +103,8 @@ __device__ __forceinline__ void cu_row_write_part(const cu_row_state &st,
         prow[params.head_dim] = st.l > 0.0f ? st.m + logf(st.l) : -INFINITY;
 }
 
-/* Element offsets of the K row and the V row of request r's key `pos`
- * for KV head g. */
+/* The K row and the V row of request r's key `pos` for KV head g. */
+template <bool QUANT = true>
 __device__ __forceinline__ cu_kv_rows cu_plane_off(const cu_attn_params &params, int32_t r,
                                                    int32_t g, int32_t pos)
 {
@@ -104,8 +112,10 @@ __device__ __forceinline__ cu_kv_rows cu_plane_off(const cu_attn_params &params,
         cu_page_of(params.meta.page_table, params.cap_pages, r, pos, params.log_page_size);
     const int32_t slot = pos & (params.page_size - 1);
     cu_kv_rows rows;
-    rows.k = cu_plane_row(params.k_strides, page, g, slot);
-    rows.v = cu_plane_row(params.v_strides, page, g, slot);
+    rows.k = cu_plane_at<QUANT>(params.k_strides, params.kv_dtype, page, g, slot, params.page_size,
+                                params.head_dim);
+    rows.v = cu_plane_at<QUANT>(params.v_strides, params.kv_dtype, page, g, slot, params.page_size,
+                                params.head_dim);
     return rows;
 }
 

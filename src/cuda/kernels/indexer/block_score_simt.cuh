@@ -1,7 +1,8 @@
 /*
  * Block score of one (token, index head) over one key block, computed by a
  * whole warp (portable path): lanes split the block's visible keys, each dot
- * product is a sequential fp32 FMA chain over the stored operand values.
+ * product is a sequential fp32 FMA chain over the stored operand values
+ * (quantized index keys de-quantized as the CPU reads them).
  * SPEC 4: max of the raw scores, or ln(sum exp(c * s)) for the lse type.
  */
 #ifndef MSA_CUDA_KERNELS_INDEXER_BLOCK_SCORE_SIMT_CUH
@@ -25,12 +26,15 @@ __device__ __forceinline__ float cu_warp_block_score(const Params &params, int32
     for (int32_t j = j0 + lane; j < j1; j += 32) {
         const int32_t page =
             cu_page_of(params.meta.page_table, params.cap_pages, r, j, params.log_page_size);
-        const int64_t koff =
-            cu_plane_row(params.index_k_strides, page, 0, j & (params.page_size - 1));
+        const cu_qrow krow = cu_plane_at(params.index_k_strides, params.index_dtype, page, 0,
+                                         j & (params.page_size - 1), params.page_size,
+                                         params.index_dim);
         float s = 0.0f;
         for (int32_t d = 0; d < params.index_dim; ++d)
             s = fmaf(cu_load(params.index_q, params.act_dtype, qoff + d),
-                     cu_load(params.index_k_plane, params.index_dtype, koff + d), s);
+                     cu_plane_load(params.index_k_plane, params.index_dtype, params.index_k_scale,
+                                   krow, d),
+                     s);
         if (params.score_lse)
             cu_lse_merge(m, l, params.index_scale * s, 1.0f);
         else

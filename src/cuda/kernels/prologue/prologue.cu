@@ -2,7 +2,8 @@
  * First kernel of every layer: one pass over the step's token rows.
  *   - real rows (when the caller did not pre-write them): store k, v, idx_k,
  *     idx_v at the row's position in the paged planes, converted to the
- *     plane's element type;
+ *     plane's element type, or quantized as the CPU backend writes them
+ *     (common/quant.cuh) in the kernel's variant for quantized planes;
  *   - padding rows: write the padding outputs (o = 0, idx_o = 0, lse = -inf,
  *     selected ids = -1), so the later kernels only ever touch real rows.
  */
@@ -62,9 +63,85 @@ __device__ __forceinline__ void cu_prologue_row_vec(const cu_prologue_params &p,
     }
 }
 
+/* One unit of a plane's row: element c (nvfp4: group c of 16) of the row
+ * whose activations start at element `src` of `rows`, stored at `slot` of
+ * (page, head) of the plane. */
+__device__ __forceinline__ void cu_prologue_put(void *plane, int dtype, float scale,
+                                                const msa_plane_strides &s, int32_t page_size,
+                                                int32_t dim, int32_t page, int32_t head,
+                                                int32_t slot, int32_t c, const void *rows,
+                                                int act_dtype, int64_t src)
+{
+    uint8_t *b = (uint8_t *)plane;
+    if (dtype == MSA_DTYPE_NVFP4) {
+        const cu_qrow row = cu_nvfp4_row(cu_plane_row(s, page, head, 0), slot, page_size, dim);
+        float x[CU_NVFP4_GROUP];
+#pragma unroll
+        for (int e = 0; e < CU_NVFP4_GROUP; ++e)
+            x[e] = cu_load(rows, act_dtype, src + c * CU_NVFP4_GROUP + e);
+        uint8_t codes[CU_NVFP4_GROUP / 2], sb;
+        cu_nvfp4_quantize_group(codes, &sb, x, scale);
+        /* Byte stores: a region of P * D * 9 / 16 bytes leaves the next
+         * one's rows without any wider alignment when P * D < 128. */
+#pragma unroll
+        for (int i = 0; i < CU_NVFP4_GROUP / 2; ++i)
+            b[row.at + c * (CU_NVFP4_GROUP / 2) + i] = codes[i];
+        b[row.scales + c] = sb;
+    } else if (dtype == MSA_DTYPE_FP8_E4M3) {
+        b[cu_plane_row(s, page, head, slot) + c] =
+            cu_fp8_quantize(cu_load(rows, act_dtype, src + c), scale);
+    } else {
+        cu_copy_elem(plane, dtype, cu_plane_row(s, page, head, slot) + c, rows, act_dtype, src + c);
+    }
+}
+
+/* A real row into planes of which some are quantized: one unit (element,
+ * or nvfp4 group) per thread. */
+__device__ __forceinline__ void cu_prologue_row_quant(const cu_prologue_params &p, int32_t t,
+                                                      int32_t page, int32_t slot)
+{
+    const int32_t ukv = p.kv_dtype == MSA_DTYPE_NVFP4 ? p.head_dim / CU_NVFP4_GROUP : p.head_dim;
+    const int32_t uidx = p.index_dtype == MSA_DTYPE_NVFP4 ? p.index_dim / CU_NVFP4_GROUP
+                                                          : p.index_dim;
+    const int32_t nkv = p.num_kv_heads * ukv; /* units of k (and of v) */
+    const int32_t nidx = p.sparse ? uidx : 0;
+    const int32_t niv = p.index_value ? uidx : 0;
+    const int32_t total = 2 * nkv + nidx + niv;
+    for (int32_t e = threadIdx.x; e < total; e += blockDim.x) {
+        if (e < 2 * nkv) {
+            const int32_t v = e >= nkv;
+            const int32_t x = e - v * nkv;
+            const int32_t h = x / ukv, c = x - h * ukv;
+            const int64_t src = ((int64_t)t * p.num_kv_heads + h) * p.head_dim;
+            if (v)
+                cu_prologue_put(p.v_plane, p.kv_dtype, p.v_scale, p.v_strides, p.page_size,
+                                p.head_dim, page, h, slot, c, p.v_rows, p.act_dtype, src);
+            else
+                cu_prologue_put(p.k_plane, p.kv_dtype, p.k_scale, p.k_strides, p.page_size,
+                                p.head_dim, page, h, slot, c, p.k_rows, p.act_dtype, src);
+        } else {
+            const int32_t x = e - 2 * nkv;
+            const int32_t w = x >= nidx; /* index value */
+            const int32_t c = x - w * nidx;
+            const int64_t src = (int64_t)t * p.index_dim;
+            if (w)
+                cu_prologue_put(p.index_v_plane, p.index_dtype, p.index_v_scale, p.index_v_strides,
+                                p.page_size, p.index_dim, page, 0, slot, c, p.index_v_rows,
+                                p.act_dtype, src);
+            else
+                cu_prologue_put(p.index_k_plane, p.index_dtype, p.index_k_scale, p.index_k_strides,
+                                p.page_size, p.index_dim, page, 0, slot, c, p.index_k_rows,
+                                p.act_dtype, src);
+        }
+    }
+}
+
 /* Eight CTAs per SM (32 registers): the grid (up to 8 per SM, one per
- * token) is then a single wave. */
-__global__ void __launch_bounds__(256, 8) cu_prologue_kernel(cu_prologue_params p)
+ * token) is then a single wave.  The variant for quantized planes
+ * (QUANT) keeps an nvfp4 group's 16 values in registers: four CTAs per
+ * SM, 64 registers. */
+template <bool QUANT>
+__global__ void __launch_bounds__(256, QUANT ? 4 : 8) cu_prologue_kernel(cu_prologue_params p)
 {
     cu_pdl_trigger(); /* the indexer may be scheduled; it waits for us */
     if (threadIdx.x == 0)
@@ -86,6 +163,10 @@ __global__ void __launch_bounds__(256, 8) cu_prologue_kernel(cu_prologue_params 
             if (page < 0)
                 continue;
             const int32_t slot = ti.pos & (p.page_size - 1);
+            if (QUANT) {
+                cu_prologue_row_quant(p, t, page, slot);
+                continue;
+            }
             if (p.rows_in_pieces) {
                 cu_prologue_row_vec(p, t, page, slot);
                 continue;
@@ -147,5 +228,9 @@ __global__ void __launch_bounds__(256, 8) cu_prologue_kernel(cu_prologue_params 
 
 void cu_launch_prologue(const cu_prologue_params *p, const cu_plan_state *st, cudaStream_t s)
 {
-    cu_prologue_kernel<<<st->sz.grid_tok, 256, 0, s>>>(*p);
+    /* Index planes count where the layer has them. */
+    if (cu_is_quantized(p->kv_dtype) || (p->sparse && cu_is_quantized(p->index_dtype)))
+        cu_prologue_kernel<true><<<st->sz.grid_tok, 256, 0, s>>>(*p);
+    else
+        cu_prologue_kernel<false><<<st->sz.grid_tok, 256, 0, s>>>(*p);
 }
