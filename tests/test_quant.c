@@ -4,7 +4,7 @@
  * independent encoders on random data, the public row helpers
  * (msa_quantize_rows / msa_dequantize_rows) and their bad input, and the
  * cache calls with fp8_e4m3 and nvfp4 planes (create, wrap, plane bytes,
- * scales, the CUDA refusal).
+ * scales, the CUDA backend's caches).
  */
 #include <float.h>
 #include <math.h>
@@ -448,32 +448,48 @@ static void test_cache(void)
     msa_cache_free(c);
     msa_model_free(dense);
 
-    /* The CUDA backend refuses quantized planes, naming the dtype. */
+    /* The CUDA backend takes quantized planes too, main and index planes
+     * independently, with the CPU backend's plane sizes. */
     msa_context *gpu = NULL;
     if (msa_backend_available(MSA_BACKEND_CUDA)) {
         cp.backend = MSA_BACKEND_CUDA;
         if (msa_context_create(&cp, &gpu, NULL, 0) == MSA_OK) {
             msa_model *gm = make_model(gpu, 32, 48, 1);
-            static const msa_dtype q[2] = {MSA_DTYPE_FP8_E4M3, MSA_DTYPE_NVFP4};
-            for (int i = 0; i < 2 && gm; i++) {
+            msa_model *cm = make_model(ctx, 32, 48, 1);
+            static const msa_dtype q[3] = {MSA_DTYPE_FP8_E4M3, MSA_DTYPE_NVFP4, MSA_DTYPE_BF16};
+            for (int i = 0; i < 9 && gm && cm; i++) {
                 msa_cache_config_default(&cc);
                 cc.num_pages = PAGES;
                 cc.page_size = P;
-                cc.index_dtype = q[i];
-                c = (msa_cache *)1;
-                st = msa_cache_create(gpu, gm, &cc, &c);
-                CHECK(st == MSA_ERR_UNSUPPORTED && c == NULL &&
-                          strstr(msa_context_last_error(gpu), msa_dtype_name(q[i])),
-                      "CUDA %s planes: %s (%s)", msa_dtype_name(q[i]), msa_status_name(st),
-                      msa_context_last_error(gpu));
+                cc.kv_dtype = q[i % 3];
+                cc.index_dtype = q[i / 3];
+                msa_cache *gc = NULL, *hc = NULL;
+                st = msa_cache_create(gpu, gm, &cc, &gc);
+                CHECK(st == MSA_OK && gc != NULL, "CUDA kv %s index %s planes: %s (%s)",
+                      msa_dtype_name(cc.kv_dtype), msa_dtype_name(cc.index_dtype),
+                      msa_status_name(st), msa_context_last_error(gpu));
+                if (msa_cache_create(ctx, cm, &cc, &hc) == MSA_OK && gc) {
+                    int same = 1;
+                    for (int l = 0; l < 2; l++)
+                        for (int pl = 0; pl < 4; pl++)
+                            same &= msa_cache_plane_bytes(gc, l, (msa_plane)pl) ==
+                                    msa_cache_plane_bytes(hc, l, (msa_plane)pl);
+                    CHECK(same, "CUDA kv %s index %s: plane bytes as on the CPU",
+                          msa_dtype_name(cc.kv_dtype), msa_dtype_name(cc.index_dtype));
+                    CHECK(msa_cache_set_scales(gc, 0, 0.5f, 2.0f, 0.25f, 4.0f) == MSA_OK,
+                          "CUDA cache scales");
+                }
+                msa_cache_free(hc);
+                msa_cache_free(gc);
             }
+            msa_model_free(cm);
             msa_model_free(gm);
             msa_context_free(gpu);
         } else {
             SKIP("CUDA context could not be created");
         }
     } else {
-        SKIP("CUDA refusal of quantized planes: no CUDA device in this build or machine");
+        SKIP("CUDA quantized planes: no CUDA device in this build or machine");
     }
     msa_model_free(m);
     msa_context_free(ctx);

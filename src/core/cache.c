@@ -88,16 +88,8 @@ static msa_status validate_cache_config(msa_context *ctx, const msa_model *model
     if (!is_storage_dtype(cfg->kv_dtype) || !is_storage_dtype(cfg->index_dtype))
         return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG, "unknown cache dtype");
     /* The index dtype matters only when some layer has index planes. */
+    /* Both backends read and write fp8_e4m3 and nvfp4 planes. */
     const int index_planes = has_index_planes(model);
-    const int kv_quant = is_quantized(cfg->kv_dtype);
-    const int index_quant = index_planes && is_quantized(cfg->index_dtype);
-    if (ctx->backend != MSA_BACKEND_CPU && (kv_quant || index_quant))
-        return msa_set_error(ctx, MSA_ERR_UNSUPPORTED,
-                             "the %s backend has no kernels for %s cache planes (kv %s, index %s); "
-                             "the CPU backend supports fp8_e4m3 and nvfp4 planes",
-                             msa_backend_name(ctx->backend),
-                             msa_dtype_name(kv_quant ? cfg->kv_dtype : cfg->index_dtype),
-                             msa_dtype_name(cfg->kv_dtype), msa_dtype_name(cfg->index_dtype));
     /* An NVFP4 group is 16 consecutive elements of one token's row. */
     if (cfg->kv_dtype == MSA_DTYPE_NVFP4 && model->cfg.head_dim % 16 != 0)
         return msa_set_error(ctx, MSA_ERR_INVALID_CONFIG,

@@ -70,7 +70,16 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
                "act dtype fp32: SIMT kernels (exact fp32 products, no tensor cores)");
     const int kv_ok = act16 && cc->kv_dtype == act;
     const int idx_ok = act16 && cc->index_dtype == act;
-    if (act16 && !kv_ok) {
+    /* Quantized planes (fp8_e4m3, nvfp4): only the SIMT kernels read them,
+     * de-quantizing each row on read (cu_plane_load). */
+    const int kv_quant = cc->kv_dtype == MSA_DTYPE_FP8_E4M3 || cc->kv_dtype == MSA_DTYPE_NVFP4;
+    const int idx_quant =
+        sparse && (cc->index_dtype == MSA_DTYPE_FP8_E4M3 || cc->index_dtype == MSA_DTYPE_NVFP4);
+    if (kv_quant) {
+        snprintf(buf, sizeof buf, "%s K/V planes: SIMT attention de-quantizes rows on read",
+                 msa_dtype_name(cc->kv_dtype));
+        cu_why(why, why_size, buf);
+    } else if (act16 && !kv_ok) {
         snprintf(buf, sizeof buf, "kv dtype %s != act dtype %s: SIMT attention",
                  msa_dtype_name(cc->kv_dtype), msa_dtype_name(act));
         cu_why(why, why_size, buf);
@@ -81,7 +90,12 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
         cu_why(why, why_size, buf);
     }
     if (sparse) {
-        if (act16 && !idx_ok) {
+        if (idx_quant) {
+            snprintf(buf, sizeof buf,
+                     "%s index planes: SIMT indexer and index-value rows de-quantize on read",
+                     msa_dtype_name(cc->index_dtype));
+            cu_why(why, why_size, buf);
+        } else if (act16 && !idx_ok) {
             snprintf(buf, sizeof buf, "index dtype %s != act dtype %s: SIMT indexer",
                      msa_dtype_name(cc->index_dtype), msa_dtype_name(act));
             cu_why(why, why_size, buf);
