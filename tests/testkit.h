@@ -122,6 +122,10 @@ typedef struct msa_sweep_options {
      * threads (same thread count and level), and fails unless both wrote
      * the same outputs bit for bit. */
     int compare_own_pool;
+    /* 1: every case with quantized planes (fp8_e4m3, nvfp4) runs again on
+     * a CPU context, and fails unless the cache both wrote is the same
+     * bytes (codes and group scales) after every step. */
+    int compare_cpu_quantized_cache;
 } msa_sweep_options;
 
 /* Runs the oracle sweep; counts go to *passed / *failed / *skipped.

@@ -770,6 +770,14 @@ static int decode_like(const tk_entry *e)
     return 1;
 }
 
+/* A case whose cache has fp8_e4m3 or nvfp4 planes. */
+static int has_quantized_plane(const msa_case *c)
+{
+    const int kv = c->kv_dtype == MSA_DTYPE_FP8_E4M3 || c->kv_dtype == MSA_DTYPE_NVFP4;
+    const int idx = c->index_dtype == MSA_DTYPE_FP8_E4M3 || c->index_dtype == MSA_DTYPE_NVFP4;
+    return kv || (c->sparse && idx);
+}
+
 int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *skipped)
 {
     tk_list list = {NULL, 0, 0};
@@ -787,6 +795,14 @@ int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *
     msa_context *own = NULL;
     if (opts->compare_own_pool && msa_context_create(&cp, &own, err, sizeof err) != MSA_OK)
         own = NULL; /* every case fails below */
+    msa_context *cpu = NULL;
+    if (opts->compare_cpu_quantized_cache) {
+        msa_context_params cpu_cp;
+        msa_context_params_default(&cpu_cp);
+        cpu_cp.backend = MSA_BACKEND_CPU;
+        if (msa_context_create(&cpu_cp, &cpu, NULL, 0) != MSA_OK)
+            cpu = NULL; /* every quantized case fails below */
+    }
     cp.parallel_for = opts->parallel_for;
     cp.engine = opts->engine;
     msa_status st = msa_context_create(&cp, &ctx, err, sizeof err);
@@ -829,6 +845,20 @@ int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *
                              "outputs differ from the run on the library's own threads");
                 }
             }
+            if (opts->compare_cpu_quantized_cache && res.passed && has_quantized_plane(c)) {
+                msa_case_result twin;
+                memset(&twin, 0, sizeof twin);
+                if (!cpu || !msa_case_run_sequence(cpu, e->c, e->n, &twin)) {
+                    res.passed = 0;
+                    snprintf(res.message, sizeof res.message,
+                             "the CPU backend's run failed: %.200s",
+                             cpu ? twin.message : "no CPU context");
+                } else if (twin.cache_hash != res.cache_hash) {
+                    res.passed = 0;
+                    snprintf(res.message, sizeof res.message,
+                             "quantized cache bytes differ from the CPU backend's");
+                }
+            }
         }
         const char *verdict = res.passed ? "PASS" : res.skipped ? "SKIP" : "FAIL";
         np += res.passed;
@@ -846,6 +876,7 @@ int msa_sweep_run(const msa_sweep_options *opts, int *passed, int *failed, int *
     }
     msa_context_free(ctx);
     msa_context_free(own);
+    msa_context_free(cpu);
     free(list.e);
     *passed = np;
     *failed = nf;

@@ -1,7 +1,9 @@
 /*
  * The CUDA backend against the oracle:
  *   1. the sweep's decode/verify cases (q_len <= 16 per request), every
- *      shape, head mapping, dtype and page size of the sweep;
+ *      shape, head mapping, dtype and page size of the sweep; with
+ *      quantized planes (fp8_e4m3, nvfp4) the cache the step wrote must
+ *      also be the CPU backend's, byte for byte;
  *   2. long contexts in the real M3 layer shape (up to 300K tokens), where
  *      the split indexer, the union attention and the merges do real work:
  *      batch 1 and small batches, 1 to 16 tokens per request, every page
@@ -976,6 +978,9 @@ int main(int argc, char **argv)
     opts.shard = shard;
     opts.shards = shards;
     opts.log = stdout;
+    /* Quantized planes: the cache the CUDA backend wrote must be the CPU
+     * backend's, codes and group scales bit for bit. */
+    opts.compare_cpu_quantized_cache = backend == MSA_BACKEND_CUDA;
     int passed = 0, failed = 0, skipped = 0;
     msa_sweep_run(&opts, &passed, &failed, &skipped);
 
