@@ -70,12 +70,20 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
                "act dtype fp32: SIMT kernels (exact fp32 products, no tensor cores)");
     const int kv_ok = act16 && cc->kv_dtype == act;
     const int idx_ok = act16 && cc->index_dtype == act;
-    /* Quantized planes (fp8_e4m3, nvfp4): only the SIMT kernels read them,
-     * de-quantizing each row on read (cu_plane_load). */
+    /* Quantized planes (fp8_e4m3, nvfp4): the SIMT kernels read them,
+     * de-quantizing each row on read (cu_plane_load); fp8 K/V with 16-bit
+     * activations also take the mma.sync decode attention, which widens
+     * the codes in its fragment loads (not its prefill rows, not the
+     * Hopper kernels). */
     const int kv_quant = cc->kv_dtype == MSA_DTYPE_FP8_E4M3 || cc->kv_dtype == MSA_DTYPE_NVFP4;
     const int idx_quant =
         sparse && (cc->index_dtype == MSA_DTYPE_FP8_E4M3 || cc->index_dtype == MSA_DTYPE_NVFP4);
-    if (kv_quant) {
+    const int kv_fp8_mma = act16 && cc->kv_dtype == MSA_DTYPE_FP8_E4M3;
+    if (kv_fp8_mma && cfg->head_dim == 128) {
+        cu_why(why, why_size,
+               "fp8_e4m3 K/V planes: mma.sync decode attention widens the codes; prefill rows "
+               "SIMT, no Hopper attention");
+    } else if (kv_quant) {
         snprintf(buf, sizeof buf, "%s K/V planes: SIMT attention de-quantizes rows on read",
                  msa_dtype_name(cc->kv_dtype));
         cu_why(why, why_size, buf);
@@ -84,8 +92,8 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
                  msa_dtype_name(cc->kv_dtype), msa_dtype_name(act));
         cu_why(why, why_size, buf);
     }
-    out->attn_fast = kv_ok && cfg->head_dim == 128;
-    if (kv_ok && cfg->head_dim != 128) {
+    out->attn_fast = (kv_ok || kv_fp8_mma) && cfg->head_dim == 128;
+    if ((kv_ok || kv_fp8_mma) && cfg->head_dim != 128) {
         snprintf(buf, sizeof buf, "head_dim %d != 128: SIMT attention", cfg->head_dim);
         cu_why(why, why_size, buf);
     }
@@ -133,13 +141,13 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     {
         const char *pf_why = NULL;
         const int pf_ready = st && st->grid_pfa > 0;
-        out->pf_fast = out->attn_fast && pf_ready &&
+        out->pf_fast = kv_ok && out->attn_fast && pf_ready &&
                        cu_pfa_fits(cfg->head_dim, m->group, m->topk_width, sparse, &pf_why);
         out->pf_iv_fast = out->iv_fast && pf_ready &&
                           cu_pfa_fits(cfg->index_dim, cfg->num_index_heads, 0, 0, NULL);
         if (pf_why && pf_ready && kv_ok)
             cu_why(why, why_size, pf_why);
-        if (st && !pf_ready && st->sz.pf_tiles_cap[0] > 0 && out->attn_fast)
+        if (st && !pf_ready && st->sz.pf_tiles_cap[0] > 0 && kv_ok && out->attn_fast)
             cu_why(why, why_size,
                    "device blocks below 160 KB of shared memory: scalar prefill rows");
         /* Its Hopper version for the main pass (with the layer's K and V
@@ -168,7 +176,7 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     const int64_t rows = cc->num_pages * (int64_t)cc->page_size;
     if (sparse && hopper && whole_pages) {
         out->idx_tma = out->idx_fast && st->wgmma && rows < ((int64_t)1 << 31);
-        out->attn_tma = out->attn_fast && cu_attn_tma_shape(plan, st) &&
+        out->attn_tma = kv_ok && out->attn_fast && cu_attn_tma_shape(plan, st) &&
                         rows * cfg->num_kv_heads < ((int64_t)1 << 31);
         if (out->attn_fast && m->group != 16) {
             snprintf(buf, sizeof buf, "%d query heads per KV head (not 16): mma attention",

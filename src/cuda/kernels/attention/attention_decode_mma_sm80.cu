@@ -14,10 +14,16 @@
  * single decode token (16 rows) still keeps four warps busy.  Q stays in
  * registers, S = Q K^T and O += P V run on mma.sync m16n8k16 with fp32
  * accumulators; P is rounded to the 16-bit type for the second product.
+ *
+ * fp8_e4m3 K/V planes (variant FP8): 128-byte rows go through the same
+ * ring (half of each tile's space), and the B fragments widen the codes
+ * to the 16-bit type as they are loaded (rows_mma_fp8.cuh); K's scale
+ * joins the score scale and V's multiplies the finished rows.
  */
 #include "cuda/kernels/attention/key_stream.cuh"
 #include "cuda/arch/mma_sm80.cuh"
 #include "cuda/kernels/attention/rows_mma.cuh"
+#include "cuda/kernels/attention/rows_mma_fp8.cuh"
 #include "cuda/arch/launch.cuh"
 
 #define ATT_MMA_STAGES 3
@@ -87,6 +93,9 @@ __device__ __forceinline__ cu_att_loc cu_att_locate(const cu_attn_params &params
     return b;
 }
 
+/* The K and V rows of one key into a stage: two threads a row, 16-byte
+ * pieces (FP8: rows of 128 one-byte codes, else of 128 16-bit values). */
+template <bool FP8>
 __device__ __forceinline__ void cu_att_issue(const cu_attn_params &params, unsigned char *smem,
                                              int32_t group, const cu_att_loc &b, int stage)
 {
@@ -98,18 +107,27 @@ __device__ __forceinline__ void cu_att_issue(const cu_attn_params &params, unsig
     const unsigned char *vsrc = (const unsigned char *)params.v_plane;
     if (b.use) {
         const int32_t slot = b.pos & (params.page_size - 1);
-        ksrc = cu_plane_row16(params.k_plane, params.k_strides, b.page, group, slot);
-        vsrc = cu_plane_row16(params.v_plane, params.v_strides, b.page, group, slot);
+        if (FP8) {
+            /* One-byte codes: element offsets are byte offsets. */
+            ksrc += cu_plane_row(params.k_strides, b.page, group, slot);
+            vsrc += cu_plane_row(params.v_strides, b.page, group, slot);
+        } else {
+            ksrc = cu_plane_row16(params.k_plane, params.k_strides, b.page, group, slot);
+            vsrc = cu_plane_row16(params.v_plane, params.v_strides, b.page, group, slot);
+        }
     }
     const uint32_t kd = cu_smem_addr(st);
     const uint32_t vd = kd + ATT_MMA_TILE_BYTES;
     const int nbytes = b.use ? 16 : 0;
+    /* Chunks of 16 bytes a row: 8 (FP8) or 16, half of them each thread. */
+    constexpr int PIECES = FP8 ? 4 : 8;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int chunk = half * 8 + i;
+    for (int i = 0; i < PIECES; ++i) {
+        const int chunk = half * PIECES + i;
         const int so = b.use ? chunk * 16 : 0;
-        cu_cp_async16(kd + cu_swz(row, chunk), ksrc + so, nbytes);
-        cu_cp_async16(vd + cu_swz(row, chunk), vsrc + so, nbytes);
+        const uint32_t at = FP8 ? cu_swz128(row, chunk) : cu_swz(row, chunk);
+        cu_cp_async16(kd + at, ksrc + so, nbytes);
+        cu_cp_async16(vd + at, vsrc + so, nbytes);
     }
     if (half == 0)
         kmask[row] = b.use;
@@ -195,7 +213,7 @@ __device__ __forceinline__ cu_att_loc cu_att_meta_loc(const cu_attn_params &para
     return b;
 }
 
-template <typename Tag, int RT>
+template <typename Tag, bool FP8, int RT>
 __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *smem,
                                 const cu_att_item &it)
 {
@@ -233,16 +251,17 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
     cu_rows_load_q(params.q, q_lo, q_hi, ok_lo, ok_hi, qa);
     float o[16][4], m_lo, m_hi, l_lo, l_hi;
     cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
-    const float sl2 = params.scale * LOG2E;
+    /* Scores in log2 units; fp8 keys' scores are products with the codes. */
+    const float sl2 = params.scale * LOG2E * (FP8 ? params.k_scale : 1.0f);
 
     cu_att_meta mt;
     const int meta = cu_att_meta_load(params, cs, smem, mt);
     for (int s = 0; s < ATT_MMA_STAGES - 1; ++s) {
         if (s < ntiles)
-            cu_att_issue(params, smem, it.group,
-                         meta ? cu_att_meta_loc(params, cs, mt, s)
-                              : cu_att_locate(params, cs, cu_att_lookup(cs, s)),
-                         s);
+            cu_att_issue<FP8>(params, smem, it.group,
+                              meta ? cu_att_meta_loc(params, cs, mt, s)
+                                   : cu_att_locate(params, cs, cu_att_lookup(cs, s)),
+                              s);
         cu_cp_async_commit();
     }
     for (int32_t j = 0; j < ntiles; ++j) {
@@ -250,10 +269,10 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
         __syncthreads();
         const int32_t jn = j + ATT_MMA_STAGES - 1;
         if (jn < ntiles)
-            cu_att_issue(params, smem, it.group,
-                         meta ? cu_att_meta_loc(params, cs, mt, jn)
-                              : cu_att_locate(params, cs, cu_att_lookup(cs, jn)),
-                         jn % ATT_MMA_STAGES);
+            cu_att_issue<FP8>(params, smem, it.group,
+                              meta ? cu_att_meta_loc(params, cs, mt, jn)
+                                   : cu_att_locate(params, cs, cu_att_lookup(cs, jn)),
+                              jn % ATT_MMA_STAGES);
         cu_cp_async_commit();
 
         const unsigned char *st = smem + (j % ATT_MMA_STAGES) * ATT_MMA_STAGE_BYTES;
@@ -275,8 +294,11 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
             continue;
 
         float sc[NS][4];
-        cu_rows_qk<Tag, NS, cu_swz256>(ka, key_base, qa, sc);
-        /* Mask, scale to log2 units, online softmax. */
+        if (FP8)
+            cu_rows_qk_fp8<Tag, NS>(st, key_base, qa, sc);
+        else
+            cu_rows_qk<Tag, NS, cu_swz256>(ka, key_base, qa, sc);
+            /* Mask, scale to log2 units, online softmax. */
 #pragma unroll
         for (int n = 0; n < NS; ++n) {
 #pragma unroll
@@ -287,7 +309,10 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
             }
         }
         cu_rows_softmax<NS>(sc, o, m_lo, m_hi, l_lo, l_hi);
-        cu_rows_pv<Tag, KW, cu_swz256>(va, key_base, sc, o);
+        if (FP8)
+            cu_rows_pv_fp8<Tag, KW>(st + ATT_MMA_TILE_BYTES, key_base, sc, o);
+        else
+            cu_rows_pv<Tag, KW, cu_swz256>(va, key_base, sc, o);
     }
     cu_cp_async_wait<0>();
     cu_rows_sum_quads(l_lo, l_hi);
@@ -305,12 +330,14 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
                 cu_rows_absorb(comb + ((k2 - 1) * RT + rt) * CU_ROWS_SLOT_FLOATS, o, m_lo, m_hi,
                                l_lo, l_hi);
     }
+    if (FP8 && ks == 0) /* O holds sums of weights times V codes */
+        cu_rows_rescale(o, params.v_scale, params.v_scale);
     if (ks == 0)
         cu_rows_write<Tag>(params, it, row_lo, q_lo, q_hi, ok_lo, ok_hi, o, m_lo, m_hi, l_lo, l_hi);
     __syncthreads(); /* the shared memory is reused by the next item */
 }
 
-template <typename Tag>
+template <typename Tag, bool FP8>
 __global__ void __launch_bounds__(ATT_MMA_THREADS, 2) cu_attn_mma_kernel(cu_attn_params params)
 {
     cu_pdl_wait();
@@ -321,33 +348,42 @@ __global__ void __launch_bounds__(ATT_MMA_THREADS, 2) cu_attn_mma_kernel(cu_attn
     for (int32_t ii = blockIdx.x; ii < n_items; ii += gridDim.x) {
         const cu_att_item it = items[ii];
         if (it.nrows <= 16)
-            cu_att_item_run<Tag, 1>(params, smem, it);
+            cu_att_item_run<Tag, FP8, 1>(params, smem, it);
         else if (it.nrows <= 32)
-            cu_att_item_run<Tag, 2>(params, smem, it);
+            cu_att_item_run<Tag, FP8, 2>(params, smem, it);
         else
-            cu_att_item_run<Tag, 4>(params, smem, it);
+            cu_att_item_run<Tag, FP8, 4>(params, smem, it);
     }
 }
 
 void cu_launch_attn_decode_mma(const cu_attn_params *params, const cu_plan_state *st,
                                cudaStream_t s)
 {
-    if (params->act_dtype == MSA_DTYPE_BF16)
-        cu_launch(cu_attn_mma_kernel<cu_bf16_tag>, st->sz.grid_att_fast, ATT_MMA_THREADS,
+    const int fp8 = params->kv_dtype == MSA_DTYPE_FP8_E4M3;
+    if (params->act_dtype == MSA_DTYPE_BF16 && fp8)
+        cu_launch(cu_attn_mma_kernel<cu_bf16_tag, true>, st->sz.grid_att_fast, ATT_MMA_THREADS,
+                  ATT_MMA_SMEM_BYTES, s, st->pdl, *params);
+    else if (params->act_dtype == MSA_DTYPE_BF16)
+        cu_launch(cu_attn_mma_kernel<cu_bf16_tag, false>, st->sz.grid_att_fast, ATT_MMA_THREADS,
+                  ATT_MMA_SMEM_BYTES, s, st->pdl, *params);
+    else if (fp8)
+        cu_launch(cu_attn_mma_kernel<cu_f16_tag, true>, st->sz.grid_att_fast, ATT_MMA_THREADS,
                   ATT_MMA_SMEM_BYTES, s, st->pdl, *params);
     else
-        cu_launch(cu_attn_mma_kernel<cu_f16_tag>, st->sz.grid_att_fast, ATT_MMA_THREADS,
+        cu_launch(cu_attn_mma_kernel<cu_f16_tag, false>, st->sz.grid_att_fast, ATT_MMA_THREADS,
                   ATT_MMA_SMEM_BYTES, s, st->pdl, *params);
 }
 
 cudaError_t cu_attn_mma_setup(int num_sms, int *grid)
 {
-    cudaError_t e = cu_allow_smem(ATT_MMA_SMEM_BYTES, cu_attn_mma_kernel<cu_bf16_tag>,
-                                  cu_attn_mma_kernel<cu_f16_tag>);
+    cudaError_t e = cu_allow_smem(ATT_MMA_SMEM_BYTES, cu_attn_mma_kernel<cu_bf16_tag, false>,
+                                  cu_attn_mma_kernel<cu_f16_tag, false>,
+                                  cu_attn_mma_kernel<cu_bf16_tag, true>,
+                                  cu_attn_mma_kernel<cu_f16_tag, true>);
     if (e != cudaSuccess)
         return e;
     int occ = 0;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, cu_attn_mma_kernel<cu_bf16_tag>,
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, cu_attn_mma_kernel<cu_bf16_tag, false>,
                                                       ATT_MMA_THREADS, ATT_MMA_SMEM_BYTES);
     if (e != cudaSuccess)
         return e;
