@@ -12,6 +12,34 @@
 
 /* ---- scoring --------------------------------------------------------- */
 
+/* Claims a task of span `sp`: its first (the owner walks its keys in
+ * order, so each thread streams one contiguous range of the index keys)
+ * or, when `back`, its last (a thread done with its own span helps the
+ * others from their far end).  -1 when the span is empty. */
+static int64_t claim_task(scan_span *sp, int back)
+{
+    unsigned long long r = atomic_load(&sp->range);
+    for (;;) {
+        uint32_t front = (uint32_t)r, end = (uint32_t)(r >> 32);
+        if (front >= end)
+            return -1;
+        unsigned long long next = back ? (unsigned long long)(end - 1) << 32 | front
+                                       : (unsigned long long)end << 32 | (front + 1);
+        if (atomic_compare_exchange_weak(&sp->range, &r, next))
+            return back ? (int64_t)end - 1 : (int64_t)front;
+    }
+}
+
+/* The next task of thread ith: from its own span, then from the others'. */
+static int64_t next_task(select_job *job, int ith)
+{
+    const int32_t S = job->spans, own = ith % S;
+    int64_t task = claim_task(&job->span[own], 0);
+    for (int32_t k = 1; task < 0 && k < S; k++)
+        task = claim_task(&job->span[(own + k) % S], 1);
+    return task;
+}
+
 static void score_work(void *arg, int ith, int nth)
 {
     (void)nth;
@@ -19,8 +47,8 @@ static void score_work(void *arg, int ith, int nth)
     cpu_plan *cp = job->plan->backend;
     float *scratch = cp->scratch + (int64_t)ith * cp->scratch_per_thread;
     for (;;) {
-        int64_t task = atomic_fetch_add(&job->next, 1);
-        if (task >= job->task_count)
+        int64_t task = next_task(job, ith);
+        if (task < 0)
             break;
         /* Find the chunk of this task (few chunks per wave: linear is fine
          * for decode; binary search keeps prefill waves cheap). */
@@ -167,6 +195,8 @@ void msa_cpu_select(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_l
     job.plan = plan;
     job.io = io;
     job.layer = layer;
+    const int nth = msa_threadpool_size(ctx->pool);
+    job.spans = nth < MSA_CPU_SCAN_SPANS ? nth : MSA_CPU_SCAN_SPANS;
     for (int64_t w = 0; w < cp->num_waves; w++) {
         job.wave_lo = cp->wave_start[w];
         job.wave_hi = cp->wave_start[w + 1];
@@ -177,7 +207,12 @@ void msa_cpu_select(msa_context *ctx, msa_plan *plan, int32_t layer, const msa_l
             tasks += (cp->chunks[c].blocks + MSA_CPU_SCAN_BLOCKS - 1) / MSA_CPU_SCAN_BLOCKS;
         }
         job.task_count = tasks;
-        atomic_store(&job.next, 0);
+        /* Span k: tasks [tasks * k / S, tasks * (k + 1) / S). */
+        for (int32_t k = 0; k < job.spans; k++) {
+            uint64_t lo = (uint64_t)(tasks * k / job.spans),
+                     hi = (uint64_t)(tasks * (k + 1) / job.spans);
+            atomic_store(&job.span[k].range, (unsigned long long)(hi << 32 | lo));
+        }
         msa_threadpool_run(ctx->pool, score_work, &job);
         msa_threadpool_run(ctx->pool, select_work, &job);
     }

@@ -187,6 +187,17 @@ typedef struct attn_job {
 } attn_job;
 
 /* Work of one wave of the index scan (cpu_indexer.c). */
+/* Most spans of the index scan's task list (threads beyond share them). */
+#define MSA_CPU_SCAN_SPANS 64
+
+/* One thread's contiguous share of the scan tasks: the tasks [front, back)
+ * not yet claimed, packed in one word (front in the low 32 bits) so that
+ * the owner taking the front and another thread taking the back agree
+ * through one compare-and-swap.  Each on its own cache line. */
+typedef struct scan_span {
+    _Alignas(64) atomic_ullong range;
+} scan_span;
+
 typedef struct select_job {
     msa_plan *plan;
     const msa_layer_io *io;
@@ -194,7 +205,8 @@ typedef struct select_job {
     int64_t wave_lo, wave_hi;  /* chunk range of the wave */
     int64_t task_count;        /* scan tasks in the wave */
     int64_t *task_chunk_start; /* first task index of each chunk in the wave */
-    atomic_llong next;
+    int32_t spans;             /* spans in use: min(threads, MSA_CPU_SCAN_SPANS) */
+    scan_span span[MSA_CPU_SCAN_SPANS];
 } select_job;
 
 /* The kernels of one instruction-set level.  Each level is the same source
