@@ -124,6 +124,22 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     /* bf16 values too: P.V with bf16 products (the weights rounded to bf16,
      * sums in fp32, as in the GPU kernels). */
     const int bf16_pv = bf16_dot && D % 16 == 0;
+    /* fp32 levels with bf16 values: P.V reads the value rows in place and
+     * widens them in registers (cpu_decode_rows.h). */
+#if MSA_CPU_DECODE_ROWS
+    const int dr_pv = !bf16_pv && a->v.dtype == MSA_DTYPE_BF16 && D % (DR_LANES * DR_VB) == 0;
+#else
+    const int dr_pv = 0;
+#endif
+    /* ... and with bf16 keys the scores read the key rows in place too. */
+#if MSA_CPU_DECODE_ROWS
+    const int dr_qk = !bf16_dot && a->k.dtype == MSA_DTYPE_BF16 && D % DR_LANES == 0 &&
+                      D <= DR_MAX_DIM;
+#else
+    const int dr_qk = 0;
+#endif
+    const uint16_t *vrows_dr = NULL; /* this tile's value rows, dr_pv only */
+    (void)vrows_dr;
     /* Keys and values of one page are read in place only where their rows
      * are packed; other strided planes go through the copying gather. */
     const int k_packed = cpu_plane_packed(&a->k), v_packed = cpu_plane_packed(&a->v);
@@ -170,9 +186,28 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     for (int32_t u = u0; u < u1; u++) {
         int32_t n = a->sel ? uni[u] : u;
         int64_t blk0 = (int64_t)n * B;
-        if (u + 1 < u1) /* the next block sits elsewhere: start its loads now */
-            prefetch_block(a, pt, g, (int64_t)(a->sel ? uni[u + 1] : u + 1) * B, B,
-                           ch->pos0 + ch->n - 1);
+#if MSA_CPU_DECODE_ROWS
+        dr_next nx = {0};
+#endif
+        if (u + 1 < u1) { /* the next block sits elsewhere: start its loads now */
+            const int64_t j1 = (int64_t)(a->sel ? uni[u + 1] : u + 1) * B;
+            const int64_t p_last = ch->pos0 + ch->n - 1;
+            const int32_t P = a->k.page_size;
+            const int32_t n1 = (int32_t)(p_last + 1 - j1 < TW ? p_last + 1 - j1 : TW);
+            (void)P, (void)n1;
+#if MSA_CPU_DECODE_ROWS
+            if (dr_qk && dr_pv && (j1 % P) + n1 <= P) {
+                /* spread over this block's score passes */
+                nx.k = cpu_plane_row(&a->k, pt[j1 / P], g, (int32_t)(j1 % P));
+                nx.v = cpu_plane_row(&a->v, pt[j1 / P], g, (int32_t)(j1 % P));
+                nx.kstep = a->k.row_stride * 2;
+                nx.vstep = a->v.row_stride * 2;
+                nx.rows = n1;
+                nx.row_bytes = D * 2;
+            } else
+#endif
+                prefetch_block(a, pt, g, j1, B, p_last);
+        }
         /* tokens that use this block */
         uint8_t uses[MSA_CPU_ATTN_ROWS];
         int64_t last = -1;
@@ -200,10 +235,10 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                 level_fp8_rows_bf16((uint16_t *)kt, &a->k, pt, g, j0, nk);
             else
 #endif
-                if (bf16_dot && k_packed && (j0 % a->k.page_size) + nk <= a->k.page_size)
+                if ((bf16_dot || dr_qk) && k_packed && (j0 % a->k.page_size) + nk <= a->k.page_size)
                 keys = cpu_plane_row(&a->k, pt[j0 / a->k.page_size], g,
                                      (int32_t)(j0 % a->k.page_size));
-            else if (bf16_dot)
+            else if (bf16_dot || dr_qk)
                 msa_cpu_copy_rows(kt, &a->k, pt, g, j0, nk);
             else
                 level_load_rows(kt, &a->k, pt, g, j0, nk);
@@ -237,6 +272,14 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                     else
                         for (int32_t d = 0; d < D; d++)
                             dst[d] = (uint32_t)r0[d];
+                }
+            } else if (dr_pv) {
+                if (v_packed && (j0 % a->v.page_size) + nk <= a->v.page_size) {
+                    vrows_dr = cpu_plane_row(&a->v, pt[j0 / a->v.page_size], g,
+                                             (int32_t)(j0 % a->v.page_size));
+                } else {
+                    msa_cpu_copy_rows(vt, &a->v, pt, g, j0, nk);
+                    vrows_dr = (const uint16_t *)vt;
                 }
             } else {
                 level_load_rows(vt, &a->v, pt, g, j0, nk);
@@ -282,8 +325,23 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                                           (const uint16_t *)keys, D, vis, qk_scale);
                 else
 #endif
+#if MSA_CPU_DECODE_ROWS
+                    if (dr_qk)
+                    dr_scores_heads(s, qt + (int64_t)t * D * GP, GP, (const uint16_t *)keys, D, vis,
+                                    &nx);
+                else
+#endif
                     msa_scores_heads(s, qt + (int64_t)t * D * GP, GP, (const float *)keys, D, vis);
                 for (int32_t h0 = 0; h0 < GP; h0 += 16) {
+#if MSA_CPU_DECODE_ROWS
+                    if (dr_pv) {
+                        float corr[16];
+                        dr_softmax16(mt + h0, lt + h0, s + h0, GP, vis, corr);
+                        dr_pv_heads(acc + ((int64_t)t * G + h0) * D, corr, s + h0, GP,
+                                    G - h0 < 16 ? G - h0 : 16, vrows_dr, D, vis);
+                        continue;
+                    }
+#endif
 #if MSA_CPU_WIDE
                     const msa_v16 mold = MSA_V16_LOAD(mt + h0);
                     msa_v16 mx = mold;

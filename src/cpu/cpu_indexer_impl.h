@@ -57,9 +57,20 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
 #else
     const int fp8_dot = 0;
 #endif
+    /* bf16 keys on the AVX2 and AVX-512 levels: read in place, widened in
+     * registers (cpu_decode_rows.h), the same sums as msa_dot16_rows. */
+#if MSA_CPU_DECODE_ROWS
+    const int dr_scan = !bf16_dot && !fp8_dot && ik.dtype == MSA_DTYPE_BF16 && Di % 16 == 0 &&
+                        Di <= DR_MAX_DIM;
+#else
+    const int dr_scan = 0;
+#endif
     const int64_t p_last = ch->pos0 + ch->n - 1;
     float *out = cp->scores + ch->score_off;
 
+    /* The last key this task reads (prefetches stop there). */
+    const int64_t blk_end = (int64_t)b1 * B - 1 < p_last ? (int64_t)b1 * B - 1 : p_last;
+    (void)blk_end;
     for (int32_t n = b0; n < b1; n++) {
         int64_t blk0 = (int64_t)n * B;
         int64_t blk1 = blk0 + B - 1 < p_last ? blk0 + B - 1 : p_last; /* last key to read */
@@ -71,7 +82,35 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
              * 16-key dot products read them (their scores are not used). */
             int32_t nk16 = (nk + 15) & ~15;
             const uint16_t *keys = (const uint16_t *)tile;
-            if (bf16_dot && cpu_plane_packed(&ik) && (j0 % ik.page_size) + nk16 <= ik.page_size) {
+#if MSA_CPU_DECODE_ROWS
+            if (dr_scan) {
+                if (cpu_plane_packed(&ik) && (j0 % ik.page_size) + nk <= ik.page_size)
+                    keys =
+                        cpu_plane_row(&ik, pt[j0 / ik.page_size], 0, (int32_t)(j0 % ik.page_size));
+                else
+                    msa_cpu_copy_rows(tile, &ik, pt, 0, j0, nk);
+                for (int32_t jj = 0; jj < nk; jj += 16) {
+                    /* Two groups ahead, across tiles and pages: the rows of
+                     * the next page need not follow this one in memory. */
+                    const int64_t ja = j0 + jj + 32;
+                    if (ja <= blk_end) {
+                        /* the 16 keys' rows in their first page (a page
+                         * boundary inside the group only shortens a hint) */
+                        const int32_t na = blk_end - ja + 1 < 16 ? (int32_t)(blk_end - ja + 1) : 16;
+                        const int32_t off = (int32_t)(ja % ik.page_size);
+                        const char *r = cpu_plane_row(&ik, pt[ja / ik.page_size], 0, off);
+                        const int64_t step = ik.row_stride * 2;
+                        for (int32_t l = 0; l < na && off + l < ik.page_size; l++)
+                            for (int32_t b = 0; b < Di * 2; b += 64)
+                                __builtin_prefetch(r + l * step + b, 0, 2);
+                    }
+                    const int32_t ng = nk - jj < 16 ? nk - jj : 16;
+                    dr_index_scores(sr + jj, TW16, q, rows, keys + (int64_t)jj * Di, Di, ng);
+                }
+            } else
+#endif
+                if (bf16_dot && cpu_plane_packed(&ik) &&
+                    (j0 % ik.page_size) + nk16 <= ik.page_size) {
                 /* The 16-key groups lie inside one page: read them in place.
                  * Rows past the last key belong to the page too; their
                  * scores are never used. */
@@ -89,7 +128,7 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
             }
             /* Raw scores of every row, one group of 16 keys at a time so the
              * group stays in L1 while all rows use it. */
-            for (int32_t jj = 0; jj < nk; jj += 16) {
+            for (int32_t jj = 0; jj < (dr_scan ? 0 : nk); jj += 16) {
 #if MSA_CPU_DQ_FP8_DOT
                 if (fp8_dot) {
                     const uint8_t *kr[16];
@@ -147,12 +186,16 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                     for (int32_t jj = 0; jj < vis; jj++)
                         sr_row[jj] *= c_scale;
                 float mx = -INFINITY;
+#if MSA_CPU_DECODE_ROWS
+                mx = dr_row_max(sr_row, vis, &a->nan);
+#else
                 for (int32_t jj = 0; jj < vis; jj++) {
                     if (isnan(sr_row[jj]))
                         a->nan = 1;
                     else if (sr_row[jj] > mx)
                         mx = sr_row[jj];
                 }
+#endif
                 if (!lse || a->nan) {
                     if (mx > a->mx)
                         a->mx = mx;

@@ -104,6 +104,7 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
     }
 }
 
+#include "cpu/cpu_decode_rows.h"
 #include "cpu/cpu_attention_impl.h"
 #include "cpu/cpu_indexer_impl.h"
 #include "cpu/cpu_blocked_impl.h"

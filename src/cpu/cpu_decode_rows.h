@@ -1,0 +1,388 @@
+/* Row kernels of the decode and verify steps that read bf16 keys and values
+ * in place and widen them in vector registers (AVX2 and AVX-512 levels):
+ * included by cpu_level.h only.
+ *
+ * A decode step reads every index key and every selected K/V row once, so
+ * these loops run at the memory's pace only when no pass writes an fp32
+ * copy of the rows and reads it back: an fp32 tile of 128 keys (64 KB) does
+ * not fit the first-level cache, and the P.V loop used to read it once per
+ * query head.  Here each 16-byte (AVX2) or 32-byte (AVX-512) piece of a row
+ * is loaded, widened (a zero extension and a 16-bit shift: exact), and used
+ * by every query row or head that needs it while it sits in a register.
+ *
+ * Every output keeps the order of its fp32 sums of the generic kernels
+ * (msa_dot16_rows and msa_pv_tile in cpu_math.h), so the results are the
+ * same bits: an index score sums per lane over the head dimension in
+ * order and reduces the lanes with the same transposition; an output
+ * element starts from acc * corr and adds the keys' products in order. */
+
+#if defined(__AVX512F__)
+#define MSA_CPU_DECODE_ROWS 1
+#define DR_LANES 16
+typedef __m512 dr_vec;
+/* 16 bf16 at p as 16 fp32 lanes. */
+static inline __m512 dr_widen(const uint16_t *p)
+{
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+#define DR_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define DR_MUL(a, b) _mm512_mul_ps(a, b)
+#define DR_SET1(x) _mm512_set1_ps(x)
+#define DR_LOAD(p) _mm512_loadu_ps(p)
+#define DR_STORE(p, v) _mm512_storeu_ps(p, v)
+#define DR_ADD(a, b) _mm512_add_ps(a, b)
+#define DR_SUB(a, b) _mm512_sub_ps(a, b)
+#define DR_FNMA(a, b, c) _mm512_fnmadd_ps(a, b, c)
+/* b > a ? b : a lane by lane (a NaN in b is not taken) */
+#define DR_MAX_NEW(a, b) _mm512_max_ps(b, a)
+/* a with the lanes where v is NaN set to all ones (a NaN) */
+#define DR_OR_UNORD(a, v) _mm512_or_ps(a, _mm512_castsi512_ps(_mm512_movm_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q))))
+#define DR_ROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define DR_LESS_SELECT(x, lo, a, b)                                                            \
+    _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), a, b) /* x < lo ? b : a */
+#define DR_EXP2I(n)                                                                            \
+    _mm512_castsi512_ps(                                                                       \
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23))
+/* Index rows x keys per register block: 16 accumulators. */
+#define DR_RB 4
+#define DR_KB 4
+/* Query heads x vectors of output columns per P.V pass. */
+#define DR_HB 8
+#define DR_VB 2
+#elif defined(__AVX2__)
+#define MSA_CPU_DECODE_ROWS 1
+#define DR_LANES 8
+typedef __m256 dr_vec;
+static inline __m256 dr_widen(const uint16_t *p)
+{
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+#define DR_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define DR_MUL(a, b) _mm256_mul_ps(a, b)
+#define DR_SET1(x) _mm256_set1_ps(x)
+#define DR_LOAD(p) _mm256_loadu_ps(p)
+#define DR_STORE(p, v) _mm256_storeu_ps(p, v)
+#define DR_ADD(a, b) _mm256_add_ps(a, b)
+#define DR_SUB(a, b) _mm256_sub_ps(a, b)
+#define DR_FNMA(a, b, c) _mm256_fnmadd_ps(a, b, c)
+#define DR_MAX_NEW(a, b) _mm256_max_ps(b, a)
+#define DR_OR_UNORD(a, v) _mm256_or_ps(a, _mm256_cmp_ps(v, v, _CMP_UNORD_Q))
+#define DR_ROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define DR_LESS_SELECT(x, lo, a, b) _mm256_blendv_ps(a, b, _mm256_cmp_ps(x, lo, _CMP_LT_OQ))
+#define DR_EXP2I(n)                                                                            \
+    _mm256_castsi256_ps(                                                                       \
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23))
+/* 8 accumulators of 16 registers. */
+#define DR_RB 4
+#define DR_KB 2
+#define DR_HB 4
+#define DR_VB 2
+#else
+#define MSA_CPU_DECODE_ROWS 0
+#endif
+
+#if MSA_CPU_DECODE_ROWS
+/* The lane sums of DR_LANES accumulators, out[i] = sum of p[i]'s lanes,
+ * by the same transposition as msa_dot16_rows on this level. */
+static inline void dr_transpose_sum(float *out, const dr_vec *p)
+{
+#if DR_LANES == 16
+    msa_v16 v[16];
+    memcpy(v, p, sizeof v);
+    msa_v16_transpose_sum(out, v);
+#else
+    msa_v8 v[8];
+    memcpy(v, p, sizeof v);
+    msa_v8_transpose_sum(out, v);
+#endif
+}
+
+/* out[r * ld + j] = q[r] . k[j] for DR_RB rows (row pointers, some of
+ * which may repeat to fill the block) and DR_KB bf16 keys k[j] = keys + j *
+ * dim; dim a multiple of DR_LANES. */
+static inline void dr_dot_block(float *out, int64_t ld, const float *const *q,
+                                const uint16_t *keys, int dim)
+{
+    dr_vec acc[DR_RB * DR_KB];
+    for (int i = 0; i < DR_RB * DR_KB; i++)
+        acc[i] = DR_SET1(0.0f);
+    for (int d = 0; d < dim; d += DR_LANES) {
+        dr_vec k[DR_KB];
+        for (int j = 0; j < DR_KB; j++)
+            k[j] = dr_widen(keys + (int64_t)j * dim + d);
+        for (int r = 0; r < DR_RB; r++) {
+            const dr_vec qr = DR_LOAD(q[r] + d);
+            for (int j = 0; j < DR_KB; j++)
+                acc[r * DR_KB + j] = DR_FMA(qr, k[j], acc[r * DR_KB + j]);
+        }
+    }
+    float s[DR_RB * DR_KB];
+    dr_transpose_sum(s, acc);
+    for (int r = 0; r < DR_RB; r++)
+        for (int j = 0; j < DR_KB; j++)
+            out[r * ld + j] = s[r * DR_KB + j];
+}
+
+/* sr[r * ld + j] = q[r] . k[j] for rows r < rows of q ([rows][dim] fp32)
+ * and the n bf16 keys at keys ([n][dim]); dim a multiple of DR_LANES.
+ * Each piece of a key is widened once per block of DR_RB rows; the keys of
+ * one block stay in the first-level cache while every row block uses
+ * them. */
+static void dr_index_scores(float *sr, int64_t ld, const float *q, int rows,
+                            const uint16_t *keys, int dim, int n)
+{
+    for (int j0 = 0; j0 < n; j0 += DR_KB) {
+        const uint16_t *kb = keys + (int64_t)j0 * dim;
+        uint16_t tail[DR_KB * 512];
+        float out[DR_RB * DR_KB];
+        const int whole = j0 + DR_KB <= n;
+        if (!whole) { /* the last keys, padded with zero rows */
+            const int have = n - j0;
+            memcpy(tail, kb, (size_t)have * (size_t)dim * 2);
+            memset(tail + (int64_t)have * dim, 0, (size_t)(DR_KB - have) * (size_t)dim * 2);
+            kb = tail;
+        }
+        for (int r0 = 0; r0 < rows; r0 += DR_RB) {
+            const float *qr[DR_RB];
+            for (int r = 0; r < DR_RB; r++) /* rows past the last repeat it */
+                qr[r] = q + (int64_t)(r0 + r < rows ? r0 + r : rows - 1) * dim;
+            dr_dot_block(out, DR_KB, qr, kb, dim);
+            for (int r = 0; r < DR_RB && r0 + r < rows; r++)
+                for (int j = 0; j < DR_KB && j0 + j < n; j++)
+                    sr[(int64_t)(r0 + r) * ld + j0 + j] = out[r * DR_KB + j];
+        }
+    }
+}
+
+/* The widest key tile dr_index_scores pads (its tail buffer). */
+#define DR_MAX_DIM 512
+
+/* acc[h][:] = acc[h][:] * corr[h] + sum_j p[j * gp + h] * v[j][:] for
+ * DR_HB heads h, DR_LANES * DR_VB columns from d0: the heads' accumulators
+ * stay in registers while the keys pass, and each piece of a value row is
+ * widened once for all of them. */
+static inline void dr_pv_block(float *acc, int64_t acc_ld, const float *corr, const float *p,
+                               int gp, const uint16_t *v, int dim, int n, int d0)
+{
+    dr_vec a[DR_HB][DR_VB];
+    for (int h = 0; h < DR_HB; h++) {
+        const dr_vec c = DR_SET1(corr[h]);
+        for (int k = 0; k < DR_VB; k++)
+            a[h][k] = DR_MUL(DR_LOAD(acc + h * acc_ld + d0 + k * DR_LANES), c);
+    }
+    for (int j = 0; j < n; j++) {
+        dr_vec x[DR_VB];
+        for (int k = 0; k < DR_VB; k++)
+            x[k] = dr_widen(v + (int64_t)j * dim + d0 + k * DR_LANES);
+        const float *pj = p + (int64_t)j * gp;
+        for (int h = 0; h < DR_HB; h++) {
+            const dr_vec w = DR_SET1(pj[h]);
+            for (int k = 0; k < DR_VB; k++)
+                a[h][k] = DR_FMA(w, x[k], a[h][k]);
+        }
+    }
+    for (int h = 0; h < DR_HB; h++)
+        for (int k = 0; k < DR_VB; k++)
+            DR_STORE(acc + h * acc_ld + d0 + k * DR_LANES, a[h][k]);
+}
+
+/* One head of dr_pv_block (the heads left over from the blocks). */
+static inline void dr_pv_one(float *acc, float corr, const float *p, int gp, const uint16_t *v,
+                             int dim, int n, int d0)
+{
+    dr_vec a[DR_VB];
+    const dr_vec c = DR_SET1(corr);
+    for (int k = 0; k < DR_VB; k++)
+        a[k] = DR_MUL(DR_LOAD(acc + d0 + k * DR_LANES), c);
+    for (int j = 0; j < n; j++) {
+        const dr_vec w = DR_SET1(p[(int64_t)j * gp]);
+        for (int k = 0; k < DR_VB; k++)
+            a[k] = DR_FMA(w, dr_widen(v + (int64_t)j * dim + d0 + k * DR_LANES), a[k]);
+    }
+    for (int k = 0; k < DR_VB; k++)
+        DR_STORE(acc + d0 + k * DR_LANES, a[k]);
+}
+
+/* P.V of `heads` query heads over n bf16 value rows v ([n][dim], dim a
+ * multiple of DR_LANES * DR_VB): acc[h * dim + :] for h < heads, weights
+ * p[j * gp + h], rescale factors corr[h]. */
+static void dr_pv_heads(float *acc, const float *corr, const float *p, int gp, int heads,
+                        const uint16_t *v, int dim, int n)
+{
+    for (int d0 = 0; d0 < dim; d0 += DR_LANES * DR_VB) {
+        int h = 0;
+        for (; h + DR_HB <= heads; h += DR_HB)
+            dr_pv_block(acc + (int64_t)h * dim, dim, corr + h, p + h, gp, v, dim, n, d0);
+        for (; h < heads; h++)
+            dr_pv_one(acc + (int64_t)h * dim, corr[h], p + h, gp, v, dim, n, d0);
+    }
+}
+
+/* msa_exp_neg (cpu_math.h) on DR_LANES lanes: the same operations in the
+ * same order (the two fused steps of the reduction, the fused polynomial
+ * steps), so each lane gets the scalar function's bits. */
+static inline dr_vec dr_exp_neg(dr_vec x)
+{
+    const dr_vec lo = DR_SET1(-87.0f);
+    const dr_vec xc = DR_LESS_SELECT(x, lo, x, lo);
+    const dr_vec n = DR_ROUND(DR_MUL(xc, DR_SET1(1.44269504088896341f)));
+    dr_vec r = DR_FNMA(n, DR_SET1(0.693145751953125f), xc);
+    r = DR_FNMA(n, DR_SET1(1.428606765330187e-06f), r);
+    dr_vec p = DR_SET1(1.0f / 5040.0f);
+    p = DR_FMA(p, r, DR_SET1(1.0f / 720.0f));
+    p = DR_FMA(p, r, DR_SET1(1.0f / 120.0f));
+    p = DR_FMA(p, r, DR_SET1(1.0f / 24.0f));
+    p = DR_FMA(p, r, DR_SET1(1.0f / 6.0f));
+    p = DR_FMA(p, r, DR_SET1(0.5f));
+    p = DR_FMA(p, r, DR_SET1(1.0f));
+    p = DR_FMA(p, r, DR_SET1(1.0f));
+    const dr_vec y = DR_MUL(p, DR_EXP2I(n));
+    return DR_LESS_SELECT(x, lo, y, DR_SET1(0.0f));
+}
+
+/* The online softmax of one token's 16 heads (lanes) over the scores s[j *
+ * gp + l], j < n: the running maximum mt and sum lt are updated, the
+ * scores become their weights exp(s - max), and corr gets each head's
+ * rescale factor exp(old max - new max). */
+static inline void dr_softmax16(float *mt, float *lt, float *s, int gp, int n, float *corr)
+{
+    for (int c = 0; c < 16; c += DR_LANES) {
+        const dr_vec mold = DR_LOAD(mt + c);
+        dr_vec mx = mold;
+        for (int j = 0; j < n; j++)
+            mx = DR_MAX_NEW(mx, DR_LOAD(s + (int64_t)j * gp + c));
+        const dr_vec cr = dr_exp_neg(DR_SUB(mold, mx));
+        DR_STORE(corr + c, cr);
+        DR_STORE(mt + c, mx);
+        dr_vec sum = DR_MUL(DR_LOAD(lt + c), cr);
+        for (int j = 0; j < n; j++) {
+            float *sj = s + (int64_t)j * gp + c;
+            const dr_vec e = dr_exp_neg(DR_SUB(DR_LOAD(sj), mx));
+            DR_STORE(sj, e);
+            sum = DR_ADD(sum, e);
+        }
+        DR_STORE(lt + c, sum);
+    }
+}
+
+/* The K and V rows of the tile after this one, each run within one page:
+ * their loads are spread over the passes of dr_scores_heads (a row of
+ * each per key scored), so that the memory streams them while this tile
+ * computes.  Issued all at once, 64 KB of prefetches fill the core's
+ * miss buffers and stall it until most lines arrive, which serialises
+ * the loads and the arithmetic. */
+typedef struct dr_next {
+    const char *k, *v;
+    int64_t kstep, vstep; /* bytes from one row to the next */
+    int32_t rows;         /* rows left to prefetch */
+    int32_t row_bytes;
+} dr_next;
+
+/* Prefetches the next n rows of *nx into the second-level cache. */
+static inline void dr_next_rows(dr_next *nx, int32_t n)
+{
+    if (!nx)
+        return;
+    for (; n > 0 && nx->rows > 0; n--, nx->rows--) {
+        for (int32_t b = 0; b < nx->row_bytes; b += 64) {
+            __builtin_prefetch(nx->k + b, 0, 2);
+            __builtin_prefetch(nx->v + b, 0, 2);
+        }
+        nx->k += nx->kstep;
+        nx->v += nx->vstep;
+    }
+}
+
+/* Keys widened per pass of dr_scores_heads and the vectors of 16 heads:
+ * eight accumulators. */
+#define DR_SK (DR_LANES == 16 ? 8 : 4)
+#define DR_SV (16 / DR_LANES)
+
+/* s[j * gp + h] = k[j] . qt[:, h] for the n bf16 keys k ([n][dim]) and
+ * heads h < gp (a multiple of 16); qt is [dim][gp] fp32; nx (or NULL): the
+ * rows to prefetch meanwhile.  DR_SK keys at a
+ * time are widened into a small buffer in the first-level cache, then
+ * each of their elements is broadcast against the heads' query vectors;
+ * every lane sums over d in order, as msa_scores_heads. */
+static void dr_scores_heads(float *restrict s, const float *restrict qt, int gp,
+                            const uint16_t *restrict k, int dim, int n, dr_next *nx)
+{
+    float kf[DR_SK * DR_MAX_DIM];
+    for (int j0 = 0; j0 < n; j0 += DR_SK) {
+        const int nk = n - j0 < DR_SK ? n - j0 : DR_SK;
+        dr_next_rows(nx, nk);
+        for (int i = 0; i < nk; i++)
+            for (int d = 0; d < dim; d += DR_LANES)
+                DR_STORE(kf + i * dim + d, dr_widen(k + (int64_t)(j0 + i) * dim + d));
+        for (int h0 = 0; h0 < gp; h0 += 16) {
+            if (nk == DR_SK) {
+                dr_vec a[DR_SK][DR_SV];
+                for (int i = 0; i < DR_SK; i++)
+                    for (int v = 0; v < DR_SV; v++)
+                        a[i][v] = DR_SET1(0.0f);
+                for (int d = 0; d < dim; d++) {
+                    dr_vec q[DR_SV];
+                    for (int v = 0; v < DR_SV; v++)
+                        q[v] = DR_LOAD(qt + (int64_t)d * gp + h0 + v * DR_LANES);
+                    for (int i = 0; i < DR_SK; i++) {
+                        const dr_vec kd = DR_SET1(kf[i * dim + d]);
+                        for (int v = 0; v < DR_SV; v++)
+                            a[i][v] = DR_FMA(kd, q[v], a[i][v]);
+                    }
+                }
+                for (int i = 0; i < DR_SK; i++)
+                    for (int v = 0; v < DR_SV; v++)
+                        DR_STORE(s + (int64_t)(j0 + i) * gp + h0 + v * DR_LANES, a[i][v]);
+                continue;
+            }
+            for (int i = 0; i < nk; i++) { /* the last keys one at a time */
+                dr_vec a[DR_SV];
+                for (int v = 0; v < DR_SV; v++)
+                    a[v] = DR_SET1(0.0f);
+                for (int d = 0; d < dim; d++) {
+                    const dr_vec kd = DR_SET1(kf[i * dim + d]);
+                    for (int v = 0; v < DR_SV; v++)
+                        a[v] = DR_FMA(kd, DR_LOAD(qt + (int64_t)d * gp + h0 + v * DR_LANES), a[v]);
+                }
+                for (int v = 0; v < DR_SV; v++)
+                    DR_STORE(s + (int64_t)(j0 + i) * gp + h0 + v * DR_LANES, a[v]);
+            }
+        }
+    }
+    dr_next_rows(nx, INT32_MAX); /* rows beyond this tile's keys */
+}
+
+/* The largest of x[0 .. n) that is a number (-inf when none is), and *nan
+ * set when some x[j] is NaN: the index scan's max block score of one row
+ * over a tile, lane by lane (the maximum of a set does not depend on the
+ * order it is taken in). */
+static inline float dr_row_max(const float *x, int n, int *nan)
+{
+    dr_vec m = DR_SET1(-INFINITY);
+    dr_vec bad = DR_SET1(0.0f);
+    int j = 0;
+    for (; j + DR_LANES <= n; j += DR_LANES) {
+        const dr_vec v = DR_LOAD(x + j);
+        m = DR_MAX_NEW(m, v);
+        bad = DR_OR_UNORD(bad, v);
+    }
+    float ml[DR_LANES], bl[DR_LANES];
+    DR_STORE(ml, m);
+    DR_STORE(bl, bad);
+    float mx = -INFINITY;
+    for (int l = 0; l < DR_LANES; l++) {
+        mx = ml[l] > mx ? ml[l] : mx;
+        if (bl[l] != 0.0f)
+            *nan = 1;
+    }
+    for (; j < n; j++) {
+        if (isnan(x[j]))
+            *nan = 1;
+        else if (x[j] > mx)
+            mx = x[j];
+    }
+    return mx;
+}
+#endif
