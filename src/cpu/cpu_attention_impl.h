@@ -196,14 +196,13 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
             const int32_t n1 = (int32_t)(p_last + 1 - j1 < TW ? p_last + 1 - j1 : TW);
             (void)P, (void)n1;
 #if MSA_CPU_DECODE_ROWS
-            if (dr_qk && dr_pv && (j1 % P) + n1 <= P) {
+            const int bf16_rows = bf16_pv && !fp8_kv && GP == 16; /* bf16 K and V */
+            (void)bf16_rows;
+            if (((dr_qk && dr_pv) || bf16_rows) && k_packed && v_packed && (j1 % P) + n1 <= P) {
                 /* spread over this block's score passes */
                 nx.k = cpu_plane_row(&a->k, pt[j1 / P], g, (int32_t)(j1 % P));
                 nx.v = cpu_plane_row(&a->v, pt[j1 / P], g, (int32_t)(j1 % P));
-                nx.kstep = a->k.row_stride * 2;
-                nx.vstep = a->v.row_stride * 2;
-                nx.rows = n1;
-                nx.row_bytes = D * 2;
+                nx.left = (int64_t)n1 * D * 2;
             } else
 #endif
                 prefetch_block(a, pt, g, j1, B, p_last);
@@ -312,12 +311,21 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                         for (int i = 0; i < MSA_CPU_ATTN_GROUP; i++)
                             qs[i] = (const uint32_t *)qt +
                                     (int64_t)grp[i < ngrp ? i : 0] * (D / 2) * GP;
-                        if (ngrp > 1)
-                            msa_scores_heads_bf16_x4(sbuf, (int64_t)MSA_CPU_TILE * GP, qs,
-                                                     (const uint16_t *)keys, D, nv, qk_scale);
-                        else
-                            msa_scores_heads_bf16(sbuf, qs[0], GP, (const uint16_t *)keys, D, nv,
-                                                  qk_scale);
+                        /* 16 keys at a time, the next block's rows
+                         * prefetched in between (dr_next) */
+                        for (int32_t c = 0; c < nv; c += 16) {
+                            const int32_t nc = nv - c < 16 ? nv - c : 16;
+                            const uint16_t *kc = (const uint16_t *)keys + (int64_t)c * D;
+                            dr_next_bytes(&nx, (int64_t)nc * D * 2);
+                            if (ngrp > 1)
+                                msa_scores_heads_bf16_x4(sbuf + (int64_t)c * GP,
+                                                         (int64_t)MSA_CPU_TILE * GP, qs, kc, D, nc,
+                                                         qk_scale);
+                            else
+                                msa_scores_heads_bf16(sbuf + (int64_t)c * GP, qs[0], GP, kc, D, nc,
+                                                      qk_scale);
+                        }
+                        dr_next_bytes(&nx, -1);
                     }
                     s = sbuf + (int64_t)gi++ * MSA_CPU_TILE * GP;
                 } else if (bf16_dot)

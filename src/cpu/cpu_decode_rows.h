@@ -37,18 +37,21 @@ static inline __m512 dr_widen(const uint16_t *p)
 /* b > a ? b : a lane by lane (a NaN in b is not taken) */
 #define DR_MAX_NEW(a, b) _mm512_max_ps(b, a)
 /* a with the lanes where v is NaN set to all ones (a NaN) */
-#define DR_OR_UNORD(a, v) _mm512_or_ps(a, _mm512_castsi512_ps(_mm512_movm_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q))))
+#define DR_OR_UNORD(a, v) \
+    _mm512_or_ps(a, _mm512_castsi512_ps(_mm512_movm_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q))))
 #define DR_ROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define DR_LESS_SELECT(x, lo, a, b)                                                            \
+#define DR_LESS_SELECT(x, lo, a, b) \
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), a, b) /* x < lo ? b : a */
-#define DR_EXP2I(n)                                                                            \
-    _mm512_castsi512_ps(                                                                       \
+#define DR_EXP2I(n)      \
+    _mm512_castsi512_ps( \
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23))
 /* Index rows x keys per register block: 16 accumulators. */
 #define DR_RB 4
 #define DR_KB 4
-/* Query heads x vectors of output columns per P.V pass. */
+/* Query heads x vectors of output columns per P.V pass (16 accumulators;
+ * heads left over take blocks of DR_HB2). */
 #define DR_HB 8
+#define DR_HB2 4
 #define DR_VB 2
 #elif defined(__AVX2__)
 #define MSA_CPU_DECODE_ROWS 1
@@ -71,13 +74,16 @@ static inline __m256 dr_widen(const uint16_t *p)
 #define DR_OR_UNORD(a, v) _mm256_or_ps(a, _mm256_cmp_ps(v, v, _CMP_UNORD_Q))
 #define DR_ROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define DR_LESS_SELECT(x, lo, a, b) _mm256_blendv_ps(a, b, _mm256_cmp_ps(x, lo, _CMP_LT_OQ))
-#define DR_EXP2I(n)                                                                            \
-    _mm256_castsi256_ps(                                                                       \
+#define DR_EXP2I(n)      \
+    _mm256_castsi256_ps( \
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23))
-/* 8 accumulators of 16 registers. */
+/* 8 accumulators of 16 registers (index rows x keys). */
 #define DR_RB 4
 #define DR_KB 2
-#define DR_HB 4
+/* 12 accumulators: eight dependent chains of 4-cycle multiply-adds would
+ * only just cover two pipes, and measured a third below their peak. */
+#define DR_HB 6
+#define DR_HB2 4
 #define DR_VB 2
 #else
 #define MSA_CPU_DECODE_ROWS 0
@@ -102,8 +108,8 @@ static inline void dr_transpose_sum(float *out, const dr_vec *p)
 /* out[r * ld + j] = q[r] . k[j] for DR_RB rows (row pointers, some of
  * which may repeat to fill the block) and DR_KB bf16 keys k[j] = keys + j *
  * dim; dim a multiple of DR_LANES. */
-static inline void dr_dot_block(float *out, int64_t ld, const float *const *q,
-                                const uint16_t *keys, int dim)
+static inline void dr_dot_block(float *out, int64_t ld, const float *const *q, const uint16_t *keys,
+                                int dim)
 {
     dr_vec acc[DR_RB * DR_KB];
     for (int i = 0; i < DR_RB * DR_KB; i++)
@@ -130,8 +136,8 @@ static inline void dr_dot_block(float *out, int64_t ld, const float *const *q,
  * Each piece of a key is widened once per block of DR_RB rows; the keys of
  * one block stay in the first-level cache while every row block uses
  * them. */
-static void dr_index_scores(float *sr, int64_t ld, const float *q, int rows,
-                            const uint16_t *keys, int dim, int n)
+static void dr_index_scores(float *sr, int64_t ld, const float *q, int rows, const uint16_t *keys,
+                            int dim, int n)
 {
     for (int j0 = 0; j0 < n; j0 += DR_KB) {
         const uint16_t *kb = keys + (int64_t)j0 * dim;
@@ -159,65 +165,77 @@ static void dr_index_scores(float *sr, int64_t ld, const float *q, int rows,
 /* The widest key tile dr_index_scores pads (its tail buffer). */
 #define DR_MAX_DIM 512
 
-/* acc[h][:] = acc[h][:] * corr[h] + sum_j p[j * gp + h] * v[j][:] for
- * DR_HB heads h, DR_LANES * DR_VB columns from d0: the heads' accumulators
- * stay in registers while the keys pass, and each piece of a value row is
- * widened once for all of them. */
-static inline void dr_pv_block(float *acc, int64_t acc_ld, const float *corr, const float *p,
-                               int gp, const uint16_t *v, int dim, int n, int d0)
+/* acc[h][:] = acc[h][:] * c[h] + sum_j p[j * gp + h] * vf[j][:] for hb
+ * heads h (a constant where this is inlined), DR_LANES * DR_VB columns from
+ * d0 (c == NULL: no rescale), with vf the fp32 rows widened by
+ * dr_pv_heads: the heads' accumulators stay in registers while the keys
+ * pass, and each load of a value vector feeds all of them. */
+static inline __attribute__((always_inline)) void dr_pv_block(float *acc, int64_t acc_ld,
+                                                              const float *c, const float *p,
+                                                              int gp, const float *vf, int dim,
+                                                              int n, int d0, const int hb)
 {
     dr_vec a[DR_HB][DR_VB];
-    for (int h = 0; h < DR_HB; h++) {
-        const dr_vec c = DR_SET1(corr[h]);
-        for (int k = 0; k < DR_VB; k++)
-            a[h][k] = DR_MUL(DR_LOAD(acc + h * acc_ld + d0 + k * DR_LANES), c);
-    }
+    for (int h = 0; h < hb; h++)
+        for (int k = 0; k < DR_VB; k++) {
+            a[h][k] = DR_LOAD(acc + h * acc_ld + d0 + k * DR_LANES);
+            if (c)
+                a[h][k] = DR_MUL(a[h][k], DR_SET1(c[h]));
+        }
     for (int j = 0; j < n; j++) {
         dr_vec x[DR_VB];
         for (int k = 0; k < DR_VB; k++)
-            x[k] = dr_widen(v + (int64_t)j * dim + d0 + k * DR_LANES);
+            x[k] = DR_LOAD(vf + (int64_t)j * dim + d0 + k * DR_LANES);
         const float *pj = p + (int64_t)j * gp;
-        for (int h = 0; h < DR_HB; h++) {
+        for (int h = 0; h < hb; h++) {
             const dr_vec w = DR_SET1(pj[h]);
             for (int k = 0; k < DR_VB; k++)
                 a[h][k] = DR_FMA(w, x[k], a[h][k]);
         }
     }
-    for (int h = 0; h < DR_HB; h++)
+    for (int h = 0; h < hb; h++)
         for (int k = 0; k < DR_VB; k++)
             DR_STORE(acc + h * acc_ld + d0 + k * DR_LANES, a[h][k]);
 }
 
-/* One head of dr_pv_block (the heads left over from the blocks). */
-static inline void dr_pv_one(float *acc, float corr, const float *p, int gp, const uint16_t *v,
-                             int dim, int n, int d0)
-{
-    dr_vec a[DR_VB];
-    const dr_vec c = DR_SET1(corr);
-    for (int k = 0; k < DR_VB; k++)
-        a[k] = DR_MUL(DR_LOAD(acc + d0 + k * DR_LANES), c);
-    for (int j = 0; j < n; j++) {
-        const dr_vec w = DR_SET1(p[(int64_t)j * gp]);
-        for (int k = 0; k < DR_VB; k++)
-            a[k] = DR_FMA(w, dr_widen(v + (int64_t)j * dim + d0 + k * DR_LANES), a[k]);
-    }
-    for (int k = 0; k < DR_VB; k++)
-        DR_STORE(acc + d0 + k * DR_LANES, a[k]);
-}
+/* fp32 floats of the value rows widened at a time (16 KB: they stay in the
+ * first-level cache while every head block reads them). */
+#define DR_PV_FLOATS 4096
 
 /* P.V of `heads` query heads over n bf16 value rows v ([n][dim], dim a
- * multiple of DR_LANES * DR_VB): acc[h * dim + :] for h < heads, weights
- * p[j * gp + h], rescale factors corr[h]. */
+ * multiple of DR_LANES * DR_VB and at most DR_MAX_DIM): acc[h * dim + :]
+ * for h < heads, weights p[j * gp + h], rescale factors corr[h].  The rows
+ * are widened a chunk at a time into an fp32 buffer, each element once
+ * (widening them in every pass cost a fifth of the pass's issue slots);
+ * the first chunk applies the rescale, the others continue the sums in key
+ * order. */
 static void dr_pv_heads(float *acc, const float *corr, const float *p, int gp, int heads,
                         const uint16_t *v, int dim, int n)
 {
-    for (int d0 = 0; d0 < dim; d0 += DR_LANES * DR_VB) {
-        int h = 0;
-        for (; h + DR_HB <= heads; h += DR_HB)
-            dr_pv_block(acc + (int64_t)h * dim, dim, corr + h, p + h, gp, v, dim, n, d0);
-        for (; h < heads; h++)
-            dr_pv_one(acc + (int64_t)h * dim, corr[h], p + h, gp, v, dim, n, d0);
+    float vf[DR_PV_FLOATS];
+    const int chunk = DR_PV_FLOATS / dim;
+    for (int j0 = 0; j0 < n; j0 += chunk) {
+        const int nj = n - j0 < chunk ? n - j0 : chunk;
+        for (int i = 0; i < nj * dim; i += DR_LANES)
+            DR_STORE(vf + i, dr_widen(v + (int64_t)j0 * dim + i));
+        const float *pj = p + (int64_t)j0 * gp;
+        for (int d0 = 0; d0 < dim; d0 += DR_LANES * DR_VB) {
+            int h = 0;
+            for (; h + DR_HB <= heads; h += DR_HB)
+                dr_pv_block(acc + (int64_t)h * dim, dim, j0 ? NULL : corr + h, pj + h, gp, vf, dim,
+                            nj, d0, DR_HB);
+            for (; h + DR_HB2 <= heads; h += DR_HB2)
+                dr_pv_block(acc + (int64_t)h * dim, dim, j0 ? NULL : corr + h, pj + h, gp, vf, dim,
+                            nj, d0, DR_HB2);
+            for (; h < heads; h++)
+                dr_pv_block(acc + (int64_t)h * dim, dim, j0 ? NULL : corr + h, pj + h, gp, vf, dim,
+                            nj, d0, 1);
+        }
     }
+    if (n == 0) /* no key: the rescale alone */
+        for (int h = 0; h < heads; h++)
+            for (int d = 0; d < dim; d++)
+                acc[(int64_t)h * dim + d] *= corr[h];
 }
 
 /* msa_exp_neg (cpu_math.h) on DR_LANES lanes: the same operations in the
@@ -267,52 +285,68 @@ static inline void dr_softmax16(float *mt, float *lt, float *s, int gp, int n, f
     }
 }
 
-/* The K and V rows of the tile after this one, each run within one page:
- * their loads are spread over the passes of dr_scores_heads (a row of
- * each per key scored), so that the memory streams them while this tile
- * computes.  Issued all at once, 64 KB of prefetches fill the core's
- * miss buffers and stall it until most lines arrive, which serialises
- * the loads and the arithmetic. */
+/* The K and V rows of the tile after this one, each a contiguous run of
+ * memory (packed rows within one page): their lines are prefetched a few
+ * at a time between the multiply-adds of dr_scores_heads, so that the
+ * memory streams them while this tile computes.  Issued all at once, the
+ * 64 KB of a tile's prefetches fill the core's miss buffers and stall it
+ * until most lines arrive, which serialises the loads and the arithmetic;
+ * the hardware prefetchers do not jump to the next selected block, and
+ * touching one line in four and leaving the rest to them measured slower
+ * (1.07 against 0.84 ms for the attention of a 32K step, one thread). */
 typedef struct dr_next {
     const char *k, *v;
-    int64_t kstep, vstep; /* bytes from one row to the next */
-    int32_t rows;         /* rows left to prefetch */
-    int32_t row_bytes;
+    int64_t left; /* bytes of each not yet prefetched */
 } dr_next;
 
-/* Prefetches the next n rows of *nx into the second-level cache. */
-static inline void dr_next_rows(dr_next *nx, int32_t n)
+/* Prefetches the next line of K and of V into the second-level cache. */
+static inline void dr_next_line(dr_next *nx)
 {
-    if (!nx)
-        return;
-    for (; n > 0 && nx->rows > 0; n--, nx->rows--) {
-        for (int32_t b = 0; b < nx->row_bytes; b += 64) {
-            __builtin_prefetch(nx->k + b, 0, 2);
-            __builtin_prefetch(nx->v + b, 0, 2);
-        }
-        nx->k += nx->kstep;
-        nx->v += nx->vstep;
+    if (nx->left > 0) {
+        __builtin_prefetch(nx->k, 0, 2);
+        __builtin_prefetch(nx->v, 0, 2);
+        nx->k += 64;
+        nx->v += 64;
+        nx->left -= 64;
     }
 }
 
+/* Prefetches the next n bytes of K and of V (all that is left: n < 0). */
+static inline void dr_next_bytes(dr_next *nx, int64_t n)
+{
+    const int64_t end = n < 0 || n > nx->left ? nx->left : n;
+    for (int64_t b = 0; b < end; b += 64) {
+        __builtin_prefetch(nx->k + b, 0, 2);
+        __builtin_prefetch(nx->v + b, 0, 2);
+    }
+    nx->k += end;
+    nx->v += end;
+    nx->left -= end;
+}
+
 /* Keys widened per pass of dr_scores_heads and the vectors of 16 heads:
- * eight accumulators. */
-#define DR_SK (DR_LANES == 16 ? 8 : 4)
+ * 16 accumulators (AVX-512) or 12 (AVX2), more independent chains than
+ * the multiply-add latency times its pipes. */
+#define DR_SK (DR_LANES == 16 ? 16 : 6)
+/* One line of the next tile's K and V per this many steps over d: about a
+ * pass's own rows of each (DR_SK * dim * 2 bytes, dim / DR_PF_EVERY
+ * lines). */
+#define DR_PF_EVERY (DR_LANES == 16 ? 2 : 4)
 #define DR_SV (16 / DR_LANES)
 
 /* s[j * gp + h] = k[j] . qt[:, h] for the n bf16 keys k ([n][dim]) and
- * heads h < gp (a multiple of 16); qt is [dim][gp] fp32; nx (or NULL): the
- * rows to prefetch meanwhile.  DR_SK keys at a
+ * heads h < gp (a multiple of 16); qt is [dim][gp] fp32; nx: the rows to
+ * prefetch meanwhile (nothing when nx->left is 0).  DR_SK keys at a
  * time are widened into a small buffer in the first-level cache, then
  * each of their elements is broadcast against the heads' query vectors;
  * every lane sums over d in order, as msa_scores_heads. */
-static void dr_scores_heads(float *restrict s, const float *restrict qt, int gp,
-                            const uint16_t *restrict k, int dim, int n, dr_next *nx)
+static inline __attribute__((always_inline)) void dr_scores_heads_dim(
+    float *restrict s, const float *restrict qt, int gp, const uint16_t *restrict k, const int dim,
+    int n, dr_next *nx)
 {
     float kf[DR_SK * DR_MAX_DIM];
     for (int j0 = 0; j0 < n; j0 += DR_SK) {
         const int nk = n - j0 < DR_SK ? n - j0 : DR_SK;
-        dr_next_rows(nx, nk);
         for (int i = 0; i < nk; i++)
             for (int d = 0; d < dim; d += DR_LANES)
                 DR_STORE(kf + i * dim + d, dr_widen(k + (int64_t)(j0 + i) * dim + d));
@@ -323,6 +357,8 @@ static void dr_scores_heads(float *restrict s, const float *restrict qt, int gp,
                     for (int v = 0; v < DR_SV; v++)
                         a[i][v] = DR_SET1(0.0f);
                 for (int d = 0; d < dim; d++) {
+                    if (d % DR_PF_EVERY == 0)
+                        dr_next_line(nx);
                     dr_vec q[DR_SV];
                     for (int v = 0; v < DR_SV; v++)
                         q[v] = DR_LOAD(qt + (int64_t)d * gp + h0 + v * DR_LANES);
@@ -351,7 +387,20 @@ static void dr_scores_heads(float *restrict s, const float *restrict qt, int gp,
             }
         }
     }
-    dr_next_rows(nx, INT32_MAX); /* rows beyond this tile's keys */
+    dr_next_bytes(nx, -1); /* what this tile's keys did not cover */
+}
+
+/* dr_scores_heads_dim, with the head dimension of M3 (128) a constant:
+ * the widened keys then sit at fixed offsets from one base register (with
+ * 16 keys and a variable stride the compiler kept 16 pointers and moved
+ * them in and out of vector registers every step). */
+static void dr_scores_heads(float *restrict s, const float *restrict qt, int gp,
+                            const uint16_t *restrict k, int dim, int n, dr_next *nx)
+{
+    if (dim == 128)
+        dr_scores_heads_dim(s, qt, gp, k, 128, n, nx);
+    else
+        dr_scores_heads_dim(s, qt, gp, k, dim, n, nx);
 }
 
 /* The largest of x[0 .. n) that is a number (-inf when none is), and *nan
