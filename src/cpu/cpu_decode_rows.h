@@ -106,10 +106,13 @@ static inline void dr_transpose_sum(float *out, const dr_vec *p)
 }
 
 /* out[r * ld + j] = q[r] . k[j] for DR_RB rows (row pointers, some of
- * which may repeat to fill the block) and DR_KB bf16 keys k[j] = keys + j *
- * dim; dim a multiple of DR_LANES. */
-static inline void dr_dot_block(float *out, int64_t ld, const float *const *q, const uint16_t *keys,
-                                int dim)
+ * which may repeat to fill the block) and DR_KB keys k[j]: bf16 rows at
+ * keys + j * dim, widened here, or (kf != NULL) the same rows already
+ * widened at kf + j * dim; dim a multiple of DR_LANES. */
+static inline __attribute__((always_inline)) void dr_dot_block(float *out, int64_t ld,
+                                                               const float *const *q,
+                                                               const uint16_t *keys,
+                                                               const float *kf, int dim)
 {
     dr_vec acc[DR_RB * DR_KB];
     for (int i = 0; i < DR_RB * DR_KB; i++)
@@ -117,7 +120,7 @@ static inline void dr_dot_block(float *out, int64_t ld, const float *const *q, c
     for (int d = 0; d < dim; d += DR_LANES) {
         dr_vec k[DR_KB];
         for (int j = 0; j < DR_KB; j++)
-            k[j] = dr_widen(keys + (int64_t)j * dim + d);
+            k[j] = kf ? DR_LOAD(kf + (int64_t)j * dim + d) : dr_widen(keys + (int64_t)j * dim + d);
         for (int r = 0; r < DR_RB; r++) {
             const dr_vec qr = DR_LOAD(q[r] + d);
             for (int j = 0; j < DR_KB; j++)
@@ -132,13 +135,16 @@ static inline void dr_dot_block(float *out, int64_t ld, const float *const *q, c
 }
 
 /* sr[r * ld + j] = q[r] . k[j] for rows r < rows of q ([rows][dim] fp32)
- * and the n bf16 keys at keys ([n][dim]); dim a multiple of DR_LANES.
- * Each piece of a key is widened once per block of DR_RB rows; the keys of
- * one block stay in the first-level cache while every row block uses
- * them. */
+ * and the n bf16 keys at keys ([n][dim]); dim a multiple of DR_LANES and
+ * at most DR_MAX_DIM.  With one block of rows (a decode token's index
+ * heads) each piece of a key is widened in registers; with more (verify)
+ * the DR_KB keys are widened once into a buffer in the first-level cache
+ * that every row block reads. */
 static void dr_index_scores(float *sr, int64_t ld, const float *q, int rows, const uint16_t *keys,
                             int dim, int n)
 {
+    float kf[DR_KB * 512];
+    const int many = rows > DR_RB;
     for (int j0 = 0; j0 < n; j0 += DR_KB) {
         const uint16_t *kb = keys + (int64_t)j0 * dim;
         uint16_t tail[DR_KB * 512];
@@ -150,11 +156,17 @@ static void dr_index_scores(float *sr, int64_t ld, const float *q, int rows, con
             memset(tail + (int64_t)have * dim, 0, (size_t)(DR_KB - have) * (size_t)dim * 2);
             kb = tail;
         }
+        if (many)
+            for (int i = 0; i < DR_KB * dim; i += DR_LANES)
+                DR_STORE(kf + i, dr_widen(kb + i));
         for (int r0 = 0; r0 < rows; r0 += DR_RB) {
             const float *qr[DR_RB];
             for (int r = 0; r < DR_RB; r++) /* rows past the last repeat it */
                 qr[r] = q + (int64_t)(r0 + r < rows ? r0 + r : rows - 1) * dim;
-            dr_dot_block(out, DR_KB, qr, kb, dim);
+            if (many)
+                dr_dot_block(out, DR_KB, qr, kb, kf, dim);
+            else
+                dr_dot_block(out, DR_KB, qr, kb, NULL, dim);
             for (int r = 0; r < DR_RB && r0 + r < rows; r++)
                 for (int j = 0; j < DR_KB && j0 + j < n; j++)
                     sr[(int64_t)(r0 + r) * ld + j0 + j] = out[r * DR_KB + j];
