@@ -124,6 +124,11 @@ static int32_t select_blocks(const float *score, int32_t N, int32_t K, int32_t I
     return cnt;
 }
 
+/* Selection rows of the wave, one (token, KV head) row per unit, the
+ * units dealt round-robin over the threads: a decode step's few rows are
+ * spread too, instead of one thread selecting a whole chunk.  A row takes
+ * the selection of the index head of its KV head, or the union of its
+ * index heads' selections (SPEC section 4). */
 static void select_work(void *arg, int ith, int nth)
 {
     select_job *job = arg;
@@ -132,52 +137,52 @@ static void select_work(void *arg, int ith, int nth)
     cpu_plan *cp = p->backend;
     const int32_t Hi = m->cfg.num_index_heads, Hkv = m->cfg.num_kv_heads, K = m->cfg.topk_blocks;
     const int32_t W = m->topk_width;
+    /* index heads per row: one, or the mm of a union */
+    const int32_t mm = Hi > Hkv ? Hi / Hkv : 1;
     int32_t per_head[64 * 4];
-    int32_t *heads_sel = Hi * K <= (int32_t)(sizeof per_head / sizeof per_head[0])
+    int32_t *heads_sel = mm * K <= (int32_t)(sizeof per_head / sizeof per_head[0])
                              ? per_head
                              : (int32_t *)(cp->scratch + (int64_t)ith * cp->scratch_per_thread);
     int32_t heads_cnt[4096];
-    for (int64_t c = job->wave_lo + ith; c < job->wave_hi; c += nth) {
+    int64_t unit = 0;
+    for (int64_t c = job->wave_lo; c < job->wave_hi; c++) {
         const cpu_chunk *ch = &cp->chunks[c];
         for (int32_t t = 0; t < ch->n; t++) {
             int64_t pos = ch->pos0 + t;
             int32_t N = (int32_t)(pos / m->cfg.block_size) + 1;
-            for (int32_t h = 0; h < Hi; h++) {
-                const float *sc = cp->scores + ch->score_off + ((int64_t)t * Hi + h) * ch->blocks;
-                heads_cnt[h] = select_blocks(sc, N, K, m->cfg.init_blocks, m->cfg.local_blocks,
-                                             heads_sel + (int64_t)h * K);
-            }
-            int32_t *rows = cp->sel + (ch->row0 + t) * Hkv * W;
-            for (int32_t g = 0; g < Hkv; g++) {
-                int32_t *row = rows + (int64_t)g * W;
+            for (int32_t g = 0; g < Hkv; g++, unit++) {
+                if (unit % nth != ith)
+                    continue;
+                const int32_t h0 = Hi <= Hkv ? g / (Hkv / Hi) : g * mm;
+                for (int32_t k = 0; k < mm; k++) {
+                    const float *sc =
+                        cp->scores + ch->score_off + ((int64_t)t * Hi + h0 + k) * ch->blocks;
+                    heads_cnt[k] = select_blocks(sc, N, K, m->cfg.init_blocks, m->cfg.local_blocks,
+                                                 heads_sel + (int64_t)k * K);
+                }
+                int32_t *row = cp->sel + ((ch->row0 + t) * Hkv + g) * W;
                 int32_t cnt = 0;
-                if (Hi <= Hkv) {
-                    int32_t h = g / (Hkv / Hi);
-                    for (int32_t i = 0; i < heads_cnt[h]; i++)
-                        row[cnt++] = heads_sel[(int64_t)h * K + i];
+                if (mm == 1) {
+                    for (int32_t i = 0; i < heads_cnt[0]; i++)
+                        row[cnt++] = heads_sel[i];
                 } else {
-                    /* Union of index heads g*mm .. g*mm+mm-1: merge sorted lists. */
-                    int32_t mm = Hi / Hkv;
+                    /* Union of the mm index heads: merge sorted lists. */
                     int32_t cur[4096];
                     for (int32_t k = 0; k < mm; k++)
                         cur[k] = 0;
                     for (;;) {
                         int32_t best = -1;
-                        for (int32_t k = 0; k < mm; k++) {
-                            int32_t h = g * mm + k;
-                            if (cur[k] < heads_cnt[h]) {
-                                int32_t v = heads_sel[(int64_t)h * K + cur[k]];
+                        for (int32_t k = 0; k < mm; k++)
+                            if (cur[k] < heads_cnt[k]) {
+                                int32_t v = heads_sel[(int64_t)k * K + cur[k]];
                                 if (best < 0 || v < best)
                                     best = v;
                             }
-                        }
                         if (best < 0)
                             break;
-                        for (int32_t k = 0; k < mm; k++) {
-                            int32_t h = g * mm + k;
-                            if (cur[k] < heads_cnt[h] && heads_sel[(int64_t)h * K + cur[k]] == best)
+                        for (int32_t k = 0; k < mm; k++)
+                            if (cur[k] < heads_cnt[k] && heads_sel[(int64_t)k * K + cur[k]] == best)
                                 cur[k]++;
-                        }
                         row[cnt++] = best;
                     }
                 }
