@@ -294,11 +294,12 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
             continue;
 
         float sc[NS][4];
-        if (FP8)
+        if (FP8) {
             cu_rows_qk_fp8<Tag, NS>(st, key_base, qa, sc);
-        else
+        } else {
             cu_rows_qk<Tag, NS, cu_swz256>(ka, key_base, qa, sc);
-            /* Mask, scale to log2 units, online softmax. */
+        }
+        /* Mask, scale to log2 units, online softmax. */
 #pragma unroll
         for (int n = 0; n < NS; ++n) {
 #pragma unroll
