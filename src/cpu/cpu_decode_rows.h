@@ -327,6 +327,8 @@ static inline void dr_next_line(dr_next *nx)
 static inline void dr_next_bytes(dr_next *nx, int64_t n)
 {
     const int64_t end = n < 0 || n > nx->left ? nx->left : n;
+    if (end <= 0) /* nothing left (k and v may then be NULL) */
+        return;
     for (int64_t b = 0; b < end; b += 64) {
         __builtin_prefetch(nx->k + b, 0, 2);
         __builtin_prefetch(nx->v + b, 0, 2);
