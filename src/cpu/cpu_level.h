@@ -24,6 +24,9 @@
 #include <arm_neon.h>
 #endif
 
+/* The decode rows' vector helpers (dr_widen: 16 or 8 bf16 to fp32 lanes). */
+#include "cpu/cpu_decode_rows.h"
+
 /* dst[i] = src[i] as fp32.  Widening is exact in every format, so each
  * level computes the same values as msa_convert_to_f32 (up to the payload
  * of a NaN: F16C quiets a signalling one); only the instructions differ:
@@ -35,16 +38,9 @@ static void level_convert(float *restrict dst, const void *restrict src, msa_dty
     int64_t i = 0;
     if (dtype == MSA_DTYPE_BF16) {
         const uint16_t *s = src;
-#if defined(__AVX512F__)
-        for (; i + 16 <= n; i += 16) {
-            __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + i)));
-            _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-        }
-#elif defined(__AVX2__)
-        for (; i + 8 <= n; i += 8) {
-            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(s + i)));
-            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-        }
+#if MSA_CPU_DECODE_ROWS
+        for (; i + DR_LANES <= n; i += DR_LANES)
+            DR_STORE(dst + i, dr_widen(s + i));
 #elif defined(__aarch64__) && defined(__ARM_NEON)
         for (; i + 4 <= n; i += 4)
             vst1q_f32(dst + i, vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(s + i), 16)));
@@ -104,7 +100,6 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
     }
 }
 
-#include "cpu/cpu_decode_rows.h"
 #include "cpu/cpu_attention_impl.h"
 #include "cpu/cpu_indexer_impl.h"
 #include "cpu/cpu_blocked_impl.h"
