@@ -298,11 +298,20 @@ static void cu_run_attention(const cu_attn_params *A, const cu_plan_state *st, i
     cu_launch_merge_prefill(A, st, s);
     /* Prefill rows on tensor cores; the merge kernel left them. */
     if (A->prefill_on_tensor_cores) {
+        /* The key-block-major kernels copy the queries and store the
+         * partial rows by tensor maps encoded here (the query pointer is
+         * the call's); cu_forward checked what the encoder needs, so the
+         * union kernel below runs only if the driver still refuses. */
+        cu_pfk_params pk;
+        CUtensorMap qo[2];
+        int kbm = 0;
         if (pf_maps && pfk_chunks > 0) {
-            cu_pfk_params p;
             cu_pfk_build(A, &st->pfk_ws, st->pfk_chunk, st->sz.pf_blocks_cap, st->pfk_items_cap,
-                         &p);
-            cu_launch_attn_prefill_kbm(&p, pfk_chunks, st, pf_maps, s);
+                         &pk);
+            kbm = cu_pfk_encode_maps(&pk, st->sz.cap_tok, qo) == 0;
+        }
+        if (kbm) {
+            cu_launch_attn_prefill_kbm(&pk, pfk_chunks, st, pf_maps, qo, s);
         } else if (pf_maps) {
             cu_pfh_params p;
             cu_pfh_build(A, &p);
@@ -340,7 +349,9 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         paths.idx_fast = paths.idx_tma = 0;
     if (paths.iv_fast && !(cu_aligned(io->idx_q, 4) && cu_aligned(io->idx_o, 4)))
         paths.iv_fast = paths.pf_iv_fast = 0;
-    if (!paths.pf_tma || !cu_aligned(io->o, 16)) /* its merge writes 16-byte pieces */
+    /* Key-block-major: its merge writes 16-byte pieces, its queries come
+     * by tensor map. */
+    if (!paths.pf_tma || !cu_aligned(io->o, 16) || !cu_aligned(io->q, 16))
         paths.pf_kbm = 0;
     const CUtensorMap *maps = st->maps ? st->maps + (size_t)layer * CU_MAPS : NULL;
     const CUtensorMap *pf_maps = paths.pf_tma ? &maps[CU_MAP_K] : NULL;

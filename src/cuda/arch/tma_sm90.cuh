@@ -104,6 +104,59 @@ __device__ __forceinline__ void cu_tma_load_rows(uint32_t dst, const CUtensorMap
                  : "memory");
 }
 
+/* The box of columns col.. and slots slot.. of the rows of (page, head)
+ * from shared memory at src (laid out as a load of the same box writes it)
+ * to global memory, in this thread's current bulk group, its lines in L2
+ * under `policy`.  The writes of other threads to src must be ordered
+ * before it (fence.proxy.async by each writer, then a barrier). */
+__device__ __forceinline__ void cu_tma_store_rows_hint(uint32_t src, const CUtensorMap *map,
+                                                       int32_t col, int32_t slot, int32_t head,
+                                                       int32_t page, uint64_t policy)
+{
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group.L2::cache_hint"
+                 " [%0, {%2, %3, %4, %5}], [%1], %6;\n" ::"l"((uint64_t)map),
+                 "r"(src), "r"(col), "r"(slot), "r"(head), "r"(page), "l"(policy)
+                 : "memory");
+}
+
+/* Closes this thread's current bulk group of stores. */
+__device__ __forceinline__ void cu_bulk_commit()
+{
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+/* Waits until this thread's bulk stores have read their shared memory
+ * (the buffers may be written again). */
+__device__ __forceinline__ void cu_bulk_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+/* Waits until this thread's bulk stores are complete. */
+__device__ __forceinline__ void cu_bulk_wait()
+{
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+/* Orders this thread's shared-memory writes before later reads by the
+ * async proxy (tensor-map copies, warpgroup products). */
+__device__ __forceinline__ void cu_fence_proxy_async()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* Four 8 x 8 matrices of 16-bit values from registers to shared memory:
+ * lane i gives the address of row i % 8 of matrix i / 8, and register k
+ * holds, for matrix k, row lane / 4, columns 2 (lane % 4) + {0, 1} (the
+ * layout of an mma accumulator pair packed to 16 bits). */
+__device__ __forceinline__ void cu_stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                               uint32_t r3)
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
 /* An L2 policy for data read once: its lines are the first evicted. */
 __device__ __forceinline__ uint64_t cu_l2_evict_first()
 {

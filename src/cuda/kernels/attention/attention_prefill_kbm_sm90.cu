@@ -12,14 +12,18 @@
  *               kv_len would otherwise reach O as 0 x NaN) and releases V;
  *   warps 0-7   two consumer warpgroups; group h takes the item's token
  *               tiles h, h + 2, ... (a tile is 64 rows: 64 / g tokens x g
- *               heads).  Per tile: its Q rows copied (cp.async, one tile
- *               ahead) into one of the group's two tile buffers, S = Q K^T
- *               (wgmma, both operands in shared memory), the causal mask
- *               (keys after the token's position, in its own block only),
- *               one softmax over the block's 128 keys, O = P V (wgmma, P
- *               from registers), and the normalized partial rows (staged
- *               in the tile buffer, written in 16-byte pieces) and their
- *               LSE to the workspace.
+ *               heads).  Per tile: its Q rows copied by tensor map (one
+ *               tile ahead, issued by one thread of the group) into one of
+ *               the group's two tile buffers, S = Q K^T (wgmma, both
+ *               operands in shared memory), the causal mask (keys after
+ *               the token's position, in its own block only), one softmax
+ *               over the block's 128 keys, O = P V (wgmma, P from
+ *               registers), and the normalized partial rows (staged in the
+ *               tile buffer by stmatrix, sent out by tensor-map stores)
+ *               and their LSE to the workspace.
+ * The copies and stores take one thread's few instructions per token: the
+ * warps' issue slots go to the products and the softmax (with per-thread
+ * copies and stores, the address arithmetic took half the instructions).
  * Each partial row is written by exactly one tile, so the outputs do not
  * depend on the order in which the count kernel's atomics placed the
  * entries in their lists.
@@ -51,8 +55,9 @@ static_assert(4 * 32 * PFK_PRODUCER_REGS + PFK_CONSUMER_WARPS * 32 * PFK_CONSUME
 #define PFK_TILE_BYTES (PFH_GROUP_ROWS * PFH_ROW_BYTES)
 #define PFK_QBUF_BYTES (PFK_GROUPS * 2 * PFK_TILE_BYTES)
 /* Barriers per stage: K landed, V landed, V ready (stale rows zeroed),
- * empty; then one meta word per stage and the item's entries per stage. */
-#define PFK_BAR_BYTES (4 * PFK_STAGES * 8)
+ * empty; per tile buffer: its Q rows landed; then one meta word per stage
+ * and the item's entries per stage. */
+#define PFK_BAR_BYTES ((4 * PFK_STAGES + 2 * PFK_GROUPS) * 8)
 #define PFK_ENT_BYTES (PFK_STAGES * CU_PFK_ITEM_TOKENS * 16)
 #define PFK_SMEM \
     (1024 + PFK_RING_BYTES + PFK_QBUF_BYTES + PFK_BAR_BYTES + PFK_STAGES * 16 + PFK_ENT_BYTES)
@@ -199,7 +204,7 @@ __global__ void __launch_bounds__(PFK_LIST_THREADS)
         const cu_tok_info ti = p.tok_info[t];
         const int32_t blk = p.pf_blk0[ti.r] + b;
         const int32_t at = p.ws.off[(int64_t)g * p.blocks_cap + blk] + place;
-        p.ws.ent[at] = make_int4(e, ti.pos - b * PFH_KEYS, t * p.hq_total + g * p.g, 0);
+        p.ws.ent[at] = make_int4(e, ti.pos - b * PFH_KEYS, t, 0);
     }
 }
 
@@ -209,8 +214,9 @@ typedef struct cu_pfk_smem_t {
     unsigned char *ring;
     unsigned char *qbuf; /* [PFK_GROUPS][2][PFK_TILE_BYTES] */
     uint64_t *full_k, *full_v, *v_ready, *empty;
-    int4 *meta; /* per slot: first entry, tokens */
-    int4 *ent;  /* [PFK_STAGES][CU_PFK_ITEM_TOKENS] per slot: the item's entries */
+    uint64_t *qfull; /* [PFK_GROUPS][2]: a tile buffer's Q rows landed */
+    int4 *meta;      /* per slot: first entry, tokens, KV head */
+    int4 *ent;       /* [PFK_STAGES][CU_PFK_ITEM_TOKENS] per slot: the item's entries */
 } cu_pfk_smem_t;
 
 __device__ __forceinline__ cu_pfk_smem_t cu_pfk_smem_of(unsigned char *raw)
@@ -222,7 +228,8 @@ __device__ __forceinline__ cu_pfk_smem_t cu_pfk_smem_of(unsigned char *raw)
     sm.full_v = sm.full_k + PFK_STAGES;
     sm.v_ready = sm.full_v + PFK_STAGES;
     sm.empty = sm.v_ready + PFK_STAGES;
-    sm.meta = (int4 *)(sm.empty + PFK_STAGES);
+    sm.qfull = sm.empty + PFK_STAGES;
+    sm.meta = (int4 *)(sm.qfull + 2 * PFK_GROUPS);
     sm.ent = sm.meta + PFK_STAGES;
     return sm;
 }
@@ -252,7 +259,7 @@ __device__ __forceinline__ void cu_pfk_release_v(const cu_pfk_smem_t &sm, const 
                        (c & 7) * 16) = make_uint4(0u, 0u, 0u, 0u);
         }
         /* Seen by the products (async proxy). */
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        cu_fence_proxy_async();
     }
     /* Every lane releases its own writes (the barrier counts 32). */
     cu_mbar_arrive(&sm.v_ready[pd.s]);
@@ -283,7 +290,7 @@ __device__ void cu_pfk_producer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
         if (lane != 0)
             cu_mbar_arrive(&sm.full_k[s]);
         if (lane == 0) {
-            sm.meta[s] = make_int4(it.z, it.w, 0, 0);
+            sm.meta[s] = make_int4(it.z, it.w, it.x, 0);
             const uint32_t kd = cu_smem_addr(sm.ring + s * PFK_STAGE_BYTES);
             cu_mbar_arrive_tx(&sm.full_k[s], PFH_TILE_BYTES);
             cu_pfh_load_page(kd, map_k, it.y, it.x, &sm.full_k[s]);
@@ -309,27 +316,42 @@ __device__ __forceinline__ void cu_pfk_group_sync(int wg)
     asm volatile("bar.sync %0, %1;\n" ::"r"(1 + wg), "n"(PFK_GROUP_THREADS) : "memory");
 }
 
-/* Copies the Q rows of the tile whose first token is the item's t0 into
- * buf (row = token x g + head; columns 0-63 in the first 8 KB, 64-127 in
- * the next, 16-byte chunk c of row r at chunk c ^ (r % 8): the 128-byte
- * swizzle of the K tiles).  Rows past the item's n tokens are zeroed.  A
- * thread copies 16-byte chunks i x 128 + its index: 16 threads per row. */
-__device__ __forceinline__ void cu_pfk_load_q(const cu_pfk_params &p, const int4 *ent, int32_t n,
-                                              int32_t t0, int32_t lg, uint32_t buf, int tid)
+/* Issued by one thread: the Q rows of the tile whose first token is the
+ * item's t0 (tokens t0 .. t0 + tt - 1 that exist) into the tile buffer at
+ * dst, completing on bar.  A token's g rows of KV head kvh are two boxes
+ * of map_q (columns 0-63 into the buffer's first 8 KB, 64-127 into the
+ * next), at row token x g, so the buffer holds the 64-row A operand of
+ * S = Q K^T in the 128-byte swizzle.  Rows of missing tokens keep what
+ * the buffer held: their scores are masked and their rows never stored. */
+__device__ __forceinline__ void cu_pfk_issue_q(const CUtensorMap *map_q, const int4 *ent, int32_t n,
+                                               int32_t t0, int32_t tt, int32_t g, int32_t kvh,
+                                               uint32_t dst, uint64_t *bar)
 {
-    const unsigned char *q = (const unsigned char *)p.q;
-#pragma unroll
-    for (int i = 0; i < PFK_TILE_BYTES / 16 / PFK_GROUP_THREADS; ++i) {
-        const int32_t k = tid + i * PFK_GROUP_THREADS;
-        const int32_t row = k >> 4, c = k & 15;
-        const int32_t tok = t0 + (row >> lg);
-        const bool ok = tok < n;
-        const unsigned char *src =
-            ok ? q + ((int64_t)ent[tok].z + (row & (p.g - 1))) * PFH_ROW_BYTES + c * 16 : q;
-        const uint32_t dst = buf + (uint32_t)(c >> 3) * (PFK_TILE_BYTES / 2) +
-                             (uint32_t)row * 128u + (uint32_t)(((c & 7) ^ (row & 7)) * 16);
-        cu_cp_async16(dst, src, ok ? 16 : 0);
+    const int32_t k = min(tt, n - t0);
+    cu_mbar_arrive_tx(bar, (uint32_t)(k * g * PFH_ROW_BYTES));
+    for (int32_t tk = 0; tk < k; ++tk) {
+        const uint32_t d = dst + (uint32_t)(tk * g * PFH_BOX_ROW_BYTES);
+        const int32_t t = ent[t0 + tk].z;
+        cu_tma_load_rows(d, map_q, 0, 0, kvh, t, bar);
+        cu_tma_load_rows(d + PFK_TILE_BYTES / 2, map_q, PFH_BOX_COLS, 0, kvh, t, bar);
     }
+}
+
+/* Issued by one thread: the tile's staged output rows (the layout of
+ * cu_pfk_issue_q) to the partial rows of its tokens, marked evict-first in
+ * L2 (the merge reads them only after the whole chunk), as one bulk group. */
+__device__ __forceinline__ void cu_pfk_issue_o(const CUtensorMap *map_o, const int4 *ent, int32_t n,
+                                               int32_t t0, int32_t tt, int32_t g, uint32_t src,
+                                               uint64_t policy)
+{
+    const int32_t k = min(tt, n - t0);
+    for (int32_t tk = 0; tk < k; ++tk) {
+        const uint32_t a = src + (uint32_t)(tk * g * PFH_BOX_ROW_BYTES);
+        const int32_t e = ent[t0 + tk].x;
+        cu_tma_store_rows_hint(a, map_o, 0, 0, 0, e, policy);
+        cu_tma_store_rows_hint(a + PFK_TILE_BYTES / 2, map_o, PFH_BOX_COLS, 0, 0, e, policy);
+    }
+    cu_bulk_commit();
 }
 
 /* S = Q K^T for the group's 64 rows, Q from a tile buffer (both operands
@@ -352,123 +374,199 @@ __device__ __forceinline__ void cu_pfk_qk(uint32_t qa, uint32_t ka, float (&sc)[
     cu_wgmma_hold(sc);
 }
 
-/* The tile's normalized output rows into buf as 16-bit values, row-major
- * (256 bytes a row, 16-byte chunk c of row r at chunk c ^ (r % 8), so the
- * quad-strided writes of the accumulator layout do not collide in banks). */
-template <typename Tag>
-__device__ __forceinline__ void cu_pfk_stage_o(unsigned char *buf, const float (&o)[16][4],
-                                               float inv_lo, float inv_hi, int32_t row_lo)
+/* One block's scores into weights, in one pass (a tile sees one block):
+ * keys j <= lim_lo (lim_hi) count for the thread's low (high) row (lim -1:
+ * none), the scale sl2 (log2 units, > 0) applied inside the exponent; the
+ * rows' maxima (log2 units) and sums (this thread's keys only). */
+__device__ __forceinline__ void cu_pfk_softmax(float (&sc)[16][4], int32_t lim_lo, int32_t lim_hi,
+                                               float sl2, float &m_lo, float &m_hi, float &l_lo,
+                                               float &l_hi)
 {
     const int lane = threadIdx.x & 31;
-    const int32_t row_hi = row_lo + 8;
+    if (min(lim_lo, lim_hi) < PFH_KEYS - 1) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const int32_t in = (lane & 3) * 4;
-        *(uint32_t *)(buf + row_lo * PFH_ROW_BYTES + ((j ^ (row_lo & 7)) * 16) + in) =
-            cu_pack2(o[j][0] * inv_lo, o[j][1] * inv_lo, Tag());
-        *(uint32_t *)(buf + row_hi * PFH_ROW_BYTES + ((j ^ (row_hi & 7)) * 16) + in) =
-            cu_pack2(o[j][2] * inv_hi, o[j][3] * inv_hi, Tag());
+        for (int n = 0; n < 16; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int32_t j = n * 8 + 2 * (lane & 3) + e;
+                sc[n][e] = j <= lim_lo ? sc[n][e] : -INFINITY;
+                sc[n][2 + e] = j <= lim_hi ? sc[n][2 + e] : -INFINITY;
+            }
+        }
     }
-}
-
-/* The staged rows of the tile (first token t0) to their partial rows:
- * 16-byte pieces, a row's 16 pieces by 16 threads. */
-__device__ __forceinline__ void cu_pfk_store_o(const cu_pfk_params &p, const int4 *ent, int32_t n,
-                                               int32_t t0, int32_t lg, const unsigned char *buf,
-                                               int tid)
-{
-    unsigned char *dst = (unsigned char *)p.ws.part_o;
+    float mx_lo, mx_hi;
+    cu_rows_tile_max<16>(sc, mx_lo, mx_hi);
+    m_lo = mx_lo * sl2;
+    m_hi = mx_hi * sl2;
+    const float ref_lo = m_lo == -INFINITY ? 0.0f : m_lo;
+    const float ref_hi = m_hi == -INFINITY ? 0.0f : m_hi;
+    l_lo = l_hi = 0.0f;
 #pragma unroll
-    for (int i = 0; i < PFK_TILE_BYTES / 16 / PFK_GROUP_THREADS; ++i) {
-        const int32_t k = tid + i * PFK_GROUP_THREADS;
-        const int32_t row = k >> 4, c = k & 15;
-        const int32_t tok = t0 + (row >> lg);
-        if (tok < n) {
-            const int64_t prow = (int64_t)ent[tok].x * p.g + (row & (p.g - 1));
-            *(uint4 *)(dst + prow * PFH_ROW_BYTES + c * 16) =
-                *(const uint4 *)(buf + row * PFH_ROW_BYTES + ((c ^ (row & 7)) * 16));
+    for (int n = 0; n < 16; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            sc[n][e] = cu_pfh_exp2(fmaf(sc[n][e], sl2, -ref_lo));
+            sc[n][2 + e] = cu_pfh_exp2(fmaf(sc[n][2 + e], sl2, -ref_hi));
+            l_lo += sc[n][e];
+            l_hi += sc[n][2 + e];
         }
     }
 }
 
+/* O = P V for the group's 64 rows: the weights rounded to the 16-bit type
+ * (the S accumulators' layout is the A fragments' already) against V read
+ * MN-major (16 keys per step, 2048 bytes; dimensions 64-127 16 KB after
+ * 0-63). */
 template <typename Tag>
-__device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm, int32_t n_items)
+__device__ __forceinline__ void cu_pfk_pv(uint32_t va, const float (&pw)[16][4], float (&o)[16][4])
+{
+    uint32_t pa[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        pa[kk][0] = cu_pack2(pw[2 * kk][0], pw[2 * kk][1], Tag());
+        pa[kk][1] = cu_pack2(pw[2 * kk][2], pw[2 * kk][3], Tag());
+        pa[kk][2] = cu_pack2(pw[2 * kk + 1][0], pw[2 * kk + 1][1], Tag());
+        pa[kk][3] = cu_pack2(pw[2 * kk + 1][2], pw[2 * kk + 1][3], Tag());
+    }
+    cu_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+        cu_wgmma_m64n128k16<1>(o, pa[kk],
+                               cu_wgmma_desc(va + (uint32_t)kk * 2048u, PFH_TILE_BYTES / 2), kk > 0,
+                               Tag());
+    cu_wgmma_commit();
+    cu_wgmma_wait_all();
+    cu_wgmma_hold(o);
+}
+
+/* The tile's normalized output rows into the tile buffer at buf as 16-bit
+ * values, in the layout cu_pfk_issue_q reads Q into (row r's 16-byte chunk
+ * c at c / 8 x 8 KB + r x 128 + ((c % 8) ^ (r % 8)) x 16): one stmatrix
+ * per two chunks, lane i addressing row i % 8 (+ 8 for i / 8 odd) of chunk
+ * pair member i / 16. */
+template <typename Tag>
+__device__ __forceinline__ void cu_pfk_stage_o(uint32_t buf, const float (&o)[16][4], float inv_lo,
+                                               float inv_hi)
+{
+    const int lane = threadIdx.x & 31;
+    const int32_t row = ((threadIdx.x >> 5) & 3) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+    const uint32_t base = buf + (uint32_t)row * PFH_BOX_ROW_BYTES;
+    const int32_t half = lane >> 4, r8 = lane & 7;
+#pragma unroll
+    for (int j = 0; j < 16; j += 2) {
+        const uint32_t at = base + (uint32_t)(j >> 3) * (PFK_TILE_BYTES / 2) +
+                            (uint32_t)((((j & 7) + half) ^ r8) << 4);
+        cu_stmatrix_x4(at, cu_pack2(o[j][0] * inv_lo, o[j][1] * inv_lo, Tag()),
+                       cu_pack2(o[j][2] * inv_hi, o[j][3] * inv_hi, Tag()),
+                       cu_pack2(o[j + 1][0] * inv_lo, o[j + 1][1] * inv_lo, Tag()),
+                       cu_pack2(o[j + 1][2] * inv_hi, o[j + 1][3] * inv_hi, Tag()));
+    }
+}
+
+/* The consumer groups.  Group wg takes the item's tiles wg, wg + 2, ...;
+ * its tiles of all items form one sequence whose tile seq uses buffer
+ * seq % 2.  One thread of the group (lead) copies in the next tile's Q
+ * rows (of this item, or of the next item's first tile for the group)
+ * while the group computes the current one, and sends each finished
+ * tile's rows out by tensor-map stores; a buffer is loaded again only
+ * after the stores of its rows have read it. */
+template <typename Tag>
+__device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
+                                const CUtensorMap *map_q, const CUtensorMap *map_o, int32_t n_items)
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int wg = warp >> 2;
-    const int tid = threadIdx.x & (PFK_GROUP_THREADS - 1);
+    const bool lead = (threadIdx.x & (PFK_GROUP_THREADS - 1)) == 0;
     /* The thread's two rows of a tile: row = token x g + head. */
     const int32_t lg = __ffs(p.g) - 1;
-    const int32_t tile_tokens = PFH_GROUP_ROWS >> lg;
+    const int32_t tt = PFH_GROUP_ROWS >> lg;
     const int32_t row_lo = (warp & 3) * 16 + (lane >> 2), row_hi = row_lo + 8;
     const int32_t tok_lo = row_lo >> lg, tok_hi = row_hi >> lg;
     const int32_t head_lo = row_lo & (p.g - 1), head_hi = row_hi & (p.g - 1);
-    unsigned char *bufs = sm.qbuf + wg * 2 * PFK_TILE_BYTES;
-    const uint32_t bufs_a = cu_smem_addr(bufs);
-    const int32_t step = PFK_GROUPS * tile_tokens;
+    const uint32_t bufs = cu_smem_addr(sm.qbuf + wg * 2 * PFK_TILE_BYTES);
+    uint64_t *qfull = sm.qfull + wg * 2;
+    const int32_t first = wg * tt, step = PFK_GROUPS * tt;
+    const uint64_t evict = cu_l2_evict_first();
+    uint32_t seq = 0;
+    bool ahead = false; /* lead: the next item's first tile is already issued */
     uint32_t gs = 0;
     for (int32_t w = blockIdx.x; w < n_items; w += gridDim.x, ++gs) {
         const int s = (int)(gs % PFK_STAGES);
         const uint32_t par = (gs / PFK_STAGES) & 1u;
         cu_mbar_wait(&sm.full_k[s], par);
-        const int32_t n = sm.meta[s].y;
+        const int32_t n = sm.meta[s].y, kvh = sm.meta[s].z;
         const int4 *ent = sm.ent + s * CU_PFK_ITEM_TOKENS;
         const uint32_t ka = cu_smem_addr(sm.ring + s * PFK_STAGE_BYTES);
         bool v_seen = false;
-        /* The group's tiles: t0 = wg x tile_tokens, then every step; each
-         * tile's Q rows are copied in while the one before is computed. */
-        int32_t t0 = wg * tile_tokens;
-        if (t0 < n)
-            cu_pfk_load_q(p, ent, n, t0, lg, bufs_a, tid);
-        cu_cp_async_commit();
-        for (int i = 0; t0 < n; t0 += step, ++i) {
-            const int b = i & 1;
-            if (t0 + step < n)
-                cu_pfk_load_q(p, ent, n, t0 + step, lg, bufs_a + (uint32_t)(b ^ 1) * PFK_TILE_BYTES,
-                              tid);
-            cu_cp_async_commit();
-            cu_cp_async_wait<1>();
-            /* This thread's copies are seen by the products (async proxy);
-             * the barrier waits for the other threads'. */
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            cu_pfk_group_sync(wg);
+        if (lead && !ahead && first < n)
+            cu_pfk_issue_q(map_q, ent, n, first, tt, p.g, kvh, bufs + (seq & 1u) * PFK_TILE_BYTES,
+                           &qfull[seq & 1u]);
+        ahead = false;
+        for (int32_t t0 = first; t0 < n; t0 += step, ++seq) {
+            const uint32_t b = seq & 1u;
+            const uint32_t buf = bufs + b * PFK_TILE_BYTES;
+            cu_mbar_wait(&qfull[b], (seq >> 1) & 1u);
             float sc[16][4];
-            cu_pfk_qk<Tag>(bufs_a + (uint32_t)b * PFK_TILE_BYTES, ka, sc);
+            cu_pfk_qk<Tag>(buf, ka, sc);
+            if (lead) {
+                /* The next tile: this item's, or the next item's first. */
+                const int4 *ne = ent;
+                int32_t nn = n, nt = t0 + step, nk = kvh;
+                if (nt >= n) {
+                    nn = 0;
+                    if (w + (int32_t)gridDim.x < n_items) {
+                        const int s2 = (int)((gs + 1) % PFK_STAGES);
+                        cu_mbar_wait(&sm.full_k[s2], ((gs + 1) / PFK_STAGES) & 1u);
+                        ne = sm.ent + s2 * CU_PFK_ITEM_TOKENS;
+                        nn = sm.meta[s2].y;
+                        nk = sm.meta[s2].z;
+                        nt = first;
+                        ahead = nt < nn;
+                    }
+                }
+                if (nt < nn) {
+                    cu_bulk_wait_read(); /* the other buffer's rows have left */
+                    cu_pfk_issue_q(map_q, ne, nn, nt, tt, p.g, nk, bufs + (b ^ 1u) * PFK_TILE_BYTES,
+                                   &qfull[b ^ 1u]);
+                }
+            }
             const bool ok_lo = t0 + tok_lo < n, ok_hi = t0 + tok_hi < n;
-            const int4 e_lo = ok_lo ? ent[t0 + tok_lo] : make_int4(0, -1, 0, 0);
-            const int4 e_hi = ok_hi ? ent[t0 + tok_hi] : make_int4(0, -1, 0, 0);
-            float o[16][4], m_lo, m_hi, l_lo, l_hi;
-            cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
-            cu_pfh_softmax(sc, e_lo.y, e_hi.y, p.scale_log2, o, m_lo, m_hi, l_lo, l_hi);
+            const int32_t lim_lo = ok_lo ? ent[t0 + tok_lo].y : -1;
+            const int32_t lim_hi = ok_hi ? ent[t0 + tok_hi].y : -1;
+            float m_lo, m_hi, l_lo, l_hi;
+            cu_pfk_softmax(sc, lim_lo, lim_hi, p.scale_log2, m_lo, m_hi, l_lo, l_hi);
             if (!v_seen) {
                 cu_mbar_wait(&sm.v_ready[s], par);
                 v_seen = true;
             }
-            cu_pfh_pv<Tag>(ka + PFH_TILE_BYTES, sc, o);
+            float o[16][4];
+            cu_pfk_pv<Tag>(ka + PFH_TILE_BYTES, sc, o);
             cu_rows_sum_quads(l_lo, l_hi);
             if ((lane & 3) == 0) {
                 if (ok_lo)
-                    p.ws.part_lse[(int64_t)e_lo.x * p.g + head_lo] = cu_rows_lse(m_lo, l_lo);
+                    p.ws.part_lse[(int64_t)ent[t0 + tok_lo].x * p.g + head_lo] =
+                        cu_rows_lse(m_lo, l_lo);
                 if (ok_hi)
-                    p.ws.part_lse[(int64_t)e_hi.x * p.g + head_hi] = cu_rows_lse(m_hi, l_hi);
+                    p.ws.part_lse[(int64_t)ent[t0 + tok_hi].x * p.g + head_hi] =
+                        cu_rows_lse(m_hi, l_hi);
             }
             /* The products have read the Q rows: the buffer takes the
-             * output rows, which then leave in 16-byte pieces. */
-            unsigned char *buf = bufs + b * PFK_TILE_BYTES;
-            cu_pfk_stage_o<Tag>(buf, o, cu_rows_inv(l_lo), cu_rows_inv(l_hi), row_lo);
+             * output rows, which leave by tensor-map stores. */
+            cu_pfk_stage_o<Tag>(buf, o, cu_rows_inv(l_lo), cu_rows_inv(l_hi));
+            cu_fence_proxy_async();
             cu_pfk_group_sync(wg);
-            cu_pfk_store_o(p, ent, n, t0, lg, buf, tid);
-            /* The buffer is free for the copy two tiles on. */
-            cu_pfk_group_sync(wg);
+            if (lead)
+                cu_pfk_issue_o(map_o, ent, n, t0, tt, p.g, buf, evict);
         }
-        cu_cp_async_wait<0>();
         /* The slot's V is released (and its copy landed) before the slot is
          * handed back. */
         if (!v_seen)
             cu_mbar_wait(&sm.v_ready[s], par);
         cu_mbar_arrive(&sm.empty[s]);
     }
+    if (lead)
+        cu_bulk_wait();
 }
 
 #endif /* CU_HAVE_WGMMA */
@@ -477,7 +575,9 @@ template <typename Tag>
 __global__ void __launch_bounds__(PFK_THREADS, 1)
     cu_pfk_attend(const __grid_constant__ cu_pfk_params p,
                   const __grid_constant__ CUtensorMap map_k,
-                  const __grid_constant__ CUtensorMap map_v)
+                  const __grid_constant__ CUtensorMap map_v,
+                  const __grid_constant__ CUtensorMap map_q,
+                  const __grid_constant__ CUtensorMap map_o)
 {
 #ifdef CU_HAVE_WGMMA
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -490,11 +590,15 @@ __global__ void __launch_bounds__(PFK_THREADS, 1)
             cu_mbar_init(&sm.v_ready[s], 32);
             cu_mbar_init(&sm.empty[s], PFK_EMPTY_ARRIVALS);
         }
+        for (int b = 0; b < 2 * PFK_GROUPS; ++b)
+            cu_mbar_init(&sm.qfull[b], 1);
         cu_mbar_fence_init();
     }
     if (warp == PFK_CONSUMER_WARPS && (threadIdx.x & 31) == 0) {
         cu_tma_prefetch_map(&map_k);
         cu_tma_prefetch_map(&map_v);
+        cu_tma_prefetch_map(&map_q);
+        cu_tma_prefetch_map(&map_o);
     }
     __syncthreads();
     cu_pdl_wait(); /* the lists */
@@ -507,12 +611,14 @@ __global__ void __launch_bounds__(PFK_THREADS, 1)
         cu_pfk_producer(p, cu_pfk_smem_of(smem_raw), &map_k, &map_v, n_items);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(PFK_CONSUMER_REGS));
-        cu_pfk_consumer<Tag>(p, cu_pfk_smem_of(smem_raw), n_items);
+        cu_pfk_consumer<Tag>(p, cu_pfk_smem_of(smem_raw), &map_q, &map_o, n_items);
     }
 #else
     (void)p;
     (void)map_k;
     (void)map_v;
+    (void)map_q;
+    (void)map_o;
 #endif
 }
 
@@ -598,10 +704,12 @@ int cu_pfk_fits(int32_t d, int32_t page, int32_t block, int32_t g, const char **
             *why = "head dim, page or block size != 128: prefill tiles over block unions";
         return 0;
     }
-    if (g < 1 || g > PFH_GROUP_ROWS || (g & (g - 1)) != 0) {
+    /* A token's rows are one tensor-map box of g rows; 8 or more keep
+     * each box on a whole 1024-byte swizzle atom of the tile buffer. */
+    if (g < 8 || g > PFH_GROUP_ROWS || (g & (g - 1)) != 0) {
         if (why)
-            *why = "query heads per KV head not a power of two up to 64: prefill tiles over "
-                   "block unions";
+            *why = "query heads per KV head not a power of two from 8 to 64: prefill tiles "
+                   "over block unions";
         return 0;
     }
     return 1;
@@ -675,28 +783,43 @@ void cu_pfk_build(const cu_attn_params *A, const cu_pfk_ws *ws, int32_t chunk_to
     p->ws = *ws;
 }
 
+int cu_pfk_encode_maps(const cu_pfk_params *p, int32_t q_tokens, CUtensorMap *qo)
+{
+    /* Queries: the g rows of (token, KV head) are slots 0 .. g - 1 of
+     * "page" token, "head" KV head. */
+    const msa_plane_strides sq = {(int64_t)p->hq_total * PFH_HEAD_DIM, (int64_t)p->g * PFH_HEAD_DIM,
+                                  PFH_HEAD_DIM};
+    if (cu_tma_map_plane(&qo[0], p->q, &sq, (uint64_t)q_tokens, (uint32_t)p->g, (uint32_t)p->hkv,
+                         (uint32_t)p->g) != 0)
+        return 1;
+    /* Partial rows: the g rows of entry e are "page" e. */
+    const msa_plane_strides so = {(int64_t)p->g * PFH_HEAD_DIM, 0, PFH_HEAD_DIM};
+    const uint64_t entries = (uint64_t)p->chunk_tokens * (uint64_t)p->hkv * (uint64_t)p->W;
+    return cu_tma_map_plane(&qo[1], p->ws.part_o, &so, entries, (uint32_t)p->g, 1u, (uint32_t)p->g);
+}
+
 template <typename Tag>
 static void cu_pfk_launch_chunk(const cu_pfk_params *p, const cu_plan_state *st,
-                                const CUtensorMap *maps, cudaStream_t s)
+                                const CUtensorMap *maps, const CUtensorMap *qo, cudaStream_t s)
 {
     const int lists_grid = st->sz.num_sms * 4;
     cu_launch(cu_pfk_count, lists_grid, PFK_LIST_THREADS, 0, s, st->pdl, *p);
     cu_launch(cu_pfk_scan, 1, PFK_SCAN_THREADS, 0, s, st->pdl, *p);
     cu_launch(cu_pfk_scatter, lists_grid, PFK_LIST_THREADS, 0, s, st->pdl, *p);
     cu_launch(cu_pfk_attend<Tag>, st->sz.num_sms, PFK_THREADS, (size_t)PFK_SMEM, s, st->pdl, *p,
-              maps[0], maps[1]);
+              maps[0], maps[1], qo[0], qo[1]);
     cu_launch(cu_pfk_merge<Tag>, st->sz.num_sms * 8, PFK_MERGE_THREADS, 0, s, st->pdl, *p);
 }
 
 void cu_launch_attn_prefill_kbm(cu_pfk_params *p, int32_t chunks, const cu_plan_state *st,
-                                const CUtensorMap *maps, cudaStream_t s)
+                                const CUtensorMap *maps, const CUtensorMap *qo, cudaStream_t s)
 {
     for (int32_t c = 0; c < chunks; ++c) {
         p->chunk = c;
         if (p->act == MSA_DTYPE_BF16)
-            cu_pfk_launch_chunk<cu_bf16_tag>(p, st, maps, s);
+            cu_pfk_launch_chunk<cu_bf16_tag>(p, st, maps, qo, s);
         else
-            cu_pfk_launch_chunk<cu_f16_tag>(p, st, maps, s);
+            cu_pfk_launch_chunk<cu_f16_tag>(p, st, maps, qo, s);
     }
 }
 

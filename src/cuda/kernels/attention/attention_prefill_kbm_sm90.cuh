@@ -60,8 +60,9 @@ typedef struct cu_pfk_params {
 } cu_pfk_params;
 
 /* Whether the kernels serve a model of this shape: head dim 128, pages and
- * blocks of 128 keys, g a power of two of at most 64 (a warpgroup's 64 rows
- * are whole tokens).  why (may be NULL) receives the reason when not. */
+ * blocks of 128 keys, g a power of two from 8 to 64 (a warpgroup's 64 rows
+ * are whole tokens, each token's rows one copy of at least 1024 bytes).
+ * why (may be NULL) receives the reason when not. */
 int cu_pfk_fits(int32_t d, int32_t page, int32_t block, int32_t g, const char **why);
 
 /* Tokens of a chunk for a plan of cap_tok token rows: as many as the
@@ -77,10 +78,16 @@ size_t cu_pfk_ws_carve(void *base, int32_t hkv, int32_t g, int32_t W, int32_t ch
 void cu_pfk_build(const cu_attn_params *A, const cu_pfk_ws *ws, int32_t chunk_tokens,
                   int32_t blocks_cap, int32_t items_cap, cu_pfk_params *p);
 
+/* Encodes qo[0], the map of the queries p->q (q_tokens token rows, boxes
+ * of one token's g rows of one KV head), and qo[1], the map of the partial
+ * rows (boxes of one entry's g rows).  0 on success; nonzero when the
+ * driver refuses them (a query pointer not 16-byte aligned). */
+int cu_pfk_encode_maps(const cu_pfk_params *p, int32_t q_tokens, CUtensorMap *qo);
+
 /* Enqueues chunks 0 .. chunks - 1 (five kernels each); maps: the layer's K
- * map, then its V map. */
+ * map, then its V map; qo: the maps of cu_pfk_encode_maps. */
 void cu_launch_attn_prefill_kbm(cu_pfk_params *p, int32_t chunks, const cu_plan_state *st,
-                                const CUtensorMap *maps, cudaStream_t s);
+                                const CUtensorMap *maps, const CUtensorMap *qo, cudaStream_t s);
 
 /* Kernel attributes (shared memory); call on devices with wgmma only. */
 cudaError_t cu_pfk_setup(void);
