@@ -12,7 +12,11 @@
  *   - nvfp4 group writes: random groups over many magnitudes, groups at
  *     the E2M1 midpoints, zero, tiny, huge, infinite and NaN groups;
  *   - nvfp4 rows found in a plane's (page, head) regions, read back as
- *     msa_dequantize_rows reads them.
+ *     msa_dequantize_rows reads them;
+ *   - the indexer's widening (quant_widen.cuh): every E4M3 code in every
+ *     byte of a word, every E2M1 code in every nibble times every group
+ *     scale byte, the same values as the decode above (NaN codes flagged),
+ *     each exact in bf16 and in fp16 (host side).
  *   test_cuda_quant [--host]
  * The same checks run on the host (the functions compile for both) and, on
  * a GPU, in kernels; --host runs only the first.  Without a GPU the device
@@ -27,6 +31,7 @@
 
 #include "check.h"
 #include "cuda/common/quant.cuh"
+#include "cuda/common/quant_widen.cuh"
 
 extern "C" {
 #include "core/quant.h"
@@ -325,6 +330,153 @@ static void compare(const char *side, const inputs &in, const results &got)
           (size_t)PL_ELEMS);
 }
 
+/* ---- the indexer's widening ---------------------------------------------- */
+
+/* Items: 256 E4M3 codes x 4 bytes, then 16 E2M1 codes x 8 nibbles x 256
+ * group-scale bytes.  The other bytes and nibbles of each word hold other
+ * codes, which must not leak into the one read. */
+#define N_WIDEN_FP8 (256 * 4)
+#define N_WIDEN (N_WIDEN_FP8 + 16 * 8 * 256)
+
+__host__ __device__ static float widen_fp8_at(uint32_t w, int k)
+{
+    switch (k) {
+    case 0: return cu_e4m3_widen<0>(w);
+    case 1: return cu_e4m3_widen<1>(w);
+    case 2: return cu_e4m3_widen<2>(w);
+    default: return cu_e4m3_widen<3>(w);
+    }
+}
+
+__host__ __device__ static float widen_nv_at(uint32_t w, int j, float scale)
+{
+    switch (j) {
+    case 0: return cu_nvfp4_widen<0>(w, scale);
+    case 1: return cu_nvfp4_widen<1>(w, scale);
+    case 2: return cu_nvfp4_widen<2>(w, scale);
+    case 3: return cu_nvfp4_widen<3>(w, scale);
+    case 4: return cu_nvfp4_widen<4>(w, scale);
+    case 5: return cu_nvfp4_widen<5>(w, scale);
+    case 6: return cu_nvfp4_widen<6>(w, scale);
+    default: return cu_nvfp4_widen<7>(w, scale);
+    }
+}
+
+/* Item i's widened value; nan: whether its code was flagged as NaN (fp8). */
+__host__ __device__ static float widen_item(size_t i, int *nan)
+{
+    *nan = 0;
+    if (i < N_WIDEN_FP8) {
+        const uint32_t code = (uint32_t)(i / 4), k = (uint32_t)(i % 4);
+        const uint32_t other = (code * 0x9du + 0x3bu) & 0xffu;
+        const uint32_t w = (other * 0x01010101u & ~(0xffu << (8 * k))) | code << (8 * k);
+        *nan = (cu_e4m3_nan_bytes(w) >> (8 * k + 7)) & 1u;
+        return widen_fp8_at(w, (int)k);
+    }
+    const size_t x = i - N_WIDEN_FP8;
+    const uint32_t sb = (uint32_t)(x % 256), j = (uint32_t)(x / 256 % 8),
+                   code = (uint32_t)(x / 2048);
+    const uint32_t other = (code * 7u + 5u) & 0xfu;
+    const uint32_t w = (other * 0x11111111u & ~(0xfu << (4 * j))) | code << (4 * j);
+    return widen_nv_at(w, (int)j, cu_e4m3_to_f32(sb));
+}
+
+__global__ static void widen_kernel(float *val, int *nan)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N_WIDEN;
+         i += (size_t)gridDim.x * blockDim.x)
+        val[i] = widen_item(i, &nan[i]);
+}
+
+/* Whether v has a bf16 (fp16) form: the same value after rounding. */
+static int exact_bf16(float v)
+{
+    return isnan(v) || (cu_q_bits(v) & 0xffffu) == 0;
+}
+
+static int exact_f16(float v)
+{
+    if (isnan(v) || v == 0.0f)
+        return 1;
+    if (fabsf(v) > 65504.0f)
+        return 0;
+    int e = 0;
+    frexpf(fabsf(v), &e); /* |v| = m 2^e, m in [0.5, 1) */
+    /* Eleven significant bits down to the normal range (2^-14 = 0.5 *
+     * 2^-13), a fixed quantum of 2^-24 below it. */
+    const float q = ldexpf(1.0f, (e < -13 ? -13 : e) - 11);
+    const float n = fabsf(v) / q;
+    return n == floorf(n);
+}
+
+/* Compares widened values with the decode; host: also their 16-bit forms. */
+static void check_widen(const char *side, const float *val, const int *nan, int host)
+{
+    long bad = 0, flags = 0, inexact = 0;
+    for (size_t i = 0; i < N_WIDEN; i++) {
+        float want;
+        if (i < N_WIDEN_FP8) {
+            const uint32_t code = (uint32_t)(i / 4);
+            const int is_nan = (code & 0x7fu) == 0x7fu;
+            flags += nan[i] != is_nan;
+            if (is_nan)
+                continue; /* any finite value; the flag stands for it */
+            want = cu_e4m3_to_f32(code);
+        } else {
+            const size_t x = i - N_WIDEN_FP8;
+            want =
+                cu_q_mul(cu_e2m1_to_f32((uint32_t)(x / 2048)), cu_e4m3_to_f32((uint32_t)(x % 256)));
+            flags += nan[i] != 0;
+        }
+        bad += !same_float(val[i], want);
+        inexact += host && !(exact_bf16(want) && exact_f16(want));
+    }
+    CHECK(bad == 0, "%s: widened codes: %ld of %d differ from the decode", side, bad, N_WIDEN);
+    CHECK(flags == 0, "%s: E4M3 NaN flags: %ld wrong", side, flags);
+    if (host)
+        CHECK(inexact == 0, "%s: %ld widened values without an exact bf16 or fp16 form", side,
+              inexact);
+}
+
+static void run_widen_host(void)
+{
+    float *val = (float *)malloc(N_WIDEN * sizeof(float));
+    int *nan = (int *)malloc(N_WIDEN * sizeof(int));
+    CHECK(val && nan, "host: out of memory");
+    if (val && nan) {
+        for (size_t i = 0; i < N_WIDEN; i++)
+            val[i] = widen_item(i, &nan[i]);
+        check_widen("host", val, nan, 1);
+    }
+    free(val);
+    free(nan);
+}
+
+static void run_widen_device(void)
+{
+    float *dval = NULL;
+    int *dnan = NULL;
+    const int ok = cudaMalloc(&dval, N_WIDEN * sizeof(float)) == cudaSuccess &&
+                   cudaMalloc(&dnan, N_WIDEN * sizeof(int)) == cudaSuccess;
+    CHECK(ok, "device: widening buffers");
+    if (ok) {
+        widen_kernel<<<64, 256>>>(dval, dnan);
+        float *val = (float *)malloc(N_WIDEN * sizeof(float));
+        int *nan = (int *)malloc(N_WIDEN * sizeof(int));
+        const int copied =
+            val && nan && cudaDeviceSynchronize() == cudaSuccess &&
+            cudaMemcpy(val, dval, N_WIDEN * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess &&
+            cudaMemcpy(nan, dnan, N_WIDEN * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+        CHECK(copied, "device: widening kernel and copies");
+        if (copied)
+            check_widen("device", val, nan, 0);
+        free(val);
+        free(nan);
+    }
+    cudaFree(dval);
+    cudaFree(dnan);
+}
+
 /* ---- the two sides ---------------------------------------------------------- */
 
 static void run_host(const inputs &in)
@@ -426,6 +578,7 @@ int main(int argc, char **argv)
     inputs in;
     make_inputs(&in);
     run_host(in);
+    run_widen_host();
     int skipped = 0;
     if (!host_only) {
         int count = 0;
@@ -435,6 +588,7 @@ int main(int argc, char **argv)
             skipped = 1;
         } else {
             run_device(in);
+            run_widen_device();
         }
     }
     free(in.enc);
