@@ -768,6 +768,11 @@ int msa_case_run_sequence(msa_context *ctx, const msa_case *cases, int n, msa_ca
     }
     if (ok)
         judge(res);
+    if (res->passed && cases[0].expect_cuda && msa_context_backend(ctx) == MSA_BACKEND_CUDA &&
+        !strstr(res->kernel, cases[0].expect_cuda)) {
+        res->passed = 0;
+        note(res, "ran %.180s; expected \"%.60s\"", res->kernel, cases[0].expect_cuda);
+    }
     release(&run);
     res->seconds = now_seconds() - t0;
     return res->passed;

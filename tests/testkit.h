@@ -43,6 +43,13 @@ typedef struct msa_case {
                        * ties in pairs or more, like `msa bench`'s repeated data) */
     int engine_layout; /* msa_case_layout: the pool lies in an engine's layout, wrapped
                         * in place with msa_cache_wrap_strided (activation formats) */
+    /* 1: the index-K plane's garbage (slots past kv_len, unused pages) is
+     * NaN in every odd slot, so that a read past kv_len shows. */
+    int garbage_nan;
+    /* On the CUDA backend the case fails unless the kernel name and
+     * fallback reason (msa_case_result.kernel) contain this text: a path
+     * that must not fall back silently.  NULL: any path. */
+    const char *expect_cuda;
 } msa_case;
 
 /* Cache layouts of the engines (docs/API.md), for msa_case.engine_layout.
@@ -81,7 +88,7 @@ typedef struct msa_case_result {
                           * topk of all rows) */
     uint64_t cache_hash; /* hash of every step's cache rows after the call, read back
                           * through the layout and laid out as the library's */
-    char kernel[160];    /* msa_plan_kernel_name and fallback reason of the last step */
+    char kernel[400];    /* msa_plan_kernel_name and fallback reason of the last step */
 } msa_case_result;
 
 /* Runs one case on `ctx`'s backend against the oracle. Returns result->passed. */

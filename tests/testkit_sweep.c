@@ -71,6 +71,7 @@ static const int zero_q[] = {0, 0}, zero_kv[] = {40, 0};
 static const int long_q[] = {1, 3}, long_kv[] = {2100, 1500}; /* 65 blocks of 32 */
 static const int m3dec_q[] = {1, 1}, m3dec_kv[] = {8200, 2900};
 static const int m3ver_q[] = {4, 8}, m3ver_kv[] = {8300, 1500};
+static const int m3ver16_q[] = {16, 3}, m3ver16_kv[] = {5000, 900}; /* 64 index columns */
 static const int m3ext_q[] = {24}, m3ext_kv[] = {2200};
 static const int m3small_q[] = {1, 2}, m3small_kv[] = {2200, 300};
 static const int long16_q[] = {1, 5, 30}, long16_kv[] = {2000, 1200, 700}; /* 125 blocks */
@@ -90,6 +91,7 @@ static const tk_steps NO_REQUESTS_PAD = {"no-requests-pad", 0, NULL, NULL, 2, 0,
 static const tk_steps LONG32 = {"long", 2, long_q, long_kv, 1, 1, 1};
 static const tk_steps M3_DECODE = {"decode", 2, m3dec_q, m3dec_kv, 0, 1, 1};
 static const tk_steps M3_VERIFY = {"verify", 2, m3ver_q, m3ver_kv, 2, 0, 1};
+static const tk_steps M3_VERIFY16 = {"verify-16", 2, m3ver16_q, m3ver16_kv, 1, 0, 1};
 static const tk_steps M3_EXTEND = {"extend", 1, m3ext_q, m3ext_kv, 0, 0, 1};
 static const tk_steps M3_SMALL = {"decode-short", 2, m3small_q, m3small_kv, 1, 1, 1};
 static const tk_steps LONG16 = {"long", 3, long16_q, long16_kv, 2, 1, 1};
@@ -198,6 +200,7 @@ static void name_entry(tk_entry *e)
     TAG(c->omit_optional, "no-lse-topk");
     TAG(c->tie_blocks, "ties");
     TAG(c->nan_blocks, "nan");
+    TAG(c->garbage_nan, "nan-garbage");
     TAG(c->scale > 0 || c->index_scale > 0, "scales");
     TAG(c->engine_layout, msa_case_layout_name(c->engine_layout));
 #undef TAG
@@ -311,6 +314,10 @@ static void add_special(tk_list *l)
     }
 }
 
+/* The fallback reasons of layers whose quantized index keys run on the
+ * tensor-core indexer (msa_case.expect_cuda). */
+#define EXPECT_FP8_INDEXER "fp8_e4m3 index planes: mma.sync indexer widens the codes"
+
 /* Quantized planes (skipped where the backend does not support them):
  * every plane choice (main fp8 / nvfp4, index fp8 / nvfp4, both) against
  * the oracle on the de-quantized cache, with the cache rows checked
@@ -369,6 +376,7 @@ static void add_quantized(tk_list *l)
     c = add(l, 0, &M3, &M3_DECODE, fp8_fp8, 128, 0, 1);
     c->k_scale = 0.004f;
     c->v_scale = 0.02f;
+    c->expect_cuda = EXPECT_FP8_INDEXER;
     c = add(l, 1, &HUGEG, &VERIFY, fp8_fp8, 16, 1, 0);
     c->k_scale = 0.3f;
     c->v_scale = 7.0f;
@@ -379,6 +387,30 @@ static void add_quantized(tk_list *l)
     then(l, &DECODE);
     then(l, &VERIFY);
     c = add(l, 0, &M3, &M3_VERIFY, nv_fp8, 128, 0, 1);
+    c->expect_cuda = EXPECT_FP8_INDEXER;
+
+    /* fp8 index keys with 16-bit queries on the mma.sync indexer (codes
+     * widened in its fragment loads, the index-K scale on the scores):
+     * both 16-bit types, both score types with scales, pages of 16 to
+     * 128, 16 to 64 query columns, NaN codes in cached blocks, NaN codes
+     * past kv_len (never read), exact ties. */
+    static const tk_dtypes f16_f16_fp8 = {MSA_DTYPE_FP16, MSA_DTYPE_FP16, MSA_DTYPE_FP8_E4M3};
+    static const tk_dtypes bf16_bf16_fp8 = {MSA_DTYPE_BF16, MSA_DTYPE_BF16, MSA_DTYPE_FP8_E4M3};
+    c = add(l, 0, &M3, &M3_VERIFY, f16_f16_fp8, 64, 1, 0);
+    c->index_k_scale = 0.03f;
+    c->index_scale = 0.4f;
+    c->expect_cuda = EXPECT_FP8_INDEXER;
+    c = add(l, 1, &M3, &M3_DECODE, bf16_bf16_fp8, 16, 0, 0);
+    c->nan_blocks = 6;
+    c->garbage_nan = 1;
+    c->index_k_scale = 3.0f;
+    c->expect_cuda = EXPECT_FP8_INDEXER;
+    c = add(l, 0, &M3, &M3_VERIFY16, bf16_bf16_fp8, 128, 1, 1);
+    c->garbage_nan = 1;
+    c->expect_cuda = EXPECT_FP8_INDEXER;
+    c = add(l, 0, &M3, &M3_VERIFY, fp8_fp8, 128, 1, 0);
+    c->tie_blocks = 9;
+    c->expect_cuda = EXPECT_FP8_INDEXER;
 }
 
 /* The real M3 layer shape. */

@@ -71,10 +71,11 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     const int kv_ok = act16 && cc->kv_dtype == act;
     const int idx_ok = act16 && cc->index_dtype == act;
     /* Quantized planes (fp8_e4m3, nvfp4): the SIMT kernels read them,
-     * de-quantizing each row on read (cu_plane_load); fp8 K/V with 16-bit
-     * activations also take the mma.sync decode attention, which widens
-     * the codes in its fragment loads (not its prefill rows, not the
-     * Hopper kernels). */
+     * de-quantizing each row on read (cu_plane_load); with 16-bit
+     * activations fp8 K/V also take the mma.sync decode attention and fp8
+     * index keys the mma.sync decode indexer, which widen the codes in
+     * their fragment loads (not their prefill rows, not the Hopper
+     * kernels). */
     const int kv_quant = cc->kv_dtype == MSA_DTYPE_FP8_E4M3 || cc->kv_dtype == MSA_DTYPE_NVFP4;
     const int idx_quant =
         sparse && (cc->index_dtype == MSA_DTYPE_FP8_E4M3 || cc->index_dtype == MSA_DTYPE_NVFP4);
@@ -98,33 +99,42 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
         cu_why(why, why_size, buf);
     }
     if (sparse) {
-        if (idx_quant) {
-            snprintf(buf, sizeof buf,
-                     "%s index planes: SIMT indexer and index-value rows de-quantize on read",
-                     msa_dtype_name(cc->index_dtype));
-            cu_why(why, why_size, buf);
-        } else if (act16 && !idx_ok) {
+        /* Quantized index keys on the mma.sync indexer, which widens the
+         * codes in its fragment loads (not the Hopper indexer, not the
+         * prefill indexer: their rows stay scalar). */
+        const int idx_q_mma = act16 && cc->index_dtype == MSA_DTYPE_FP8_E4M3;
+        if (act16 && !idx_ok && !idx_quant) {
             snprintf(buf, sizeof buf, "index dtype %s != act dtype %s: SIMT indexer",
                      msa_dtype_name(cc->index_dtype), msa_dtype_name(act));
             cu_why(why, why_size, buf);
         }
-        int ok = idx_ok;
-        if (idx_ok && cfg->index_dim != 128) {
+        int ok = idx_ok || idx_q_mma;
+        if (ok && cfg->index_dim != 128) {
             snprintf(buf, sizeof buf, "index_dim %d != 128: SIMT indexer", cfg->index_dim);
             cu_why(why, why_size, buf);
             ok = 0;
         }
-        if (idx_ok && cfg->block_size % CU_TILE_KEYS != 0) {
+        if (ok && cfg->block_size % CU_TILE_KEYS != 0) {
             snprintf(buf, sizeof buf, "block_size %d not a multiple of 64: SIMT indexer",
                      cfg->block_size);
             cu_why(why, why_size, buf);
             ok = 0;
         }
-        if (idx_ok && cfg->num_index_heads > 4) {
+        if (ok && cfg->num_index_heads > 4) {
             snprintf(buf, sizeof buf, "%d index heads > 4: SIMT indexer", cfg->num_index_heads);
             cu_why(why, why_size, buf);
             ok = 0;
         }
+        if (idx_quant && ok)
+            snprintf(buf, sizeof buf, "%s index planes: mma.sync indexer widens the codes%s",
+                     msa_dtype_name(cc->index_dtype),
+                     iv ? "; index-value rows SIMT, de-quantized on read" : "");
+        else if (idx_quant)
+            snprintf(buf, sizeof buf,
+                     "%s index planes: SIMT indexer and index-value rows de-quantize on read",
+                     msa_dtype_name(cc->index_dtype));
+        if (idx_quant)
+            cu_why(why, why_size, buf);
         out->idx_fast = ok;
         out->iv_fast = iv && idx_ok && cfg->index_dim == 128;
     }
@@ -175,7 +185,7 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     const int whole_pages = cc->page_size == 128 && cfg->block_size == 128;
     const int64_t rows = cc->num_pages * (int64_t)cc->page_size;
     if (sparse && hopper && whole_pages) {
-        out->idx_tma = out->idx_fast && st->wgmma && rows < ((int64_t)1 << 31);
+        out->idx_tma = out->idx_fast && !idx_quant && st->wgmma && rows < ((int64_t)1 << 31);
         out->attn_tma = kv_ok && out->attn_fast && cu_attn_tma_shape(plan, st) &&
                         rows * cfg->num_kv_heads < ((int64_t)1 << 31);
         if (out->attn_fast && m->group != 16) {
