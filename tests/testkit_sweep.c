@@ -317,6 +317,7 @@ static void add_special(tk_list *l)
 /* The fallback reasons of layers whose quantized index keys run on the
  * tensor-core indexer (msa_case.expect_cuda). */
 #define EXPECT_FP8_INDEXER "fp8_e4m3 index planes: mma.sync indexer widens the codes"
+#define EXPECT_NVFP4_INDEXER "nvfp4 index planes: mma.sync indexer widens the codes"
 
 /* Quantized planes (skipped where the backend does not support them):
  * every plane choice (main fp8 / nvfp4, index fp8 / nvfp4, both) against
@@ -342,6 +343,7 @@ static void add_quantized(tk_list *l)
     msa_case *c = add(l, 0, &SMALL, &MIXED, q[0], 16, 0, 0);
     c->sparse = 0;
     c = add(l, 0, &M3, &M3_DECODE, q[4], 128, 0, 0);
+    c->expect_cuda = EXPECT_NVFP4_INDEXER;
 
     static const tk_dtypes nv_bf16 = {MSA_DTYPE_BF16, MSA_DTYPE_NVFP4, MSA_DTYPE_BF16};
     static const tk_dtypes nv_fp8 = {MSA_DTYPE_BF16, MSA_DTYPE_NVFP4, MSA_DTYPE_FP8_E4M3};
@@ -411,6 +413,28 @@ static void add_quantized(tk_list *l)
     c = add(l, 0, &M3, &M3_VERIFY, fp8_fp8, 128, 1, 0);
     c->tie_blocks = 9;
     c->expect_cuda = EXPECT_FP8_INDEXER;
+
+    /* nvfp4 index keys the same way (E2M1 codes times their group scales
+     * widened, the layer scale on the scores): NaN groups in cached
+     * blocks and past kv_len, ties, both 16-bit types and score types;
+     * pages of one row stay on the SIMT indexer. */
+    static const tk_dtypes bf16_bf16_nv = {MSA_DTYPE_BF16, MSA_DTYPE_BF16, MSA_DTYPE_NVFP4};
+    static const tk_dtypes f16_fp8_nv = {MSA_DTYPE_FP16, MSA_DTYPE_FP8_E4M3, MSA_DTYPE_NVFP4};
+    c = add(l, 1, &M3, &M3_DECODE, bf16_bf16_nv, 16, 0, 0);
+    c->nan_blocks = 6;
+    c->garbage_nan = 1;
+    c->index_k_scale = 0.07f;
+    c->expect_cuda = EXPECT_NVFP4_INDEXER;
+    c = add(l, 0, &M3, &M3_VERIFY16, f16_fp8_nv, 64, 1, 1);
+    c->garbage_nan = 1;
+    c->index_k_scale = 5.0f;
+    c->index_scale = 0.2f;
+    c->expect_cuda = EXPECT_NVFP4_INDEXER;
+    c = add(l, 0, &M3, &M3_VERIFY, bf16_bf16_nv, 128, 1, 0);
+    c->tie_blocks = 9;
+    c->expect_cuda = EXPECT_NVFP4_INDEXER;
+    c = add(l, 0, &M3, &M3_SMALL, bf16_bf16_nv, 1, 0, 0);
+    c->expect_cuda = "nvfp4 index planes: SIMT indexer";
 }
 
 /* The real M3 layer shape. */

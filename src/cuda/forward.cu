@@ -72,10 +72,10 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     const int idx_ok = act16 && cc->index_dtype == act;
     /* Quantized planes (fp8_e4m3, nvfp4): the SIMT kernels read them,
      * de-quantizing each row on read (cu_plane_load); with 16-bit
-     * activations fp8 K/V also take the mma.sync decode attention and fp8
-     * index keys the mma.sync decode indexer, which widen the codes in
-     * their fragment loads (not their prefill rows, not the Hopper
-     * kernels). */
+     * activations fp8 K/V also take the mma.sync decode attention and
+     * fp8 / nvfp4 index keys the mma.sync decode indexer, which widen the
+     * codes in their fragment loads (not their prefill rows, not the
+     * Hopper kernels). */
     const int kv_quant = cc->kv_dtype == MSA_DTYPE_FP8_E4M3 || cc->kv_dtype == MSA_DTYPE_NVFP4;
     const int idx_quant =
         sparse && (cc->index_dtype == MSA_DTYPE_FP8_E4M3 || cc->index_dtype == MSA_DTYPE_NVFP4);
@@ -101,8 +101,16 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     if (sparse) {
         /* Quantized index keys on the mma.sync indexer, which widens the
          * codes in its fragment loads (not the Hopper indexer, not the
-         * prefill indexer: their rows stay scalar). */
-        const int idx_q_mma = act16 && cc->index_dtype == MSA_DTYPE_FP8_E4M3;
+         * prefill indexer: their rows stay scalar).  An nvfp4 page's code
+         * rows start on 16-byte boundaries only when it holds an even
+         * number of rows (its region is 72 bytes a row). */
+        const int nv_rows16 = cc->page_size % 2 == 0;
+        const int idx_q_mma = act16 && (cc->index_dtype == MSA_DTYPE_FP8_E4M3 ||
+                                        (cc->index_dtype == MSA_DTYPE_NVFP4 && nv_rows16));
+        if (act16 && cc->index_dtype == MSA_DTYPE_NVFP4 && !nv_rows16)
+            cu_why(why, why_size,
+                   "nvfp4 index planes in pages of one row: code rows not 16-byte aligned, SIMT "
+                   "indexer");
         if (act16 && !idx_ok && !idx_quant) {
             snprintf(buf, sizeof buf, "index dtype %s != act dtype %s: SIMT indexer",
                      msa_dtype_name(cc->index_dtype), msa_dtype_name(act));
