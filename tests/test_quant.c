@@ -526,7 +526,7 @@ static void test_cpu_dequant_levels(void)
     static uint8_t data[PAGES * HEADS * P * 128];
     static float want[ROWS * 128], got[ROWS * 128];
     int levels = 0;
-    for (int isa = MSA_CPU_ISA_PORTABLE; isa <= MSA_CPU_ISA_NEON; isa++) {
+    for (int isa = MSA_CPU_ISA_PORTABLE; isa <= MSA_CPU_ISA_NEON_BF16; isa++) {
         const msa_cpu_kernels *k = msa_cpu_kernels_for((msa_cpu_isa)isa);
         if (!k || !msa_cpu_isa_supported((msa_cpu_isa)isa))
             continue;

@@ -3,7 +3,7 @@
  *   test_sweep [--quick] [--decode-only] [--filter TEXT] [--threads N]
  *              [--backend cpu|cuda] [--cpu-isa LEVEL]
  * --cpu-isa runs the CPU kernels of one level (portable, avx2, avx512,
- * avx512_bf16, neon): skipped where this build or this CPU lacks it.
+ * avx512_bf16, neon, neon_bf16): skipped where this build or this CPU lacks it.
  * MSA_TEST_QUICK=1 in the environment also selects the quick subset, so a
  * sanitizer job can run every registered test without a long sweep.
  * Exit: 0 all passed, 1 something failed, 77 nothing could run (skipped).
@@ -44,7 +44,7 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--cpu-isa") && i + 1 < argc) {
             const char *name = argv[++i];
             int found = 0;
-            for (int l = MSA_CPU_ISA_PORTABLE; l <= MSA_CPU_ISA_NEON && !found; l++)
+            for (int l = MSA_CPU_ISA_PORTABLE; l <= MSA_CPU_ISA_NEON_BF16 && !found; l++)
                 if (!strcmp(name, msa_cpu_isa_name((msa_cpu_isa)l))) {
                     opts.cpu_isa_max = (msa_cpu_isa)l;
                     found = 1;

@@ -153,7 +153,7 @@ msa_context *cli_context(msa_backend backend, int threads)
     const char *isa = getenv("MSA_CPU_ISA_MAX");
     if (isa && isa[0] && backend == MSA_BACKEND_CPU) {
         int found = 0;
-        for (int i = MSA_CPU_ISA_AUTO; i <= MSA_CPU_ISA_NEON && !found; i++)
+        for (int i = MSA_CPU_ISA_AUTO; i <= MSA_CPU_ISA_NEON_BF16 && !found; i++)
             if (strcmp(isa, msa_cpu_isa_name((msa_cpu_isa)i)) == 0) {
                 params.cpu_isa_max = (msa_cpu_isa)i;
                 found = 1;
@@ -161,7 +161,7 @@ msa_context *cli_context(msa_backend backend, int threads)
         if (!found) {
             fprintf(stderr,
                     "msa: MSA_CPU_ISA_MAX=%s names no CPU kernel level (auto, portable, "
-                    "avx2, avx512, avx512_bf16, neon)\n",
+                    "avx2, avx512, avx512_bf16, neon, neon_bf16)\n",
                     isa);
             return NULL;
         }

@@ -71,8 +71,9 @@ int cmd_info(int argc, char **argv)
     /* The kernel level of a default CPU context, and the levels this build
      * has that this CPU runs (msa_context_params.cpu_isa_max picks one). */
     printf("cpu kernels   %s (levels here:", msa_cpu_isa_name(msa_context_cpu_isa(ctx)));
-    static const msa_cpu_isa levels[] = {MSA_CPU_ISA_PORTABLE, MSA_CPU_ISA_AVX2, MSA_CPU_ISA_AVX512,
-                                         MSA_CPU_ISA_AVX512_BF16, MSA_CPU_ISA_NEON};
+    static const msa_cpu_isa levels[] = {MSA_CPU_ISA_PORTABLE, MSA_CPU_ISA_AVX2,
+                                         MSA_CPU_ISA_AVX512,   MSA_CPU_ISA_AVX512_BF16,
+                                         MSA_CPU_ISA_NEON,     MSA_CPU_ISA_NEON_BF16};
     for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++)
         if (msa_cpu_isa_supported(levels[i]))
             printf(" %s", msa_cpu_isa_name(levels[i]));

@@ -130,14 +130,17 @@ typedef struct msa_debug_options {
 /* Instruction-set levels of the CPU kernels (docs/CPU.md).  A CPU context
  * runs the best level that this build has, the CPU runs and the cap
  * allows.  On x86-64 the levels rank PORTABLE < AVX2 (with FMA and F16C) <
- * AVX512 (F, BW, DQ, VL) < AVX512_BF16; on Arm64 PORTABLE < NEON. */
+ * AVX512 (F, BW, DQ, VL) < AVX512_BF16; on Arm64 PORTABLE < NEON <
+ * NEON_BF16 (FEAT_BF16).  New levels take new numbers at the end, so a
+ * value keeps its meaning across versions. */
 typedef enum msa_cpu_isa {
     MSA_CPU_ISA_AUTO = 0, /* no cap: the best level */
     MSA_CPU_ISA_PORTABLE = 1,
     MSA_CPU_ISA_AVX2 = 2,
     MSA_CPU_ISA_AVX512 = 3,
     MSA_CPU_ISA_AVX512_BF16 = 4,
-    MSA_CPU_ISA_NEON = 5
+    MSA_CPU_ISA_NEON = 5,
+    MSA_CPU_ISA_NEON_BF16 = 6
 } msa_cpu_isa;
 
 typedef struct msa_context_params {
@@ -175,7 +178,7 @@ MSA_API void msa_context_free(msa_context *ctx); /* NULL is fine */
 MSA_API const char *msa_context_last_error(const msa_context *ctx);
 MSA_API msa_backend msa_context_backend(const msa_context *ctx);
 MSA_API int msa_context_num_threads(const msa_context *ctx);
-/* "portable", "avx2", "avx512", "avx512_bf16", "neon"; "auto"; "?" when
+/* "portable", "avx2", "avx512", "avx512_bf16", "neon", "neon_bf16"; "auto"; "?" when
  * not a level. */
 MSA_API const char *msa_cpu_isa_name(msa_cpu_isa isa);
 /* 1 when this build has the level's kernels and this CPU runs them. */

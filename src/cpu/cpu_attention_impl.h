@@ -100,7 +100,7 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     int32_t *uni = (int32_t *)(sbuf + (int64_t)MSA_CPU_ATTN_GROUP * MSA_CPU_TILE * GP);
     int32_t *cursor = uni + (int64_t)MSA_CPU_ATTN_ROWS * a->sel_width;
     uint32_t *pp = (uint32_t *)(cursor + MSA_CPU_ATTN_ROWS); /* [TILE/2][16] weight pairs */
-    (void)pp;                                                /* used by the AVX512-BF16 path only */
+    (void)pp;                                                /* used by the bf16 levels only */
 
     /* fp8 K and V with bf16 queries: the codes become bf16 exactly (code
      * times 2^-8, cpu_dequant_impl.h) and take the bf16 kernels below;
@@ -316,7 +316,9 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                         for (int32_t c = 0; c < nv; c += 16) {
                             const int32_t nc = nv - c < 16 ? nv - c : 16;
                             const uint16_t *kc = (const uint16_t *)keys + (int64_t)c * D;
+#if MSA_CPU_DECODE_ROWS
                             dr_next_bytes(&nx, (int64_t)nc * D * 2);
+#endif
                             if (ngrp > 1)
                                 msa_scores_heads_bf16_x4(sbuf + (int64_t)c * GP,
                                                          (int64_t)MSA_CPU_TILE * GP, qs, kc, D, nc,
@@ -325,7 +327,9 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                                 msa_scores_heads_bf16(sbuf + (int64_t)c * GP, qs[0], GP, kc, D, nc,
                                                       qk_scale);
                         }
+#if MSA_CPU_DECODE_ROWS
                         dr_next_bytes(&nx, -1);
+#endif
                     }
                     s = sbuf + (int64_t)gi++ * MSA_CPU_TILE * GP;
                 } else if (bf16_dot)

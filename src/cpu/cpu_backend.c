@@ -17,7 +17,7 @@ static msa_status cpu_init(msa_context *ctx, const msa_context_params *params, c
     msa_cpu_isa isa;
     if (cap == MSA_CPU_ISA_AUTO) {
         isa = msa_cpu_best_isa();
-    } else if (cap < MSA_CPU_ISA_AUTO || cap > MSA_CPU_ISA_NEON) {
+    } else if (cap < MSA_CPU_ISA_AUTO || cap > MSA_CPU_ISA_NEON_BF16) {
         snprintf(err, n, "cpu_isa_max %d is not a CPU kernel level", (int)cap);
         return MSA_ERR_INVALID_ARGUMENT;
     } else if (!msa_cpu_kernels_for(cap)) {
@@ -353,21 +353,23 @@ static msa_status cpu_plan_upload(msa_plan *plan, void *stream)
     return MSA_OK;
 }
 
-/* The fast path reads bf16 planes with AVX512-BF16 dot products (bf16
- * activations needed too, which only msa_forward sees). */
+/* The fast path reads bf16 planes with bf16 dot products, AVX512-BF16 or
+ * Arm's BFDOT (bf16 activations needed too, which only msa_forward sees). */
 static void cpu_describe(const msa_plan *plan, int32_t layer, const char **kernel,
                          const char **reason)
 {
     const int sparse = plan->model->layer_sparse[layer];
     const msa_cache_config *c = &plan->cache->cfg;
     const int bf16 = c->kv_dtype == MSA_DTYPE_BF16 && (!sparse || c->index_dtype == MSA_DTYPE_BF16);
-    const int bf16_dot = msa_cpu_kernels_of(plan->ctx)->isa == MSA_CPU_ISA_AVX512_BF16;
+    const msa_cpu_isa isa = msa_cpu_kernels_of(plan->ctx)->isa;
+    const int bf16_dot = isa == MSA_CPU_ISA_AVX512_BF16 || isa == MSA_CPU_ISA_NEON_BF16;
     if (bf16_dot && bf16) {
         *kernel = sparse ? "cpu_sparse_bf16dot" : "cpu_dense_bf16dot";
         *reason = "";
     } else {
         *kernel = sparse ? "cpu_sparse" : "cpu_dense";
-        *reason = !bf16_dot ? "fp32 dot products: the context's CPU level has no AVX512-BF16"
+        *reason = !bf16_dot ? "fp32 dot products: the context's CPU level has no bf16 dot "
+                              "products (AVX512-BF16, Arm BF16)"
                             : "fp32 dot products: bf16 dot products need bf16 cache planes";
     }
 }

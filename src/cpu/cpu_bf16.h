@@ -1,7 +1,10 @@
-/* bf16 dot products on CPUs with AVX512-BF16 (vdpbf16ps): products of two
- * bf16 values are exact in fp32 and the sums run in fp32, so for bf16
- * operands this computes what the generic path computes after converting,
- * at twice the rate and without the conversion pass. */
+/* bf16 dot products on CPUs with AVX512-BF16 (vdpbf16ps) or, on Arm64,
+ * FEAT_BF16 (BFDOT, cpu_bf16_neon.h): products of two bf16 values are
+ * exact in fp32 and the sums run in fp32, so for bf16 operands this
+ * computes what the generic path computes after converting (up to the
+ * rounding of the sums), at twice the rate and without the conversion
+ * pass.  MSA_CPU_BF16_DOT_INSN names the instruction in the kernel
+ * descriptions. */
 #ifndef MSA_CPU_BF16_H
 #define MSA_CPU_BF16_H
 
@@ -10,6 +13,7 @@
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define MSA_CPU_HAVE_BF16_DOT 1
+#define MSA_CPU_BF16_DOT_INSN "vdpbf16ps"
 #include <immintrin.h>
 
 #include "cpu/cpu_math.h"
@@ -161,6 +165,10 @@ static inline void msa_pv_tile_bf16(float *restrict acc, float corr, const uint3
         _mm512_storeu_ps(acc + d0, a0);
     }
 }
+#elif defined(__aarch64__) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+#define MSA_CPU_HAVE_BF16_DOT 1
+#define MSA_CPU_BF16_DOT_INSN "BFDOT"
+#include "cpu/cpu_bf16_neon.h"
 #else
 #define MSA_CPU_HAVE_BF16_DOT 0
 #endif

@@ -1,7 +1,8 @@
-/* bf16 micro-kernels of the blocked prefill products on levels with
- * AVX512-BF16 (vdpbf16ps), included by cpu_blocked_impl.h only.
+/* bf16 micro-kernels of the blocked prefill products on levels with bf16
+ * dot products (AVX512-BF16 vdpbf16ps, Arm BFDOT), included by
+ * cpu_blocked_impl.h only.
  *
- * vdpbf16ps multiplies pairs of bf16 values exactly and adds both
+ * vdpbf16ps and BFDOT multiply pairs of bf16 values exactly and add both
  * products to an fp32 lane, so an operand is read as pairs of adjacent
  * elements along the summed axis.  Each kernel keeps the fp32 kernel's
  * register block (BK_MR x BK_NR) and walks the summed axis two elements
@@ -16,14 +17,19 @@
  *   (v[2j][c], v[2j + 1][c]) laid out [keys / 2][columns], the softmax
  *   weights rounded to bf16 as pairs (p[2j][r], p[2j + 1][r]).
  *
- * Products of bf16 values are exact and every sum is in fp32; only the
- * weights of P V are rounded (to bf16, as in the GPU kernels and the bf16
+ * Products of bf16 values are exact and every sum is in fp32 (BFDOT
+ * rounds its sums to odd: cpu_bf16_neon.h); only the weights of P V are
+ * rounded (to bf16, as in the GPU kernels and the bf16
  * decode kernel), which keeps the results inside SPEC section 11's bound
  * for bf16 paths (the cpf sweep cases check it). */
 
-/* The micro-kernels (bk16_kernel_qk, bk16_kernel_kq, bk16_kernel_pv_t)
- * of the instruction set; the packing below is shared. */
+/* The three micro-kernels (bk16_kernel_qk, bk16_kernel_kq,
+ * bk16_kernel_pv_t) per instruction set; the packing below is shared. */
+#if defined(__aarch64__)
+#include "cpu/cpu_blocked_bf16_neon.h"
+#else
 #include "cpu/cpu_blocked_bf16_avx512.h"
+#endif
 
 /* Packs rows idx[0 .. n) (rows 0 .. n when idx is NULL) of the bf16
  * matrix src[][dim] (dim even) into panels of w rows: dst[panel][dim /

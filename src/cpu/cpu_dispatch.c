@@ -28,6 +28,9 @@ extern const msa_cpu_kernels msa_cpu_kernels_avx512bf16;
 #ifdef MSA_CPU_HAVE_NEON
 extern const msa_cpu_kernels msa_cpu_kernels_neon;
 #endif
+#ifdef MSA_CPU_HAVE_NEON_BF16
+extern const msa_cpu_kernels msa_cpu_kernels_neonbf16;
+#endif
 
 const msa_cpu_kernels *msa_cpu_kernels_for(msa_cpu_isa isa)
 {
@@ -44,6 +47,9 @@ const msa_cpu_kernels *msa_cpu_kernels_for(msa_cpu_isa isa)
 #endif
 #ifdef MSA_CPU_HAVE_NEON
     case MSA_CPU_ISA_NEON: return &msa_cpu_kernels_neon;
+#endif
+#ifdef MSA_CPU_HAVE_NEON_BF16
+    case MSA_CPU_ISA_NEON_BF16: return &msa_cpu_kernels_neonbf16;
 #endif
     default: return NULL;
     }
@@ -103,9 +109,16 @@ static int cpu_runs(msa_cpu_isa isa)
     return x86_runs(isa);
 #elif defined(__aarch64__)
         /* Advanced SIMD is part of every Arm64 CPU that Linux runs on; the
-     * auxiliary vector says so all the same (HWCAP_ASIMD). */
+     * auxiliary vector says so all the same (HWCAP_ASIMD).  The BF16
+     * instructions (FEAT_BF16: BFDOT, BFMMLA, BFCVT) are optional from
+     * Armv8.2 on: HWCAP2_BF16 says the CPU has them and the kernel lets
+     * user code run them. */
 #if defined(__linux__)
-    return isa == MSA_CPU_ISA_NEON && (getauxval(AT_HWCAP) & (1ul << 1)) != 0;
+    const int asimd = (getauxval(AT_HWCAP) & (1ul << 1)) != 0;
+    const int bf16 = (getauxval(AT_HWCAP2) & (1ul << 14)) != 0;
+    if (isa == MSA_CPU_ISA_NEON)
+        return asimd;
+    return isa == MSA_CPU_ISA_NEON_BF16 && asimd && bf16;
 #else
     return isa == MSA_CPU_ISA_NEON;
 #endif
@@ -120,8 +133,10 @@ int msa_cpu_isa_supported(msa_cpu_isa isa)
 }
 
 /* Levels from the best down. */
-static const msa_cpu_isa isa_order[] = {MSA_CPU_ISA_AVX512_BF16, MSA_CPU_ISA_AVX512,
-                                        MSA_CPU_ISA_AVX2, MSA_CPU_ISA_NEON, MSA_CPU_ISA_PORTABLE};
+static const msa_cpu_isa isa_order[] = {
+    MSA_CPU_ISA_AVX512_BF16, MSA_CPU_ISA_AVX512, MSA_CPU_ISA_AVX2,
+    MSA_CPU_ISA_NEON_BF16,   MSA_CPU_ISA_NEON,   MSA_CPU_ISA_PORTABLE,
+};
 
 msa_cpu_isa msa_cpu_best_isa(void)
 {
@@ -140,6 +155,7 @@ const char *msa_cpu_isa_name(msa_cpu_isa isa)
     case MSA_CPU_ISA_AVX512: return "avx512";
     case MSA_CPU_ISA_AVX512_BF16: return "avx512_bf16";
     case MSA_CPU_ISA_NEON: return "neon";
+    case MSA_CPU_ISA_NEON_BF16: return "neon_bf16";
     }
     return "?";
 }

@@ -2,8 +2,8 @@
  * defines MSA_CPU_LEVEL_ISA (an msa_cpu_isa), MSA_CPU_LEVEL_TABLE (the name
  * of its table) and MSA_CPU_LEVEL_NAME, and includes this file; CMake gives
  * that file the level's compiler flags, so the same source becomes
- * portable, AVX2, AVX-512 or NEON code, and the inline helpers of
- * cpu_math.h and cpu_bf16.h follow.  Everything here is static but the
+ * portable, AVX2, AVX-512 or NEON code (with or without BF16), and the
+ * inline helpers of cpu_math.h and cpu_bf16.h follow.  Everything here is static but the
  * table, so the levels do not see each other's symbols. */
 #ifndef MSA_CPU_LEVEL_ISA
 #error "cpu_level.h is included by the cpu_level_*.c files only"
@@ -105,7 +105,7 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
 #include "cpu/cpu_blocked_impl.h"
 
 #if MSA_CPU_HAVE_BF16_DOT
-#define MSA_CPU_LEVEL_DOT "bf16 dot products (vdpbf16ps) on bf16 data, else fp32"
+#define MSA_CPU_LEVEL_DOT "bf16 dot products (" MSA_CPU_BF16_DOT_INSN ") on bf16 data, else fp32"
 #else
 #define MSA_CPU_LEVEL_DOT "fp32 dot products on widened keys"
 #endif
@@ -113,7 +113,8 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
 #define MSA_CPU_STR2(x) #x
 #define MSA_CPU_STR(x) MSA_CPU_STR2(x)
 #if MSA_CPU_HAVE_BF16_DOT
-#define MSA_CPU_LEVEL_BLOCKED "bf16 (vdpbf16ps) blocked products on bf16 data, else fp32"
+#define MSA_CPU_LEVEL_BLOCKED \
+    "bf16 (" MSA_CPU_BF16_DOT_INSN ") blocked products on bf16 data, else fp32"
 #else
 #define MSA_CPU_LEVEL_BLOCKED "fp32 blocked products"
 #endif
