@@ -15,5 +15,7 @@ set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
 
-set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64;-L;/usr/aarch64-linux-gnu)
+# -cpu max: the emulated CPU has every extension qemu implements, FEAT_BF16
+# among them, so the tests run the neon_bf16 level as well as neon.
+set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64;-cpu;max;-L;/usr/aarch64-linux-gnu)
 set(MSA_CUDA OFF CACHE STRING "Build the CUDA backend: AUTO (when nvcc is found), ON, OFF")

@@ -10,6 +10,10 @@
 #include "check.h"
 #include "msa/msa.h"
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
 static void test_version(void)
 {
     char want[32];
@@ -396,10 +400,11 @@ static void test_cpu_isa(void)
     CHECK(cp.cpu_isa_max == MSA_CPU_ISA_AUTO, "default cap is auto");
     CHECK(msa_cpu_isa_supported(MSA_CPU_ISA_PORTABLE), "portable level always present");
     CHECK(!strcmp(msa_cpu_isa_name(MSA_CPU_ISA_AVX512_BF16), "avx512_bf16"), "level name");
+    CHECK(!strcmp(msa_cpu_isa_name(MSA_CPU_ISA_NEON_BF16), "neon_bf16"), "level name");
     CHECK(!strcmp(msa_cpu_isa_name((msa_cpu_isa)99), "?"), "name of no level");
     msa_context *ctx = NULL;
     char err[256];
-    for (int l = MSA_CPU_ISA_PORTABLE; l <= MSA_CPU_ISA_NEON; l++) {
+    for (int l = MSA_CPU_ISA_PORTABLE; l <= MSA_CPU_ISA_NEON_BF16; l++) {
         cp.cpu_isa_max = (msa_cpu_isa)l;
         cp.num_threads = 1;
         msa_status st = msa_context_create(&cp, &ctx, err, sizeof err);
@@ -429,6 +434,45 @@ static void test_cpu_isa(void)
           "NULL context");
 }
 
+/* Arm64 levels follow the auxiliary vector: neon_bf16 is listed exactly
+ * when the CPU has FEAT_BF16 (HWCAP2_BF16) and this build compiled the
+ * level (MSA_CPU_HAVE_NEON_BF16, from CMakeLists.txt), and a default
+ * context then runs it with BFDOT.  Other machines list neither. */
+static void test_cpu_isa_arm64(void)
+{
+#if defined(__aarch64__) && defined(__linux__)
+    const int hw_bf16 = (getauxval(AT_HWCAP2) & (1ul << 14)) != 0;
+    printf("HWCAP2_BF16 %s\n", hw_bf16 ? "set" : "not set");
+    CHECK(msa_cpu_isa_supported(MSA_CPU_ISA_NEON), "neon listed on Arm64");
+#ifdef MSA_CPU_HAVE_NEON_BF16
+    CHECK(msa_cpu_isa_supported(MSA_CPU_ISA_NEON_BF16) == hw_bf16,
+          "neon_bf16 listed exactly when HWCAP2_BF16 is set");
+    msa_context_params cp;
+    msa_context_params_default(&cp);
+    cp.num_threads = 1;
+    msa_context *ctx = NULL;
+    char err[256];
+    CHECK(msa_context_create(&cp, &ctx, err, sizeof err) == MSA_OK, "default context: %s", err);
+    if (ctx) {
+        const msa_cpu_isa want = hw_bf16 ? MSA_CPU_ISA_NEON_BF16 : MSA_CPU_ISA_NEON;
+        const char *attn = msa_context_cpu_kernel(ctx, "attention");
+        CHECK(msa_context_cpu_isa(ctx) == want, "default context runs %s, not %s",
+              msa_cpu_isa_name(want), msa_cpu_isa_name(msa_context_cpu_isa(ctx)));
+        CHECK(attn && (strstr(attn, "BFDOT") != NULL) == hw_bf16,
+              "attention kernels name BFDOT exactly on neon_bf16: %s", attn ? attn : "(none)");
+        msa_context_free(ctx);
+    }
+#else
+    printf("neon_bf16 not compiled (the compiler lacks -march=armv8.2-a+bf16)\n");
+    CHECK(!msa_cpu_isa_supported(MSA_CPU_ISA_NEON_BF16),
+          "neon_bf16 not listed without its kernels");
+#endif
+#else
+    CHECK(!msa_cpu_isa_supported(MSA_CPU_ISA_NEON) && !msa_cpu_isa_supported(MSA_CPU_ISA_NEON_BF16),
+          "no Arm64 level listed on another machine");
+#endif
+}
+
 int main(void)
 {
     test_version();
@@ -436,6 +480,7 @@ int main(void)
     test_defaults();
     test_context();
     test_cpu_isa();
+    test_cpu_isa_arm64();
     msa_context_params cp;
     msa_context_params_default(&cp);
     msa_context *ctx = NULL;
