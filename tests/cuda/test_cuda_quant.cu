@@ -16,7 +16,11 @@
  *   - the indexer's widening (quant_widen.cuh): every E4M3 code in every
  *     byte of a word, every E2M1 code in every nibble times every group
  *     scale byte, the same values as the decode above (NaN codes flagged),
- *     each exact in bf16 and in fp16 (host side).
+ *     each exact in bf16 and in fp16 (host side);
+ *   - the attention's pair widening (quant_widen.cuh): every E4M3 code in
+ *     every byte of a word straight to fp16 and to bf16, bit for bit the
+ *     decode's value, NaN codes NaN (the bits before the product on the
+ *     host, the whole widening on a GPU).
  *   test_cuda_quant [--host]
  * The same checks run on the host (the functions compile for both) and, on
  * a GPU, in kernels; --host runs only the first.  Without a GPU the device
@@ -477,6 +481,106 @@ static void run_widen_device(void)
     cudaFree(dnan);
 }
 
+/* ---- the attention's pair widening ----------------------------------------- */
+
+/* Items: 256 E4M3 codes x 4 bytes of a word (other codes in the other
+ * bytes, as above); each gives the 16-bit half that holds its code, for
+ * fp16 (results [0, N)) and bf16 ([N, 2 N)). */
+#define N_PAIR (256 * 4)
+
+/* The word of item i and its byte k. */
+__host__ __device__ static uint32_t pair_word(size_t i, int *k)
+{
+    const uint32_t code = (uint32_t)(i / 4);
+    *k = (int)(i % 4);
+    const uint32_t other = (code * 0x9du + 0x3bu) & 0xffu;
+    return (other * 0x01010101u & ~(0xffu << (8 * *k))) | code << (8 * *k);
+}
+
+/* The widened pair holding byte k of w, NaN codes marked as the
+ * attention's tile widening marks them. */
+template <typename Tag>
+__device__ static uint32_t pair_widen(uint32_t w, int k)
+{
+    const uint32_t n = cu_e4m3_nan_bytes(w);
+    return k < 2 ? cu_e4m3_widen2<0>(w, Tag()) | cu_e4m3_nan_mask2<0>(n)
+                 : cu_e4m3_widen2<1>(w, Tag()) | cu_e4m3_nan_mask2<1>(n);
+}
+
+__global__ static void pair_kernel(uint16_t *out)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N_PAIR;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int k = 0;
+        const uint32_t w = pair_word(i, &k);
+        const int shift = 16 * (k & 1);
+        out[i] = (uint16_t)(pair_widen<cu_f16_tag>(w, k) >> shift);
+        out[N_PAIR + i] = (uint16_t)(pair_widen<cu_bf16_tag>(w, k) >> shift);
+    }
+}
+
+/* A 16-bit value as a float (exact): fp16 or bf16 bits. */
+static float f16_value(uint32_t h)
+{
+    const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    float v;
+    if (e == 0x1fu)
+        v = m ? NAN : INFINITY;
+    else if (e == 0)
+        v = ldexpf((float)m, -24);
+    else
+        v = ldexpf((float)(m | 0x400u), (int)e - 25);
+    return h & 0x8000u ? -v : v;
+}
+
+static float bf16_value(uint32_t h)
+{
+    return f32_of(h << 16);
+}
+
+/* Host: the bits before the product, scaled in float (exact), are the
+ * decode; the NaN codes land on 480 with their sign. */
+static void run_pair_host(void)
+{
+    long bad = 0;
+    for (size_t i = 0; i < N_PAIR; i++) {
+        int k = 0;
+        const uint32_t w = pair_word(i, &k);
+        const uint32_t code = (uint32_t)(i / 4), shift = 16u * (uint32_t)(k & 1);
+        const uint32_t h16 = (k < 2 ? cu_e4m3_pair_bits<0, 0>(w) : cu_e4m3_pair_bits<1, 0>(w));
+        const uint32_t hbf = (k < 2 ? cu_e4m3_pair_bits<0, 1>(w) : cu_e4m3_pair_bits<1, 1>(w));
+        const float v16 = f16_value((h16 >> shift) & 0xffffu) * 256.0f;
+        const float vbf = bf16_value((hbf >> shift) & 0xffffu) * ldexpf(1.0f, 120);
+        const float want = (code & 0x7fu) == 0x7fu ? (code & 0x80u ? -480.0f : 480.0f)
+                                                   : cu_e4m3_to_f32(code);
+        bad += !same_float(v16, want) + !same_float(vbf, want);
+    }
+    CHECK(bad == 0, "host: pair widening bits: %ld of %d differ from the decode", bad, 2 * N_PAIR);
+}
+
+/* Device: every pair widened exactly, NaN codes to NaN. */
+static void run_pair_device(void)
+{
+    uint16_t *dout = NULL;
+    const int ok = cudaMalloc(&dout, 2 * N_PAIR * sizeof(uint16_t)) == cudaSuccess;
+    CHECK(ok, "device: pair widening buffer");
+    if (ok) {
+        pair_kernel<<<8, 128>>>(dout);
+        uint16_t out[2 * N_PAIR];
+        const int copied = cudaDeviceSynchronize() == cudaSuccess &&
+                           cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost) == cudaSuccess;
+        CHECK(copied, "device: pair widening kernel and copy");
+        long bad = 0;
+        for (size_t i = 0; copied && i < N_PAIR; i++) {
+            const float want = cu_e4m3_to_f32((uint32_t)(i / 4)); /* NaN for the NaN codes */
+            bad += !same_float(f16_value(out[i]), want) +
+                   !same_float(bf16_value(out[N_PAIR + i]), want);
+        }
+        CHECK(bad == 0, "device: pair widening: %ld of %d differ from the decode", bad, 2 * N_PAIR);
+    }
+    cudaFree(dout);
+}
+
 /* ---- the two sides ---------------------------------------------------------- */
 
 static void run_host(const inputs &in)
@@ -579,6 +683,7 @@ int main(int argc, char **argv)
     make_inputs(&in);
     run_host(in);
     run_widen_host();
+    run_pair_host();
     int skipped = 0;
     if (!host_only) {
         int count = 0;
@@ -589,6 +694,7 @@ int main(int argc, char **argv)
         } else {
             run_device(in);
             run_widen_device();
+            run_pair_device();
         }
     }
     free(in.enc);

@@ -65,4 +65,84 @@ __host__ __device__ __forceinline__ float cu_nvfp4_widen(uint32_t w, float scale
     return cu_q_mul(cu_e2m1_widen<J>(w), scale);
 }
 
+/* ---- pairs of E4M3 codes straight to the 16-bit types ------------------
+ * The decode attention widens whole tiles of K and V codes to bf16 or
+ * fp16 in shared memory; two codes (bytes 2 P and 2 P + 1 of w) become
+ * one packed pair in four operations: a byte permute puts each code in
+ * the top byte of its half, a shift and a mask move its seven low bits
+ * under the 16-bit type's exponent field (the sign stays in the top bit),
+ * and one exact product of the pair scales them.  fp16 (5 exponent bits,
+ * bias 15): the code's bits land at 7..13, reading as its value times
+ * 2^-8; bf16 (8 exponent bits, bias 127): at 4..10, its value times
+ * 2^-120.  A subnormal code lands as the 16-bit subnormal of the same
+ * mantissa, so the same product serves it.  The NaN codes give 480 with
+ * their sign, as cu_e4m3_widen; cu_e4m3_nan_mask2 marks them. */
+#define CU_WIDEN_F16_2P8 0x5c005c00u    /* 2^8 in both fp16 halves */
+#define CU_WIDEN_BF16_2P120 0x7b807b80u /* 2^120 in both bf16 halves */
+#define CU_WIDEN_NEG_ZERO2 0x80008000u  /* -0 in both halves of either type */
+
+/* Codes 2 P and 2 P + 1 of w in the top bytes of the low and high halves. */
+template <int P>
+__host__ __device__ __forceinline__ uint32_t cu_e4m3_pair_top(uint32_t w)
+{
+    static_assert(P == 0 || P == 1, "a pair of bytes of a 32-bit word");
+    const uint32_t lo = (w >> (16 * P)) & 0xffu, hi = (w >> (16 * P + 8)) & 0xffu;
+    return (lo << 8) | (hi << 24);
+}
+
+/* The pair's bits before the product (bf16: BF16 = 1), exposed for the
+ * host test: signs kept, seven bits shifted under the exponent. */
+template <int P, int BF16>
+__host__ __device__ __forceinline__ uint32_t cu_e4m3_pair_bits(uint32_t w)
+{
+    const uint32_t t = cu_e4m3_pair_top<P>(w);
+    return BF16 ? (t & 0x80008000u) | ((t >> 4) & 0x07f007f0u)
+                : (t & 0x80008000u) | ((t >> 1) & 0x3f803f80u);
+}
+
+#ifdef __CUDACC__
+#include "cuda/arch/mma_sm80.cuh"
+
+/* Bytes 2 P and 2 P + 1 of w as a packed pair of the 16-bit type (the
+ * low half from byte 2 P).  The product is fma(x, 2^k, -0): exact, and
+ * -0 keeps the sign of a zero code.  Both fma forms keep subnormal
+ * inputs (neither is the .ftz form). */
+template <int P>
+__device__ __forceinline__ uint32_t cu_e4m3_widen2(uint32_t w, cu_f16_tag)
+{
+    const uint32_t t = __byte_perm(w, 0u, P ? 0x3424 : 0x1404);
+    const uint32_t b = (t & 0x80008000u) | ((t >> 1) & 0x3f803f80u);
+    uint32_t x;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n"
+        : "=r"(x)
+        : "r"(b), "r"(CU_WIDEN_F16_2P8), "r"(CU_WIDEN_NEG_ZERO2));
+    return x;
+}
+
+template <int P>
+__device__ __forceinline__ uint32_t cu_e4m3_widen2(uint32_t w, cu_bf16_tag)
+{
+    const uint32_t t = __byte_perm(w, 0u, P ? 0x3424 : 0x1404);
+    const uint32_t b = (t & 0x80008000u) | ((t >> 4) & 0x07f007f0u);
+    uint32_t x;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
+        : "=r"(x)
+        : "r"(b), "r"(CU_WIDEN_BF16_2P120), "r"(CU_WIDEN_NEG_ZERO2));
+    return x;
+}
+
+/* All ones in each half of pair P whose code is a NaN code, from n =
+ * cu_e4m3_nan_bytes(w): or-ed into the widened pair it gives 0xffff,
+ * a NaN in bf16 and in fp16. */
+template <int P>
+__device__ __forceinline__ uint32_t cu_e4m3_nan_mask2(uint32_t n)
+{
+    /* prmt's selector nibble 8 + i copies byte i's top bit into a whole
+     * byte (__byte_perm reads only the low three bits of a nibble). */
+    uint32_t m;
+    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(m) : "r"(n), "n"(P ? 0xbbaa : 0x9988));
+    return m;
+}
+#endif /* __CUDACC__ */
+
 #endif /* MSA_CUDA_COMMON_QUANT_WIDEN_CUH */
