@@ -15,10 +15,15 @@
  * registers, S = Q K^T and O += P V run on mma.sync m16n8k16 with fp32
  * accumulators; P is rounded to the 16-bit type for the second product.
  *
- * fp8_e4m3 K/V planes (variant FP8): 128-byte rows go through the same
- * ring (half of each tile's space), and the B fragments widen the codes
- * to the 16-bit type as they are loaded (rows_mma_fp8.cuh); K's scale
- * joins the score scale and V's multiplies the finished rows.
+ * fp8_e4m3 K/V planes (variant FP8): the ring holds the 128-byte code
+ * rows (a stage of 16 KB instead of 32), and once a tile has landed the
+ * whole CTA widens its K and V codes into one pair of 16-bit tiles
+ * beside the ring (rows_mma_fp8.cuh), which the 16-bit products then
+ * read as they read a 16-bit tile.  Each code is widened once per tile,
+ * not once per warp that reads it (with 64 query rows every warp reads
+ * every key), at the cost of one more barrier a tile; tiles no warp uses
+ * are not widened.  K's scale joins the score scale and V's multiplies
+ * the finished rows.
  */
 #include "cuda/kernels/attention/key_stream.cuh"
 #include "cuda/arch/mma_sm80.cuh"
@@ -35,6 +40,22 @@
 #define ATT_MMA_META_PAGES 2048
 #define ATT_MMA_META_BYTES (ATT_MMA_META_BLK * 8 + ATT_MMA_META_PAGES * 4)
 #define ATT_MMA_SMEM_BYTES (ATT_MMA_STAGES * ATT_MMA_STAGE_BYTES + ATT_MMA_META_BYTES)
+/* FP8: stages of K and V code tiles (128-byte rows) and the token bits,
+ * then the widened K and V tiles; both fit in the 16-bit ring's space,
+ * before the metadata, so the variants share one shared-memory size. */
+#define ATT_FP8_TILE_BYTES (CU_TILE_KEYS * 128)
+#define ATT_FP8_STAGE_BYTES (2 * ATT_FP8_TILE_BYTES + CU_TILE_KEYS * 4)
+#define ATT_FP8_WIDE_OFFSET (ATT_MMA_STAGES * ATT_FP8_STAGE_BYTES)
+static_assert(ATT_FP8_WIDE_OFFSET % 128 == 0, "widened tiles 128-byte aligned");
+static_assert(ATT_FP8_WIDE_OFFSET + 2 * ATT_MMA_TILE_BYTES <= ATT_MMA_STAGES * ATT_MMA_STAGE_BYTES,
+              "fp8 ring and widened tiles within the 16-bit ring's space");
+
+/* Bytes of a stage and of one of its K / V tiles. */
+template <bool FP8>
+struct cu_att_ring {
+    static constexpr int STAGE = FP8 ? ATT_FP8_STAGE_BYTES : ATT_MMA_STAGE_BYTES;
+    static constexpr int TILE = FP8 ? ATT_FP8_TILE_BYTES : ATT_MMA_TILE_BYTES;
+};
 
 /* The tiles of this path: rows of 256 bytes, cu_swz. */
 struct cu_swz256 {
@@ -99,8 +120,8 @@ template <bool FP8>
 __device__ __forceinline__ void cu_att_issue(const cu_attn_params &params, unsigned char *smem,
                                              int32_t group, const cu_att_loc &b, int stage)
 {
-    unsigned char *st = smem + stage * ATT_MMA_STAGE_BYTES;
-    uint32_t *kmask = (uint32_t *)(st + 2 * ATT_MMA_TILE_BYTES);
+    unsigned char *st = smem + stage * cu_att_ring<FP8>::STAGE;
+    uint32_t *kmask = (uint32_t *)(st + 2 * cu_att_ring<FP8>::TILE);
     const int row = threadIdx.x >> 1;
     const int half = threadIdx.x & 1;
     const unsigned char *ksrc = (const unsigned char *)params.k_plane;
@@ -117,7 +138,7 @@ __device__ __forceinline__ void cu_att_issue(const cu_attn_params &params, unsig
         }
     }
     const uint32_t kd = cu_smem_addr(st);
-    const uint32_t vd = kd + ATT_MMA_TILE_BYTES;
+    const uint32_t vd = kd + cu_att_ring<FP8>::TILE;
     const int nbytes = b.use ? 16 : 0;
     /* Chunks of 16 bytes a row: 8 (FP8) or 16, half of them each thread. */
     constexpr int PIECES = FP8 ? 4 : 8;
@@ -264,24 +285,20 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
                               s);
         cu_cp_async_commit();
     }
+    /* The token bits of the prologue's tiles, visible to every warp
+     * before the loop reads them. */
+    __syncthreads();
+    unsigned char *wide = smem + ATT_FP8_WIDE_OFFSET; /* FP8: widened K, then V */
     for (int32_t j = 0; j < ntiles; ++j) {
         cu_cp_async_wait<ATT_MMA_STAGES - 2>();
-        __syncthreads();
-        const int32_t jn = j + ATT_MMA_STAGES - 1;
-        if (jn < ntiles)
-            cu_att_issue<FP8>(params, smem, it.group,
-                              meta ? cu_att_meta_loc(params, cs, mt, jn)
-                                   : cu_att_locate(params, cs, cu_att_lookup(cs, jn)),
-                              jn % ATT_MMA_STAGES);
-        cu_cp_async_commit();
-
-        const unsigned char *st = smem + (j % ATT_MMA_STAGES) * ATT_MMA_STAGE_BYTES;
-        const uint32_t *kmask = (const uint32_t *)(st + 2 * ATT_MMA_TILE_BYTES);
-        const uint32_t ka = cu_smem_addr(st);
-        const uint32_t va = ka + ATT_MMA_TILE_BYTES;
+        const unsigned char *st = smem + (j % ATT_MMA_STAGES) * cu_att_ring<FP8>::STAGE;
+        const uint32_t *kmask = (const uint32_t *)(st + 2 * cu_att_ring<FP8>::TILE);
 
         /* A warp whose tokens use none of its keys in this tile skips it:
-         * with selections that differ per token most of a union is such. */
+         * with selections that differ per token most of a union is such.
+         * The token bits were written before the last barrier (the
+         * prologue's or the previous tile's), so they are read before
+         * this tile's. */
         uint32_t used = 0u;
 #pragma unroll
         for (int n = 0; n < NS; ++n)
@@ -290,15 +307,40 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
                 const uint32_t km = kmask[key_base + n * 8 + 2 * (lane & 3) + e];
                 used |= (km >> tok_lo) | (km >> tok_hi);
             }
-        if (!__any_sync(0xffffffffu, used & 1u))
+        const bool warp_used = __any_sync(0xffffffffu, used & 1u);
+        /* FP8: the barrier also says whether any warp uses the tile. */
+        bool cta_used = true;
+        if (FP8)
+            cta_used = __syncthreads_or(used & 1u) != 0;
+        else
+            __syncthreads();
+        const int32_t jn = j + ATT_MMA_STAGES - 1;
+        if (jn < ntiles)
+            cu_att_issue<FP8>(params, smem, it.group,
+                              meta ? cu_att_meta_loc(params, cs, mt, jn)
+                                   : cu_att_locate(params, cs, cu_att_lookup(cs, jn)),
+                              jn % ATT_MMA_STAGES);
+        cu_cp_async_commit();
+
+        uint32_t ka = cu_smem_addr(st);
+        uint32_t va = ka + ATT_MMA_TILE_BYTES;
+        if (FP8) {
+            /* Every warp read the previous tile's widened rows before the
+             * barrier above; after this one, every warp sees these. */
+            if (!cta_used)
+                continue;
+            cu_fp8_tile_widen<Tag, ATT_MMA_THREADS>(st, wide);
+            cu_fp8_tile_widen<Tag, ATT_MMA_THREADS>(st + ATT_FP8_TILE_BYTES,
+                                                    wide + ATT_MMA_TILE_BYTES);
+            __syncthreads();
+            ka = cu_smem_addr(wide);
+            va = ka + ATT_MMA_TILE_BYTES;
+        }
+        if (!warp_used)
             continue;
 
         float sc[NS][4];
-        if (FP8) {
-            cu_rows_qk_fp8<Tag, NS>(st, key_base, qa, sc);
-        } else {
-            cu_rows_qk<Tag, NS, cu_swz256>(ka, key_base, qa, sc);
-        }
+        cu_rows_qk<Tag, NS, cu_swz256>(ka, key_base, qa, sc);
         /* Mask, scale to log2 units, online softmax. */
 #pragma unroll
         for (int n = 0; n < NS; ++n) {
@@ -310,10 +352,7 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
             }
         }
         cu_rows_softmax<NS>(sc, o, m_lo, m_hi, l_lo, l_hi);
-        if (FP8)
-            cu_rows_pv_fp8<Tag, KW>(st + ATT_MMA_TILE_BYTES, key_base, sc, o);
-        else
-            cu_rows_pv<Tag, KW, cu_swz256>(va, key_base, sc, o);
+        cu_rows_pv<Tag, KW, cu_swz256>(va, key_base, sc, o);
     }
     cu_cp_async_wait<0>();
     cu_rows_sum_quads(l_lo, l_hi);

@@ -1,16 +1,17 @@
 /*
- * The two products of the mma.sync decode attention (rows_mma.cuh) for
- * fp8_e4m3 K and V tiles: rows of 128 one-byte codes in shared memory
- * (cu_swz128), widened to the 16-bit type while the B fragments are
- * loaded.  Every E4M3 value is exact in bf16 and in fp16, so the products
- * see the codes' values; the planes' scales are applied by the caller
- * after the products (K's on the scores, V's on the finished rows).
+ * fp8_e4m3 K and V tiles of the mma.sync decode attention: rows of 128
+ * one-byte codes in shared memory (cu_swz128), widened by the whole CTA
+ * into tiles of the 16-bit type (rows of 256 bytes, cu_swz) that the
+ * 16-bit products (rows_mma.cuh) read unchanged.  Every E4M3 value is
+ * exact in bf16 and in fp16, so the products see the codes' values; the
+ * planes' scales are applied by the caller after the products (K's on
+ * the scores, V's on the finished rows).  The NaN codes widen to NaN.
  */
 #ifndef MSA_CUDA_KERNELS_ATTENTION_ROWS_MMA_FP8_CUH
 #define MSA_CUDA_KERNELS_ATTENTION_ROWS_MMA_FP8_CUH
 
 #include "cuda/arch/mma_sm80.cuh"
-#include "cuda/common/quant.cuh"
+#include "cuda/common/quant_widen.cuh"
 
 /* Rows of 128 bytes = 8 chunks of 16 bytes; chunk c of row r lives at
  * chunk c ^ (r & 7), as cu_swz does for 256-byte rows. */
@@ -19,71 +20,57 @@ __device__ __forceinline__ uint32_t cu_swz128(int row, int chunk)
     return (uint32_t)(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-/* Byte d of row `row` of a tile of 128-byte rows. */
-__device__ __forceinline__ uint32_t cu_fp8_tile_byte(const unsigned char *tile, int row, int d)
-{
-    return tile[cu_swz128(row, d >> 4) + (d & 15)];
-}
-
-/* Two E4M3 codes (lo, hi) as a packed pair of the 16-bit type, exactly;
- * the NaN code gives NaN. */
+/* One 16-byte chunk of codes (16 dims) as two 16-byte chunks of the
+ * 16-bit type: lo holds the first 8 dims, hi the other 8. */
 template <typename Tag>
-__device__ __forceinline__ uint32_t cu_fp8_widen2(uint32_t lo, uint32_t hi, Tag)
+__device__ __forceinline__ void cu_fp8_chunk_widen(uint4 c, uint4 &lo, uint4 &hi)
 {
-    return cu_pack2(cu_e4m3_to_f32(lo), cu_e4m3_to_f32(hi), Tag());
-}
-
-/* S = Q codes^T for NS n-tiles of 8 keys from tile row k0 (head dim 128):
- * the B fragment of k-step ks holds, for key k0 + 8 n + lane / 4, the
- * dims 16 ks + 2 (lane % 4) + {0, 1} and the same + 8. */
-template <typename Tag, int NS>
-__device__ __forceinline__ void cu_rows_qk_fp8(const unsigned char *ktile, int k0,
-                                               const uint32_t (&qa)[8][4], float (&sc)[NS][4])
-{
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int n = 0; n < NS; ++n)
-        sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-#pragma unroll
-        for (int n = 0; n < NS; ++n) {
-            const int row = k0 + n * 8 + (lane >> 2);
-            const int d = ks * 16 + 2 * (lane & 3);
-            const uint32_t b0 = cu_fp8_widen2(cu_fp8_tile_byte(ktile, row, d),
-                                              cu_fp8_tile_byte(ktile, row, d + 1), Tag());
-            const uint32_t b1 = cu_fp8_widen2(cu_fp8_tile_byte(ktile, row, d + 8),
-                                              cu_fp8_tile_byte(ktile, row, d + 9), Tag());
-            cu_mma16816(sc[n], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1, Tag());
-        }
+    lo.x = cu_e4m3_widen2<0>(c.x, Tag());
+    lo.y = cu_e4m3_widen2<1>(c.x, Tag());
+    lo.z = cu_e4m3_widen2<0>(c.y, Tag());
+    lo.w = cu_e4m3_widen2<1>(c.y, Tag());
+    hi.x = cu_e4m3_widen2<0>(c.z, Tag());
+    hi.y = cu_e4m3_widen2<1>(c.z, Tag());
+    hi.z = cu_e4m3_widen2<0>(c.w, Tag());
+    hi.w = cu_e4m3_widen2<1>(c.w, Tag());
+    const uint32_t nx = cu_e4m3_nan_bytes(c.x), ny = cu_e4m3_nan_bytes(c.y);
+    const uint32_t nz = cu_e4m3_nan_bytes(c.z), nw = cu_e4m3_nan_bytes(c.w);
+    /* NaN codes are rare: the masks are built only for a chunk that has
+     * one (a branch around them, not their cost on every chunk). */
+    if ((nx | ny | nz | nw) != 0u) {
+        lo.x |= cu_e4m3_nan_mask2<0>(nx);
+        lo.y |= cu_e4m3_nan_mask2<1>(nx);
+        lo.z |= cu_e4m3_nan_mask2<0>(ny);
+        lo.w |= cu_e4m3_nan_mask2<1>(ny);
+        hi.x |= cu_e4m3_nan_mask2<0>(nz);
+        hi.y |= cu_e4m3_nan_mask2<1>(nz);
+        hi.z |= cu_e4m3_nan_mask2<0>(nw);
+        hi.w |= cu_e4m3_nan_mask2<1>(nw);
     }
 }
 
-/* O += P codes for the KW keys at tile row k0; P (the weights in sc) is
- * rounded to the 16-bit type.  The B fragment of the n-tile of dims
- * 8 j .. 8 j + 7 holds, for dim 8 j + lane / 4, the keys 2 (lane % 4) +
- * {0, 1} and the same + 8 of the k-step. */
-template <typename Tag, int KW>
-__device__ __forceinline__ void cu_rows_pv_fp8(const unsigned char *vtile, int k0,
-                                               const float (&sc)[KW / 8][4], float (&o)[16][4])
+/* A tile of CU_TILE_KEYS rows of 128 codes (cu_swz128) into the 16-bit
+ * tile `wide` (cu_swz), by all NT threads of the CTA; each code is read
+ * and widened once.  Thread t takes row t % 64 and every (NT / 64)-th
+ * chunk from t / 64: eight threads of a quarter warp then hold eight
+ * consecutive rows of one chunk, whose 16-byte reads (chunk c ^ (r & 7))
+ * and writes (chunks 2 c and 2 c + 1, each ^ (r & 7)) fall on eight
+ * different bank groups, free of conflicts.  The rows the copies did not
+ * fill are zeros (cp.async zero fill) and widen to zeros. */
+template <typename Tag, int NT>
+__device__ __forceinline__ void cu_fp8_tile_widen(const unsigned char *codes, unsigned char *wide)
 {
-    const int lane = threadIdx.x & 31;
+    static_assert(NT % CU_TILE_KEYS == 0 && 8 % (NT / CU_TILE_KEYS) == 0, "threads per tile");
+    constexpr int STEP = NT / CU_TILE_KEYS;
+    const int row = threadIdx.x % CU_TILE_KEYS;
 #pragma unroll
-    for (int kk = 0; kk < KW / 16; ++kk) {
-        const uint32_t p0 = cu_pack2(sc[2 * kk][0], sc[2 * kk][1], Tag());
-        const uint32_t p1 = cu_pack2(sc[2 * kk][2], sc[2 * kk][3], Tag());
-        const uint32_t p2 = cu_pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], Tag());
-        const uint32_t p3 = cu_pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], Tag());
-        const int r = k0 + kk * 16 + 2 * (lane & 3);
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const int d = j * 8 + (lane >> 2);
-            const uint32_t b0 = cu_fp8_widen2(cu_fp8_tile_byte(vtile, r, d),
-                                              cu_fp8_tile_byte(vtile, r + 1, d), Tag());
-            const uint32_t b1 = cu_fp8_widen2(cu_fp8_tile_byte(vtile, r + 8, d),
-                                              cu_fp8_tile_byte(vtile, r + 9, d), Tag());
-            cu_mma16816(o[j], p0, p1, p2, p3, b0, b1, Tag());
-        }
+    for (int i = 0; i < 8 / STEP; ++i) {
+        const int c = (int)threadIdx.x / CU_TILE_KEYS + i * STEP;
+        const uint4 p = *(const uint4 *)(codes + cu_swz128(row, c));
+        uint4 lo, hi;
+        cu_fp8_chunk_widen<Tag>(p, lo, hi);
+        *(uint4 *)(wide + cu_swz(row, 2 * c)) = lo;
+        *(uint4 *)(wide + cu_swz(row, 2 * c + 1)) = hi;
     }
 }
 
