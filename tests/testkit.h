@@ -44,7 +44,8 @@ typedef struct msa_case {
     int engine_layout; /* msa_case_layout: the pool lies in an engine's layout, wrapped
                         * in place with msa_cache_wrap_strided (activation formats) */
     /* 1: the index-K plane's garbage (slots past kv_len, unused pages) is
-     * NaN in every odd slot, so that a read past kv_len shows. */
+     * NaN in every odd slot, so that a read past kv_len shows; 2: the K
+     * and V planes' garbage as well. */
     int garbage_nan;
     /* On the CUDA backend the case fails unless the kernel name and
      * fallback reason (msa_case_result.kernel) contain this text: a path

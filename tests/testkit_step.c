@@ -245,7 +245,10 @@ static void fill_images(const msa_case *c, tk_step *s, tk_rng *rng)
                 for (int t = 0; t < pl->page_size; t++) {
                     for (int e = 0; e < pl->dim; e++)
                         row[e] = TK_GARBAGE_SCALE * tk_rng_gauss(rng);
-                    if (c->garbage_nan && p == MSA_PLANE_INDEX_K && (t & 1))
+                    const int nan_plane =
+                        p == MSA_PLANE_INDEX_K ||
+                        (c->garbage_nan == 2 && (p == MSA_PLANE_K || p == MSA_PLANE_V));
+                    if (c->garbage_nan && nan_plane && (t & 1))
                         for (int e = 0; e < pl->dim; e++)
                             row[e] = NAN;
                     tk_plane_put(pl, s->after[p], pg, h, t, row);

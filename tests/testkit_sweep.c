@@ -318,6 +318,8 @@ static void add_special(tk_list *l)
  * tensor-core indexer (msa_case.expect_cuda). */
 #define EXPECT_FP8_INDEXER "fp8_e4m3 index planes: mma.sync indexer widens the codes"
 #define EXPECT_NVFP4_INDEXER "nvfp4 index planes: mma.sync indexer widens the codes"
+/* ... and of layers whose fp8 K/V run on the tensor-core decode attention. */
+#define EXPECT_FP8_ATTENTION "fp8_e4m3 K/V planes: mma.sync decode attention widens the codes"
 
 /* Quantized planes (skipped where the backend does not support them):
  * every plane choice (main fp8 / nvfp4, index fp8 / nvfp4, both) against
@@ -413,6 +415,23 @@ static void add_quantized(tk_list *l)
     c = add(l, 0, &M3, &M3_VERIFY, fp8_fp8, 128, 1, 0);
     c->tie_blocks = 9;
     c->expect_cuda = EXPECT_FP8_INDEXER;
+
+    /* fp8 K/V on the tensor-core decode attention (each tile's codes
+     * widened once into 16-bit tiles): NaN garbage in the K and V rows
+     * past kv_len of each request's last page (and everywhere else a
+     * step must not read), which the zero-filled rows of the tile keep
+     * out of the products; both 16-bit types, both score types. */
+    static const tk_dtypes bf16_fp8_bf16 = {MSA_DTYPE_BF16, MSA_DTYPE_FP8_E4M3, MSA_DTYPE_BF16};
+    static const tk_dtypes f16_fp8_f16 = {MSA_DTYPE_FP16, MSA_DTYPE_FP8_E4M3, MSA_DTYPE_FP16};
+    c = add(l, 1, &M3, &M3_VERIFY, bf16_fp8_bf16, 128, 0, 1);
+    c->garbage_nan = 2;
+    c->k_scale = 0.02f;
+    c->v_scale = 0.5f;
+    c->expect_cuda = EXPECT_FP8_ATTENTION;
+    c = add(l, 0, &M3, &M3_DECODE, f16_fp8_f16, 64, 1, 0);
+    c->garbage_nan = 2;
+    c->v_scale = 3.0f;
+    c->expect_cuda = EXPECT_FP8_ATTENTION;
 
     /* nvfp4 index keys the same way (E2M1 codes times their group scales
      * widened, the layer scale on the scores): NaN groups in cached
