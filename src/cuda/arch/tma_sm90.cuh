@@ -76,6 +76,20 @@ __device__ __forceinline__ void cu_mbar_wait(uint64_t *bar, uint32_t parity)
     }
 }
 
+/* Whether the barrier's phase with this parity has completed (does not
+ * wait). */
+__device__ __forceinline__ bool cu_mbar_test(uint64_t *bar, uint32_t parity)
+{
+    uint32_t done;
+    asm volatile("{\n .reg .pred p;\n"
+                 " mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(cu_smem_addr(bar)), "r"(parity)
+                 : "memory");
+    return done != 0;
+}
+
 /* The box of columns col.. and slots slot.. of the rows of (page, head)
  * into shared memory at dst, completing on bar, its lines in L2 under
  * `policy` (cu_l2_evict_first). */

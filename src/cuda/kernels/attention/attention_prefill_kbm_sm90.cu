@@ -514,10 +514,13 @@ __device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
                 const int4 *ne = ent;
                 int32_t nn = n, nt = t0 + step, nk = kvh;
                 if (nt >= n) {
+                    /* Only if the next item's slot is already published:
+                     * waiting for its K copy here would hold up this
+                     * tile (short items have one tile a group). */
                     nn = 0;
-                    if (w + (int32_t)gridDim.x < n_items) {
-                        const int s2 = (int)((gs + 1) % PFK_STAGES);
-                        cu_mbar_wait(&sm.full_k[s2], ((gs + 1) / PFK_STAGES) & 1u);
+                    const int s2 = (int)((gs + 1) % PFK_STAGES);
+                    if (w + (int32_t)gridDim.x < n_items &&
+                        cu_mbar_test(&sm.full_k[s2], ((gs + 1) / PFK_STAGES) & 1u)) {
                         ne = sm.ent + s2 * CU_PFK_ITEM_TOKENS;
                         nn = sm.meta[s2].y;
                         nk = sm.meta[s2].z;
