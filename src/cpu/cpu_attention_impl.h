@@ -124,21 +124,33 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
     /* bf16 values too: P.V with bf16 products (the weights rounded to bf16,
      * sums in fp32, as in the GPU kernels). */
     const int bf16_pv = bf16_dot && D % 16 == 0;
-    /* fp32 levels with bf16 values: P.V reads the value rows in place and
-     * widens them in registers (cpu_decode_rows.h). */
+    /* fp32 levels with bf16 values, or fp8 values whose 256 * scale is
+     * finite: P.V reads the value rows in place and widens them in
+     * registers (cpu_decode_rows.h; fp8 to the values of the scalar read
+     * rule, bit for bit). */
+#if MSA_CPU_DR_FP8
+    const int k_fp8 = a->k.dtype == MSA_DTYPE_FP8_E4M3 && dq_fp8_fast_scale(a->k.scale);
+    const int v_fp8 = a->v.dtype == MSA_DTYPE_FP8_E4M3 && dq_fp8_fast_scale(a->v.scale);
+#else
+    const int k_fp8 = 0, v_fp8 = 0;
+#endif
 #if MSA_CPU_DECODE_ROWS
-    const int dr_pv = !bf16_pv && a->v.dtype == MSA_DTYPE_BF16 && D % (DR_LANES * DR_VB) == 0;
+    const int dr_pv = !bf16_pv && (a->v.dtype == MSA_DTYPE_BF16 || v_fp8) &&
+                      D % (DR_LANES * DR_VB) == 0;
+    const dr_vec k_s256 = DR_SET1(k_fp8 ? 256.0f * a->k.scale : 0.0f);
+    const dr_vec v_s256 = DR_SET1(v_fp8 ? 256.0f * a->v.scale : 0.0f);
 #else
     const int dr_pv = 0;
 #endif
-    /* ... and with bf16 keys the scores read the key rows in place too. */
+    /* ... and with such keys the scores read the key rows in place too. */
 #if MSA_CPU_DECODE_ROWS
-    const int dr_qk = !bf16_dot && a->k.dtype == MSA_DTYPE_BF16 && D % DR_LANES == 0 &&
+    const int dr_qk = !bf16_dot && (a->k.dtype == MSA_DTYPE_BF16 || k_fp8) && D % DR_LANES == 0 &&
                       D <= DR_MAX_DIM;
 #else
     const int dr_qk = 0;
+    (void)k_fp8, (void)v_fp8;
 #endif
-    const uint16_t *vrows_dr = NULL; /* this tile's value rows, dr_pv only */
+    const void *vrows_dr = NULL; /* this tile's value rows, dr_pv only */
     (void)vrows_dr;
     /* Keys and values of one page are read in place only where their rows
      * are packed; other strided planes go through the copying gather. */
@@ -196,13 +208,14 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
             const int32_t n1 = (int32_t)(p_last + 1 - j1 < TW ? p_last + 1 - j1 : TW);
             (void)P, (void)n1;
 #if MSA_CPU_DECODE_ROWS
-            const int bf16_rows = bf16_pv && !fp8_kv && GP == 16; /* bf16 K and V */
+            const int bf16_rows = bf16_pv && GP == 16; /* bf16 or fp8 K and V */
             (void)bf16_rows;
-            if (((dr_qk && dr_pv) || bf16_rows) && k_packed && v_packed && (j1 % P) + n1 <= P) {
+            if (((dr_qk && dr_pv) || bf16_rows) && k_packed && v_packed && (j1 % P) + n1 <= P &&
+                msa_dtype_size(a->k.dtype) == msa_dtype_size(a->v.dtype)) {
                 /* spread over this block's score passes */
                 nx.k = cpu_plane_row(&a->k, pt[j1 / P], g, (int32_t)(j1 % P));
                 nx.v = cpu_plane_row(&a->v, pt[j1 / P], g, (int32_t)(j1 % P));
-                nx.left = (int64_t)n1 * D * 2;
+                nx.left = (int64_t)n1 * D * (int64_t)msa_dtype_size(a->k.dtype);
             } else
 #endif
                 prefetch_block(a, pt, g, j1, B, p_last);
@@ -278,7 +291,7 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                                              (int32_t)(j0 % a->v.page_size));
                 } else {
                     msa_cpu_copy_rows(vt, &a->v, pt, g, j0, nk);
-                    vrows_dr = (const uint16_t *)vt;
+                    vrows_dr = vt;
                 }
             } else {
                 level_load_rows(vt, &a->v, pt, g, j0, nk);
@@ -317,7 +330,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                             const int32_t nc = nv - c < 16 ? nv - c : 16;
                             const uint16_t *kc = (const uint16_t *)keys + (int64_t)c * D;
 #if MSA_CPU_DECODE_ROWS
-                            dr_next_bytes(&nx, (int64_t)nc * D * 2);
+                            dr_next_bytes(&nx,
+                                          (int64_t)nc * D * (int64_t)msa_dtype_size(a->k.dtype));
 #endif
                             if (ngrp > 1)
                                 msa_scores_heads_bf16_x4(sbuf + (int64_t)c * GP,
@@ -339,8 +353,9 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
 #endif
 #if MSA_CPU_DECODE_ROWS
                     if (dr_qk)
-                    dr_scores_heads(s, qt + (int64_t)t * D * GP, GP, (const uint16_t *)keys, D, vis,
-                                    &nx);
+                    dr_scores_heads(s, qt + (int64_t)t * D * GP, GP,
+                                    k_fp8 ? NULL : (const uint16_t *)keys,
+                                    k_fp8 ? (const uint8_t *)keys : NULL, k_s256, D, vis, &nx);
                 else
 #endif
                     msa_scores_heads(s, qt + (int64_t)t * D * GP, GP, (const float *)keys, D, vis);
@@ -350,7 +365,9 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                         float corr[16];
                         dr_softmax16(mt + h0, lt + h0, s + h0, GP, vis, corr);
                         dr_pv_heads(acc + ((int64_t)t * G + h0) * D, corr, s + h0, GP,
-                                    G - h0 < 16 ? G - h0 : 16, vrows_dr, D, vis);
+                                    G - h0 < 16 ? G - h0 : 16,
+                                    v_fp8 ? NULL : (const uint16_t *)vrows_dr,
+                                    v_fp8 ? (const uint8_t *)vrows_dr : NULL, v_s256, D, vis);
                         continue;
                     }
 #endif

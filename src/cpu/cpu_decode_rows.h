@@ -14,7 +14,12 @@
  * (msa_dot16_rows and msa_pv_tile in cpu_math.h), so the results are the
  * same bits: an index score sums per lane over the head dimension in
  * order and reduces the lanes with the same transposition; an output
- * element starts from acc * corr and adds the keys' products in order. */
+ * element starts from acc * corr and adds the keys' products in order.
+ *
+ * fp8_e4m3 rows take the same kernels: each piece of 16 or 8 codes is
+ * widened in registers by dq_fp8x16 / dq_fp8x8 (cpu_dequant_impl.h) to
+ * the values code * scale that msa_fp8_dequantize computes, bit for bit,
+ * so the sums are those of the fp32 tiles of de-quantized rows. */
 
 #if defined(__AVX512F__)
 #define MSA_CPU_DECODE_ROWS 1
@@ -89,6 +94,27 @@ static inline __m256 dr_widen(const uint16_t *p)
 #define MSA_CPU_DECODE_ROWS 0
 #endif
 
+#if MSA_CPU_DECODE_ROWS && MSA_CPU_DQ_FP8_LANES == DR_LANES
+#define MSA_CPU_DR_FP8 1
+/* DR_LANES e4m3 codes at p as the fp32 values code * scale, NaN codes as
+ * the scalar NaN; s256 = 256 * scale (finite: dq_fp8_fast_scale).  The
+ * route is the half-precision converter's: the code's bits as fp16
+ * subnormals or normals are widened by vcvtph2ps at full speed, where an
+ * fp32 subnormal operand (the code's bits placed under fp32's exponent
+ * and multiplied by 2^120) costs a microcode assist of about 60 ns per
+ * vector multiply on the Intel CPU of bench/RESULTS.md. */
+static inline dr_vec dr_widen_fp8(const uint8_t *p, dr_vec s256)
+{
+#if DR_LANES == 16
+    return dq_fp8x16(p, s256);
+#else
+    return dq_fp8x8(p, s256);
+#endif
+}
+#else
+#define MSA_CPU_DR_FP8 0
+#endif
+
 #if MSA_CPU_DECODE_ROWS
 /* The lane sums of DR_LANES accumulators, out[i] = sum of p[i]'s lanes,
  * by the same transposition as msa_dot16_rows on this level. */
@@ -105,13 +131,31 @@ static inline void dr_transpose_sum(float *out, const dr_vec *p)
 #endif
 }
 
+/* The DR_LANES elements from element i of a row, widened to fp32: bf16
+ * at bf (codes == NULL) or fp8 e4m3 codes times the scale of which s256
+ * is 256 times. */
+static inline __attribute__((always_inline)) dr_vec dr_widen_key(const uint16_t *bf,
+                                                                 const uint8_t *codes, int64_t i,
+                                                                 dr_vec s256)
+{
+#if MSA_CPU_DR_FP8
+    if (codes)
+        return dr_widen_fp8(codes + i, s256);
+#else
+    (void)codes, (void)s256;
+#endif
+    return dr_widen(bf + i);
+}
+
 /* out[r * ld + j] = q[r] . k[j] for DR_RB rows (row pointers, some of
  * which may repeat to fill the block) and DR_KB keys k[j]: bf16 rows at
- * keys + j * dim, widened here, or (kf != NULL) the same rows already
- * widened at kf + j * dim; dim a multiple of DR_LANES. */
+ * keys + j * dim or (codes != NULL) fp8 rows at codes + j * dim, widened
+ * here, or (kf != NULL) the same rows already widened at kf + j * dim;
+ * dim a multiple of DR_LANES. */
 static inline __attribute__((always_inline)) void dr_dot_block(float *out, int64_t ld,
                                                                const float *const *q,
                                                                const uint16_t *keys,
+                                                               const uint8_t *codes, dr_vec s256,
                                                                const float *kf, int dim)
 {
     dr_vec acc[DR_RB * DR_KB];
@@ -120,7 +164,8 @@ static inline __attribute__((always_inline)) void dr_dot_block(float *out, int64
     for (int d = 0; d < dim; d += DR_LANES) {
         dr_vec k[DR_KB];
         for (int j = 0; j < DR_KB; j++)
-            k[j] = kf ? DR_LOAD(kf + (int64_t)j * dim + d) : dr_widen(keys + (int64_t)j * dim + d);
+            k[j] = kf ? DR_LOAD(kf + (int64_t)j * dim + d)
+                      : dr_widen_key(keys, codes, (int64_t)j * dim + d, s256);
         for (int r = 0; r < DR_RB; r++) {
             const dr_vec qr = DR_LOAD(q[r] + d);
             for (int j = 0; j < DR_KB; j++)
@@ -135,43 +180,64 @@ static inline __attribute__((always_inline)) void dr_dot_block(float *out, int64
 }
 
 /* sr[r * ld + j] = q[r] . k[j] for rows r < rows of q ([rows][dim] fp32)
- * and the n bf16 keys at keys ([n][dim]); dim a multiple of DR_LANES and
- * at most DR_MAX_DIM.  With one block of rows (a decode token's index
- * heads) each piece of a key is widened in registers; with more (verify)
- * the DR_KB keys are widened once into a buffer in the first-level cache
- * that every row block reads. */
-static void dr_index_scores(float *sr, int64_t ld, const float *q, int rows, const uint16_t *keys,
-                            int dim, int n)
+ * and the n keys at keys ([n][dim]): bf16, or (fp8) e4m3 codes whose
+ * values are code * scale; dim a multiple of DR_LANES and at most
+ * DR_MAX_DIM (fp8: 256 * scale finite).  With one block of rows (a decode
+ * token's index heads) each piece of a key is widened in registers; with
+ * more (verify) the DR_KB keys are widened once into a buffer in the
+ * first-level cache that every row block reads. */
+static inline __attribute__((always_inline)) void dr_index_scores_of(float *sr, int64_t ld,
+                                                                     const float *q, int rows,
+                                                                     const void *keys, int dim,
+                                                                     int n, const int fp8,
+                                                                     float scale)
 {
     float kf[DR_KB * 512];
     const int many = rows > DR_RB;
+    const size_t es = fp8 ? 1 : 2; /* bytes per element */
+    const dr_vec s256 = DR_SET1(fp8 ? scale * 256.0f : 0.0f);
     for (int j0 = 0; j0 < n; j0 += DR_KB) {
-        const uint16_t *kb = keys + (int64_t)j0 * dim;
+        const char *kb = (const char *)keys + (int64_t)j0 * dim * (int64_t)es;
         uint16_t tail[DR_KB * 512];
         float out[DR_RB * DR_KB];
         const int whole = j0 + DR_KB <= n;
-        if (!whole) { /* the last keys, padded with zero rows */
+        if (!whole) { /* the last keys, padded with zero rows (code 0 is +0) */
             const int have = n - j0;
-            memcpy(tail, kb, (size_t)have * (size_t)dim * 2);
-            memset(tail + (int64_t)have * dim, 0, (size_t)(DR_KB - have) * (size_t)dim * 2);
-            kb = tail;
+            memcpy(tail, kb, (size_t)have * (size_t)dim * es);
+            memset((char *)tail + (size_t)have * (size_t)dim * es, 0,
+                   (size_t)(DR_KB - have) * (size_t)dim * es);
+            kb = (const char *)tail;
         }
+        const uint16_t *kb16 = fp8 ? NULL : (const uint16_t *)kb;
+        const uint8_t *kb8 = fp8 ? (const uint8_t *)kb : NULL;
         if (many)
             for (int i = 0; i < DR_KB * dim; i += DR_LANES)
-                DR_STORE(kf + i, dr_widen(kb + i));
+                DR_STORE(kf + i, dr_widen_key(kb16, kb8, i, s256));
         for (int r0 = 0; r0 < rows; r0 += DR_RB) {
             const float *qr[DR_RB];
             for (int r = 0; r < DR_RB; r++) /* rows past the last repeat it */
                 qr[r] = q + (int64_t)(r0 + r < rows ? r0 + r : rows - 1) * dim;
             if (many)
-                dr_dot_block(out, DR_KB, qr, kb, kf, dim);
+                dr_dot_block(out, DR_KB, qr, NULL, NULL, s256, kf, dim);
             else
-                dr_dot_block(out, DR_KB, qr, kb, NULL, dim);
+                dr_dot_block(out, DR_KB, qr, kb16, kb8, s256, NULL, dim);
             for (int r = 0; r < DR_RB && r0 + r < rows; r++)
                 for (int j = 0; j < DR_KB && j0 + j < n; j++)
                     sr[(int64_t)(r0 + r) * ld + j0 + j] = out[r * DR_KB + j];
         }
     }
+}
+
+/* dr_index_scores_of for bf16 keys and (fp8_scale finite, not NaN) for
+ * fp8 e4m3 codes of that scale; only levels with MSA_CPU_DR_FP8 take fp8
+ * keys. */
+static void dr_index_scores(float *sr, int64_t ld, const float *q, int rows, const void *keys,
+                            int dim, int n, int fp8, float fp8_scale)
+{
+    if (fp8)
+        dr_index_scores_of(sr, ld, q, rows, keys, dim, n, 1, fp8_scale);
+    else
+        dr_index_scores_of(sr, ld, q, rows, keys, dim, n, 0, 0.0f);
 }
 
 /* The widest key tile dr_index_scores pads (its tail buffer). */
@@ -214,22 +280,27 @@ static inline __attribute__((always_inline)) void dr_pv_block(float *acc, int64_
  * first-level cache while every head block reads them). */
 #define DR_PV_FLOATS 4096
 
-/* P.V of `heads` query heads over n bf16 value rows v ([n][dim], dim a
- * multiple of DR_LANES * DR_VB and at most DR_MAX_DIM): acc[h * dim + :]
+/* P.V of `heads` query heads over n value rows v ([n][dim], dim a
+ * multiple of DR_LANES * DR_VB and at most DR_MAX_DIM): bf16, or (v8 !=
+ * NULL, v unused) fp8 codes of which s256 is 256 times the scale; acc[h * dim + :]
  * for h < heads, weights p[j * gp + h], rescale factors corr[h].  The rows
  * are widened a chunk at a time into an fp32 buffer, each element once
  * (widening them in every pass cost a fifth of the pass's issue slots);
  * the first chunk applies the rescale, the others continue the sums in key
  * order. */
 static void dr_pv_heads(float *acc, const float *corr, const float *p, int gp, int heads,
-                        const uint16_t *v, int dim, int n)
+                        const uint16_t *v, const uint8_t *v8, dr_vec s256, int dim, int n)
 {
     float vf[DR_PV_FLOATS];
     const int chunk = DR_PV_FLOATS / dim;
     for (int j0 = 0; j0 < n; j0 += chunk) {
         const int nj = n - j0 < chunk ? n - j0 : chunk;
-        for (int i = 0; i < nj * dim; i += DR_LANES)
-            DR_STORE(vf + i, dr_widen(v + (int64_t)j0 * dim + i));
+        if (v8)
+            for (int i = 0; i < nj * dim; i += DR_LANES)
+                DR_STORE(vf + i, dr_widen_key(NULL, v8, (int64_t)j0 * dim + i, s256));
+        else
+            for (int i = 0; i < nj * dim; i += DR_LANES)
+                DR_STORE(vf + i, dr_widen(v + (int64_t)j0 * dim + i));
         const float *pj = p + (int64_t)j0 * gp;
         for (int d0 = 0; d0 < dim; d0 += DR_LANES * DR_VB) {
             int h = 0;
@@ -348,22 +419,29 @@ static inline void dr_next_bytes(dr_next *nx, int64_t n)
 #define DR_PF_EVERY (DR_LANES == 16 ? 2 : 4)
 #define DR_SV (16 / DR_LANES)
 
-/* s[j * gp + h] = k[j] . qt[:, h] for the n bf16 keys k ([n][dim]) and
- * heads h < gp (a multiple of 16); qt is [dim][gp] fp32; nx: the rows to
+/* s[j * gp + h] = k[j] . qt[:, h] for the n keys k ([n][dim]: bf16, or
+ * (k8 != NULL, k unused) fp8 codes of which s256 is 256 times the scale)
+ * and heads h < gp (a multiple of 16); qt is [dim][gp] fp32; nx: the rows to
  * prefetch meanwhile (nothing when nx->left is 0).  DR_SK keys at a
  * time are widened into a small buffer in the first-level cache, then
  * each of their elements is broadcast against the heads' query vectors;
  * every lane sums over d in order, as msa_scores_heads. */
 static inline __attribute__((always_inline)) void dr_scores_heads_dim(
-    float *restrict s, const float *restrict qt, int gp, const uint16_t *restrict k, const int dim,
-    int n, dr_next *nx)
+    float *restrict s, const float *restrict qt, int gp, const uint16_t *restrict k,
+    const uint8_t *restrict k8, dr_vec s256, const int dim, int n, dr_next *nx)
 {
     float kf[DR_SK * DR_MAX_DIM];
     for (int j0 = 0; j0 < n; j0 += DR_SK) {
         const int nk = n - j0 < DR_SK ? n - j0 : DR_SK;
-        for (int i = 0; i < nk; i++)
-            for (int d = 0; d < dim; d += DR_LANES)
-                DR_STORE(kf + i * dim + d, dr_widen(k + (int64_t)(j0 + i) * dim + d));
+        if (k8)
+            for (int i = 0; i < nk; i++)
+                for (int d = 0; d < dim; d += DR_LANES)
+                    DR_STORE(kf + i * dim + d,
+                             dr_widen_key(NULL, k8, (int64_t)(j0 + i) * dim + d, s256));
+        else
+            for (int i = 0; i < nk; i++)
+                for (int d = 0; d < dim; d += DR_LANES)
+                    DR_STORE(kf + i * dim + d, dr_widen(k + (int64_t)(j0 + i) * dim + d));
         for (int h0 = 0; h0 < gp; h0 += 16) {
             if (nk == DR_SK) {
                 dr_vec a[DR_SK][DR_SV];
@@ -409,12 +487,13 @@ static inline __attribute__((always_inline)) void dr_scores_heads_dim(
  * 16 keys and a variable stride the compiler kept 16 pointers and moved
  * them in and out of vector registers every step). */
 static void dr_scores_heads(float *restrict s, const float *restrict qt, int gp,
-                            const uint16_t *restrict k, int dim, int n, dr_next *nx)
+                            const uint16_t *restrict k, const uint8_t *restrict k8, dr_vec s256,
+                            int dim, int n, dr_next *nx)
 {
     if (dim == 128)
-        dr_scores_heads_dim(s, qt, gp, k, 128, n, nx);
+        dr_scores_heads_dim(s, qt, gp, k, k8, s256, 128, n, nx);
     else
-        dr_scores_heads_dim(s, qt, gp, k, dim, n, nx);
+        dr_scores_heads_dim(s, qt, gp, k, k8, s256, dim, n, nx);
 }
 
 /* The largest of x[0 .. n) that is a number (-inf when none is), and *nan

@@ -47,23 +47,25 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
      * values (no conversion pass). */
     const int bf16_dot = MSA_CPU_HAVE_BF16_DOT && job->io->act_dtype == MSA_DTYPE_BF16 &&
                          ik.dtype == MSA_DTYPE_BF16 && Di % 32 == 0;
-    if (!bf16_dot)
+    if (!bf16_dot) {
         level_convert(q, q_src, job->io->act_dtype, (int64_t)rows * Di);
-        /* fp8 keys and few rows (decode): scores straight from the codes, each
-     * key row converted in registers, no fp32 tile. */
-#if MSA_CPU_DQ_FP8_DOT
-    const int fp8_dot = ik.dtype == MSA_DTYPE_FP8_E4M3 && Di % 16 == 0 &&
-                        rows <= MSA_CPU_DQ_FP8_DOT_ROWS && dq_fp8_fast_scale(ik.scale);
+    }
+    /* bf16 keys, and fp8 e4m3 keys whose 256 * scale is finite, on the AVX2
+     * and AVX-512 levels: read in place, widened in registers
+     * (cpu_decode_rows.h), the same sums as msa_dot16_rows on the fp32
+     * rows (fp8: de-quantized by the scalar read rule, bit for bit). */
+#if MSA_CPU_DR_FP8
+    const int dr_fp8 = ik.dtype == MSA_DTYPE_FP8_E4M3 && dq_fp8_fast_scale(ik.scale);
 #else
-    const int fp8_dot = 0;
+    const int dr_fp8 = 0;
 #endif
-    /* bf16 keys on the AVX2 and AVX-512 levels: read in place, widened in
-     * registers (cpu_decode_rows.h), the same sums as msa_dot16_rows. */
 #if MSA_CPU_DECODE_ROWS
-    const int dr_scan = !bf16_dot && !fp8_dot && ik.dtype == MSA_DTYPE_BF16 && Di % 16 == 0 &&
+    const int dr_scan = !bf16_dot && (ik.dtype == MSA_DTYPE_BF16 || dr_fp8) && Di % 16 == 0 &&
                         Di <= DR_MAX_DIM;
+    const int64_t key_bytes = (int64_t)msa_dtype_size(ik.dtype); /* per element, dr_scan */
 #else
     const int dr_scan = 0;
+    (void)dr_fp8;
 #endif
     const int64_t p_last = ch->pos0 + ch->n - 1;
     float *out = cp->scores + ch->score_off;
@@ -84,9 +86,9 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
             const uint16_t *keys = (const uint16_t *)tile;
 #if MSA_CPU_DECODE_ROWS
             if (dr_scan) {
+                const char *kd = (const char *)tile; /* bf16 or fp8 rows [nk][Di] */
                 if (cpu_plane_packed(&ik) && (j0 % ik.page_size) + nk <= ik.page_size)
-                    keys =
-                        cpu_plane_row(&ik, pt[j0 / ik.page_size], 0, (int32_t)(j0 % ik.page_size));
+                    kd = cpu_plane_row(&ik, pt[j0 / ik.page_size], 0, (int32_t)(j0 % ik.page_size));
                 else
                     msa_cpu_copy_rows(tile, &ik, pt, 0, j0, nk);
                 for (int32_t jj = 0; jj < nk; jj += 16) {
@@ -99,13 +101,14 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                         const int32_t na = blk_end - ja + 1 < 16 ? (int32_t)(blk_end - ja + 1) : 16;
                         const int32_t off = (int32_t)(ja % ik.page_size);
                         const char *r = cpu_plane_row(&ik, pt[ja / ik.page_size], 0, off);
-                        const int64_t step = ik.row_stride * 2;
+                        const int64_t step = ik.row_stride * key_bytes;
                         for (int32_t l = 0; l < na && off + l < ik.page_size; l++)
-                            for (int32_t b = 0; b < Di * 2; b += 64)
+                            for (int64_t b = 0; b < Di * key_bytes; b += 64)
                                 __builtin_prefetch(r + l * step + b, 0, 2);
                     }
                     const int32_t ng = nk - jj < 16 ? nk - jj : 16;
-                    dr_index_scores(sr + jj, TW16, q, rows, keys + (int64_t)jj * Di, Di, ng);
+                    dr_index_scores(sr + jj, TW16, q, rows, kd + (int64_t)jj * Di * key_bytes, Di,
+                                    ng, dr_fp8, ik.scale);
                 }
             } else
 #endif
@@ -118,8 +121,6 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
             } else if (bf16_dot) {
                 msa_cpu_copy_rows(tile, &ik, pt, 0, j0, nk);
                 memset((uint16_t *)tile + (int64_t)nk * Di, 0, (size_t)(nk16 - nk) * Di * 2);
-            } else if (fp8_dot) {
-                (void)keys; /* the codes are read below */
             } else {
                 (void)keys; /* only the bf16 path reads keys in place */
                 level_load_rows(tile, &ik, pt, 0, j0, nk);
@@ -129,27 +130,6 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
             /* Raw scores of every row, one group of 16 keys at a time so the
              * group stays in L1 while all rows use it. */
             for (int32_t jj = 0; jj < (dr_scan ? 0 : nk); jj += 16) {
-#if MSA_CPU_DQ_FP8_DOT
-                if (fp8_dot) {
-                    const uint8_t *kr[16];
-                    const int32_t ng = nk - jj < 16 ? nk - jj : 16;
-                    for (int32_t l = 0; l < ng; l++) {
-                        const int64_t j = j0 + jj + l;
-                        kr[l] = cpu_plane_row(&ik, pt[j / ik.page_size], 0,
-                                              (int32_t)(j % ik.page_size));
-                    }
-                    for (int32_t l = 0; l + 16 < nk - jj && l < 16; l++) /* the next group */
-                        for (int32_t b = 0; b < Di; b += 64) {
-                            const int64_t j = j0 + jj + 16 + l;
-                            __builtin_prefetch(
-                                (const char *)cpu_plane_row(&ik, pt[j / ik.page_size], 0,
-                                                            (int32_t)(j % ik.page_size)) +
-                                b);
-                        }
-                    dq_fp8_dot16_rows(sr + jj, TW16, q, rows, kr, ng, Di, ik.scale);
-                    continue;
-                }
-#endif
                 if (jj + 16 < nk) /* the next group, while this one computes */
                     for (int64_t b = 0; b < (int64_t)16 * Di * (bf16_dot ? 2 : 4); b += 64)
                         __builtin_prefetch(

@@ -24,6 +24,10 @@
 #include <arm_neon.h>
 #endif
 
+/* The vector de-quantization of fp8 and nvfp4 rows (dq_fp8x16 / dq_fp8x8:
+ * 16 or 8 e4m3 codes to fp32 lanes), which the decode rows use too. */
+#include "cpu/cpu_dequant_impl.h"
+
 /* The decode rows' vector helpers (dr_widen: 16 or 8 bf16 to fp32 lanes). */
 #include "cpu/cpu_decode_rows.h"
 
@@ -66,8 +70,6 @@ static void level_convert(float *restrict dst, const void *restrict src, msa_dty
         memcpy(dst, src, (size_t)n * sizeof(float));
     }
 }
-
-#include "cpu/cpu_dequant_impl.h"
 
 /* The gather: key rows [j0, j0 + n) of one head, from their pages, into
  * dst[n][dim] as fp32.  Rows of one page and head that are packed (no gap
