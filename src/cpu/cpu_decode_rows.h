@@ -97,17 +97,24 @@ static inline __m256 dr_widen(const uint16_t *p)
 #if MSA_CPU_DECODE_ROWS && MSA_CPU_DQ_FP8_LANES == DR_LANES
 #define MSA_CPU_DR_FP8 1
 /* DR_LANES e4m3 codes at p as the fp32 values code * scale, NaN codes as
- * the scalar NaN; s256 = 256 * scale (finite: dq_fp8_fast_scale).  The
- * route is the half-precision converter's: the code's bits as fp16
- * subnormals or normals are widened by vcvtph2ps at full speed, where an
- * fp32 subnormal operand (the code's bits placed under fp32's exponent
- * and multiplied by 2^120) costs a microcode assist of about 60 ns per
- * vector multiply on the Intel CPU of bench/RESULTS.md. */
-static inline dr_vec dr_widen_fp8(const uint8_t *p, dr_vec s256)
+ * the scalar NaN (nan == 0: the caller has seen that none is a NaN code,
+ * and the patch is skipped); s256 = 256 * scale (finite:
+ * dq_fp8_fast_scale).  The route is the half-precision converter's: the
+ * code's bits as fp16 subnormals or normals are widened by vcvtph2ps at
+ * full speed, whereas an fp32 subnormal operand (the code's bits placed
+ * under fp32's exponent and multiplied by 2^120) costs a microcode assist
+ * of about 60 ns per vector multiply on the Intel CPU of
+ * bench/RESULTS.md, and subnormal codes are common in real keys. */
+static inline __attribute__((always_inline)) dr_vec dr_widen_fp8(const uint8_t *p, dr_vec s256,
+                                                                 const int nan)
 {
 #if DR_LANES == 16
+    if (!nan)
+        return dq_fp8x16_no_nan(_mm_loadu_si128((const __m128i *)p), s256);
     return dq_fp8x16(p, s256);
 #else
+    if (!nan)
+        return dq_fp8x8_no_nan(_mm_loadl_epi64((const __m128i *)p), s256);
     return dq_fp8x8(p, s256);
 #endif
 }
@@ -133,30 +140,28 @@ static inline void dr_transpose_sum(float *out, const dr_vec *p)
 
 /* The DR_LANES elements from element i of a row, widened to fp32: bf16
  * at bf (codes == NULL) or fp8 e4m3 codes times the scale of which s256
- * is 256 times. */
+ * is 256 times (nan: whether NaN codes may be among them). */
 static inline __attribute__((always_inline)) dr_vec dr_widen_key(const uint16_t *bf,
                                                                  const uint8_t *codes, int64_t i,
-                                                                 dr_vec s256)
+                                                                 dr_vec s256, const int nan)
 {
 #if MSA_CPU_DR_FP8
     if (codes)
-        return dr_widen_fp8(codes + i, s256);
+        return dr_widen_fp8(codes + i, s256, nan);
 #else
-    (void)codes, (void)s256;
+    (void)codes, (void)s256, (void)nan;
 #endif
     return dr_widen(bf + i);
 }
 
 /* out[r * ld + j] = q[r] . k[j] for DR_RB rows (row pointers, some of
  * which may repeat to fill the block) and DR_KB keys k[j]: bf16 rows at
- * keys + j * dim or (codes != NULL) fp8 rows at codes + j * dim, widened
- * here, or (kf != NULL) the same rows already widened at kf + j * dim;
- * dim a multiple of DR_LANES. */
-static inline __attribute__((always_inline)) void dr_dot_block(float *out, int64_t ld,
-                                                               const float *const *q,
-                                                               const uint16_t *keys,
-                                                               const uint8_t *codes, dr_vec s256,
-                                                               const float *kf, int dim)
+ * keys + j * dim or (codes != NULL) fp8 rows at codes + j * dim (nan:
+ * as dr_widen_key), widened here, or (kf != NULL) the same rows already
+ * widened at kf + j * dim; dim a multiple of DR_LANES. */
+static inline __attribute__((always_inline)) void dr_dot_block(
+    float *out, int64_t ld, const float *const *q, const uint16_t *keys, const uint8_t *codes,
+    dr_vec s256, const int nan, const float *kf, int dim)
 {
     dr_vec acc[DR_RB * DR_KB];
     for (int i = 0; i < DR_RB * DR_KB; i++)
@@ -165,7 +170,7 @@ static inline __attribute__((always_inline)) void dr_dot_block(float *out, int64
         dr_vec k[DR_KB];
         for (int j = 0; j < DR_KB; j++)
             k[j] = kf ? DR_LOAD(kf + (int64_t)j * dim + d)
-                      : dr_widen_key(keys, codes, (int64_t)j * dim + d, s256);
+                      : dr_widen_key(keys, codes, (int64_t)j * dim + d, s256, nan);
         for (int r = 0; r < DR_RB; r++) {
             const dr_vec qr = DR_LOAD(q[r] + d);
             for (int j = 0; j < DR_KB; j++)
@@ -180,8 +185,9 @@ static inline __attribute__((always_inline)) void dr_dot_block(float *out, int64
 }
 
 /* sr[r * ld + j] = q[r] . k[j] for rows r < rows of q ([rows][dim] fp32)
- * and the n keys at keys ([n][dim]): bf16, or (fp8) e4m3 codes whose
- * values are code * scale; dim a multiple of DR_LANES and at most
+ * and the n keys at keys ([n][dim]): bf16 (fp8 == 0), or e4m3 codes whose
+ * values are code * scale (fp8 == 1: none of them a NaN code; 2: maybe
+ * some); dim a multiple of DR_LANES and at most
  * DR_MAX_DIM (fp8: 256 * scale finite).  With one block of rows (a decode
  * token's index heads) each piece of a key is widened in registers; with
  * more (verify) the DR_KB keys are widened once into a buffer in the
@@ -212,15 +218,15 @@ static inline __attribute__((always_inline)) void dr_index_scores_of(float *sr, 
         const uint8_t *kb8 = fp8 ? (const uint8_t *)kb : NULL;
         if (many)
             for (int i = 0; i < DR_KB * dim; i += DR_LANES)
-                DR_STORE(kf + i, dr_widen_key(kb16, kb8, i, s256));
+                DR_STORE(kf + i, dr_widen_key(kb16, kb8, i, s256, fp8 == 2));
         for (int r0 = 0; r0 < rows; r0 += DR_RB) {
             const float *qr[DR_RB];
             for (int r = 0; r < DR_RB; r++) /* rows past the last repeat it */
                 qr[r] = q + (int64_t)(r0 + r < rows ? r0 + r : rows - 1) * dim;
             if (many)
-                dr_dot_block(out, DR_KB, qr, NULL, NULL, s256, kf, dim);
+                dr_dot_block(out, DR_KB, qr, NULL, NULL, s256, 0, kf, dim);
             else
-                dr_dot_block(out, DR_KB, qr, kb16, kb8, s256, NULL, dim);
+                dr_dot_block(out, DR_KB, qr, kb16, kb8, s256, fp8 == 2, NULL, dim);
             for (int r = 0; r < DR_RB && r0 + r < rows; r++)
                 for (int j = 0; j < DR_KB && j0 + j < n; j++)
                     sr[(int64_t)(r0 + r) * ld + j0 + j] = out[r * DR_KB + j];
@@ -228,15 +234,21 @@ static inline __attribute__((always_inline)) void dr_index_scores_of(float *sr, 
     }
 }
 
-/* dr_index_scores_of for bf16 keys and (fp8_scale finite, not NaN) for
- * fp8 e4m3 codes of that scale; only levels with MSA_CPU_DR_FP8 take fp8
- * keys. */
+/* dr_index_scores_of for bf16 keys and (fp8 != 0, 256 * fp8_scale
+ * finite) for fp8 e4m3 codes of that scale; only levels with
+ * MSA_CPU_DR_FP8 take fp8 keys.  The codes of the n keys are tested for
+ * NaN codes first (a tenth of the widening's work), and only keys with
+ * some take the patched widening. */
 static void dr_index_scores(float *sr, int64_t ld, const float *q, int rows, const void *keys,
                             int dim, int n, int fp8, float fp8_scale)
 {
-    if (fp8)
+#if MSA_CPU_DR_FP8
+    if (fp8 && dq_fp8_any_nan(keys, (int64_t)n * dim))
+        dr_index_scores_of(sr, ld, q, rows, keys, dim, n, 2, fp8_scale);
+    else if (fp8)
         dr_index_scores_of(sr, ld, q, rows, keys, dim, n, 1, fp8_scale);
     else
+#endif
         dr_index_scores_of(sr, ld, q, rows, keys, dim, n, 0, 0.0f);
 }
 
@@ -297,7 +309,7 @@ static void dr_pv_heads(float *acc, const float *corr, const float *p, int gp, i
         const int nj = n - j0 < chunk ? n - j0 : chunk;
         if (v8)
             for (int i = 0; i < nj * dim; i += DR_LANES)
-                DR_STORE(vf + i, dr_widen_key(NULL, v8, (int64_t)j0 * dim + i, s256));
+                DR_STORE(vf + i, dr_widen_key(NULL, v8, (int64_t)j0 * dim + i, s256, 1));
         else
             for (int i = 0; i < nj * dim; i += DR_LANES)
                 DR_STORE(vf + i, dr_widen(v + (int64_t)j0 * dim + i));
@@ -437,7 +449,7 @@ static inline __attribute__((always_inline)) void dr_scores_heads_dim(
             for (int i = 0; i < nk; i++)
                 for (int d = 0; d < dim; d += DR_LANES)
                     DR_STORE(kf + i * dim + d,
-                             dr_widen_key(NULL, k8, (int64_t)(j0 + i) * dim + d, s256));
+                             dr_widen_key(NULL, k8, (int64_t)(j0 + i) * dim + d, s256, 1));
         else
             for (int i = 0; i < nk; i++)
                 for (int d = 0; d < dim; d += DR_LANES)

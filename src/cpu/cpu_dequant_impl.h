@@ -25,14 +25,23 @@ static inline int dq_fp8_fast_scale(float scale)
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define MSA_CPU_DQ_FP8_LANES 16
 
+/* The 16 codes raw as fp32 values code * scale (s256 = 256 * scale),
+ * the NaN codes as 480 * scale with their sign.  Sign-extended to 16 bits
+ * and shifted left by 7, a code has its sign at bits 15 and 14 and its
+ * other bits at 7..13: clearing bit 14 leaves the fp16 bits of the code
+ * times 2^-8. */
+static inline __m512 dq_fp8x16_no_nan(__m128i raw, __m512 s256)
+{
+    const __m256i b = _mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7);
+    const __m256i h = _mm256_and_si256(b, _mm256_set1_epi16((short)0xbfff));
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), s256);
+}
+
 /* 16 e4m3 codes at src as fp32 values code * scale; s256 = 256 * scale. */
 static inline __m512 dq_fp8x16(const uint8_t *src, __m512 s256)
 {
     const __m128i raw = _mm_loadu_si128((const __m128i *)src);
-    const __m256i b = _mm256_slli_epi16(_mm256_cvtepu8_epi16(raw), 7);
-    /* b has the sign at bit 14: adding that bit to itself moves it to 15. */
-    const __m256i h = _mm256_add_epi16(b, _mm256_and_si256(b, _mm256_set1_epi16(0x4000)));
-    const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), s256);
+    const __m512 f = dq_fp8x16_no_nan(raw, s256);
     const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(raw, _mm_set1_epi8((char)0x80)),
                                               _mm_set1_epi8((char)0xff));
     /* NaN lanes: (f & sign) | quiet NaN. */
@@ -43,23 +52,60 @@ static inline __m512 dq_fp8x16(const uint8_t *src, __m512 s256)
 #elif defined(__AVX2__) && defined(__F16C__)
 #define MSA_CPU_DQ_FP8_LANES 8
 
+/* dq_fp8x16_no_nan on the 8 codes of the low half of raw. */
+static inline __m256 dq_fp8x8_no_nan(__m128i raw, __m256 s256)
+{
+    const __m128i b = _mm_slli_epi16(_mm_cvtepi8_epi16(raw), 7);
+    const __m128i h = _mm_and_si128(b, _mm_set1_epi16((short)0xbfff));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), s256);
+}
+
 /* 8 e4m3 codes at src as fp32 values code * scale; s256 = 256 * scale. */
 static inline __m256 dq_fp8x8(const uint8_t *src, __m256 s256)
 {
     const __m128i raw = _mm_loadl_epi64((const __m128i *)src);
-    const __m128i b = _mm_slli_epi16(_mm_cvtepu8_epi16(raw), 7);
-    const __m128i h = _mm_add_epi16(b, _mm_and_si128(b, _mm_set1_epi16(0x4000)));
-    const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), s256);
-    /* NaN codes: the low 15 bits of h are 0x3f80. */
-    const __m128i nan16 =
-        _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80));
-    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan16));
+    const __m256 f = dq_fp8x8_no_nan(raw, s256);
+    /* NaN codes: all ones once the sign bit is set; the byte masks are
+     * sign-extended to the lanes. */
+    const __m128i nan8 =
+        _mm_cmpeq_epi8(_mm_or_si128(raw, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xff));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi8_epi32(nan8));
     const __m256 qnan = _mm256_or_ps(_mm256_and_ps(f, _mm256_set1_ps(-0.0f)),
                                      _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
     return _mm256_blendv_ps(f, qnan, nan);
 }
 #else
 #define MSA_CPU_DQ_FP8_LANES 0
+#endif
+
+#if MSA_CPU_DQ_FP8_LANES
+/* Whether any of the n codes at src is a NaN code (S.1111.111): a test
+ * of 64 (AVX-512) or 32 (AVX2) codes per step, cheaper than patching the
+ * NaN lanes of every widened vector, which the callers then skip. */
+static inline int dq_fp8_any_nan(const uint8_t *src, int64_t n)
+{
+    int64_t i = 0;
+    int any = 0;
+#if MSA_CPU_DQ_FP8_LANES == 16
+    const __m512i top = _mm512_set1_epi8((char)0x80), ones = _mm512_set1_epi8((char)0xff);
+    __mmask64 m = 0;
+    for (; i + 64 <= n; i += 64)
+        m |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(_mm512_loadu_si512(src + i), top), ones);
+    any = m != 0;
+#else
+    const __m256i top = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8((char)0xff);
+    __m256i m = _mm256_setzero_si256();
+    for (; i + 32 <= n; i += 32)
+        m = _mm256_or_si256(
+            m,
+            _mm256_cmpeq_epi8(_mm256_or_si256(_mm256_loadu_si256((const __m256i *)(src + i)), top),
+                              ones));
+    any = !_mm256_testz_si256(m, m);
+#endif
+    for (; i < n; i++)
+        any |= (src[i] & 0x7f) == 0x7f;
+    return any;
+}
 #endif
 
 /* dst[i] = e4m3(src[i]) * scale for i < n. */
