@@ -118,9 +118,62 @@ static inline __attribute__((always_inline)) dr_vec dr_widen_fp8(const uint8_t *
     return dq_fp8x8(p, s256);
 #endif
 }
+
+/* dr_widen_fp8 in two steps: h[i] = the fp16 bits of codes[i] times 2^-8
+ * for i < n (n a multiple of 8), then dr_widen_half.  A decode token's
+ * index scan widens each key piece for only four rows, so the widening
+ * costs more vector operations than the products; the first step runs 32
+ * codes per operation on AVX-512, and the second reads the bits from
+ * memory, where vcvtph2ps takes one vector operation instead of two.
+ * Returns whether a NaN code is among the n (then h is not to be used:
+ * its NaN lanes are not patched). */
+static inline int dr_fp8_to_half(uint16_t *restrict h, const uint8_t *restrict codes, int64_t n)
+{
+    int64_t i = 0;
+    int nan = 0;
+#if DR_LANES == 16
+    __mmask32 m = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(codes + i));
+        const __m512i b = _mm512_slli_epi16(_mm512_cvtepi8_epi16(raw), 7);
+        _mm512_storeu_si512(h + i, _mm512_and_si512(b, _mm512_set1_epi16((short)0xbfff)));
+        m |= _mm256_cmpeq_epi8_mask(_mm256_or_si256(raw, _mm256_set1_epi8((char)0x80)),
+                                    _mm256_set1_epi8((char)0xff));
+    }
+    nan = m != 0;
+#endif
+    for (; i < n; i += 8) {
+        const __m128i raw = _mm_loadl_epi64((const __m128i *)(codes + i));
+        const __m128i b = _mm_slli_epi16(_mm_cvtepi8_epi16(raw), 7);
+        _mm_storeu_si128((__m128i *)(h + i), _mm_and_si128(b, _mm_set1_epi16((short)0xbfff)));
+        nan |= _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_or_si128(raw, _mm_set1_epi8((char)0x80)),
+                                                _mm_set1_epi8((char)0xff))) &
+               0xff;
+    }
+    return nan;
+}
+
+/* DR_LANES fp16 bits at h (dr_fp8_to_half) as fp32 times s256: the
+ * values code * scale. */
+static inline __attribute__((always_inline)) dr_vec dr_widen_half(const uint16_t *h, dr_vec s256)
+{
+#if DR_LANES == 16
+    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)), s256);
+#else
+    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)), s256);
+#endif
+}
 #else
 #define MSA_CPU_DR_FP8 0
 #endif
+
+/* Key formats of the row kernels (dr_widen_key): bf16; fp8 e4m3 codes
+ * with no NaN code; fp8 codes, maybe with some; fp8 codes already turned
+ * into fp16 bits by dr_fp8_to_half. */
+#define DR_KEY_BF16 0
+#define DR_KEY_FP8 1
+#define DR_KEY_FP8_NAN 2
+#define DR_KEY_FP8_HALF 3
 
 #if MSA_CPU_DECODE_ROWS
 /* The lane sums of DR_LANES accumulators, out[i] = sum of p[i]'s lanes,
@@ -138,30 +191,33 @@ static inline void dr_transpose_sum(float *out, const dr_vec *p)
 #endif
 }
 
-/* The DR_LANES elements from element i of a row, widened to fp32: bf16
- * at bf (codes == NULL) or fp8 e4m3 codes times the scale of which s256
- * is 256 times (nan: whether NaN codes may be among them). */
+/* The DR_LANES elements from element i of a row of format `kind`
+ * (DR_KEY_*), widened to fp32: bf16 or fp16 bits at bf, or fp8 e4m3 codes
+ * at codes; fp8 values are code times the scale of which s256 is 256
+ * times. */
 static inline __attribute__((always_inline)) dr_vec dr_widen_key(const uint16_t *bf,
                                                                  const uint8_t *codes, int64_t i,
-                                                                 dr_vec s256, const int nan)
+                                                                 dr_vec s256, const int kind)
 {
 #if MSA_CPU_DR_FP8
-    if (codes)
-        return dr_widen_fp8(codes + i, s256, nan);
+    if (kind == DR_KEY_FP8 || kind == DR_KEY_FP8_NAN)
+        return dr_widen_fp8(codes + i, s256, kind == DR_KEY_FP8_NAN);
+    if (kind == DR_KEY_FP8_HALF)
+        return dr_widen_half(bf + i, s256);
 #else
-    (void)codes, (void)s256, (void)nan;
+    (void)codes, (void)s256, (void)kind;
 #endif
     return dr_widen(bf + i);
 }
 
 /* out[r * ld + j] = q[r] . k[j] for DR_RB rows (row pointers, some of
  * which may repeat to fill the block) and DR_KB keys k[j]: bf16 rows at
- * keys + j * dim or (codes != NULL) fp8 rows at codes + j * dim (nan:
- * as dr_widen_key), widened here, or (kf != NULL) the same rows already
- * widened at kf + j * dim; dim a multiple of DR_LANES. */
+ * keys + j * dim (or fp16 bits there) or fp8 rows at codes + j * dim
+ * (kind: as dr_widen_key), widened here, or (kf != NULL) the same rows
+ * already widened at kf + j * dim; dim a multiple of DR_LANES. */
 static inline __attribute__((always_inline)) void dr_dot_block(
     float *out, int64_t ld, const float *const *q, const uint16_t *keys, const uint8_t *codes,
-    dr_vec s256, const int nan, const float *kf, int dim)
+    dr_vec s256, const int kind, const float *kf, int dim)
 {
     dr_vec acc[DR_RB * DR_KB];
     for (int i = 0; i < DR_RB * DR_KB; i++)
@@ -170,7 +226,7 @@ static inline __attribute__((always_inline)) void dr_dot_block(
         dr_vec k[DR_KB];
         for (int j = 0; j < DR_KB; j++)
             k[j] = kf ? DR_LOAD(kf + (int64_t)j * dim + d)
-                      : dr_widen_key(keys, codes, (int64_t)j * dim + d, s256, nan);
+                      : dr_widen_key(keys, codes, (int64_t)j * dim + d, s256, kind);
         for (int r = 0; r < DR_RB; r++) {
             const dr_vec qr = DR_LOAD(q[r] + d);
             for (int j = 0; j < DR_KB; j++)
@@ -185,9 +241,8 @@ static inline __attribute__((always_inline)) void dr_dot_block(
 }
 
 /* sr[r * ld + j] = q[r] . k[j] for rows r < rows of q ([rows][dim] fp32)
- * and the n keys at keys ([n][dim]): bf16 (fp8 == 0), or e4m3 codes whose
- * values are code * scale (fp8 == 1: none of them a NaN code; 2: maybe
- * some); dim a multiple of DR_LANES and at most
+ * and the n keys at keys ([n][dim]) of format kind (DR_KEY_*; fp8 values
+ * are code * scale); dim a multiple of DR_LANES and at most
  * DR_MAX_DIM (fp8: 256 * scale finite).  With one block of rows (a decode
  * token's index heads) each piece of a key is widened in registers; with
  * more (verify) the DR_KB keys are widened once into a buffer in the
@@ -195,13 +250,14 @@ static inline __attribute__((always_inline)) void dr_dot_block(
 static inline __attribute__((always_inline)) void dr_index_scores_of(float *sr, int64_t ld,
                                                                      const float *q, int rows,
                                                                      const void *keys, int dim,
-                                                                     int n, const int fp8,
+                                                                     int n, const int kind,
                                                                      float scale)
 {
     float kf[DR_KB * 512];
     const int many = rows > DR_RB;
-    const size_t es = fp8 ? 1 : 2; /* bytes per element */
-    const dr_vec s256 = DR_SET1(fp8 ? scale * 256.0f : 0.0f);
+    const int fp8 = kind == DR_KEY_FP8 || kind == DR_KEY_FP8_NAN; /* codes, one byte each */
+    const size_t es = fp8 ? 1 : 2;                                /* bytes per element */
+    const dr_vec s256 = DR_SET1(kind != DR_KEY_BF16 ? scale * 256.0f : 0.0f);
     for (int j0 = 0; j0 < n; j0 += DR_KB) {
         const char *kb = (const char *)keys + (int64_t)j0 * dim * (int64_t)es;
         uint16_t tail[DR_KB * 512];
@@ -218,7 +274,7 @@ static inline __attribute__((always_inline)) void dr_index_scores_of(float *sr, 
         const uint8_t *kb8 = fp8 ? (const uint8_t *)kb : NULL;
         if (many)
             for (int i = 0; i < DR_KB * dim; i += DR_LANES)
-                DR_STORE(kf + i, dr_widen_key(kb16, kb8, i, s256, fp8 == 2));
+                DR_STORE(kf + i, dr_widen_key(kb16, kb8, i, s256, kind));
         for (int r0 = 0; r0 < rows; r0 += DR_RB) {
             const float *qr[DR_RB];
             for (int r = 0; r < DR_RB; r++) /* rows past the last repeat it */
@@ -226,7 +282,7 @@ static inline __attribute__((always_inline)) void dr_index_scores_of(float *sr, 
             if (many)
                 dr_dot_block(out, DR_KB, qr, NULL, NULL, s256, 0, kf, dim);
             else
-                dr_dot_block(out, DR_KB, qr, kb16, kb8, s256, fp8 == 2, NULL, dim);
+                dr_dot_block(out, DR_KB, qr, kb16, kb8, s256, kind, NULL, dim);
             for (int r = 0; r < DR_RB && r0 + r < rows; r++)
                 for (int j = 0; j < DR_KB && j0 + j < n; j++)
                     sr[(int64_t)(r0 + r) * ld + j0 + j] = out[r * DR_KB + j];
@@ -234,26 +290,31 @@ static inline __attribute__((always_inline)) void dr_index_scores_of(float *sr, 
     }
 }
 
+/* The widest key tile dr_index_scores pads (its tail buffer). */
+#define DR_MAX_DIM 512
+
 /* dr_index_scores_of for bf16 keys and (fp8 != 0, 256 * fp8_scale
  * finite) for fp8 e4m3 codes of that scale; only levels with
- * MSA_CPU_DR_FP8 take fp8 keys.  The codes of the n keys are tested for
- * NaN codes first (a tenth of the widening's work), and only keys with
- * some take the patched widening. */
+ * MSA_CPU_DR_FP8 take fp8 keys, at most 16 of them (n).  The codes are
+ * turned into fp16 bits first (dr_fp8_to_half), which also finds NaN
+ * codes: keys with some take the widening with the NaN patch instead. */
 static void dr_index_scores(float *sr, int64_t ld, const float *q, int rows, const void *keys,
                             int dim, int n, int fp8, float fp8_scale)
 {
 #if MSA_CPU_DR_FP8
-    if (fp8 && dq_fp8_any_nan(keys, (int64_t)n * dim))
-        dr_index_scores_of(sr, ld, q, rows, keys, dim, n, 2, fp8_scale);
-    else if (fp8)
-        dr_index_scores_of(sr, ld, q, rows, keys, dim, n, 1, fp8_scale);
-    else
+    if (fp8) {
+        uint16_t h[16 * DR_MAX_DIM];
+        if (dr_fp8_to_half(h, keys, (int64_t)n * dim))
+            dr_index_scores_of(sr, ld, q, rows, keys, dim, n, DR_KEY_FP8_NAN, fp8_scale);
+        else
+            dr_index_scores_of(sr, ld, q, rows, h, dim, n, DR_KEY_FP8_HALF, fp8_scale);
+        return;
+    }
+#else
+    (void)fp8, (void)fp8_scale;
 #endif
-        dr_index_scores_of(sr, ld, q, rows, keys, dim, n, 0, 0.0f);
+    dr_index_scores_of(sr, ld, q, rows, keys, dim, n, DR_KEY_BF16, 0.0f);
 }
-
-/* The widest key tile dr_index_scores pads (its tail buffer). */
-#define DR_MAX_DIM 512
 
 /* acc[h][:] = acc[h][:] * c[h] + sum_j p[j * gp + h] * vf[j][:] for hb
  * heads h (a constant where this is inlined), DR_LANES * DR_VB columns from
@@ -309,7 +370,8 @@ static void dr_pv_heads(float *acc, const float *corr, const float *p, int gp, i
         const int nj = n - j0 < chunk ? n - j0 : chunk;
         if (v8)
             for (int i = 0; i < nj * dim; i += DR_LANES)
-                DR_STORE(vf + i, dr_widen_key(NULL, v8, (int64_t)j0 * dim + i, s256, 1));
+                DR_STORE(vf + i,
+                         dr_widen_key(NULL, v8, (int64_t)j0 * dim + i, s256, DR_KEY_FP8_NAN));
         else
             for (int i = 0; i < nj * dim; i += DR_LANES)
                 DR_STORE(vf + i, dr_widen(v + (int64_t)j0 * dim + i));
@@ -448,8 +510,8 @@ static inline __attribute__((always_inline)) void dr_scores_heads_dim(
         if (k8)
             for (int i = 0; i < nk; i++)
                 for (int d = 0; d < dim; d += DR_LANES)
-                    DR_STORE(kf + i * dim + d,
-                             dr_widen_key(NULL, k8, (int64_t)(j0 + i) * dim + d, s256, 1));
+                    DR_STORE(kf + i * dim + d, dr_widen_key(NULL, k8, (int64_t)(j0 + i) * dim + d,
+                                                            s256, DR_KEY_FP8_NAN));
         else
             for (int i = 0; i < nk; i++)
                 for (int d = 0; d < dim; d += DR_LANES)

@@ -78,36 +78,6 @@ static inline __m256 dq_fp8x8(const uint8_t *src, __m256 s256)
 #define MSA_CPU_DQ_FP8_LANES 0
 #endif
 
-#if MSA_CPU_DQ_FP8_LANES
-/* Whether any of the n codes at src is a NaN code (S.1111.111): a test
- * of 64 (AVX-512) or 32 (AVX2) codes per step, cheaper than patching the
- * NaN lanes of every widened vector, which the callers then skip. */
-static inline int dq_fp8_any_nan(const uint8_t *src, int64_t n)
-{
-    int64_t i = 0;
-    int any = 0;
-#if MSA_CPU_DQ_FP8_LANES == 16
-    const __m512i top = _mm512_set1_epi8((char)0x80), ones = _mm512_set1_epi8((char)0xff);
-    __mmask64 m = 0;
-    for (; i + 64 <= n; i += 64)
-        m |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(_mm512_loadu_si512(src + i), top), ones);
-    any = m != 0;
-#else
-    const __m256i top = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8((char)0xff);
-    __m256i m = _mm256_setzero_si256();
-    for (; i + 32 <= n; i += 32)
-        m = _mm256_or_si256(
-            m,
-            _mm256_cmpeq_epi8(_mm256_or_si256(_mm256_loadu_si256((const __m256i *)(src + i)), top),
-                              ones));
-    any = !_mm256_testz_si256(m, m);
-#endif
-    for (; i < n; i++)
-        any |= (src[i] & 0x7f) == 0x7f;
-    return any;
-}
-#endif
-
 /* dst[i] = e4m3(src[i]) * scale for i < n. */
 static void dq_fp8_row(float *restrict dst, const uint8_t *restrict src, int64_t n, float scale)
 {
