@@ -413,32 +413,6 @@ __device__ __forceinline__ void cu_pfk_softmax(float (&sc)[16][4], int32_t lim_l
     }
 }
 
-/* O = P V for the group's 64 rows: the weights rounded to the 16-bit type
- * (the S accumulators' layout is the A fragments' already) against V read
- * MN-major (16 keys per step, 2048 bytes; dimensions 64-127 16 KB after
- * 0-63). */
-template <typename Tag>
-__device__ __forceinline__ void cu_pfk_pv(uint32_t va, const float (&pw)[16][4], float (&o)[16][4])
-{
-    uint32_t pa[8][4];
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-        pa[kk][0] = cu_pack2(pw[2 * kk][0], pw[2 * kk][1], Tag());
-        pa[kk][1] = cu_pack2(pw[2 * kk][2], pw[2 * kk][3], Tag());
-        pa[kk][2] = cu_pack2(pw[2 * kk + 1][0], pw[2 * kk + 1][1], Tag());
-        pa[kk][3] = cu_pack2(pw[2 * kk + 1][2], pw[2 * kk + 1][3], Tag());
-    }
-    cu_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-        cu_wgmma_m64n128k16<1>(o, pa[kk],
-                               cu_wgmma_desc(va + (uint32_t)kk * 2048u, PFH_TILE_BYTES / 2), kk > 0,
-                               Tag());
-    cu_wgmma_commit();
-    cu_wgmma_wait_all();
-    cu_wgmma_hold(o);
-}
-
 /* The tile's normalized output rows into the tile buffer at buf as 16-bit
  * values, in the layout cu_pfk_issue_q reads Q into (row r's 16-byte chunk
  * c at c / 8 x 8 KB + r x 128 + ((c % 8) ^ (r % 8)) x 16): one stmatrix
@@ -544,7 +518,7 @@ __device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
                 v_seen = true;
             }
             float o[16][4];
-            cu_pfk_pv<Tag>(ka + PFH_TILE_BYTES, sc, o);
+            cu_pfh_pv<Tag, false>(ka + PFH_TILE_BYTES, sc, o);
             cu_rows_sum_quads(l_lo, l_hi);
             if ((lane & 3) == 0) {
                 if (ok_lo)

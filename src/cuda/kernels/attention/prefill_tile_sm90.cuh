@@ -76,10 +76,11 @@ __device__ __forceinline__ void cu_pfh_qk(uint32_t ka, const uint32_t (&qa)[8][4
     cu_wgmma_hold(sc);
 }
 
-/* O += P V: the weights rounded to the 16-bit type (the S accumulators'
- * layout is the A fragments' already) against V read MN-major: 16 keys per
- * step (2048 bytes), dimensions 64-127 16 KB after 0-63. */
-template <typename Tag>
+/* O += P V (ADD) or O = P V: the weights rounded to the 16-bit type (the
+ * S accumulators' layout is the A fragments' already) against V read
+ * MN-major: 16 keys per step (2048 bytes), dimensions 64-127 16 KB after
+ * 0-63. */
+template <typename Tag, bool ADD = true>
 __device__ __forceinline__ void cu_pfh_pv(uint32_t va, const float (&pw)[16][4], float (&o)[16][4])
 {
     uint32_t pa[8][4];
@@ -94,8 +95,8 @@ __device__ __forceinline__ void cu_pfh_pv(uint32_t va, const float (&pw)[16][4],
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
         cu_wgmma_m64n128k16<1>(o, pa[kk],
-                               cu_wgmma_desc(va + (uint32_t)kk * 2048u, PFH_TILE_BYTES / 2), 1,
-                               Tag());
+                               cu_wgmma_desc(va + (uint32_t)kk * 2048u, PFH_TILE_BYTES / 2),
+                               ADD || kk > 0, Tag());
     cu_wgmma_commit();
     cu_wgmma_wait_all();
     cu_wgmma_hold(o);
