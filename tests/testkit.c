@@ -306,6 +306,8 @@ static msa_status create_plan(tk_run *run, const msa_case *cases, int n, msa_cas
                 lim.max_requests = c->num_requests;
             for (int r = 0; r < c->num_requests; r++) {
                 rows += c->q_len[r];
+                if (c->q_len[r] > lim.max_q_len)
+                    lim.max_q_len = c->q_len[r];
                 if (c->kv_len[r] > lim.max_kv_len)
                     lim.max_kv_len = c->kv_len[r];
             }

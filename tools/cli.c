@@ -131,6 +131,7 @@ const msa_debug_options *cli_debug_options(void)
     d.cuda_no_prefill_indexer = env_starts("MSA_CUDA_PFI", '0');
     d.cuda_no_prefill_wgmma = env_starts("MSA_CUDA_PFI_WGMMA", '0');
     d.cuda_no_prefill_kbm = env_starts("MSA_CUDA_PF_KBM", '0');
+    d.cuda_no_lean_decode = env_starts("MSA_CUDA_LEAN", '0');
     const char *chunk = getenv("MSA_CUDA_PF_KBM_CHUNK");
     d.cuda_prefill_kbm_chunk = chunk && atoi(chunk) > 0 ? atoi(chunk) : 0;
     const char *tl = getenv("MSA_CUDA_TIMELINE");
@@ -138,7 +139,7 @@ const msa_debug_options *cli_debug_options(void)
     const int any = d.cuda_num_sms || d.cuda_no_tma || d.cuda_no_pdl || d.cuda_sel_warp_rows ||
                     d.cuda_sel_unions || d.cuda_no_prefill_tma || d.cuda_no_prefill_indexer ||
                     d.cuda_no_prefill_wgmma || d.cuda_no_prefill_kbm || d.cuda_prefill_kbm_chunk ||
-                    d.cuda_timeline_path;
+                    d.cuda_no_lean_decode || d.cuda_timeline_path;
     return any ? &d : NULL;
 }
 

@@ -77,7 +77,8 @@ msa_status msa_context_create(const msa_context_params *params, msa_context **ou
          params->debug->cuda_no_pdl < 0 || params->debug->cuda_sel_warp_rows < 0 ||
          params->debug->cuda_sel_unions < 0 || params->debug->cuda_no_prefill_tma < 0 ||
          params->debug->cuda_no_prefill_indexer < 0 || params->debug->cuda_no_prefill_wgmma < 0 ||
-         params->debug->cuda_no_prefill_kbm < 0 || params->debug->cuda_prefill_kbm_chunk < 0))
+         params->debug->cuda_no_prefill_kbm < 0 || params->debug->cuda_prefill_kbm_chunk < 0 ||
+         params->debug->cuda_no_lean_decode < 0))
         return create_fail(errbuf, errbuf_size, MSA_ERR_INVALID_ARGUMENT,
                            "debug options must not be negative");
     const msa_backend_ops *ops = backend_ops(params->backend);

@@ -6,6 +6,7 @@
 #include "cuda/backend.cuh"
 #include "cuda/arch/tma_sm90.cuh"
 #include "cuda/common/timeline.cuh"
+#include "cuda/kernels/lean/lean_decode.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +84,14 @@ static msa_status cu_init(msa_context *ctx, const msa_context_params *params, ch
         e = cu_indexer_tma_setup();
     if (e == cudaSuccess && cs->wgmma)
         e = cu_attn_tma_setup();
+    /* The lean decode kernel: mma.sync products and its one CTA's shared
+     * memory on an SM. */
+    int smem_optin = 0;
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cs->lean = major >= 8 && !dbg->cuda_no_lean_decode && (size_t)smem_optin >= cu_lean_smem();
+    if (e == cudaSuccess && cs->lean)
+        e = cu_lean_setup();
     if (e == cudaSuccess && tl_path) {
         cs->tl_path = (char *)malloc(strlen(tl_path) + 1);
         if (cs->tl_path)

@@ -23,6 +23,7 @@ typedef struct cu_ctx_state {
     int pfi;           /* the tensor-core prefill indexer (unless cuda_no_prefill_indexer) */
     int pf_kbm;        /* pf_tma: the key-block-major sparse prefill (unless cuda_no_prefill_kbm) */
     int pf_kbm_chunk;  /* > 0: its chunk's tokens at most (cuda_prefill_kbm_chunk) */
+    int lean;          /* the lean decode kernel can run here (unless cuda_no_lean_decode) */
     int pfi_wgmma;     /* wgmma: its products as warpgroup products (unless
                              * cuda_no_prefill_wgmma) */
     unsigned long long *tl; /* profiler (msa_debug_options.cuda_timeline_path): kernel

@@ -24,6 +24,7 @@
 #include "cuda/kernels/attention/attention_prefill_mma_sm80.cuh"
 #include "cuda/kernels/attention/attention_prefill_tma_sm90.cuh"
 #include "cuda/kernels/attention/attention_prefill_kbm_sm90.cuh"
+#include "cuda/kernels/lean/lean_decode.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -63,6 +64,7 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     out->idx_fast = out->attn_fast = out->iv_fast = 0;
     out->idx_tma = out->attn_tma = 0;
     out->pf_fast = out->pf_iv_fast = out->pf_tma = out->pf_kbm = 0;
+    out->lean = 0;
 
     const int act16 = cu_is16(act);
     if (!act16)
@@ -230,6 +232,16 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
                st->pfk ? "prefill tiles over block unions (shape)"
                        : "key-block-major prefill not set up (shape, type, capacity or "
                          "cuda_no_prefill_kbm): prefill tiles over block unions");
+    /* Plans of few one-token requests: the whole layer in the lean decode
+     * kernel where its shapes fit. */
+    if (sparse && st && st->lean_ws) {
+        const char *lean_why = NULL;
+        out->lean = cu_lean_fits(m, layer, cc, act, &lean_why);
+        if (!out->lean) {
+            snprintf(buf, sizeof buf, "few one-token requests, but %s: decode chain", lean_why);
+            cu_why(why, why_size, buf);
+        }
+    }
 }
 
 int cu_plan_paths(const msa_plan *plan, cu_plan_state *st)
@@ -274,6 +286,11 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
     if (fast && sparse && p->idx_tma && p->attn_tma)
         fast = 2;
     *kernel = (st->step.n_pf > 0 && p->pf_tma ? names_pfh : names)[sparse][fast];
+    if (p->lean) {
+        *kernel = "cuda.sparse.lean";
+        *reason = st->path_why[layer];
+        return;
+    }
     if (st->step.n_pf > 0 && p->pf_kbm)
         *kernel = names_pfk[fast];
     *reason = st->path_why[layer];
@@ -423,6 +440,24 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     CU_STAGE_MARK(MSA_STAGE_CACHE_WRITE, MSA_STAGE_CACHE_WRITE);
     cu_prologue_params prologue;
     cu_prologue_build(plan, st, layer, io, cs->tl, &prologue);
+    /* The lean decode kernel, where the call's buffers allow its loads
+     * (4-byte query and output rows; the step's own rows, read from the
+     * call's tensors, in 16-byte pieces).  Its time counts as the
+     * attention stage's. */
+    if (paths.lean && paths.attn_fast && paths.idx_fast &&
+        (!prologue.write_cache || prologue.rows_in_pieces)) {
+        cu_lean_params lean;
+        lean.pro = prologue;
+        cu_select_build(plan, st, layer, io, 0, 0, 0, cs->tl, &lean.sel);
+        cu_attn_build(plan, st, layer, io, CU_KIND_SPARSE, 0, 0, cs->tl, &lean.att);
+        lean.new_rows_from_input = prologue.write_cache;
+        cu_lean_ws_carve(st->lean_ws, cu_lean_slots(&st->sz), m->cfg.num_kv_heads, &lean);
+        CU_STAGE_MARK(MSA_STAGE_INDEXER, MSA_STAGE_ATTENTION);
+        cu_launch_lean(&lean, cs->num_sms, s);
+        CU_STAGE_MARK(MSA_STAGE_INDEX_VALUE, MSA_STAGE_COUNT);
+        CU_TRY(ctx, cudaGetLastError());
+        return MSA_OK;
+    }
     cu_launch_prologue(&prologue, st, s);
     cu_attn_params attn;
     if (sparse) {

@@ -12,6 +12,7 @@
 #include "cuda/kernels/attention/attention_prefill_mma_sm80.cuh"
 #include "cuda/kernels/attention/attention_prefill_tma_sm90.cuh"
 #include "cuda/kernels/attention/attention_prefill_kbm_sm90.cuh"
+#include "cuda/kernels/lean/lean_decode.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +67,7 @@ static cudaError_t cu_zalloc(void **p, size_t n)
 #define CU_WS_NONE SIZE_MAX
 typedef struct cu_ws_layout {
     size_t meta, scores, sel, uids, umask, ucnt, sel_done, idx_next, pf_scratch, part;
-    size_t pfi_scratch, pfi_split, pfk;
+    size_t pfi_scratch, pfi_split, pfk, lean;
     int grid_pfi;
     int32_t pfk_chunk;
     size_t total;
@@ -135,6 +136,11 @@ static void cu_ws_layout_of(const msa_plan *plan, const cu_ctx_state *cs, const 
     L->pfk = cu_ws_take(&off, pfk && L->pfk_chunk > 0,
                         cu_pfk_ws_carve(NULL, cfg->num_kv_heads, m->group, m->topk_width,
                                         L->pfk_chunk, sz->pf_blocks_cap, NULL, NULL));
+    /* The lean decode kernel: plans of few one-token requests (its
+     * counters and partial rows). */
+    const int lean = any_sparse && cs->lean && sz->cap_q == 1 && sz->cap_tok <= CU_LEAN_MAX_ROWS;
+    L->lean = cu_ws_take(&off, lean,
+                         cu_lean_ws_bytes(cu_lean_slots(sz), cfg->num_kv_heads, cfg->topk_blocks));
     L->total = off;
 }
 
@@ -310,6 +316,7 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
         st->grid_pfi = L.grid_pfi;
         st->pfi_scratch = cu_ws_at<float>(base, L.pfi_scratch);
         st->pfi_split = cu_ws_at<int32_t>(base, L.pfi_split);
+        st->lean_ws = cu_ws_at<void>(base, L.lean);
         if (L.pfk != CU_WS_NONE) {
             cu_pfk_ws_carve(base + L.pfk, cfg->num_kv_heads, m->group, m->topk_width, L.pfk_chunk,
                             st->sz.pf_blocks_cap, &st->pfk_ws, &st->pfk_items_cap);

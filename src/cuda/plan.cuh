@@ -36,6 +36,7 @@ typedef struct cu_paths {
     int pf_iv_fast; /* and of the index-value pass */
     int pf_tma;     /* the main pass's on Hopper (attention_prefill_tma_sm90), when pf_fast */
     int pf_kbm; /* the sparse pass's key-block-major (attention_prefill_kbm_sm90), when pf_tma */
+    int lean;   /* the whole layer in the lean decode kernel (kernels/lean/lean_decode.cu) */
 } cu_paths;
 
 /* Bytes of a layer's fallback reason. */
@@ -90,6 +91,10 @@ typedef struct cu_plan_state {
      * tokens. */
     int pfk;
     int32_t pfk_chunk;
+    /* The lean decode kernel's workspace (counters, partial rows), where
+     * the plan's steps are few one-token requests and the context can run
+     * it; NULL otherwise. */
+    void *lean_ws;
     int32_t pfk_items_cap;
     cu_pfk_ws pfk_ws;
 

@@ -51,6 +51,7 @@ typedef struct cfg {
     msa_dtype act;
     int page, block, topk, init, local, lse;
     double tol_o, tol_lse;
+    int lean; /* LEAN_STEPS on a plan of LEAN_TOK rows and q_len 1, 16 query heads a KV head */
 } cfg;
 
 typedef struct stepdef {
@@ -65,8 +66,22 @@ static const stepdef STEPS[] = {
     {2, 9, {8, 1}, {8, 2999}},
 };
 
-/* Fixed shapes: two KV heads of 8 query heads, two index heads. */
-enum { HQ = 16, HKV = 2, D = 128, HI = 2, DI = 128 };
+/* Steps of one-token requests for the plans of at most LEAN_TOK rows and
+ * q_len 1, which run their sparse layer without index value in the lean
+ * decode kernel: requests that keep every block, others scored and
+ * selected, padding rows. */
+#define LEAN_TOK 8
+static const stepdef LEAN_STEPS[] = {
+    {3, 4, {1, 1, 1}, {2900, 1500, 300}},
+    {4, 4, {1, 1, 1, 1}, {3000, 1, 900, 2500}},
+    {2, 8, {1, 1}, {129, 2999}},
+    {1, 1, {1}, {2048}},
+};
+
+/* Shapes: two KV heads of 8 query heads (16 in the lean configurations,
+ * the lean kernel's group), two index heads. */
+enum { HKV = 2, D = 128, HI = 2, DI = 128 };
+static int HQ = 16;
 
 typedef struct side {
     msa_context *ctx;
@@ -157,7 +172,8 @@ static int make_side(side *s, msa_backend be, const cfg *c, int64_t num_pages)
     msa_plan_params_default(&lim);
     lim.act_dtype = c->act;
     lim.max_requests = MAXREQ;
-    lim.max_tokens = MAXTOK;
+    lim.max_tokens = c->lean ? LEAN_TOK : MAXTOK;
+    lim.max_q_len = c->lean ? 1 : 0;
     lim.max_kv_len = MAXKV;
     if (msa_plan_create(s->ctx, s->model, s->cache, &lim, &s->plan) != MSA_OK)
         return 0;
@@ -518,8 +534,9 @@ static void compare(side *gpu, side *cpu, const cfg *c, const stepdef *sd, int s
     }
 }
 
-/* msa_bench_stages on a step with a prefill row: every layer writes its
- * entries and attends; only sparse layers score and select. */
+/* msa_bench_stages on a step with a prefill row (or a lean plan's step):
+ * every layer writes its entries and attends; only sparse layers on the
+ * decode chain score and select. */
 static void check_stages(side *gpu, const cfg *c)
 {
     for (int l = 0; l < NLAYERS; ++l) {
@@ -535,6 +552,14 @@ static void check_stages(side *gpu, const cfg *c)
         for (int k = 0; k < MSA_STAGE_COUNT; ++k)
             finite &= us[k] >= 0 && us[k] < 1e6;
         const int sparse = msa_model_layer_is_sparse(gpu->model, l);
+        if (!strcmp(msa_plan_kernel_name(gpu->plan, l), "cuda.sparse.lean")) {
+            /* One kernel: its time is the attention stage's. */
+            CHECK(finite && us[MSA_STAGE_ATTENTION] > 0 && us[MSA_STAGE_INDEXER] == 0 &&
+                      us[MSA_STAGE_SELECTION] == 0 && us[MSA_STAGE_PREFILL_INDEXER] == 0,
+                  "%s layer %d (lean): stage times %.1f %.1f %.1f %.1f %.1f %.1f", c->name, l,
+                  us[0], us[1], us[2], us[3], us[4], us[5]);
+            continue;
+        }
         CHECK(finite && us[MSA_STAGE_CACHE_WRITE] > 0 && us[MSA_STAGE_ATTENTION] > 0,
               "%s layer %d: stage times %.1f %.1f %.1f %.1f %.1f %.1f", c->name, l, us[0], us[1],
               us[2], us[3], us[4], us[5]);
@@ -548,6 +573,10 @@ static void check_stages(side *gpu, const cfg *c)
 
 static void run_config(const cfg *c)
 {
+    HQ = c->lean ? 32 : 16;
+    const stepdef *steps = c->lean ? LEAN_STEPS : STEPS;
+    const size_t nsteps = c->lean ? sizeof LEAN_STEPS / sizeof LEAN_STEPS[0]
+                                  : sizeof STEPS / sizeof STEPS[0];
     const int64_t num_pages = (int64_t)MAXREQ * ((MAXKV + c->page - 1) / c->page) + 4;
     side gpu, cpu;
     if (!make_side(&gpu, MSA_BACKEND_CUDA, c, num_pages) ||
@@ -560,8 +589,8 @@ static void run_config(const cfg *c)
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess, "stream");
     cudaGraphExec_t exec = NULL;
-    for (size_t si = 0; si < sizeof STEPS / sizeof STEPS[0]; ++si) {
-        const stepdef *sd = &STEPS[si];
+    for (size_t si = 0; si < nsteps; ++si) {
+        const stepdef *sd = &steps[si];
         images im;
         memset(&im, 0, sizeof im);
         build_step(c, sd, num_pages, &cpu, &im);
@@ -598,16 +627,20 @@ static void run_config(const cfg *c)
             CHECK(cudaStreamEndCapture(stream, &graph) == cudaSuccess, "end capture");
             CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, "instantiate");
             cudaGraphDestroy(graph);
-            printf("%s: kernels %s / %s, reason \"%s\"\n", c->name,
-                   msa_plan_kernel_name(gpu.plan, 0), msa_plan_kernel_name(gpu.plan, 2),
-                   msa_plan_fallback_reason(gpu.plan, 2));
+            printf("%s: kernels %s / %s / %s, reason \"%s\"\n", c->name,
+                   msa_plan_kernel_name(gpu.plan, 0), msa_plan_kernel_name(gpu.plan, 1),
+                   msa_plan_kernel_name(gpu.plan, 2), msa_plan_fallback_reason(gpu.plan, 2));
+            if (c->lean)
+                CHECK(!strcmp(msa_plan_kernel_name(gpu.plan, 1), "cuda.sparse.lean"),
+                      "%s: the sparse layer runs %s, not the lean decode kernel (%s)", c->name,
+                      msa_plan_kernel_name(gpu.plan, 1), msa_plan_fallback_reason(gpu.plan, 1));
         }
         cudaError_t e = cudaGraphLaunch(exec, stream);
         if (e == cudaSuccess)
             e = cudaStreamSynchronize(stream);
         CHECK(e == cudaSuccess, "%s step %zu: replay: %s", c->name, si, cudaGetErrorString(e));
         compare(&gpu, &cpu, c, sd, (int)si);
-        if (sd->q[2] > 16)
+        if (sd->q[2] > 16 || (c->lean && si == 0))
             check_stages(&gpu, c);
         free_images(&im);
     }
@@ -637,10 +670,12 @@ int main(int argc, char **argv)
         return EXIT_SKIPPED;
     }
     static const cfg CFGS[] = {
-        {"bf16 P64 B64", MSA_DTYPE_BF16, 64, 64, 6, 1, 2, 0, 1e-2, 1e-4},
-        {"fp16 P128 B128 lse", MSA_DTYPE_FP16, 128, 128, 5, 0, 1, 1, 1e-2, 1e-4},
-        {"bf16 P16 B128", MSA_DTYPE_BF16, 16, 128, 4, 1, 1, 0, 1e-2, 1e-4},
-        {"fp32 P32 B64", MSA_DTYPE_FP32, 32, 64, 6, 1, 2, 0, 1e-5, 1e-5},
+        {"bf16 P64 B64", MSA_DTYPE_BF16, 64, 64, 6, 1, 2, 0, 1e-2, 1e-4, 0},
+        {"fp16 P128 B128 lse", MSA_DTYPE_FP16, 128, 128, 5, 0, 1, 1, 1e-2, 1e-4, 0},
+        {"bf16 P16 B128", MSA_DTYPE_BF16, 16, 128, 4, 1, 1, 0, 1e-2, 1e-4, 0},
+        {"fp32 P32 B64", MSA_DTYPE_FP32, 32, 64, 6, 1, 2, 0, 1e-5, 1e-5, 0},
+        {"bf16 P64 B128 lean", MSA_DTYPE_BF16, 64, 128, 4, 1, 1, 0, 1e-2, 1e-4, 1},
+        {"fp16 P128 B128 lse lean", MSA_DTYPE_FP16, 128, 128, 5, 0, 2, 1, 1e-2, 1e-4, 1},
     };
     for (size_t i = 0; i < sizeof CFGS / sizeof CFGS[0]; ++i)
         run_config(&CFGS[i]);

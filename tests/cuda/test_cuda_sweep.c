@@ -20,7 +20,7 @@
  *   test_cuda_sweep [--quick] [--prefill] [--filter TEXT] [--cpu] [--shard I/N]
  *                   [--sms N] [--sel-warp-rows] [--sel-unions] [--no-prefill-tma]
  *                   [--no-prefill-indexer] [--no-prefill-wgmma] [--no-prefill-kbm]
- *                   [--kbm-chunk N]
+ *                   [--kbm-chunk N] [--no-lean]
  * Without a GPU it prints "skipped" and exits 77.  --cpu runs the same
  * cases on the CPU backend instead: a check of the cases themselves (and
  * of the CPU backend at these lengths) on a machine without a GPU.
@@ -31,7 +31,9 @@
  * (msa_debug_options: cuda_num_sms, ..., cuda_no_prefill_tma,
  * cuda_no_prefill_indexer, cuda_no_prefill_wgmma, cuda_no_prefill_kbm) of
  * every context; --kbm-chunk N cuts the key-block-major prefill
- * attention's tokens into chunks of N (cuda_prefill_kbm_chunk).
+ * attention's tokens into chunks of N (cuda_prefill_kbm_chunk); --no-lean
+ * keeps plans of few one-token requests on the decode chain
+ * (cuda_no_lean_decode).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,12 +56,28 @@ typedef struct long_case {
     int out_offset;             /* msa_case.out_offset */
     int copies;                 /* the nreq requests this many times over (0: once) */
     int index_period;           /* msa_case.index_period */
+    int lean; /* plan of exact limits (one-token requests): the lean decode kernel must run */
 } long_case;
 
 #define MAX_COPIES 12
 
 static const long_case LONG_CASES[] = {
-    {"m3 bf16 P128 b1 q1 200K", MSA_DTYPE_BF16, 128, 0, 0, 0, 1, {1}, {200000}, 0, 0, 1, 0, 0, 0},
+    {"m3 bf16 P128 b1 q1 200K",
+     MSA_DTYPE_BF16,
+     128,
+     0,
+     0,
+     0,
+     1,
+     {1},
+     {200000},
+     0,
+     0,
+     1,
+     0,
+     0,
+     0,
+     0},
     /* Two steps on one plan: state a step leaves in the workspace (the
      * Hopper indexer's chunk counter, the selection's completion counts)
      * must not change the next.  Over eight blocks per SM (1149 blocks
@@ -78,6 +96,7 @@ static const long_case LONG_CASES[] = {
      2,
      0,
      0,
+     0,
      0},
     {"m3 fp16 P64 b3 q16/3/1 lse",
      MSA_DTYPE_FP16,
@@ -91,6 +110,7 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      1,
+     0,
      0,
      0,
      0},
@@ -108,6 +128,7 @@ static const long_case LONG_CASES[] = {
      1,
      0,
      0,
+     0,
      0},
     {"m3 bf16 P16 b2 q2/1",
      MSA_DTYPE_BF16,
@@ -121,6 +142,7 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      1,
+     0,
      0,
      0,
      0},
@@ -138,6 +160,7 @@ static const long_case LONG_CASES[] = {
      1,
      0,
      0,
+     0,
      0},
     /* In the quick set: chunks on demand (1158 decode blocks), two steps. */
     {"m3 bf16 P128 decode+prefill 140K x2",
@@ -152,6 +175,7 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      2,
+     0,
      0,
      0,
      0},
@@ -171,6 +195,7 @@ static const long_case LONG_CASES[] = {
      1,
      0,
      0,
+     0,
      0},
     /* More tied winners than the selection's candidate list holds (its
      * fallback), and a few ties plus NaN blocks (its filter). */
@@ -186,6 +211,7 @@ static const long_case LONG_CASES[] = {
      400,
      0,
      2,
+     0,
      0,
      0,
      0},
@@ -206,6 +232,7 @@ static const long_case LONG_CASES[] = {
      2,
      0,
      0,
+     0,
      0},
     {"m3 bf16 P128 b2 q1 30K ties+NaN",
      MSA_DTYPE_BF16,
@@ -219,6 +246,7 @@ static const long_case LONG_CASES[] = {
      20,
      40,
      1,
+     0,
      0,
      0,
      0},
@@ -241,6 +269,7 @@ static const long_case LONG_CASES[] = {
      1,
      0,
      0,
+     0,
      0},
     {"m3 bf16 P128 b2 q1/3 40K/35K keys every 100",
      MSA_DTYPE_BF16,
@@ -256,7 +285,8 @@ static const long_case LONG_CASES[] = {
      1,
      0,
      0,
-     100},
+     100,
+     0},
     /* The Hopper attention builds the unions of requests of at most 2048
      * blocks itself and stages their pages; the selection builds those of
      * longer ones (here 2345 blocks), in the same step (and the one-token
@@ -273,6 +303,7 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      1,
+     0,
      0,
      0,
      0},
@@ -293,6 +324,7 @@ static const long_case LONG_CASES[] = {
      0,
      1,
      4,
+     0,
      0,
      0},
     /* 144 units of uneven length (pairs and single items), unsplit on any
@@ -315,7 +347,109 @@ static const long_case LONG_CASES[] = {
      2,
      0,
      9,
+     0,
      0},
+    /* The lean decode kernel (plans of few one-token requests): requests
+     * that keep every block (16 exactly) beside scored ones (17 blocks and
+     * more), page sizes 16 to 128, both score types, rows of more blocks
+     * than its selecting warps stage (1875 at 240K), ties and NaN blocks,
+     * six requests, two steps on one plan (its counters back at zero). */
+    {"lean-decode bf16 P128 b1 q1 1K",
+     MSA_DTYPE_BF16,
+     128,
+     0,
+     0,
+     1,
+     1,
+     {1},
+     {1000},
+     0,
+     0,
+     1,
+     0,
+     0,
+     0,
+     1},
+    {"lean-decode bf16 P128 b3 q1 2048/2049/77K x2",
+     MSA_DTYPE_BF16,
+     128,
+     0,
+     0,
+     1,
+     3,
+     {1, 1, 1},
+     {2048, 2049, 77000},
+     0,
+     0,
+     2,
+     0,
+     0,
+     0,
+     1},
+    {"lean-decode fp16 P64 b4 q1 lse 32K/9001/130/70K",
+     MSA_DTYPE_FP16,
+     64,
+     1,
+     0,
+     0,
+     4,
+     {1, 1, 1, 1},
+     {32768, 9001, 130, 70000},
+     0,
+     0,
+     1,
+     0,
+     0,
+     0,
+     1},
+    {"lean-decode bf16 P16 b2 q1 200K/12345",
+     MSA_DTYPE_BF16,
+     16,
+     0,
+     0,
+     0,
+     2,
+     {1, 1},
+     {200000, 12345},
+     0,
+     0,
+     1,
+     0,
+     0,
+     0,
+     1},
+    {"lean-decode bf16 P128 b1 q1 240K ties+NaN",
+     MSA_DTYPE_BF16,
+     128,
+     0,
+     0,
+     1,
+     1,
+     {1},
+     {240000},
+     300,
+     40,
+     1,
+     0,
+     0,
+     0,
+     1},
+    {"lean-decode fp16 P128 b6 q1 50K/3K x2",
+     MSA_DTYPE_FP16,
+     128,
+     1,
+     0,
+     0,
+     2,
+     {1, 1},
+     {50000, 3000},
+     0,
+     0,
+     2,
+     0,
+     3,
+     0,
+     1},
 };
 
 /* Prefill rows (q_len > 16) on the tensor-core indexer and selection:
@@ -738,6 +872,9 @@ static int run_pf(msa_context *ctx, const pf_case *pc, int *passed, int *failed)
     return report_case(pc->name, &res, passed, failed);
 }
 
+/* --no-lean: the lean decode kernel is off (its cases run the chain). */
+static int no_lean;
+
 static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *failed)
 {
     msa_case c;
@@ -773,6 +910,11 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
     c.nan_blocks = lc->nan_blocks;
     c.out_offset = lc->out_offset;
     c.index_period = lc->index_period;
+    if (lc->lean) {
+        c.fixed_limits = 1;
+        if (!no_lean)
+            c.expect_cuda = "cuda.sparse.lean";
+    }
     msa_case_result res;
     memset(&res, 0, sizeof res);
     if (lc->steps == 2) {
@@ -949,6 +1091,9 @@ int main(int argc, char **argv)
             debug.cuda_no_prefill_indexer = 1;
         } else if (!strcmp(argv[i], "--no-prefill-wgmma")) {
             debug.cuda_no_prefill_wgmma = 1;
+        } else if (!strcmp(argv[i], "--no-lean")) {
+            debug.cuda_no_lean_decode = 1;
+            no_lean = 1;
         } else if (!strcmp(argv[i], "--shard") && i + 1 < argc &&
                    sscanf(argv[i + 1], "%d/%d%c", &shard, &shards, &end) == 2 && shards >= 1 &&
                    shard >= 0 && shard < shards) {
@@ -958,7 +1103,7 @@ int main(int argc, char **argv)
                     "usage: test_cuda_sweep [--quick] [--prefill] [--filter TEXT] [--cpu] "
                     "[--shard I/N] [--sms N] [--sel-warp-rows] [--sel-unions] [--no-prefill-tma] "
                     "[--no-prefill-indexer] [--no-prefill-wgmma] [--no-prefill-kbm] "
-                    "[--kbm-chunk N]\n");
+                    "[--kbm-chunk N] [--no-lean]\n");
             return 2;
         }
     }

@@ -147,9 +147,9 @@ __device__ __forceinline__ void cu_select_forced_ids(int32_t I, int32_t Lc, int3
  * blocks score the same (repeated content), which before went to the
  * insertion path.  Not inlined: the two sorts inlined into the row took
  * the kernel from 94 to 157 registers. */
-__device__ __noinline__ void cu_select_list64(const float *scores, int32_t count, int32_t I,
-                                              int32_t Lc, int32_t need, int32_t c_end,
-                                              const int32_t *list, int32_t *out)
+static __device__ __noinline__ void cu_select_list64(const float *scores, int32_t count, int32_t I,
+                                                     int32_t Lc, int32_t need, int32_t c_end,
+                                                     const int32_t *list, int32_t *out)
 {
     const int lane = threadIdx.x & 31;
     const uint32_t below = (1u << lane) - 1u;
