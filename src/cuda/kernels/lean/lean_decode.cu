@@ -5,41 +5,42 @@
  * in work (docs/CUDA.md, "The lean decode step").
  *
  * One CTA per SM (its shared memory keeps a second one out), eight warps.
- * Every CTA walks the same three phases; the only waits between CTAs are
- * one per scored request (its selection) and none for the merge:
+ * Every CTA walks the same phases; the only waits between CTAs are for a
+ * request's scan counts, and the merge is done by whichever CTA finishes
+ * a (request, KV head) last, without waiting:
  *
- *   1. Token rows: the cache writes and padding outputs of the prologue
- *      (prologue_row.cuh), one row per CTA from the grid's end, and the
- *      selection rows of requests that keep every block.  No later phase
- *      reads what this one writes: the scan and the attention take the new
- *      token's own K, V and index-K rows from the call's tensors.
- *   2. Index scan: the blocks of the requests with more than K blocks, end
+ *   1. Index scan: the blocks of the requests with more than K blocks, end
  *      to end, an equal contiguous share per CTA; each block's 128 index
- *      keys (cp.async, two stages) times the token's index queries on
- *      mma.sync, block max or log-sum-exp fused.  A CTA adds the blocks it
- *      scored of a request to the request's count once it has finished
- *      them; the CTA whose addition completes the count selects the
- *      request's rows at once (one warp per KV head, the selection's row
- *      code), publishes them and raises the request's ready word.  Nobody
- *      waits for the scan as such.
+ *      keys (cp.async, four stages of 32 KB, each copy's page-table read
+ *      one copy ahead) times the token's index queries on mma.sync, block
+ *      max or log-sum-exp fused.  A CTA adds the blocks it scored of a
+ *      request to the request's count once their scores are written.
+ *   2. Token rows: the cache writes and padding outputs of the prologue
+ *      (prologue_row.cuh), one row per CTA from the grid's end, and the
+ *      selection rows of requests that keep every block.  No phase reads
+ *      what this one writes: the scan and the attention take the new
+ *      token's own K, V and index-K rows from the call's tensors.
  *   3. Attention: the (request, KV head, selected block) tasks end to end,
  *      contiguous shares; a block's 128 keys are split over the eight
  *      warps (16 each, one m16 tile of the 16 query heads), K and V through
  *      two 64 KB stages.  Forced blocks (init, local) and requests that
- *      keep every block need no selection; any other task waits for its
- *      request's ready word.  At the end of its part of a (request, KV
- *      head) a CTA merges its warps' states; if it holds all of it, it
- *      writes the output, else a normalized partial row and its LSE, and
- *      the CTA whose count completes the (request, KV head) merges the
- *      partials into the output.
+ *      keep every block need no selection.  For the others, every CTA that
+ *      needs a row waits until the request's count is complete and selects
+ *      the row itself with the whole CTA (the selection's row code): a
+ *      second hand-over, from one selecting CTA to the others, cost more
+ *      than selecting the same row on several SMs at once.  The owner of
+ *      the row's first selected task publishes it.  At the end of its part
+ *      of a (request, KV head) a CTA merges its warps' states; if it holds
+ *      all of it, it writes the output, else a normalized partial row and
+ *      its LSE, and the CTA whose count completes the (request, KV head)
+ *      merges the partials into the output.
  *
- * The ready words go back to 0 through the last CTA to finish (a count of
- * CTAs); every other count is put back by the CTA that completes it, so a
- * captured graph replays from zeros.  Waiting CTAs spin only on words that
- * running CTAs raise without waiting themselves: a request's selector is
- * the last of its scanners, and every scan share is done before its CTA
- * waits for anything, with all CTAs resident at once (the grid is at most
- * one CTA per SM).
+ * Counts go back to 0 for the next replay of a captured graph: a merge
+ * count by the CTA that completes it, the scan counts by the last CTA to
+ * be done reading them (a count of CTAs).  Waiting CTAs spin only on
+ * counts that running CTAs complete without waiting themselves (every
+ * scan share is done before its CTA waits for anything) with all CTAs
+ * resident at once (the grid is at most one CTA per SM).
  */
 #include "cuda/kernels/lean/lean_decode.cuh"
 #include "cuda/kernels/prologue/prologue_row.cuh"
@@ -75,7 +76,13 @@
 /* Small words: the warps' block-score states [warp][head][m, l], then the
  * CTA's broadcast words. */
 #define LEAN_RED_FLOATS (LEAN_WARPS * CU_LEAN_MAX_HEADS * 2)
-#define LEAN_SMEM_BYTES (LEAN_SMALL + LEAN_RED_FLOATS * 4 + 4 * (4 + 32))
+/* The CTA's broadcast words: four single words, the segment starts of a
+ * merge, the key of the row held and its ids. */
+#define LEAN_BC_STARTS 4
+#define LEAN_BC_KEY 36
+#define LEAN_BC_IDS 37
+#define LEAN_BC_WORDS 72
+#define LEAN_SMEM_BYTES (LEAN_SMALL + LEAN_RED_FLOATS * 4 + 4 * LEAN_BC_WORDS)
 static_assert(LEAN_SEL_BYTES <= LEAN_WARPS * LEAN_SLOT_BYTES, "selection scratch within the slots");
 
 #define LEAN_LOG2E 1.4426950408889634f
@@ -93,34 +100,46 @@ __device__ __forceinline__ cu_dec_info cu_lean_slot(const cu_lean_params &p, int
     return p.sel.meta.dec_info[k];
 }
 
-/* Copies 128 rows of 256 bytes (positions pos0 .. pos0 + 127 of request r
- * in a plane of KV head `head`) into a swizzled tile: two threads a row,
- * eight 16-byte pieces each.  Rows at or past kl are zero-filled; the row
- * at kl - 1 comes from `fresh` when it is not NULL (the step's own row). */
-__device__ __forceinline__ void cu_lean_copy_rows(const cu_lean_params &p, uint32_t dst,
-                                                  const void *plane, const msa_plane_strides &s,
-                                                  int32_t head, int32_t r, int32_t pos0, int32_t kl,
-                                                  const void *fresh)
+/* Where this thread's row of a 128-row copy comes from: positions pos0 ..
+ * pos0 + 127 of request r in a plane of KV head `head`, two threads a row.
+ * Rows at or past kl are zero-filled (no bytes read); the row at kl - 1
+ * comes from `fresh` when it is not NULL (the step's own row). */
+typedef struct cu_lean_src {
+    const unsigned char *at;
+    int nbytes;
+} cu_lean_src;
+
+__device__ __forceinline__ cu_lean_src cu_lean_row_src(const cu_lean_params &p, const void *plane,
+                                                       const msa_plane_strides &s, int32_t head,
+                                                       int32_t r, int32_t pos0, int32_t kl,
+                                                       const void *fresh)
 {
-    const int row = threadIdx.x >> 1;
-    const int half = threadIdx.x & 1;
-    const int32_t pos = pos0 + row;
-    const unsigned char *src = (const unsigned char *)plane;
-    int nbytes = 0;
+    const int32_t pos = pos0 + (int32_t)(threadIdx.x >> 1);
+    cu_lean_src x;
+    x.at = (const unsigned char *)plane;
+    x.nbytes = 0;
     if (pos < kl) {
-        nbytes = 16;
+        x.nbytes = 16;
         if (fresh && pos == kl - 1) {
-            src = (const unsigned char *)fresh;
+            x.at = (const unsigned char *)fresh;
         } else {
             const int32_t page =
                 cu_page_of(p.att.meta.page_table, p.att.cap_pages, r, pos, p.att.log_page_size);
-            src = cu_plane_row16(plane, s, page, head, pos & (p.att.page_size - 1));
+            x.at = cu_plane_row16(plane, s, page, head, pos & (p.att.page_size - 1));
         }
     }
+    return x;
+}
+
+/* The thread's eight 16-byte pieces of its row into a swizzled tile. */
+__device__ __forceinline__ void cu_lean_copy(uint32_t dst, const cu_lean_src &x)
+{
+    const int row = threadIdx.x >> 1;
+    const int half = threadIdx.x & 1;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int chunk = half * 8 + i;
-        cu_cp_async16(dst + cu_swz(row, chunk), src + (nbytes ? chunk * 16 : 0), nbytes);
+        cu_cp_async16(dst + cu_swz(row, chunk), x.at + (x.nbytes ? chunk * 16 : 0), x.nbytes);
     }
 }
 
@@ -197,11 +216,12 @@ __device__ __forceinline__ void cu_lean_index_q(const cu_lean_params &p, int32_t
 }
 
 /* Row (decode slot of di, KV head = index head h) selected by the whole
- * CTA (the selection's row code), written to the selection rows; returns
- * the K ids in shared memory. */
-__device__ __forceinline__ const int32_t *cu_lean_select(const cu_lean_params &p,
-                                                         const cu_dec_info &di, int32_t h,
-                                                         unsigned char *smem)
+ * CTA (the selection's row code) into ids[] (shared memory, K entries);
+ * with `publish`, also written to the selection rows (and the caller's
+ * ids). */
+__device__ __forceinline__ void cu_lean_select(const cu_lean_params &p, const cu_dec_info &di,
+                                               int32_t h, bool publish, unsigned char *smem,
+                                               int32_t *ids)
 {
     const cu_select_params &sp = p.sel;
     unsigned char *scratch = smem + LEAN_SLOTS;
@@ -219,18 +239,37 @@ __device__ __forceinline__ const int32_t *cu_lean_select(const cu_lean_params &p
     const int64_t off = ((int64_t)di.t0 * sp.num_kv_heads + h) * sp.topk_width;
     for (int32_t j = threadIdx.x; j < sp.topk_width; j += LEAN_THREADS) {
         const int32_t id = j < sp.topk_blocks ? out[j] : -1;
-        sp.selected[off + j] = id;
-        if (sp.topk_ids)
-            sp.topk_ids[off + j] = id;
+        if (j < sp.topk_blocks)
+            ids[j] = id;
+        if (publish) {
+            sp.selected[off + j] = id;
+            if (sp.topk_ids)
+                sp.topk_ids[off + j] = id;
+        }
     }
-    return out;
+    __syncthreads(); /* ids[] complete */
 }
 
-/* This CTA's share of the scored blocks; the last scanner of a slot
- * selects it. */
+/* Copy source of this thread's row of scored block gb (walker: slot ik,
+ * its facts dn). */
+__device__ __forceinline__ cu_lean_src cu_lean_scan_src(const cu_lean_params &p, int32_t gb,
+                                                        int32_t &ik, cu_dec_info &dn)
+{
+    while (gb >= dn.blk1)
+        dn = cu_lean_slot(p, ++ik);
+    const void *fresh = p.new_rows_from_input
+                            ? (const void *)((const uint16_t *)p.pro.index_k_rows +
+                                             (int64_t)dn.t0 * p.sel.index_dim)
+                            : NULL;
+    return cu_lean_row_src(p, p.sel.index_k_plane, p.sel.index_k_strides, 0, dn.r,
+                           (gb - dn.blk0) * LEAN_B, dn.kl, fresh);
+}
+
+/* This CTA's share of the scored blocks.  Each slot's count of scored
+ * blocks (scan_done) grows by a CTA's blocks of it once they are written;
+ * the selectors wait until it is complete. */
 template <typename Tag>
-__device__ void cu_lean_scan(const cu_lean_params &p, unsigned char *smem, float *red,
-                             int32_t *bcast)
+__device__ void cu_lean_scan(const cu_lean_params &p, unsigned char *smem, float *red)
 {
     const cu_select_params &sp = p.sel;
     const int32_t S = sp.meta.hdr->total_dec_blocks;
@@ -239,6 +278,7 @@ __device__ void cu_lean_scan(const cu_lean_params &p, unsigned char *smem, float
     const int32_t gb0 = (int32_t)((int64_t)S * c / G), gb1 = (int32_t)((int64_t)S * (c + 1) / G);
     if (gb0 >= gb1)
         return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t base = cu_smem_addr(smem);
     /* Where block gb lies: slot k (its facts di) and its block n. */
     int32_t k = cu_dec_of_block(sp.meta.dec_blk0, n_dec, gb0);
@@ -248,27 +288,30 @@ __device__ void cu_lean_scan(const cu_lean_params &p, unsigned char *smem, float
     int32_t first_of_k = gb0; /* first of this CTA's blocks of slot k */
     uint32_t qb[8][2];
     cu_lean_index_q(p, di.t0, qb);
-    /* Four stages of 32 KB: the copies of block sb + 3 go out while block
-     * sb is scored (an empty group where there is none, so that the wait
-     * below always leaves three groups in flight). */
-    for (int32_t gb = gb0; gb < gb1 + LEAN_SCAN_STAGES - 1; ++gb) {
-        if (gb < gb1) {
-            while (gb >= dn.blk1)
-                dn = cu_lean_slot(p, ++ik);
-            const void *fresh_idx = p.new_rows_from_input
-                                        ? (const void *)((const uint16_t *)p.pro.index_k_rows +
-                                                         (int64_t)dn.t0 * sp.index_dim)
-                                        : NULL;
-            cu_lean_copy_rows(p, base + ((gb - gb0) % LEAN_SCAN_STAGES) * LEAN_TILE,
-                              sp.index_k_plane, sp.index_k_strides, 0, dn.r,
-                              (gb - dn.blk0) * LEAN_B, dn.kl, fresh_idx);
+    /* Four stages of 32 KB, three blocks ahead (empty groups past the
+     * share keep the wait's count); each copy's source (its page-table
+     * read) is looked up one copy earlier, so the read overlaps a block's
+     * scoring instead of holding up the copy. */
+    cu_lean_src next = cu_lean_scan_src(p, gb0, ik, dn);
+    int32_t gn = gb0; /* the next block to copy */
+    for (int s = 0; s < LEAN_SCAN_STAGES - 1; ++s, ++gn) {
+        if (gn < gb1) {
+            cu_lean_copy(base + s * LEAN_TILE, next);
+            if (gn + 1 < gb1)
+                next = cu_lean_scan_src(p, gn + 1, ik, dn);
         }
         cu_cp_async_commit();
-        if (gb < gb0 + LEAN_SCAN_STAGES - 1)
-            continue;
-        const int32_t sb = gb - (LEAN_SCAN_STAGES - 1); /* the block scored now */
-        cu_cp_async_wait<LEAN_SCAN_STAGES - 1>();
+    }
+    for (int32_t sb = gb0; sb < gb1; ++sb, ++gn) {
+        cu_cp_async_wait<LEAN_SCAN_STAGES - 2>();
+        /* Block sb landed; block sb - 1 is scored and its stage free. */
         __syncthreads();
+        if (gn < gb1) {
+            cu_lean_copy(base + ((gn - gb0) % LEAN_SCAN_STAGES) * LEAN_TILE, next);
+            if (gn + 1 < gb1)
+                next = cu_lean_scan_src(p, gn + 1, ik, dn);
+        }
+        cu_cp_async_commit();
         if (sb >= di.blk1) { /* a new slot: its queries */
             while (sb >= di.blk1)
                 di = cu_lean_slot(p, ++k);
@@ -279,41 +322,31 @@ __device__ void cu_lean_scan(const cu_lean_params &p, unsigned char *smem, float
         cu_lean_block_scores<Tag>(p, base + ((sb - gb0) % LEAN_SCAN_STAGES) * LEAN_TILE, qb,
                                   n * LEAN_B, di.kl, red);
         __syncthreads();
-        if (threadIdx.x < sp.num_index_heads) {
-            const int h = threadIdx.x;
-            float m = red[h * 2], l = red[h * 2 + 1];
-            for (int w = 1; w < LEAN_WARPS; ++w) {
-                const float m2 = red[(w * CU_LEAN_MAX_HEADS + h) * 2];
-                if (sp.score_lse)
-                    cu_lse_merge(m, l, m2, red[(w * CU_LEAN_MAX_HEADS + h) * 2 + 1]);
-                else
-                    m = cu_nanmax(m, m2);
-            }
-            sp.scores[((int64_t)di.d0 * sp.num_index_heads + h) * sp.cap_blocks + n] =
-                sp.score_lse ? cu_lse_value(m, l) : m;
-        }
-        /* The last of this CTA's blocks of slot k: count them in. */
-        if (sb + 1 == gb1 || sb + 1 == di.blk1) {
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                const int32_t mine = sb + 1 - first_of_k;
-                __threadfence();
-                const int32_t before = atomicAdd(&p.scan_done[k], mine);
-                const int last = before + mine == di.blk1 - di.blk0;
-                if (last) {
-                    p.scan_done[k] = 0;
-                    __threadfence();
+        /* Warp 0: the heads' scores, and at the last of this CTA's blocks
+         * of slot k its count (the score stores ordered before it). */
+        if (warp == 0) {
+            if (lane < sp.num_index_heads) {
+                const int h = lane;
+                float m = red[h * 2], l = red[h * 2 + 1];
+                for (int w = 1; w < LEAN_WARPS; ++w) {
+                    const float m2 = red[(w * CU_LEAN_MAX_HEADS + h) * 2];
+                    if (sp.score_lse)
+                        cu_lse_merge(m, l, m2, red[(w * CU_LEAN_MAX_HEADS + h) * 2 + 1]);
+                    else
+                        m = cu_nanmax(m, m2);
                 }
-                bcast[0] = last;
+                sp.scores[((int64_t)di.d0 * sp.num_index_heads + h) * sp.cap_blocks + n] =
+                    sp.score_lse ? cu_lse_value(m, l) : m;
             }
-            __syncthreads();
-            if (bcast[0] && threadIdx.x == 0) {
-                atomicExch(&p.scored[k], 1);
-                CU_TL_MARK(p.pro, CU_TL_PROLOGUE, CU_TL_LAST);
+            __syncwarp();
+            if (lane == 0 && (sb + 1 == gb1 || sb + 1 == di.blk1)) {
+                __threadfence();
+                atomicAdd(&p.scan_done[k], sb + 1 - first_of_k);
             }
         }
-        __syncthreads(); /* the stage is free for the copies of block sb + 4 */
     }
+    cu_cp_async_wait<0>(); /* the empty groups */
+    __syncthreads();       /* the stages are the attention's now */
 }
 
 /* ---- phase 3: attention ------------------------------------------------- */
@@ -371,21 +404,22 @@ __device__ __forceinline__ int32_t cu_lean_owner(int32_t i, int32_t A, int32_t G
     return i * G / A; /* i < A <= CU_LEAN_MAX_ROWS * 8 * 32 tasks, G < 2^16 */
 }
 
-/* Spins (thread 0) until the word is non-zero; acquire. */
-__device__ __forceinline__ void cu_lean_wait_word(const int32_t *w)
+/* Spins (thread 0) until the word reaches `value`; acquire. */
+__device__ __forceinline__ void cu_lean_wait_word(const int32_t *w, int32_t value)
 {
     int32_t v;
     do {
         asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(w) : "memory");
-    } while (v == 0);
+    } while (v < value);
 }
 
 /* Block id of task x (call with the whole CTA).  Forced blocks (init,
- * local) and requests that keep every block need no selection.  Of the
- * others, the first task of a (slot, KV head) makes its owner the row's
- * selector: it waits until the slot's blocks are scored, selects the row
- * with the whole CTA, publishes it and raises the row's ready word; the
- * owners of its other tasks wait for that word. */
+ * local) and requests that keep every block need no selection.  For the
+ * others the CTA selects the row itself, once all the slot's blocks are
+ * scored, and keeps it (bcast[LEAN_BC_KEY] names the row held in
+ * bcast[LEAN_BC_IDS..]): every CTA that needs a row selects it, so no
+ * CTA waits for another's selection.  The owner of the row's first
+ * selected task publishes it. */
 __device__ __forceinline__ int32_t cu_lean_block_of(const cu_lean_params &p, const cu_lean_task &x,
                                                     const cu_dec_info &di, unsigned char *smem,
                                                     int32_t *bcast)
@@ -395,30 +429,17 @@ __device__ __forceinline__ int32_t cu_lean_block_of(const cu_lean_params &p, con
         return x.j;
     if (x.j >= K - p.sel.local_blocks)
         return di.nblk - (K - x.j);
-    int32_t *ready = &p.row_ready[(int64_t)x.k * p.att.kv_heads + x.h];
-    if (x.j == I) {
+    const int32_t key = x.k * p.att.kv_heads + x.h;
+    if (bcast[LEAN_BC_KEY] != key) { /* CTA-uniform */
         if (threadIdx.x == 0)
-            cu_lean_wait_word(&p.scored[x.k]);
+            cu_lean_wait_word(&p.scan_done[x.k], di.blk1 - di.blk0);
         __syncthreads();
-        const int32_t *out = cu_lean_select(p, di, x.h, smem);
-        const int32_t id = out[x.j];
-        __syncthreads(); /* the row written by every thread */
-        if (threadIdx.x == 0) {
-            __threadfence();
-            atomicExch(ready, 1);
-        }
-        return id;
+        cu_lean_select(p, di, x.h, x.j == I, smem, bcast + LEAN_BC_IDS);
+        if (threadIdx.x == 0)
+            bcast[LEAN_BC_KEY] = key;
+        __syncthreads();
     }
-    if (threadIdx.x == 0) {
-        cu_lean_wait_word(ready);
-        bcast[1] = __ldcg(
-            &p.att
-                 .selected[((int64_t)di.t0 * p.att.layer_kv_heads + x.h) * p.att.topk_width + x.j]);
-    }
-    __syncthreads();
-    const int32_t id = bcast[1];
-    __syncthreads();
-    return id;
+    return bcast[LEAN_BC_IDS + x.j];
 }
 
 /* Copies of task x's block (K and V of KV head x.h) into stage `stage`. */
@@ -430,9 +451,10 @@ __device__ __forceinline__ void cu_lean_issue(const cu_lean_params &p, uint32_t 
     const uint16_t *kf = p.new_rows_from_input ? (const uint16_t *)p.pro.k_rows + fresh : NULL;
     const uint16_t *vf = p.new_rows_from_input ? (const uint16_t *)p.pro.v_rows + fresh : NULL;
     const uint32_t kd = base + stage * LEAN_STAGE;
-    cu_lean_copy_rows(p, kd, p.att.k_plane, p.att.k_strides, x.h, di.r, id * LEAN_B, di.kl, kf);
-    cu_lean_copy_rows(p, kd + LEAN_TILE, p.att.v_plane, p.att.v_strides, x.h, di.r, id * LEAN_B,
-                      di.kl, vf);
+    cu_lean_copy(kd, cu_lean_row_src(p, p.att.k_plane, p.att.k_strides, x.h, di.r, id * LEAN_B,
+                                     di.kl, kf));
+    cu_lean_copy(kd + LEAN_TILE, cu_lean_row_src(p, p.att.v_plane, p.att.v_strides, x.h, di.r,
+                                                 id * LEAN_B, di.kl, vf));
 }
 
 /* The rows of (slot k, KV head h): output row q0 + row, LSE likewise. */
@@ -499,7 +521,7 @@ __device__ void cu_lean_finish(const cu_lean_params &p, unsigned char *smem, con
         part[128] = lse;
     /* The segments' first tasks (at most K of them), in shared memory:
      * warp 0 marks the tasks where the owner changes. */
-    int32_t *starts = bcast + 4;
+    int32_t *starts = bcast + LEAN_BC_STARTS;
     if (threadIdx.x < 32) {
         const int32_t i = x.g0 + (int32_t)threadIdx.x;
         const bool start = i < x.g1 &&
@@ -541,27 +563,48 @@ __device__ void cu_lean_finish(const cu_lean_params &p, unsigned char *smem, con
 #pragma unroll
     for (int e = 0; e < 8; ++e)
         v[e] = 0.0f;
-#pragma unroll 4
-    for (int32_t q = 0; q < nseg; ++q) {
-        const float *pr = p.partials + ((int64_t)starts[q] * 16 + row) * CU_LEAN_PART_STRIDE;
-        const float a = expf(lses[q] - Rs);
-        W += a;
-        const float4 x0 = __ldcg((const float4 *)&pr[d0]);
-        const float4 x1 = __ldcg((const float4 *)&pr[d0 + 4]);
-        v[0] += a * x0.x;
-        v[1] += a * x0.y;
-        v[2] += a * x0.z;
-        v[3] += a * x0.w;
-        v[4] += a * x1.x;
-        v[5] += a * x1.y;
-        v[6] += a * x1.z;
-        v[7] += a * x1.w;
+    for (int32_t qb = 0; qb < nseg; qb += 8) { /* eight segments' loads in flight */
+        float4 xa[8], xb[8];
+        float a[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const bool on = qb + u < nseg;
+            const float *pr =
+                p.partials + ((int64_t)starts[on ? qb + u : 0] * 16 + row) * CU_LEAN_PART_STRIDE;
+            xa[u] = on ? __ldcg((const float4 *)&pr[d0]) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xb[u] = on ? __ldcg((const float4 *)&pr[d0 + 4]) : make_float4(0.f, 0.f, 0.f, 0.f);
+            a[u] = on ? expf(lses[qb + u] - Rs) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            W += a[u];
+            v[0] += a[u] * xa[u].x;
+            v[1] += a[u] * xa[u].y;
+            v[2] += a[u] * xa[u].z;
+            v[3] += a[u] * xa[u].w;
+            v[4] += a[u] * xb[u].x;
+            v[5] += a[u] * xb[u].y;
+            v[6] += a[u] * xb[u].z;
+            v[7] += a[u] * xb[u].w;
+        }
     }
     const float winv = W > 0.0f ? 1.0f / W : 0.0f;
 #pragma unroll
     for (int e = 0; e < 8; ++e)
         v[e] *= winv;
     cu_lean_store<Tag>(p, q0, row, d0, v, W > 0.0f ? Rs + logf(W) : -INFINITY);
+}
+
+/* Thread 0, once its CTA reads no more scan counts: the last CTA to
+ * arrive puts them back to 0 (and the arrival count). */
+__device__ __forceinline__ void cu_lean_arrive(const cu_lean_params &p)
+{
+    if (atomicAdd(p.ctas_done, 1) == (int32_t)gridDim.x - 1) {
+        const int32_t n_dec = p.sel.meta.hdr->n_dec;
+        for (int32_t k = 0; k < n_dec; ++k)
+            p.scan_done[k] = 0;
+        *p.ctas_done = 0;
+    }
 }
 
 template <typename Tag>
@@ -577,8 +620,11 @@ __device__ void cu_lean_attend(const cu_lean_params &p, unsigned char *smem, int
     }
     const int32_t i0 = (int32_t)(((int64_t)c * A + G - 1) / G);
     const int32_t i1 = (int32_t)(((int64_t)(c + 1) * A + G - 1) / G);
-    if (i0 >= i1)
+    if (i0 >= i1) {
+        if (threadIdx.x == 0)
+            cu_lean_arrive(p);
         return;
+    }
     const uint32_t base = cu_smem_addr(smem);
     const float sl2 = p.att.scale * LEAN_LOG2E;
 
@@ -588,6 +634,8 @@ __device__ void cu_lean_attend(const cu_lean_params &p, unsigned char *smem, int
     cu_lean_task y = x;                      /* the task copied next */
     cu_dec_info di = cu_lean_slot(p, x.k), dy = di;
     int32_t id_x = cu_lean_block_of(p, x, di, smem, bcast);
+    if (threadIdx.x == 0 && i0 + 1 == i1)
+        cu_lean_arrive(p);
     if (threadIdx.x == 0)
         CU_TL_MARK(p.att, CU_TL_ATTN, CU_TL_WAITED);
     cu_lean_issue(p, base, x, di, id_x, 0);
@@ -610,6 +658,8 @@ __device__ void cu_lean_attend(const cu_lean_params &p, unsigned char *smem, int
             cu_lean_task_next(p, y);
             dy = cu_lean_slot(p, y.k);
             id_y = cu_lean_block_of(p, y, dy, smem, bcast);
+            if (threadIdx.x == 0 && i + 2 == i1)
+                cu_lean_arrive(p);
             cu_lean_issue(p, base, y, dy, id_y, (i + 1 - i0) & 1);
             cu_cp_async_commit();
             cu_cp_async_wait<1>();
@@ -654,10 +704,18 @@ __global__ void __launch_bounds__(LEAN_THREADS, 1) cu_lean_kernel(cu_lean_params
     float *red = (float *)(smem + LEAN_SMALL);
     int32_t *bcast = (int32_t *)(red + LEAN_RED_FLOATS);
     const int32_t G = gridDim.x;
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         CU_TL_MARK(p.pro, CU_TL_PROLOGUE, CU_TL_ENTRY);
+        bcast[LEAN_BC_KEY] = -1; /* no row selected yet */
+    }
 
-    /* 1. Token rows, one per CTA from the grid's end. */
+    /* 1. Index scan (its copies first: the scan starts the step's longest
+     * chain of dependent work). */
+    cu_lean_scan<Tag>(p, smem, red);
+    if (threadIdx.x == 0)
+        CU_TL_MARK(p.pro, CU_TL_PROLOGUE, CU_TL_FIRST);
+
+    /* 2. Token rows, one per CTA from the grid's end. */
     const int32_t ntok = p.pro.hdr->num_tokens;
     for (int32_t t = G - 1 - (int32_t)blockIdx.x; t < ntok; t += G) {
         const cu_tok_info ti = p.pro.tok_info[t];
@@ -678,38 +736,21 @@ __global__ void __launch_bounds__(LEAN_THREADS, 1) cu_lean_kernel(cu_lean_params
             }
         }
     }
-    /* 2. Index scan and selection. */
-    if (threadIdx.x == 0)
-        CU_TL_MARK(p.pro, CU_TL_PROLOGUE, CU_TL_WAITED);
-    cu_lean_scan<Tag>(p, smem, red, bcast);
-    if (threadIdx.x == 0)
-        CU_TL_MARK(p.pro, CU_TL_PROLOGUE, CU_TL_FIRST);
-    /* 3. Attention. */
-    cu_lean_attend<Tag>(p, smem, bcast);
+    __syncthreads(); /* bcast[LEAN_BC_KEY] seen by every thread */
 
-    /* The last CTA to finish puts the ready words back. */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(p.ctas_done, 1) == G - 1) {
-            const int32_t n_dec = p.sel.meta.hdr->n_dec;
-            for (int32_t k = 0; k < n_dec; ++k)
-                p.scored[k] = 0;
-            for (int32_t w = 0; w < n_dec * p.att.kv_heads; ++w)
-                p.row_ready[w] = 0;
-            *p.ctas_done = 0;
-        }
+    /* 3. Selection (where needed) and attention. */
+    cu_lean_attend<Tag>(p, smem, bcast);
+    if (threadIdx.x == 0)
         CU_TL_MARK(p.pro, CU_TL_PROLOGUE, CU_TL_EXIT);
-    }
 }
 
 /* ---- host ---------------------------------------------------------------- */
 
-/* Counters first (2 + 2 Hkv words a decode slot, and one), then the
+/* Counters first (1 + Hkv words a decode slot, and one), then the
  * partial rows (one task's 16 rows each) at a 16-byte boundary. */
 static size_t cu_lean_words(int32_t slots, int32_t kv_heads)
 {
-    const size_t w = (size_t)slots * (2 + 2 * (size_t)kv_heads) + 1;
+    const size_t w = (size_t)slots * (1 + (size_t)kv_heads) + 1;
     return (w + 3) / 4 * 4;
 }
 
@@ -723,9 +764,7 @@ void cu_lean_ws_carve(void *base, int32_t slots, int32_t kv_heads, cu_lean_param
 {
     int32_t *w = (int32_t *)base;
     p->scan_done = w;
-    p->scored = w + slots;
-    p->row_ready = w + 2 * (size_t)slots;
-    p->merge_done = p->row_ready + (size_t)slots * kv_heads;
+    p->merge_done = w + slots;
     p->ctas_done = p->merge_done + (size_t)slots * kv_heads;
     p->partials = (float *)(w + cu_lean_words(slots, kv_heads));
 }

@@ -28,11 +28,10 @@ typedef struct cu_lean_params {
      * tensors where the attention and the scan need the new token's row
      * (16-byte aligned rows); 0: from the cache, which the caller wrote. */
     int32_t new_rows_from_input;
-    int32_t *scan_done;  /* [slots] blocks of decode slot k scored (kept 0) */
-    int32_t *scored;     /* [slots] 1: all of slot k's blocks scored (back to 0 at the end) */
-    int32_t *row_ready;  /* [slots][Hkv] 1: the row is selected (back to 0 at the end) */
+    int32_t *scan_done;  /* [slots] blocks of decode slot k scored (back to 0 by the last
+                          * CTA that reads them) */
     int32_t *merge_done; /* [slots][Hkv] segments of a (slot, KV head) written (kept 0) */
-    int32_t *ctas_done;  /* CTAs that finished (kept 0) */
+    int32_t *ctas_done;  /* CTAs done with the scan counts (kept 0) */
     float *partials;     /* [slots * Hkv * K][16][CU_LEAN_PART_STRIDE] */
 } cu_lean_params;
 
