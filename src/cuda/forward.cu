@@ -232,13 +232,14 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
                st->pfk ? "prefill tiles over block unions (shape)"
                        : "key-block-major prefill not set up (shape, type, capacity or "
                          "cuda_no_prefill_kbm): prefill tiles over block unions");
-    /* Plans of few one-token requests: the whole layer in the lean decode
-     * kernel where its shapes fit. */
-    if (sparse && st && st->lean_ws) {
+    /* Plans of few one-token requests with short contexts: the whole layer
+     * in the lean decode kernel where its shapes fit. */
+    if (st && st->lean_ws) {
         const char *lean_why = NULL;
         out->lean = cu_lean_fits(m, layer, cc, act, &lean_why);
         if (!out->lean) {
-            snprintf(buf, sizeof buf, "few one-token requests, but %s: decode chain", lean_why);
+            snprintf(buf, sizeof buf,
+                     "few one-token requests, short contexts, but %s: decode chain", lean_why);
             cu_why(why, why_size, buf);
         }
     }
@@ -287,7 +288,7 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
         fast = 2;
     *kernel = (st->step.n_pf > 0 && p->pf_tma ? names_pfh : names)[sparse][fast];
     if (p->lean) {
-        *kernel = "cuda.sparse.lean";
+        *kernel = sparse ? "cuda.sparse.lean" : "cuda.dense.lean";
         *reason = st->path_why[layer];
         return;
     }
@@ -444,16 +445,15 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
      * (4-byte query and output rows; the step's own rows, read from the
      * call's tensors, in 16-byte pieces).  Its time counts as the
      * attention stage's. */
-    if (paths.lean && paths.attn_fast && paths.idx_fast &&
-        (!prologue.write_cache || prologue.rows_in_pieces)) {
+    if (paths.lean && paths.attn_fast && (!prologue.write_cache || prologue.rows_in_pieces)) {
         cu_lean_params lean;
         lean.pro = prologue;
-        cu_select_build(plan, st, layer, io, 0, 0, 0, cs->tl, &lean.sel);
-        cu_attn_build(plan, st, layer, io, CU_KIND_SPARSE, 0, 0, cs->tl, &lean.att);
+        cu_attn_build(plan, st, layer, io, sparse ? CU_KIND_SPARSE : CU_KIND_DENSE, 0, 0, cs->tl,
+                      &lean.att);
         lean.new_rows_from_input = prologue.write_cache;
-        cu_lean_ws_carve(st->lean_ws, cu_lean_slots(&st->sz), m->cfg.num_kv_heads, &lean);
+        cu_lean_ws_carve(st->lean_ws, st->lean_tasks, &lean);
         CU_STAGE_MARK(MSA_STAGE_INDEXER, MSA_STAGE_ATTENTION);
-        cu_launch_lean(&lean, cs->num_sms, s);
+        cu_launch_lean(&lean, st->lean_tasks, s);
         CU_STAGE_MARK(MSA_STAGE_INDEX_VALUE, MSA_STAGE_COUNT);
         CU_TRY(ctx, cudaGetLastError());
         return MSA_OK;

@@ -70,6 +70,7 @@ typedef struct cu_ws_layout {
     size_t pfi_scratch, pfi_split, pfk, lean;
     int grid_pfi;
     int32_t pfk_chunk;
+    int32_t lean_tasks;
     size_t total;
 } cu_ws_layout;
 
@@ -136,11 +137,10 @@ static void cu_ws_layout_of(const msa_plan *plan, const cu_ctx_state *cs, const 
     L->pfk = cu_ws_take(&off, pfk && L->pfk_chunk > 0,
                         cu_pfk_ws_carve(NULL, cfg->num_kv_heads, m->group, m->topk_width,
                                         L->pfk_chunk, sz->pf_blocks_cap, NULL, NULL));
-    /* The lean decode kernel: plans of few one-token requests (its
-     * counters and partial rows). */
-    const int lean = any_sparse && cs->lean && sz->cap_q == 1 && sz->cap_tok <= CU_LEAN_MAX_ROWS;
-    L->lean = cu_ws_take(&off, lean,
-                         cu_lean_ws_bytes(cu_lean_slots(sz), cfg->num_kv_heads, cfg->topk_blocks));
+    /* The lean decode kernel where the plan's steps fit it (its merge
+     * counts and partial rows). */
+    L->lean_tasks = cs->lean ? cu_lean_plan_tasks(sz, m, cs->num_sms) : 0;
+    L->lean = cu_ws_take(&off, L->lean_tasks > 0, cu_lean_ws_bytes(L->lean_tasks));
     L->total = off;
 }
 
@@ -317,6 +317,7 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
         st->pfi_scratch = cu_ws_at<float>(base, L.pfi_scratch);
         st->pfi_split = cu_ws_at<int32_t>(base, L.pfi_split);
         st->lean_ws = cu_ws_at<void>(base, L.lean);
+        st->lean_tasks = L.lean_tasks;
         if (L.pfk != CU_WS_NONE) {
             cu_pfk_ws_carve(base + L.pfk, cfg->num_kv_heads, m->group, m->topk_width, L.pfk_chunk,
                             st->sz.pf_blocks_cap, &st->pfk_ws, &st->pfk_items_cap);

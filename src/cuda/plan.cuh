@@ -91,10 +91,12 @@ typedef struct cu_plan_state {
      * tokens. */
     int pfk;
     int32_t pfk_chunk;
-    /* The lean decode kernel's workspace (counters, partial rows), where
-     * the plan's steps are few one-token requests and the context can run
-     * it; NULL otherwise. */
+    /* The lean decode kernel's workspace (merge counts, partial rows) and
+     * its grid (the most tasks a step can have), where the plan's steps
+     * fit it (cu_lean_plan_tasks) and the context can run it; NULL and 0
+     * otherwise. */
     void *lean_ws;
+    int32_t lean_tasks;
     int32_t pfk_items_cap;
     cu_pfk_ws pfk_ws;
 

@@ -349,11 +349,11 @@ static const long_case LONG_CASES[] = {
      9,
      0,
      0},
-    /* The lean decode kernel (plans of few one-token requests): requests
-     * that keep every block (16 exactly) beside scored ones (17 blocks and
-     * more), page sizes 16 to 128, both score types, rows of more blocks
-     * than its selecting warps stage (1875 at 240K), ties and NaN blocks,
-     * six requests, two steps on one plan (its counters back at zero). */
+    /* The lean decode kernel: plans of one-token requests that keep every
+     * block (contexts up to K blocks) with at most one (request, KV head,
+     * block) task per SM; requests of one block and of 16, page sizes 16
+     * to 128, both score types, six requests, two steps on one plan (its
+     * merge counts back at zero). */
     {"lean-decode bf16 P128 b1 q1 1K",
      MSA_DTYPE_BF16,
      128,
@@ -370,55 +370,7 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      1},
-    {"lean-decode bf16 P128 b3 q1 2048/2049/77K x2",
-     MSA_DTYPE_BF16,
-     128,
-     0,
-     0,
-     1,
-     3,
-     {1, 1, 1},
-     {2048, 2049, 77000},
-     0,
-     0,
-     2,
-     0,
-     0,
-     0,
-     1},
-    {"lean-decode fp16 P64 b4 q1 lse 32K/9001/130/70K",
-     MSA_DTYPE_FP16,
-     64,
-     1,
-     0,
-     0,
-     4,
-     {1, 1, 1, 1},
-     {32768, 9001, 130, 70000},
-     0,
-     0,
-     1,
-     0,
-     0,
-     0,
-     1},
-    {"lean-decode bf16 P16 b2 q1 200K/12345",
-     MSA_DTYPE_BF16,
-     16,
-     0,
-     0,
-     0,
-     2,
-     {1, 1},
-     {200000, 12345},
-     0,
-     0,
-     1,
-     0,
-     0,
-     0,
-     1},
-    {"lean-decode bf16 P128 b1 q1 240K ties+NaN",
+    {"lean-decode bf16 P128 b1 q1 2048 x2",
      MSA_DTYPE_BF16,
      128,
      0,
@@ -426,15 +378,47 @@ static const long_case LONG_CASES[] = {
      1,
      1,
      {1},
-     {240000},
-     300,
-     40,
+     {2048},
+     0,
+     0,
+     2,
+     0,
+     0,
+     0,
+     1},
+    {"lean-decode fp16 P64 b2 q1 lse 2048/130 x2",
+     MSA_DTYPE_FP16,
+     64,
+     1,
+     0,
+     0,
+     2,
+     {1, 1},
+     {2048, 130},
+     0,
+     0,
+     2,
+     0,
+     0,
+     0,
+     1},
+    {"lean-decode bf16 P16 b4 q1 1000/999/517/1",
+     MSA_DTYPE_BF16,
+     16,
+     0,
+     0,
+     0,
+     4,
+     {1, 1, 1, 1},
+     {1000, 999, 517, 1},
+     0,
+     0,
      1,
      0,
      0,
      0,
      1},
-    {"lean-decode fp16 P128 b6 q1 50K/3K x2",
+    {"lean-decode fp16 P128 b6 q1 512/300 x2",
      MSA_DTYPE_FP16,
      128,
      1,
@@ -442,7 +426,7 @@ static const long_case LONG_CASES[] = {
      0,
      2,
      {1, 1},
-     {50000, 3000},
+     {512, 300},
      0,
      0,
      2,
@@ -872,8 +856,9 @@ static int run_pf(msa_context *ctx, const pf_case *pc, int *passed, int *failed)
     return report_case(pc->name, &res, passed, failed);
 }
 
-/* --no-lean: the lean decode kernel is off (its cases run the chain). */
-static int no_lean;
+/* The lean cases must run the lean decode kernel: not with --no-lean (off)
+ * or --sms (fewer CTAs than their tasks). */
+static int expect_lean = 1;
 
 static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *failed)
 {
@@ -912,7 +897,7 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
     c.index_period = lc->index_period;
     if (lc->lean) {
         c.fixed_limits = 1;
-        if (!no_lean)
+        if (expect_lean)
             c.expect_cuda = "cuda.sparse.lean";
     }
     msa_case_result res;
@@ -1077,6 +1062,7 @@ int main(int argc, char **argv)
             backend = MSA_BACKEND_CPU;
         } else if (!strcmp(argv[i], "--sms") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
             debug.cuda_num_sms = atoi(argv[++i]);
+            expect_lean = 0;
         } else if (!strcmp(argv[i], "--sel-warp-rows")) {
             debug.cuda_sel_warp_rows = 1;
         } else if (!strcmp(argv[i], "--sel-unions")) {
@@ -1093,7 +1079,7 @@ int main(int argc, char **argv)
             debug.cuda_no_prefill_wgmma = 1;
         } else if (!strcmp(argv[i], "--no-lean")) {
             debug.cuda_no_lean_decode = 1;
-            no_lean = 1;
+            expect_lean = 0;
         } else if (!strcmp(argv[i], "--shard") && i + 1 < argc &&
                    sscanf(argv[i + 1], "%d/%d%c", &shard, &shards, &end) == 2 && shards >= 1 &&
                    shard >= 0 && shard < shards) {

@@ -1,52 +1,49 @@
 /*
- * The lean decode step: one kernel that runs a whole sparse layer for steps
- * of few one-token requests (kernels/lean/lean_decode.cu; docs/CUDA.md,
- * "The lean decode step").
+ * The lean decode step: a whole layer in one kernel for steps of few
+ * one-token requests with short contexts (kernels/lean/lean_decode.cu;
+ * docs/CUDA.md, "The lean decode step").
  */
 #ifndef MSA_CUDA_KERNELS_LEAN_LEAN_DECODE_CUH
 #define MSA_CUDA_KERNELS_LEAN_LEAN_DECODE_CUH
 
 #include "cuda/params.cuh"
 
-/* Plans of at most this many token rows, each request one token, take it
- * (where the layer's shapes allow). */
-#define CU_LEAN_MAX_ROWS 8
-/* Most KV heads (= index heads) of a layer it serves: one selecting warp
- * each. */
-#define CU_LEAN_MAX_HEADS 8
+/* Most blocks of 128 keys a request of such a plan reaches (a merge's
+ * partial rows per (request, KV head)). */
+#define CU_LEAN_MAX_BLOCKS 32
 /* Floats of one partial row: 128 values, the LSE, padding to 16 bytes. */
 #define CU_LEAN_PART_STRIDE 132
 
-/* What the kernel reads and writes: the three stage families' parameters
- * (their fields as the chain's kernels use them) and its own hand-over
- * words and partial rows. */
+/* What the kernel reads and writes: the prologue's and the attention
+ * pass's parameters (their fields as the chain's kernels use them), its
+ * merge counts and partial rows. */
 typedef struct cu_lean_params {
     cu_prologue_params pro;
-    cu_select_params sel;
     cu_attn_params att;
-    /* 1: the step's K, V and index-K rows are read from the call's
-     * tensors where the attention and the scan need the new token's row
-     * (16-byte aligned rows); 0: from the cache, which the caller wrote. */
+    /* 1: the step's K and V rows are read from the call's tensors where
+     * the attention needs the new token's row (16-byte aligned rows); 0:
+     * from the cache, which the caller wrote. */
     int32_t new_rows_from_input;
-    int32_t *scan_done;  /* [slots] blocks of decode slot k scored (back to 0 by the last
-                          * CTA that reads them) */
-    int32_t *merge_done; /* [slots][Hkv] segments of a (slot, KV head) written (kept 0) */
-    int32_t *ctas_done;  /* CTAs done with the scan counts (kept 0) */
-    float *partials;     /* [slots * Hkv * K][16][CU_LEAN_PART_STRIDE] */
+    int32_t *merge_done; /* [tasks]: per (slot, KV head) at its first task (kept 0) */
+    float *partials;     /* [tasks][16][CU_LEAN_PART_STRIDE] */
 } cu_lean_params;
 
-/* Decode slots a step of the plan can have: each holds a token. */
-static inline int32_t cu_lean_slots(const cu_sched_sizes *sz)
-{
-    return sz->cap_tok < sz->cap_req ? sz->cap_tok : sz->cap_req;
-}
+/* The tasks (request, KV head, block of 128 keys) a step of the plan can
+ * have when the plan takes the kernel, else 0: one-token requests
+ * (q_len 1), blocks of 128 keys, every request keeping every block (at
+ * most K of them in a model with sparse layers, at most
+ * CU_LEAN_MAX_BLOCKS), and no more tasks than CTAs (one per SM), so that
+ * each CTA holds at most one block.  Measured on the H200, steps that
+ * score blocks or give a CTA more than one block ran faster on the
+ * decode chain (docs/CUDA.md). */
+int32_t cu_lean_plan_tasks(const cu_sched_sizes *sz, const msa_model *m, int num_sms);
 
-/* Bytes of the kernel's workspace for a plan of `slots` decode slots
+/* Bytes of the kernel's workspace for a plan of `tasks` tasks
  * (cu_lean_ws_carve lays them out). */
-size_t cu_lean_ws_bytes(int32_t slots, int32_t kv_heads, int32_t topk_blocks);
-void cu_lean_ws_carve(void *base, int32_t slots, int32_t kv_heads, cu_lean_params *p);
+size_t cu_lean_ws_bytes(int32_t tasks);
+void cu_lean_ws_carve(void *base, int32_t tasks, cu_lean_params *p);
 
-/* Whether a layer's shapes fit it (why: the reason when not, else left). */
+/* Whether a layer's shapes and types fit it (why: the reason when not). */
 int cu_lean_fits(const msa_model *m, int32_t layer, const msa_cache_config *cc, msa_dtype act,
                  const char **why);
 
