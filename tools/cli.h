@@ -56,7 +56,8 @@ double cli_now(void);
 /* The CUDA backend's debugging aids that the program takes from its
  * environment: MSA_CUDA_SMS=n, MSA_CUDA_TMA=0, MSA_CUDA_PDL=0,
  * MSA_CUDA_SEL_WARP_ROWS=1, MSA_CUDA_SEL_UNIONS=1, MSA_CUDA_PF_TMA=0,
- * MSA_CUDA_PFI=0, MSA_CUDA_PFI_WGMMA=0, MSA_CUDA_TIMELINE=path
+ * MSA_CUDA_PFI=0, MSA_CUDA_PFI_WGMMA=0, MSA_CUDA_PF_KBM=0,
+ * MSA_CUDA_PF_KBM_CHUNK=n, MSA_CUDA_LEAN=0, MSA_CUDA_TIMELINE=path
  * (msa_debug_options); NULL when none is set. */
 const msa_debug_options *cli_debug_options(void);
 msa_context *cli_context(msa_backend backend, int threads);

@@ -7,7 +7,7 @@
  * The plan takes it where every request keeps every block (at most K
  * blocks of 128 keys: nothing to score or select) and the step's
  * (request, KV head, block) tasks fit the grid one per CTA
- * (cu_lean_plan_fits).  One CTA per SM, eight warps; CTA i:
+ * (cu_lean_plan_tasks).  One CTA per SM, eight warps; CTA i:
  *
  *   1. writes token row G - 1 - i (and every G-th after it): the cache
  *      writes and padding outputs of the prologue (prologue_row.cuh) and,
@@ -108,8 +108,8 @@ __device__ __forceinline__ void cu_lean_store(const cu_lean_params &p, int64_t q
         p.att.lse[q0 + row] = lse;
 }
 
-/* Task i (< the step's tasks): its decode slot k (facts di), KV head h
- * and block j; n_blk is the slot's blocks. */
+/* Task i (< the step's tasks): its decode slot k (facts di, di.nblk
+ * blocks), KV head h and block j. */
 typedef struct cu_lean_task {
     int32_t k, h, j, i0; /* i0: the (slot, KV head)'s first task */
     cu_dec_info di;
@@ -169,7 +169,8 @@ __global__ void __launch_bounds__(LEAN_THREADS, 1) cu_lean_kernel(cu_lean_params
     if (threadIdx.x == 0)
         CU_TL_MARK(p.att, CU_TL_ATTN, CU_TL_ENTRY);
 
-    /* 2 first: its copies are the step's longest wait. */
+    /* Step 2's copies go out before step 1's rows: they are the step's
+     * longest wait. */
     cu_lean_task x;
     const bool busy = cu_lean_task_at(p, blockIdx.x, x);
     const uint32_t ka = cu_smem_addr(smem), va = ka + LEAN_TILE;
@@ -284,7 +285,7 @@ __global__ void __launch_bounds__(LEAN_THREADS, 1) cu_lean_kernel(cu_lean_params
 #pragma unroll
     for (int e = 0; e < 8; ++e)
         v[e] = 0.0f;
-    for (int32_t qb = 0; qb < nseg; qb += 8) { /* eight segments' loads in flight */
+    for (int32_t qb = 0; qb < nseg; qb += 8) { /* eight blocks' rows in flight */
         float4 xa[8], xb[8];
         float a[8];
 #pragma unroll

@@ -24,7 +24,7 @@ typedef struct cu_lean_params {
      * the attention needs the new token's row (16-byte aligned rows); 0:
      * from the cache, which the caller wrote. */
     int32_t new_rows_from_input;
-    int32_t *merge_done; /* [tasks]: per (slot, KV head) at its first task (kept 0) */
+    int32_t *merge_done; /* [slots][Hkv] merge counts (kept 0); tasks words */
     float *partials;     /* [tasks][16][CU_LEAN_PART_STRIDE] */
 } cu_lean_params;
 
