@@ -237,6 +237,9 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     if (st && st->lean_ws) {
         const char *lean_why = NULL;
         out->lean = cu_lean_fits(m, layer, cc, act, &lean_why);
+        /* The chain's notes describe kernels this layer does not run. */
+        if (out->lean && why && why_size)
+            why[0] = '\0';
         if (!out->lean) {
             snprintf(buf, sizeof buf,
                      "few one-token requests, short contexts, but %s: decode chain", lean_why);
