@@ -125,8 +125,9 @@ typedef struct msa_debug_options {
      * in chunks of at most this many (tests of several chunks); 0: as many
      * as its workspace budget allows. */
     int cuda_prefill_kbm_chunk;
-    /* 1: plans of few one-token requests keep the decode chain's kernels,
-     * not the lean decode kernel (one kernel per sparse layer). */
+    /* 1: plans of few one-token requests with short contexts keep the
+     * decode chain's kernels, not the lean decode kernel (one kernel per
+     * layer). */
     int cuda_no_lean_decode;
 } msa_debug_options;
 
