@@ -65,8 +65,6 @@ struct cu_swz256 {
     }
 };
 
-#define LOG2E 1.4426950408889634f
-
 /* Row metadata of a tile read straight from memory (union entry, then page
  * table): the fallback when the item's metadata does not fit in shared
  * memory (cu_att_meta). */
@@ -273,7 +271,7 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
     float o[16][4], m_lo, m_hi, l_lo, l_hi;
     cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
     /* Scores in log2 units; fp8 keys' scores are products with the codes. */
-    const float sl2 = params.scale * LOG2E * (FP8 ? params.k_scale : 1.0f);
+    const float sl2 = params.scale * CU_LOG2E * (FP8 ? params.k_scale : 1.0f);
 
     cu_att_meta mt;
     const int meta = cu_att_meta_load(params, cs, smem, mt);

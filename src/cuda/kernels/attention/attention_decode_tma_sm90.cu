@@ -34,8 +34,6 @@
 #include "cuda/arch/launch.cuh"
 #include "cuda/common/timeline.cuh"
 
-#define LOG2E 1.4426950408889634f
-
 #ifdef CU_HAVE_WGMMA
 
 /* S = Q K^T: the group's 64 query rows (registers) against the tile's 64
@@ -270,7 +268,7 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
     cu_rows_load_q(params.q, q_lo, q_hi, active, active, qa);
     float o[16][4], m_lo, m_hi, l_lo, l_hi;
     cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
-    const float sl2 = params.scale * LOG2E;
+    const float sl2 = params.scale * CU_LOG2E;
 
     for (int32_t c = 0;; ++c) {
         const int s = ring_uses % ATT_TMA_STAGES;

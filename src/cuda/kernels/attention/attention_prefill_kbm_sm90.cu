@@ -747,7 +747,7 @@ void cu_pfk_build(const cu_attn_params *A, const cu_pfk_ws *ws, int32_t chunk_to
     p->chunk_tokens = chunk_tokens;
     p->blocks_cap = blocks_cap;
     p->items_cap = items_cap;
-    p->scale_log2 = A->scale * PFH_LOG2E;
+    p->scale_log2 = A->scale * CU_LOG2E;
     p->q = A->q;
     p->o = A->out;
     p->lse = A->lse;

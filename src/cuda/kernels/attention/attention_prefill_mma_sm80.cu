@@ -40,8 +40,6 @@
 
 static_assert(PFA_WARPS * 16 == CU_PFA_ROWS, "one m16 row tile per warp");
 
-#define PFA_LOG2E 1.4426950408889634f
-
 /* The ring's tiles: rows of 256 bytes, cu_swz. */
 struct cu_pfa_swz {
     __device__ __forceinline__ uint32_t operator()(int row, int chunk) const
@@ -345,7 +343,7 @@ void cu_pfa_build(const cu_attn_params *A, cu_pfa_params *p)
     p->logP = A->log_page_size;
     p->cap_pages = A->cap_pages;
     p->list = A->kind == CU_KIND_IV ? CU_PFA_IV : CU_PFA_MAIN;
-    p->scale_log2 = A->scale * PFA_LOG2E;
+    p->scale_log2 = A->scale * CU_LOG2E;
     p->q = A->q;
     p->kp = A->k_plane;
     p->vp = A->v_plane;

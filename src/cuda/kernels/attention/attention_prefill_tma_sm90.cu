@@ -456,7 +456,7 @@ void cu_pfh_build(const cu_attn_params *A, cu_pfh_params *p)
     p->sparse = A->sparse;
     p->W = A->topk_width;
     p->cap_pages = A->cap_pages;
-    p->scale_log2 = A->scale * PFH_LOG2E;
+    p->scale_log2 = A->scale * CU_LOG2E;
     p->q = A->q;
     p->o = A->out;
     p->lse = A->lse;

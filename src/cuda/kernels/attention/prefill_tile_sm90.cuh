@@ -32,8 +32,6 @@ static_assert(PFH_BOX_ROW_BYTES == 128, "a box row is one row of the 128-byte sw
 static_assert(PFH_HEAD_DIM == 2 * PFH_BOX_COLS && PFH_KEYS == 2 * PFH_BOX_ROWS,
               "a page is four boxes: two column halves of two row halves");
 
-#define PFH_LOG2E 1.4426950408889634f
-
 #ifdef CU_HAVE_WGMMA
 
 /* The four boxes of one [128][128] page (the rows of `page` for KV head

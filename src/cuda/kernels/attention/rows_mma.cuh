@@ -12,6 +12,7 @@
 #include "cuda/arch/mma_sm80.cuh"
 
 #define CU_LN2 0.6931471805599453f
+#define CU_LOG2E 1.4426950408889634f
 /* Floats of a saved state: O, then m and l of the 16 rows. */
 #define CU_ROWS_SLOT_FLOATS (16 * 128 + 32)
 

@@ -43,8 +43,6 @@
 /* The merge's per-row LSEs (16 rows, a partial per block) and one word. */
 #define LEAN_SMEM_BYTES (LEAN_SMALL + 16 * CU_LEAN_MAX_BLOCKS * 4 + 16)
 
-#define LEAN_LOG2E 1.4426950408889634f
-
 struct cu_lean_swz {
     __device__ __forceinline__ uint32_t operator()(int row, int chunk) const
     {
@@ -203,7 +201,7 @@ __global__ void __launch_bounds__(LEAN_THREADS, 1) cu_lean_kernel(cu_lean_params
     float sc[2][4];
     cu_rows_qk<Tag, 2, cu_lean_swz>(ka, warp * 16, qa, sc);
     /* Keys at or past kl (zero-filled rows of the last block) are out. */
-    const float sl2 = p.att.scale * LEAN_LOG2E;
+    const float sl2 = p.att.scale * CU_LOG2E;
     const int32_t key0 = x.j * LEAN_B + warp * 16 + 2 * (lane & 3);
 #pragma unroll
     for (int n = 0; n < 2; ++n)
