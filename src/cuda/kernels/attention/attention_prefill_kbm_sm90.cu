@@ -4,14 +4,14 @@
  *
  * The attend kernel: one CTA per SM walks the chunk's work items (one key
  * block of one KV head and up to CU_PFK_ITEM_TOKENS tokens that selected
- * it).  Nine working warps:
+ * it).  Thirteen working warps:
  *   warp 8      the producer: copies each item's K and V page into a ring
  *               slot (four tensor-map boxes each) and publishes the item;
  *               once the V copy has landed, it zeroes the rows after the
  *               last key any of the item's tokens may see (stale rows past
  *               kv_len would otherwise reach O as 0 x NaN) and releases V;
- *   warps 0-7   two consumer warpgroups; group h takes the item's token
- *               tiles h, h + 2, ... (a tile is 64 rows: 64 / g tokens x g
+ *   warps 0-11  three consumer warpgroups; group h takes the item's token
+ *               tiles h, h + 3, ... (a tile is 64 rows: 64 / g tokens x g
  *               heads).  Per tile: its Q rows copied by tensor map (one
  *               tile ahead, issued by one thread of the group) into one of
  *               the group's two tile buffers, S = Q K^T (wgmma, both
@@ -35,10 +35,13 @@
 
 #include <string.h>
 
-#define PFK_CONSUMER_WARPS 8
+/* Three consumer groups: a tile is a chain (Q landed, S, softmax, O,
+ * staged rows) that keeps one group's tensor-core share idle between its
+ * products, so a third group overlaps what two leave bare. */
+#define PFK_CONSUMER_WARPS 12
 #define PFK_THREADS ((PFK_CONSUMER_WARPS + 4) * 32)
-#define PFK_PRODUCER_REGS 64
-#define PFK_CONSUMER_REGS 216
+#define PFK_PRODUCER_REGS 32
+#define PFK_CONSUMER_REGS 160
 static_assert(4 * 32 * PFK_PRODUCER_REGS + PFK_CONSUMER_WARPS * 32 * PFK_CONSUMER_REGS <= 65536,
               "the register file holds the producer and the consumers");
 #define PFK_GROUPS (PFK_CONSUMER_WARPS / 4)
@@ -58,12 +61,16 @@ static_assert(4 * 32 * PFK_PRODUCER_REGS + PFK_CONSUMER_WARPS * 32 * PFK_CONSUME
  * empty; per tile buffer: its Q rows landed; then one meta word per stage
  * and the item's entries per stage. */
 #define PFK_BAR_BYTES ((4 * PFK_STAGES + 2 * PFK_GROUPS) * 8)
-#define PFK_ENT_BYTES (PFK_STAGES * CU_PFK_ITEM_TOKENS * 16)
+#define PFK_ENT_BYTES (PFK_STAGES * CU_PFK_ITEM_TOKENS * (int)sizeof(int2))
 #define PFK_SMEM \
     (1024 + PFK_RING_BYTES + PFK_QBUF_BYTES + PFK_BAR_BYTES + PFK_STAGES * 16 + PFK_ENT_BYTES)
 static_assert(PFK_SMEM <= 227 * 1024, "the ring fits in shared memory");
 #define PFK_EMPTY_ARRIVALS (PFK_CONSUMER_WARPS * 32)
 static_assert(CU_PFK_ITEM_TOKENS <= 64, "the producer reads an item's entries two per lane");
+/* An entry costs at least g x 260 bytes (g >= 8) of partial row and LSE,
+ * so a chunk's entries stay below the 2^24 rows an entry can name. */
+static_assert(CU_PFK_CHUNK_BUDGET / (8 * (PFH_HEAD_DIM * 2 + 4)) < ((size_t)1 << 24),
+              "an entry's packed partial row fits in 24 bits");
 
 /* Grids of the small kernels: enough CTAs to fill the device, each
  * walking its share of the chunk. */
@@ -204,7 +211,7 @@ __global__ void __launch_bounds__(PFK_LIST_THREADS)
         const cu_tok_info ti = p.tok_info[t];
         const int32_t blk = p.pf_blk0[ti.r] + b;
         const int32_t at = p.ws.off[(int64_t)g * p.blocks_cap + blk] + place;
-        p.ws.ent[at] = make_int4(e, ti.pos - b * PFH_KEYS, t, 0);
+        p.ws.ent[at] = cu_pfk_ent_make(e, ti.pos - b * PFH_KEYS, t);
     }
 }
 
@@ -216,7 +223,7 @@ typedef struct cu_pfk_smem_t {
     uint64_t *full_k, *full_v, *v_ready, *empty;
     uint64_t *qfull; /* [PFK_GROUPS][2]: a tile buffer's Q rows landed */
     int4 *meta;      /* per slot: first entry, tokens, KV head */
-    int4 *ent;       /* [PFK_STAGES][CU_PFK_ITEM_TOKENS] per slot: the item's entries */
+    int2 *ent;       /* [PFK_STAGES][CU_PFK_ITEM_TOKENS] per slot: the item's entries */
 } cu_pfk_smem_t;
 
 __device__ __forceinline__ cu_pfk_smem_t cu_pfk_smem_of(unsigned char *raw)
@@ -230,7 +237,7 @@ __device__ __forceinline__ cu_pfk_smem_t cu_pfk_smem_of(unsigned char *raw)
     sm.empty = sm.v_ready + PFK_STAGES;
     sm.qfull = sm.empty + PFK_STAGES;
     sm.meta = (int4 *)(sm.qfull + 2 * PFK_GROUPS);
-    sm.ent = sm.meta + PFK_STAGES;
+    sm.ent = (int2 *)(sm.meta + PFK_STAGES);
     return sm;
 }
 
@@ -276,9 +283,10 @@ __device__ void cu_pfk_producer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
         const int s = (int)(gs % PFK_STAGES);
         const uint32_t par = (gs / PFK_STAGES) & 1u;
         /* The item's entries, loaded before the slot is claimed. */
-        const int4 none = make_int4(0, -1, 0, 0);
-        const int4 e0 = lane < it.w ? p.ws.ent[it.z + lane] : none;
-        const int4 e1 = lane + 32 < it.w ? p.ws.ent[it.z + lane + 32] : none;
+        const bool h0 = lane < it.w, h1 = lane + 32 < it.w;
+        const int2 none = make_int2(0, 0);
+        const int2 e0 = h0 ? p.ws.ent[it.z + lane] : none;
+        const int2 e1 = h1 ? p.ws.ent[it.z + lane + 32] : none;
         if (gs >= PFK_STAGES)
             cu_mbar_wait(&sm.empty[s], par ^ 1u);
         /* Published with the slot: every lane arrives on the K barrier
@@ -299,12 +307,13 @@ __device__ void cu_pfk_producer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
         }
         __syncwarp();
         /* The last key the item's tokens see. */
-        const int32_t lk = __reduce_max_sync(0xffffffffu, max(e0.y, e1.y));
+        const int32_t lk = __reduce_max_sync(0xffffffffu, max(h0 ? cu_pfk_ent_key(e0) : -1,
+                                                              h1 ? cu_pfk_ent_key(e1) : -1));
         if (pd.s >= 0)
             cu_pfk_release_v(sm, pd);
         pd.s = s;
         pd.par = par;
-        pd.last_key = min(lk, PFH_KEYS - 1);
+        pd.last_key = lk;
     }
     if (pd.s >= 0)
         cu_pfk_release_v(sm, pd);
@@ -323,7 +332,7 @@ __device__ __forceinline__ void cu_pfk_group_sync(int wg)
  * next), at row token x g, so the buffer holds the 64-row A operand of
  * S = Q K^T in the 128-byte swizzle.  Rows of missing tokens keep what
  * the buffer held: their scores are masked and their rows never stored. */
-__device__ __forceinline__ void cu_pfk_issue_q(const CUtensorMap *map_q, const int4 *ent, int32_t n,
+__device__ __forceinline__ void cu_pfk_issue_q(const CUtensorMap *map_q, const int2 *ent, int32_t n,
                                                int32_t t0, int32_t tt, int32_t g, int32_t kvh,
                                                uint32_t dst, uint64_t *bar)
 {
@@ -331,7 +340,7 @@ __device__ __forceinline__ void cu_pfk_issue_q(const CUtensorMap *map_q, const i
     cu_mbar_arrive_tx(bar, (uint32_t)(k * g * PFH_ROW_BYTES));
     for (int32_t tk = 0; tk < k; ++tk) {
         const uint32_t d = dst + (uint32_t)(tk * g * PFH_BOX_ROW_BYTES);
-        const int32_t t = ent[t0 + tk].z;
+        const int32_t t = ent[t0 + tk].y;
         cu_tma_load_rows(d, map_q, 0, 0, kvh, t, bar);
         cu_tma_load_rows(d + PFK_TILE_BYTES / 2, map_q, PFH_BOX_COLS, 0, kvh, t, bar);
     }
@@ -340,14 +349,14 @@ __device__ __forceinline__ void cu_pfk_issue_q(const CUtensorMap *map_q, const i
 /* Issued by one thread: the tile's staged output rows (the layout of
  * cu_pfk_issue_q) to the partial rows of its tokens, marked evict-first in
  * L2 (the merge reads them only after the whole chunk), as one bulk group. */
-__device__ __forceinline__ void cu_pfk_issue_o(const CUtensorMap *map_o, const int4 *ent, int32_t n,
+__device__ __forceinline__ void cu_pfk_issue_o(const CUtensorMap *map_o, const int2 *ent, int32_t n,
                                                int32_t t0, int32_t tt, int32_t g, uint32_t src,
                                                uint64_t policy)
 {
     const int32_t k = min(tt, n - t0);
     for (int32_t tk = 0; tk < k; ++tk) {
         const uint32_t a = src + (uint32_t)(tk * g * PFH_BOX_ROW_BYTES);
-        const int32_t e = ent[t0 + tk].x;
+        const int32_t e = cu_pfk_ent_row(ent[t0 + tk]);
         cu_tma_store_rows_hint(a, map_o, 0, 0, 0, e, policy);
         cu_tma_store_rows_hint(a + PFK_TILE_BYTES / 2, map_o, PFH_BOX_COLS, 0, 0, e, policy);
     }
@@ -437,7 +446,7 @@ __device__ __forceinline__ void cu_pfk_stage_o(uint32_t buf, const float (&o)[16
     }
 }
 
-/* The consumer groups.  Group wg takes the item's tiles wg, wg + 2, ...;
+/* The consumer groups.  Group wg takes the item's tiles wg, wg + 3, ...;
  * its tiles of all items form one sequence whose tile seq uses buffer
  * seq % 2.  One thread of the group (lead) copies in the next tile's Q
  * rows (of this item, or of the next item's first tile for the group)
@@ -470,7 +479,7 @@ __device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
         const uint32_t par = (gs / PFK_STAGES) & 1u;
         cu_mbar_wait(&sm.full_k[s], par);
         const int32_t n = sm.meta[s].y, kvh = sm.meta[s].z;
-        const int4 *ent = sm.ent + s * CU_PFK_ITEM_TOKENS;
+        const int2 *ent = sm.ent + s * CU_PFK_ITEM_TOKENS;
         const uint32_t ka = cu_smem_addr(sm.ring + s * PFK_STAGE_BYTES);
         bool v_seen = false;
         if (lead && !ahead && first < n)
@@ -485,7 +494,7 @@ __device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
             cu_pfk_qk<Tag>(buf, ka, sc);
             if (lead) {
                 /* The next tile: this item's, or the next item's first. */
-                const int4 *ne = ent;
+                const int2 *ne = ent;
                 int32_t nn = n, nt = t0 + step, nk = kvh;
                 if (nt >= n) {
                     /* Only if the next item's slot is already published:
@@ -509,8 +518,8 @@ __device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
                 }
             }
             const bool ok_lo = t0 + tok_lo < n, ok_hi = t0 + tok_hi < n;
-            const int32_t lim_lo = ok_lo ? ent[t0 + tok_lo].y : -1;
-            const int32_t lim_hi = ok_hi ? ent[t0 + tok_hi].y : -1;
+            const int32_t lim_lo = ok_lo ? cu_pfk_ent_key(ent[t0 + tok_lo]) : -1;
+            const int32_t lim_hi = ok_hi ? cu_pfk_ent_key(ent[t0 + tok_hi]) : -1;
             float m_lo, m_hi, l_lo, l_hi;
             cu_pfk_softmax(sc, lim_lo, lim_hi, p.scale_log2, m_lo, m_hi, l_lo, l_hi);
             if (!v_seen) {
@@ -522,10 +531,10 @@ __device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
             cu_rows_sum_quads(l_lo, l_hi);
             if ((lane & 3) == 0) {
                 if (ok_lo)
-                    p.ws.part_lse[(int64_t)ent[t0 + tok_lo].x * p.g + head_lo] =
+                    p.ws.part_lse[(int64_t)cu_pfk_ent_row(ent[t0 + tok_lo]) * p.g + head_lo] =
                         cu_rows_lse(m_lo, l_lo);
                 if (ok_hi)
-                    p.ws.part_lse[(int64_t)ent[t0 + tok_hi].x * p.g + head_hi] =
+                    p.ws.part_lse[(int64_t)cu_pfk_ent_row(ent[t0 + tok_hi]) * p.g + head_hi] =
                         cu_rows_lse(m_hi, l_hi);
             }
             /* The products have read the Q rows: the buffer takes the
@@ -696,7 +705,7 @@ int cu_pfk_fits(int32_t d, int32_t page, int32_t block, int32_t g, const char **
 static size_t cu_pfk_token_bytes(int32_t hkv, int32_t g, int32_t W)
 {
     return (size_t)hkv * (size_t)W *
-           ((size_t)g * (PFH_HEAD_DIM * 2 + sizeof(float)) + sizeof(int32_t) + sizeof(int4));
+           ((size_t)g * (PFH_HEAD_DIM * 2 + sizeof(float)) + sizeof(int32_t) + sizeof(int2));
 }
 
 int32_t cu_pfk_chunk_tokens(int32_t cap_tok, int32_t hkv, int32_t g, int32_t W)
@@ -723,7 +732,7 @@ size_t cu_pfk_ws_carve(void *base, int32_t hkv, int32_t g, int32_t W, int32_t ch
     PFK_CARVE(off, int32_t, lists);
     PFK_CARVE(blk_page, int32_t, blocks_cap);
     PFK_CARVE(epos, int32_t, entries);
-    PFK_CARVE(ent, int4, entries);
+    PFK_CARVE(ent, int2, entries);
     PFK_CARVE(items, int4, items);
     PFK_CARVE(n_items, int32_t, 1);
     PFK_CARVE(part_o, uint16_t, entries * (size_t)g * PFH_HEAD_DIM);

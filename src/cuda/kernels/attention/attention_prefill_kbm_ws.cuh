@@ -15,12 +15,30 @@ typedef struct cu_pfk_ws {
     int32_t *off;      /* [hkv][blocks_cap] list offsets in ent */
     int32_t *blk_page; /* [blocks_cap] page of each block of the step's prefill requests */
     int32_t *epos;     /* [chunk_tokens][hkv][W] place of an entry in its list (-1: none) */
-    int4 *ent;         /* [chunk_tokens * hkv * W] entries: partial row, last visible key,
-                        * first query row of the token's KV head, 0 */
+    int2 *ent;         /* [chunk_tokens * hkv * W] entries (cu_pfk_ent_make) */
     int4 *items;       /* [items_cap] KV head, page, first entry, tokens */
     int32_t *n_items;  /* [1] items of the chunk */
     void *part_o;      /* [chunk_tokens * hkv * W][g][128] 16-bit partial rows */
     float *part_lse;   /* [chunk_tokens * hkv * W][g] their natural-log LSE */
 } cu_pfk_ws;
+
+/* A list entry in 8 bytes: x = its partial row x 128 + the last key of
+ * the block its token sees (keys past the block's 127th count as 127),
+ * y = the token's row in the step.  The chunk budget keeps partial rows
+ * below 2^24 (cu_pfk_chunk_tokens), so x stays a non-negative int32. */
+#define CU_PFK_ENT_KEY_BITS 7
+__host__ __device__ __forceinline__ int2 cu_pfk_ent_make(int32_t row, int32_t last_key, int32_t tok)
+{
+    const int32_t k = last_key < 127 ? last_key : 127;
+    return make_int2((row << CU_PFK_ENT_KEY_BITS) | k, tok);
+}
+__host__ __device__ __forceinline__ int32_t cu_pfk_ent_row(int2 e)
+{
+    return e.x >> CU_PFK_ENT_KEY_BITS;
+}
+__host__ __device__ __forceinline__ int32_t cu_pfk_ent_key(int2 e)
+{
+    return e.x & ((1 << CU_PFK_ENT_KEY_BITS) - 1);
+}
 
 #endif /* MSA_ATTENTION_PREFILL_KBM_WS_CUH */
