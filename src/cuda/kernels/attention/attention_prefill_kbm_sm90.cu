@@ -5,7 +5,7 @@
  * The attend kernel: one CTA per SM walks the chunk's work items (one key
  * block of one KV head and up to CU_PFK_ITEM_TOKENS tokens that selected
  * it).  Thirteen working warps:
- *   warp 8      the producer: copies each item's K and V page into a ring
+ *   warp 12     the producer: copies each item's K and V page into a ring
  *               slot (four tensor-map boxes each) and publishes the item;
  *               once the V copy has landed, it zeroes the rows after the
  *               last key any of the item's tokens may see (stale rows past
@@ -67,6 +67,7 @@ static_assert(4 * 32 * PFK_PRODUCER_REGS + PFK_CONSUMER_WARPS * 32 * PFK_CONSUME
 static_assert(PFK_SMEM <= 227 * 1024, "the ring fits in shared memory");
 #define PFK_EMPTY_ARRIVALS (PFK_CONSUMER_WARPS * 32)
 static_assert(CU_PFK_ITEM_TOKENS <= 64, "the producer reads an item's entries two per lane");
+static_assert((1 << CU_PFK_ENT_KEY_BITS) == PFH_KEYS, "an entry names any key of its block");
 /* An entry costs at least g x 260 bytes (g >= 8) of partial row and LSE,
  * so a chunk's entries stay below the 2^24 rows an entry can name. */
 static_assert(CU_PFK_CHUNK_BUDGET / (8 * (PFH_HEAD_DIM * 2 + 4)) < ((size_t)1 << 24),

@@ -23,13 +23,15 @@ typedef struct cu_pfk_ws {
 } cu_pfk_ws;
 
 /* A list entry in 8 bytes: x = its partial row x 128 + the last key of
- * the block its token sees (keys past the block's 127th count as 127),
+ * the block of 128 keys its token sees (a later position counts as the
+ * block's last key, 127),
  * y = the token's row in the step.  The chunk budget keeps partial rows
  * below 2^24 (cu_pfk_chunk_tokens), so x stays a non-negative int32. */
 #define CU_PFK_ENT_KEY_BITS 7
 __host__ __device__ __forceinline__ int2 cu_pfk_ent_make(int32_t row, int32_t last_key, int32_t tok)
 {
-    const int32_t k = last_key < 127 ? last_key : 127;
+    const int32_t top = (1 << CU_PFK_ENT_KEY_BITS) - 1;
+    const int32_t k = last_key < top ? last_key : top;
     return make_int2((row << CU_PFK_ENT_KEY_BITS) | k, tok);
 }
 __host__ __device__ __forceinline__ int32_t cu_pfk_ent_row(int2 e)
