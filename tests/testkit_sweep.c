@@ -663,21 +663,61 @@ static void add_prefill(tk_list *l)
     c->sparse = 0;
 }
 
-/* Prefill and extend rows over quantized planes: the rows of prefill
- * requests read the cache through the same de-quantizing gather as the
- * decode rows. */
+/* The fallback reason of layers whose prefill kernels read 16-bit copies
+ * of quantized planes (CUDA, head dim and index dim 128). */
+#define EXPECT_PREFILL_COPIES "prefill rows read 16-bit copies of the pages"
+
+/* Prefill and extend rows over quantized planes.  At dims of 128 the CUDA
+ * backend's prefill kernels read 16-bit copies of the step's pages (codes
+ * widened, the plane scales on the scores and rows): the key-block-major
+ * attention and the tensor-map indexer at pages of 128, the mma.sync
+ * kernels at other pages, the dense stream, the index-value pass, with
+ * scales and NaN garbage past kv_len; the odd shape keeps the
+ * de-quantizing rows. */
 static void add_quantized_prefill(tk_list *l)
 {
     static const tk_dtypes fp8_nv = {MSA_DTYPE_BF16, MSA_DTYPE_FP8_E4M3, MSA_DTYPE_NVFP4};
     static const tk_dtypes nv_nv = {MSA_DTYPE_BF16, MSA_DTYPE_NVFP4, MSA_DTYPE_NVFP4};
     static const tk_dtypes nv_fp8 = {MSA_DTYPE_FP16, MSA_DTYPE_NVFP4, MSA_DTYPE_FP8_E4M3};
+    static const tk_dtypes fp8_fp8 = {MSA_DTYPE_BF16, MSA_DTYPE_FP8_E4M3, MSA_DTYPE_FP8_E4M3};
+    static const tk_dtypes f16_fp8_nv = {MSA_DTYPE_FP16, MSA_DTYPE_FP8_E4M3, MSA_DTYPE_NVFP4};
     msa_case *c = add(l, 1, &PF128, &PF_QUICK, fp8_nv, 16, 0, 1);
     c->k_scale = 0.1f;
     c->index_k_scale = 0.5f;
-    add(l, 0, &PFM3, &PF_QUICK, nv_nv, 128, 1, 0);
+    c->expect_cuda = EXPECT_PREFILL_COPIES;
+    c = add(l, 0, &PFM3, &PF_QUICK, nv_nv, 128, 1, 0);
+    c->expect_cuda = EXPECT_PREFILL_COPIES;
     add(l, 0, &PFODD, &PF_MIX, nv_fp8, 8, 1, 1);
     c = add(l, 0, &PF128, &PF_MIX, nv_nv, 64, 0, 0);
     c->sparse = 0;
+    c->expect_cuda = EXPECT_PREFILL_COPIES;
+    /* The real layer: prefixes, decode rows beside, scales on every plane,
+     * NaN codes in the K, V and index-K rows past kv_len. */
+    c = add(l, 1, &M3, &PF_QUICK, fp8_fp8, 128, 0, 0);
+    c->k_scale = 0.03f;
+    c->v_scale = 4.0f;
+    c->index_k_scale = 0.25f;
+    c->garbage_nan = 2;
+    c->expect_cuda = EXPECT_PREFILL_COPIES;
+    c = add(l, 0, &PFM3, &PF_EXT, nv_nv, 128, 1, 1);
+    c->k_scale = 2.0f;
+    c->v_scale = 0.05f;
+    c->index_k_scale = 0.5f;
+    c->index_v_scale = 8.0f;
+    c->garbage_nan = 2;
+    c->expect_cuda = EXPECT_PREFILL_COPIES;
+    c = add(l, 1, &PF128, &PF_MIX, f16_fp8_nv, 16, 1, 1);
+    c->v_scale = 0.3f;
+    c->index_v_scale = 0.2f;
+    c->garbage_nan = 2;
+    c->expect_cuda = EXPECT_PREFILL_COPIES;
+    /* Dense layers: every causal key of the copy. */
+    c = add(l, 0, &PFM3, &PF_MIX, fp8_fp8, 128, 0, 0);
+    c->sparse = 0;
+    c->k_scale = 0.2f;
+    c->v_scale = 0.7f;
+    c->garbage_nan = 2;
+    c->expect_cuda = EXPECT_PREFILL_COPIES;
 }
 
 /* ---- prefill rows on the CPU's blocked kernels -------------------------- */

@@ -65,6 +65,8 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     out->idx_tma = out->attn_tma = 0;
     out->pf_fast = out->pf_iv_fast = out->pf_tma = out->pf_kbm = 0;
     out->lean = 0;
+    out->pf_idx = out->pf_idx_tma = 0;
+    out->pf_widen = 0;
 
     const int act16 = cu_is16(act);
     if (!act16)
@@ -82,13 +84,22 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     const int idx_quant =
         sparse && (cc->index_dtype == MSA_DTYPE_FP8_E4M3 || cc->index_dtype == MSA_DTYPE_NVFP4);
     const int kv_fp8_mma = act16 && cc->kv_dtype == MSA_DTYPE_FP8_E4M3;
+    /* The prefill kernels read 16-bit copies of quantized planes where the
+     * plan keeps them (widen_pages.cuh). */
+    const cu_widen_copies *wc = st ? &st->widen : NULL;
+    const int kv_copy = act16 && kv_quant && wc && wc->copy[MSA_PLANE_K] && wc->copy[MSA_PLANE_V];
+    const int ik_copy = act16 && idx_quant && wc && wc->copy[MSA_PLANE_INDEX_K];
+    const int iv_copy = iv && ik_copy && wc->copy[MSA_PLANE_INDEX_V];
     if (kv_fp8_mma && cfg->head_dim == 128) {
         cu_why(why, why_size,
-               "fp8_e4m3 K/V planes: mma.sync decode attention widens the codes; prefill rows "
-               "SIMT, no Hopper attention");
+               kv_copy ? "fp8_e4m3 K/V planes: mma.sync decode attention widens the codes, no "
+                         "Hopper decode attention; prefill rows read 16-bit copies of the pages"
+                       : "fp8_e4m3 K/V planes: mma.sync decode attention widens the codes; "
+                         "prefill rows SIMT, no Hopper attention");
     } else if (kv_quant) {
-        snprintf(buf, sizeof buf, "%s K/V planes: SIMT attention de-quantizes rows on read",
-                 msa_dtype_name(cc->kv_dtype));
+        snprintf(buf, sizeof buf, "%s K/V planes: SIMT attention de-quantizes rows on read%s",
+                 msa_dtype_name(cc->kv_dtype),
+                 kv_copy ? "; prefill rows read 16-bit copies of the pages" : "");
         cu_why(why, why_size, buf);
     } else if (act16 && !kv_ok) {
         snprintf(buf, sizeof buf, "kv dtype %s != act dtype %s: SIMT attention",
@@ -119,26 +130,34 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
             cu_why(why, why_size, buf);
         }
         int ok = idx_ok || idx_q_mma;
-        if (ok && cfg->index_dim != 128) {
+        const int pf_idx_type = idx_ok || ik_copy;
+        if ((ok || pf_idx_type) && cfg->index_dim != 128) {
             snprintf(buf, sizeof buf, "index_dim %d != 128: SIMT indexer", cfg->index_dim);
             cu_why(why, why_size, buf);
             ok = 0;
         }
-        if (ok && cfg->block_size % CU_TILE_KEYS != 0) {
+        if ((ok || pf_idx_type) && cfg->block_size % CU_TILE_KEYS != 0) {
             snprintf(buf, sizeof buf, "block_size %d not a multiple of 64: SIMT indexer",
                      cfg->block_size);
             cu_why(why, why_size, buf);
             ok = 0;
         }
-        if (ok && cfg->num_index_heads > 4) {
+        if ((ok || pf_idx_type) && cfg->num_index_heads > 4) {
             snprintf(buf, sizeof buf, "%d index heads > 4: SIMT indexer", cfg->num_index_heads);
             cu_why(why, why_size, buf);
             ok = 0;
         }
+        /* The prefill indexer: the decode indexer's shapes, a 16-bit plane
+         * or its copy. */
+        out->pf_idx = pf_idx_type && cfg->index_dim == 128 && cfg->block_size % CU_TILE_KEYS == 0 &&
+                      cfg->num_index_heads <= 4;
+        if (ik_copy && out->pf_idx)
+            out->pf_widen |= 1u << MSA_PLANE_INDEX_K;
         if (idx_quant && ok)
-            snprintf(buf, sizeof buf, "%s index planes: mma.sync indexer widens the codes%s",
+            snprintf(buf, sizeof buf, "%s index planes: mma.sync indexer widens the codes%s%s",
                      msa_dtype_name(cc->index_dtype),
-                     iv ? "; index-value rows SIMT, de-quantized on read" : "");
+                     iv ? "; index-value decode rows SIMT, de-quantized on read" : "",
+                     out->pf_idx ? "; prefill rows read 16-bit copies of the pages" : "");
         else if (idx_quant)
             snprintf(buf, sizeof buf,
                      "%s index planes: SIMT indexer and index-value rows de-quantize on read",
@@ -161,13 +180,18 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     {
         const char *pf_why = NULL;
         const int pf_ready = st && st->grid_pfa > 0;
-        out->pf_fast = kv_ok && out->attn_fast && pf_ready &&
+        const int pf_kv_ok = (kv_ok || kv_copy) && cfg->head_dim == 128;
+        out->pf_fast = pf_kv_ok && pf_ready &&
                        cu_pfa_fits(cfg->head_dim, m->group, m->topk_width, sparse, &pf_why);
-        out->pf_iv_fast = out->iv_fast && pf_ready &&
+        out->pf_iv_fast = (out->iv_fast || (iv_copy && cfg->index_dim == 128)) && pf_ready &&
                           cu_pfa_fits(cfg->index_dim, cfg->num_index_heads, 0, 0, NULL);
-        if (pf_why && pf_ready && kv_ok)
+        if (kv_copy && out->pf_fast)
+            out->pf_widen |= (1u << MSA_PLANE_K) | (1u << MSA_PLANE_V);
+        if (iv_copy && out->pf_iv_fast)
+            out->pf_widen |= (1u << MSA_PLANE_INDEX_K) | (1u << MSA_PLANE_INDEX_V);
+        if (pf_why && pf_ready && pf_kv_ok)
             cu_why(why, why_size, pf_why);
-        if (st && !pf_ready && st->sz.pf_tiles_cap[0] > 0 && kv_ok && out->attn_fast)
+        if (st && !pf_ready && st->sz.pf_tiles_cap[0] > 0 && pf_kv_ok)
             cu_why(why, why_size,
                    "device blocks below 160 KB of shared memory: scalar prefill rows");
         /* Its Hopper version for the main pass (with the layer's K and V
@@ -196,6 +220,7 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     const int64_t rows = cc->num_pages * (int64_t)cc->page_size;
     if (sparse && hopper && whole_pages) {
         out->idx_tma = out->idx_fast && !idx_quant && st->wgmma && rows < ((int64_t)1 << 31);
+        out->pf_idx_tma = out->pf_idx && st->wgmma && rows < ((int64_t)1 << 31);
         out->attn_tma = kv_ok && out->attn_fast && cu_attn_tma_shape(plan, st) &&
                         rows * cfg->num_kv_heads < ((int64_t)1 << 31);
         if (out->attn_fast && m->group != 16) {
@@ -213,7 +238,12 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     const unsigned kv_bits = (1u << CU_MAP_K) | (1u << CU_MAP_V);
     const int idx_map = (map_ok & (1u << CU_MAP_INDEX_K)) != 0;
     const int kv_maps = (map_ok & kv_bits) == kv_bits;
-    if ((out->idx_tma && !idx_map) || ((out->attn_tma || out->pf_tma) && !kv_maps))
+    /* The prefill kernels' maps: the copies' where they read copies. */
+    const unsigned pf_map_ok = wc ? wc->map_ok : 0u;
+    const int pf_idx_map = ik_copy ? (pf_map_ok & (1u << CU_MAP_INDEX_K)) != 0 : idx_map;
+    const int pf_kv_maps = kv_copy ? (pf_map_ok & kv_bits) == kv_bits : kv_maps;
+    if ((out->idx_tma && !idx_map) || (out->attn_tma && !kv_maps) ||
+        (out->pf_idx_tma && !pf_idx_map) || (out->pf_tma && !pf_kv_maps))
         cu_why(why, why_size,
                msa_cache_layer_is_library_layout(plan->cache, layer)
                    ? "no tensor maps of the planes (driver, alignment or size): mma.sync kernels"
@@ -221,8 +251,12 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
                      "16 bytes below 2^40, or the driver): mma.sync kernels");
     if (!idx_map)
         out->idx_tma = 0;
+    if (!pf_idx_map)
+        out->pf_idx_tma = 0;
     if (!kv_maps)
-        out->attn_tma = out->pf_tma = 0;
+        out->attn_tma = 0;
+    if (!pf_kv_maps)
+        out->pf_tma = 0;
     /* The sparse pass's prefill rows key-block-major where the plan set
      * it up (its shapes and types, the debugging option). */
     out->pf_kbm = sparse && out->pf_tma && st->pfk &&
@@ -310,9 +344,9 @@ void cu_describe(const msa_plan *plan, int32_t layer, const char **kernel, const
                    : "prefill requests (q_len > 16) in this step: simple prefill kernels");
         if (sparse)
             cu_why(st->why_step, sizeof st->why_step,
-                   !(p->idx_fast && st->pfi_scratch)
+                   !(p->pf_idx && st->pfi_scratch)
                        ? "prefill index scores and selection: scalar (shape or dtype)"
-                   : p->idx_tma && st->pfit
+                   : p->pf_idx_tma && st->pfit
                        ? "prefill index scores and selection: tensor cores, tensor-map pages"
                        : "prefill index scores and selection: tensor cores");
         *reason = st->why_step;
@@ -382,18 +416,33 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
     if (!st->path)
         return msa_set_error(ctx, MSA_ERR_BACKEND, "CUDA plan has no kernel paths");
     cu_paths paths = st->path[layer];
-    if (paths.attn_fast && !(cu_aligned(io->q, 4) && cu_aligned(io->o, 4)))
+    if (!(cu_aligned(io->q, 4) && cu_aligned(io->o, 4)))
         paths.attn_fast = paths.attn_tma = paths.pf_fast = paths.pf_tma = 0;
-    if (paths.idx_fast && !cu_aligned(io->idx_q, 16))
-        paths.idx_fast = paths.idx_tma = 0;
-    if (paths.iv_fast && !(cu_aligned(io->idx_q, 4) && cu_aligned(io->idx_o, 4)))
+    if (!cu_aligned(io->idx_q, 16))
+        paths.idx_fast = paths.idx_tma = paths.pf_idx = paths.pf_idx_tma = 0;
+    if (!(cu_aligned(io->idx_q, 4) && cu_aligned(io->idx_o, 4)))
         paths.iv_fast = paths.pf_iv_fast = 0;
+    /* Copies only for the prefill kernels that still read them. */
+    if (!paths.pf_fast)
+        paths.pf_widen &= ~((1u << MSA_PLANE_K) | (1u << MSA_PLANE_V));
+    if (!paths.pf_iv_fast)
+        paths.pf_widen &= ~(1u << MSA_PLANE_INDEX_V);
+    if (!paths.pf_idx && !paths.pf_iv_fast)
+        paths.pf_widen &= ~(1u << MSA_PLANE_INDEX_K);
     /* Key-block-major: its merge writes 16-byte pieces, its queries come
      * by tensor map. */
     if (!paths.pf_tma || !cu_aligned(io->o, 16) || !cu_aligned(io->q, 16))
         paths.pf_kbm = 0;
     const CUtensorMap *maps = st->maps ? st->maps + (size_t)layer * CU_MAPS : NULL;
-    const CUtensorMap *pf_maps = paths.pf_tma ? &maps[CU_MAP_K] : NULL;
+    /* The prefill kernels' maps: of the copies where they read copies. */
+    const CUtensorMap *pf_layer_maps = maps;
+    if (paths.pf_widen & (1u << MSA_PLANE_K))
+        pf_layer_maps = st->widen.maps;
+    const CUtensorMap *pf_maps = paths.pf_tma ? &pf_layer_maps[CU_MAP_K] : NULL;
+    const CUtensorMap *pfi_map = NULL;
+    if (paths.pf_idx_tma)
+        pfi_map = (paths.pf_widen & (1u << MSA_PLANE_INDEX_K)) ? &st->widen.maps[CU_MAP_INDEX_K]
+                                                               : &maps[CU_MAP_INDEX_K];
     /* The Hopper attention builds the unions of requests of several tokens
      * (up to CU_ATT_UNION_BLOCKS blocks) itself: the selection then ends
      * with its last row, without a completion count and a union pass. */
@@ -411,9 +460,9 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
      * role no CTAs.  Enqueued when the step has prefill rows, and always
      * under graph capture (a replay may follow an update that adds some). */
     int32_t prefill_ctas = st->sz.grid_pf;
-    int pfi = sparse && paths.idx_fast && st->pfi_scratch != NULL;
+    int pfi = sparse && paths.pf_idx && st->pfi_scratch != NULL;
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (pfi || paths.pf_kbm)
+    if (pfi || paths.pf_kbm || paths.pf_widen)
         CU_TRY(ctx, cudaStreamIsCapturing(s, &cap));
     const int capturing = cap != cudaStreamCaptureStatusNone;
     if (pfi) {
@@ -462,6 +511,15 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         return MSA_OK;
     }
     cu_launch_prologue(&prologue, st, s);
+    /* 16-bit copies of the quantized pages the prefill kernels read (part
+     * of the cache-write stage); under capture always, as the prefill
+     * kernels. */
+    if (paths.pf_widen && (st->step.n_pf > 0 || capturing)) {
+        cu_widen_params widen;
+        cu_widen_build(plan, &st->widen, layer, paths.pf_widen, io->act_dtype, &st->dev,
+                       st->sz.cap_pages, &widen);
+        cu_launch_widen_pages(&widen, st->sz.num_sms, st->pdl, s);
+    }
     cu_attn_params attn;
     if (sparse) {
         CU_STAGE_MARK(MSA_STAGE_INDEXER, MSA_STAGE_INDEXER);
@@ -480,8 +538,7 @@ msa_status cu_forward(msa_context *ctx, msa_plan *plan, int32_t layer, const msa
         cu_launch_select(&select, st, s);
         if (pfi) {
             CU_STAGE_MARK(MSA_STAGE_PREFILL_INDEXER, MSA_STAGE_PREFILL_INDEXER);
-            cu_launch_indexer_prefill_mma(&select, st, paths.idx_tma ? &maps[CU_MAP_INDEX_K] : NULL,
-                                          s);
+            cu_launch_indexer_prefill_mma(&select, st, pfi_map, s);
             CU_STAGE_MARK(MSA_STAGE_ATTENTION, MSA_STAGE_ATTENTION);
         } else {
             CU_STAGE_MARK(MSA_STAGE_PREFILL_INDEXER, MSA_STAGE_ATTENTION);

@@ -164,6 +164,10 @@ void cu_select_build(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     p->index_k_plane = cache->planes[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
     p->index_k_strides = cache->strides[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
     p->index_k_scale = cache->scales[(size_t)layer * 4 + MSA_PLANE_INDEX_K];
+    const int ik_copy = cu_is_quantized(p->index_dtype) && st->widen.copy[MSA_PLANE_INDEX_K];
+    p->pf_index_k_plane = ik_copy ? st->widen.copy[MSA_PLANE_INDEX_K] : p->index_k_plane;
+    p->pf_index_k_strides = ik_copy ? st->widen.strides[MSA_PLANE_INDEX_K] : p->index_k_strides;
+    p->pf_index_k_mul = ik_copy ? p->index_k_scale : 1.0f;
     p->scores = st->scores;
     p->selected = st->sel;
     p->topk_ids = io->topk;
@@ -227,6 +231,16 @@ void cu_attn_build(const msa_plan *plan, const cu_plan_state *st, int32_t layer,
         p->lse = io->lse;
         p->sparse = kind == CU_KIND_SPARSE;
     }
+    /* The prefill kernels' planes: the 16-bit copies of quantized ones. */
+    const int kp = kind == CU_KIND_IV ? MSA_PLANE_INDEX_K : MSA_PLANE_K;
+    const int vp = kind == CU_KIND_IV ? MSA_PLANE_INDEX_V : MSA_PLANE_V;
+    const int copies = cu_is_quantized(p->kv_dtype) && st->widen.copy[kp] && st->widen.copy[vp];
+    p->pf_k_plane = copies ? st->widen.copy[kp] : p->k_plane;
+    p->pf_v_plane = copies ? st->widen.copy[vp] : p->v_plane;
+    p->pf_k_strides = copies ? st->widen.strides[kp] : p->k_strides;
+    p->pf_v_strides = copies ? st->widen.strides[vp] : p->v_strides;
+    p->pf_k_mul = copies ? p->k_scale : 1.0f;
+    p->pf_v_mul = copies ? p->v_scale : 1.0f;
     p->act_dtype = io->act_dtype;
     p->block_size = cfg->block_size;
     p->topk_width = m->topk_width;

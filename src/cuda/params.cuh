@@ -137,6 +137,12 @@ typedef struct cu_select_params {
     msa_plane_strides index_k_strides;
     /* Quantized index planes: the plane's scale (msa_cache_set_scales). */
     float index_k_scale;
+    /* The index-key plane of the prefill indexer: the plane, or its 16-bit
+     * copy (widen_pages.cuh) with the plane's scale as pf_index_k_mul
+     * (1 for the plane itself). */
+    const void *pf_index_k_plane;
+    msa_plane_strides pf_index_k_strides;
+    float pf_index_k_mul;
     float *scores;         /* [decode rows][num_index_heads][cap_blocks] */
     int32_t *selected;     /* [tokens][num_kv_heads][topk_width] ascending ids, -1 padded */
     int32_t *topk_ids;     /* the caller's copy of selected, or NULL */
@@ -170,6 +176,12 @@ typedef struct cu_attn_params {
     msa_plane_strides k_strides, v_strides;
     /* Quantized planes: the planes' scales (msa_cache_set_scales). */
     float k_scale, v_scale;
+    /* The planes of the prefill kernels: k_plane and v_plane, or their
+     * 16-bit copies (widen_pages.cuh) with the planes' scales as pf_k_mul
+     * (scores) and pf_v_mul (finished rows); 1 for the planes themselves. */
+    const void *pf_k_plane, *pf_v_plane;
+    msa_plane_strides pf_k_strides, pf_v_strides;
+    float pf_k_mul, pf_v_mul;
     void *out;          /* [tokens][q_heads][head_dim] */
     float *lse;         /* [tokens][q_heads], or NULL (index-value pass) */
     int32_t block_size; /* key-stream block size (sparse unions) */

@@ -68,6 +68,7 @@ static cudaError_t cu_zalloc(void **p, size_t n)
 typedef struct cu_ws_layout {
     size_t meta, scores, sel, uids, umask, ucnt, sel_done, idx_next, pf_scratch, part;
     size_t pfi_scratch, pfi_split, pfk, lean;
+    size_t widen[CU_WIDEN_PLANES];
     int grid_pfi;
     int32_t pfk_chunk;
     int32_t lean_tasks;
@@ -117,7 +118,20 @@ static void cu_ws_layout_of(const msa_plan *plan, const cu_ctx_state *cs, const 
      * per CTA (CU_PFI_ROWS x cap_blocks floats, 256 KB a CTA at 128K
      * tokens).  The debugging option cuda_no_prefill_indexer keeps the
      * scalar role. */
-    const int pfi = any_sparse && cs->pfi && cu_pfidx_shape(plan) && sz->cap_q > CU_DEC_MAX_Q;
+    /* 16-bit copies of the quantized planes, which the prefill kernels
+     * read (widen_pages.cuh): a plane of the cache's pages each, where a
+     * step can hold a prefill request. */
+    int widen_kv = 0, widen_index = 0;
+    for (int pl = 0; pl < CU_WIDEN_PLANES; ++pl) {
+        const int want = sz->cap_q > CU_DEC_MAX_Q && cu_widen_plane_wanted(plan, pl);
+        L->widen[pl] = cu_ws_take(&off, want, want ? cu_widen_plane_bytes(plan, pl) : 0);
+        if (want && pl == MSA_PLANE_K)
+            widen_kv = 1;
+        if (want && pl == MSA_PLANE_INDEX_K)
+            widen_index = 1;
+    }
+    const int pfi = any_sparse && cs->pfi && cu_pfidx_shape(plan, widen_index) &&
+                    sz->cap_q > CU_DEC_MAX_Q;
     L->grid_pfi = pfi ? cu_pfidx_grid(sz->num_sms) : 0;
     L->pfi_scratch =
         cu_ws_take(&off, pfi, sizeof(float) * cu_pfidx_scratch_floats(L->grid_pfi, sz->cap_blocks));
@@ -128,7 +142,8 @@ static void cu_ws_layout_of(const msa_plan *plan, const cu_ctx_state *cs, const 
     const msa_dtype act = plan->params.act_dtype;
     const int pfk =
         any_sparse && cs->pf_kbm && sz->pf_blocks_cap > 0 && sz->pf_tiles_cap[0] > 0 &&
-        (act == MSA_DTYPE_BF16 || act == MSA_DTYPE_FP16) && plan->cache->cfg.kv_dtype == act &&
+        (act == MSA_DTYPE_BF16 || act == MSA_DTYPE_FP16) &&
+        (plan->cache->cfg.kv_dtype == act || widen_kv) &&
         cu_pfk_fits(cfg->head_dim, plan->cache->cfg.page_size, cfg->block_size, m->group, NULL);
     L->pfk_chunk =
         pfk ? cu_pfk_chunk_tokens(sz->cap_tok, cfg->num_kv_heads, m->group, m->topk_width) : 0;
@@ -232,6 +247,18 @@ static int cu_state_maps(const msa_plan *plan, cu_plan_state *st)
             ok |= 1u << CU_MAP_V;
         st->map_ok[l] = ok;
     }
+    /* The copies' maps (one set: every layer's copy lies in the same
+     * place). */
+    cu_widen_copies *w = &st->widen;
+    const int map_of[3] = {MSA_PLANE_INDEX_K, MSA_PLANE_K, MSA_PLANE_V};
+    static_assert(CU_MAP_INDEX_K == 0 && CU_MAP_K == 1 && CU_MAP_V == 2, "map order");
+    for (int i = 0; i < 3; ++i) {
+        const int pl = map_of[i];
+        if (w->copy[pl] &&
+            cu_tma_map_plane(&w->maps[i], w->copy[pl], &w->strides[pl], pages, P,
+                             (uint32_t)w->heads[pl], pl == MSA_PLANE_INDEX_K ? 128 : 64) == 0)
+            w->map_ok |= 1u << i;
+    }
     return 0;
 }
 
@@ -317,6 +344,9 @@ static msa_status cu_state_create(msa_plan *plan, cu_plan_state **out)
         st->pfi_scratch = cu_ws_at<float>(base, L.pfi_scratch);
         st->pfi_split = cu_ws_at<int32_t>(base, L.pfi_split);
         st->lean_ws = cu_ws_at<void>(base, L.lean);
+        cu_widen_describe(plan, &st->widen);
+        for (int pl = 0; pl < CU_WIDEN_PLANES; ++pl)
+            st->widen.copy[pl] = cu_ws_at<void>(base, L.widen[pl]);
         st->lean_tasks = L.lean_tasks;
         if (L.pfk != CU_WS_NONE) {
             cu_pfk_ws_carve(base + L.pfk, cfg->num_kv_heads, m->group, m->topk_width, L.pfk_chunk,

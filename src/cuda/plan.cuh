@@ -17,6 +17,7 @@
 #include "cuda/common/common.cuh"
 
 #include "cuda/kernels/attention/attention_prefill_kbm_ws.cuh"
+#include "cuda/kernels/prologue/widen_pages.cuh"
 
 #include <cuda.h>
 
@@ -37,6 +38,11 @@ typedef struct cu_paths {
     int pf_tma;     /* the main pass's on Hopper (attention_prefill_tma_sm90), when pf_fast */
     int pf_kbm; /* the sparse pass's key-block-major (attention_prefill_kbm_sm90), when pf_tma */
     int lean;   /* the whole layer in the lean decode kernel (kernels/lean/lean_decode.cu) */
+    int pf_idx; /* prefill rows' index scores and selection on tensor cores */
+    int pf_idx_tma; /* and on the Hopper tensor-map kernel */
+    /* Planes the prefill kernels read from their 16-bit copies (bit
+     * MSA_PLANE_*: quantized planes, widened at each step; widen_pages.cuh). */
+    unsigned pf_widen;
 } cu_paths;
 
 /* Bytes of a layer's fallback reason. */
@@ -107,6 +113,10 @@ typedef struct cu_plan_state {
      * when map m could be encoded.  NULL without tensor-map kernels. */
     CUtensorMap *maps;
     uint8_t *map_ok;
+
+    /* 16-bit copies of the quantized planes for the prefill kernels, in
+     * the plan's workspace (copy[p] NULL: plane p is not copied). */
+    cu_widen_copies widen;
 
     /* The kernels of every layer (cu_plan_paths), NULL before they are
      * decided, and why a fast path was not taken ("" when it was). */

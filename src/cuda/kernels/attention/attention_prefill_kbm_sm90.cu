@@ -668,7 +668,7 @@ __global__ void __launch_bounds__(PFK_MERGE_THREADS)
                 }
             }
         }
-        const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+        const float inv = wsum > 0.0f ? 1.0f / wsum * p.v_mul : 0.0f;
         const int64_t q = (int64_t)t * p.hq_total + (int64_t)g * p.g + head;
         uint4 *dst = (uint4 *)((uint16_t *)p.o + q * PFH_HEAD_DIM + part * PFK_MERGE_DIMS);
 #pragma unroll
@@ -757,7 +757,8 @@ void cu_pfk_build(const cu_attn_params *A, const cu_pfk_ws *ws, int32_t chunk_to
     p->chunk_tokens = chunk_tokens;
     p->blocks_cap = blocks_cap;
     p->items_cap = items_cap;
-    p->scale_log2 = A->scale * CU_LOG2E;
+    p->scale_log2 = A->scale * A->pf_k_mul * CU_LOG2E;
+    p->v_mul = A->pf_v_mul;
     p->q = A->q;
     p->o = A->out;
     p->lse = A->lse;

@@ -45,11 +45,12 @@ typedef struct cu_pfk_params {
     int32_t chunk_tokens; /* prefill tokens of one chunk */
     int32_t blocks_cap;   /* list stride per KV head */
     int32_t items_cap;
-    int32_t chunk; /* this launch's chunk */
-    float scale_log2;
-    const void *q; /* [tokens][hq_total][128] */
-    void *o;       /* [tokens][hq_total][128] */
-    float *lse;    /* [tokens][hq_total], or NULL */
+    int32_t chunk;    /* this launch's chunk */
+    float scale_log2; /* softmax scale x log2(e) (x K's plane scale on copies) */
+    float v_mul;      /* V's plane scale on copies (cu_attn_params.pf_v_mul), else 1 */
+    const void *q;    /* [tokens][hq_total][128] */
+    void *o;          /* [tokens][hq_total][128] */
+    float *lse;       /* [tokens][hq_total], or NULL */
     const int32_t *sel;
     const int32_t *page_table;
     const cu_tok_info *tok_info;

@@ -253,7 +253,7 @@ __device__ void cu_pfa_item_run(const cu_pfa_params &p, unsigned char *smem, con
     cu_cp_async_wait<0>();
     cu_rows_sum_quads(l_lo, l_hi);
 
-    const float inv_lo = cu_rows_inv(l_lo), inv_hi = cu_rows_inv(l_hi);
+    const float inv_lo = cu_rows_inv(l_lo) * p.v_mul, inv_hi = cu_rows_inv(l_hi) * p.v_mul;
     uint32_t *op = (uint32_t *)p.o;
 #pragma unroll
     for (int n = 0; n < 16; ++n) {
@@ -343,12 +343,13 @@ void cu_pfa_build(const cu_attn_params *A, cu_pfa_params *p)
     p->logP = A->log_page_size;
     p->cap_pages = A->cap_pages;
     p->list = A->kind == CU_KIND_IV ? CU_PFA_IV : CU_PFA_MAIN;
-    p->scale_log2 = A->scale * CU_LOG2E;
+    p->scale_log2 = A->scale * A->pf_k_mul * CU_LOG2E;
+    p->v_mul = A->pf_v_mul;
     p->q = A->q;
-    p->kp = A->k_plane;
-    p->vp = A->v_plane;
-    p->ks = A->k_strides;
-    p->vs = A->v_strides;
+    p->kp = A->pf_k_plane;
+    p->vp = A->pf_v_plane;
+    p->ks = A->pf_k_strides;
+    p->vs = A->pf_v_strides;
     p->o = A->out;
     p->lse = A->lse;
     p->sel = A->selected;

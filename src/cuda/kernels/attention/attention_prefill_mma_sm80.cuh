@@ -40,7 +40,8 @@ typedef struct cu_pfa_params {
     int32_t P, logP;           /* page size (a power of two) and its log */
     int32_t cap_pages;         /* page-table row length */
     int32_t list;              /* CU_PFA_MAIN or CU_PFA_IV */
-    float scale_log2;          /* softmax scale x log2(e) */
+    float scale_log2;          /* softmax scale x log2(e) (x K's plane scale on copies) */
+    float v_mul;               /* V's plane scale on copies (cu_attn_params.pf_v_mul), else 1 */
     const void *q;             /* [tokens][hq_total][128] */
     const void *kp, *vp;       /* planes, rows at cu_plane_row of ks, vs */
     msa_plane_strides ks, vs;  /* the planes' strides (library or engine layout) */

@@ -335,7 +335,7 @@ __device__ void cu_pfh_consumer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
     }
     cu_rows_sum_quads(l_lo, l_hi);
 
-    const float inv_lo = cu_rows_inv(l_lo), inv_hi = cu_rows_inv(l_hi);
+    const float inv_lo = cu_rows_inv(l_lo) * p.v_mul, inv_hi = cu_rows_inv(l_hi) * p.v_mul;
     uint32_t *op = (uint32_t *)p.o;
 #pragma unroll
     for (int n = 0; n < 16; ++n) {
@@ -456,7 +456,8 @@ void cu_pfh_build(const cu_attn_params *A, cu_pfh_params *p)
     p->sparse = A->sparse;
     p->W = A->topk_width;
     p->cap_pages = A->cap_pages;
-    p->scale_log2 = A->scale * CU_LOG2E;
+    p->scale_log2 = A->scale * A->pf_k_mul * CU_LOG2E;
+    p->v_mul = A->pf_v_mul;
     p->q = A->q;
     p->o = A->out;
     p->lse = A->lse;

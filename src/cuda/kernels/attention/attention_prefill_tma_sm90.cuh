@@ -32,7 +32,8 @@ typedef struct cu_pfh_params {
     int32_t sparse;            /* keys of the tokens' selected blocks, else all causal keys */
     int32_t W;                 /* width of a selection row */
     int32_t cap_pages;         /* page-table row length */
-    float scale_log2;          /* softmax scale x log2(e) */
+    float scale_log2;          /* softmax scale x log2(e) (x K's plane scale on copies) */
+    float v_mul;               /* V's plane scale on copies (cu_attn_params.pf_v_mul), else 1 */
     const void *q;             /* [tokens][hq_total][128] */
     void *o;                   /* [tokens][hq_total][128] */
     float *lse;                /* [tokens][hq_total] natural-log LSE, or NULL */

@@ -10,12 +10,12 @@
 
 #include <string.h>
 
-int cu_pfidx_shape(const msa_plan *plan)
+int cu_pfidx_shape(const msa_plan *plan, int index_copy)
 {
     const msa_model_config *cfg = &plan->model->cfg;
     const msa_dtype idt = plan->cache->cfg.index_dtype;
-    return (idt == MSA_DTYPE_BF16 || idt == MSA_DTYPE_FP16) && cfg->index_dim == 128 &&
-           cfg->block_size % PFI_CHUNK == 0 && cfg->num_index_heads >= 1 &&
+    return (idt == MSA_DTYPE_BF16 || idt == MSA_DTYPE_FP16 || index_copy) &&
+           cfg->index_dim == 128 && cfg->block_size % PFI_CHUNK == 0 && cfg->num_index_heads >= 1 &&
            cfg->num_index_heads <= 4;
 }
 
@@ -34,15 +34,18 @@ void cu_pfidx_build(const cu_select_params *sel, const cu_plan_state *st, cu_pfi
     p->units = sel->num_units;
     p->tt = CU_PFI_ROWS / sel->num_index_heads;
     p->score_lse = sel->score_lse;
-    p->iscale = sel->index_scale;
+    /* The index-key plane's scale on a copy: inside the log-sum-exp's
+     * scale; a block max keeps the raw products, whose order a positive
+     * scale does not change. */
+    p->iscale = sel->index_scale * sel->pf_index_k_mul;
     p->P = sel->page_size;
     p->logP = sel->log_page_size;
     p->cap_pages = st->sz.cap_pages;
     p->cap_blocks = st->sz.cap_blocks;
     p->sel_cache = st->sz.sel_cache;
     p->iq = sel->index_q;
-    p->ikp = sel->index_k_plane;
-    p->iks = sel->index_k_strides;
+    p->ikp = sel->pf_index_k_plane;
+    p->iks = sel->pf_index_k_strides;
     p->hdr = st->dev.hdr;
     p->q_len = st->dev.q_len;
     p->kv_len = st->dev.kv_len;

@@ -51,10 +51,11 @@ typedef struct cu_pfidx_params {
     int32_t *split_done;
 } cu_pfidx_params;
 
-/* Whether a plan's model and cache fit the kernel: 16-bit index plane,
+/* Whether a plan's model and cache fit the kernel: a 16-bit index plane
+ * (or a quantized one the plan copies to 16 bits: index_copy),
  * Di = 128, B a multiple of 64, at most 4 index heads (the activations
- * must match the plane: the plan's idx_fast, cu_choose_paths). */
-int cu_pfidx_shape(const msa_plan *plan);
+ * must match the plane: the plan's pf_idx, cu_choose_paths). */
+int cu_pfidx_shape(const msa_plan *plan, int index_copy);
 
 /* Fills the kernel's parameters from the selection's (built from the plan
  * and the call) and the plan state's workspaces. */
