@@ -218,8 +218,8 @@ static int cu_state_maps(const msa_plan *plan, cu_plan_state *st)
     const msa_cache *cache = plan->cache;
     const int32_t layers = m->cfg.num_layers;
     /* Aligned as CUtensorMap asks (128 bytes with CUDA 13), its size a
-     * multiple of that. */
-    const size_t map_bytes = (size_t)layers * CU_MAPS * sizeof(CUtensorMap);
+     * multiple of that; the copies' maps after the layers'. */
+    const size_t map_bytes = (size_t)(layers + 1) * CU_MAPS * sizeof(CUtensorMap);
     st->maps = (CUtensorMap *)aligned_alloc(alignof(CUtensorMap), map_bytes);
     st->map_ok = (uint8_t *)calloc((size_t)layers, 1);
     if (!st->maps || !st->map_ok)
@@ -250,13 +250,16 @@ static int cu_state_maps(const msa_plan *plan, cu_plan_state *st)
     /* The copies' maps (one set: every layer's copy lies in the same
      * place). */
     cu_widen_copies *w = &st->widen;
-    const int map_of[3] = {MSA_PLANE_INDEX_K, MSA_PLANE_K, MSA_PLANE_V};
-    static_assert(CU_MAP_INDEX_K == 0 && CU_MAP_K == 1 && CU_MAP_V == 2, "map order");
-    for (int i = 0; i < 3; ++i) {
+    CUtensorMap *wm = st->maps + (size_t)layers * CU_MAPS;
+    w->maps = wm;
+    const int map_of[CU_MAPS] = {MSA_PLANE_INDEX_K, MSA_PLANE_K, MSA_PLANE_V};
+    static_assert(CU_MAP_INDEX_K == 0 && CU_MAP_K == 1 && CU_MAP_V == 2 && CU_MAPS == 3,
+                  "map order");
+    for (int i = 0; i < CU_MAPS; ++i) {
         const int pl = map_of[i];
         if (w->copy[pl] &&
-            cu_tma_map_plane(&w->maps[i], w->copy[pl], &w->strides[pl], pages, P,
-                             (uint32_t)w->heads[pl], pl == MSA_PLANE_INDEX_K ? 128 : 64) == 0)
+            cu_tma_map_plane(&wm[i], w->copy[pl], &w->strides[pl], pages, P, (uint32_t)w->heads[pl],
+                             pl == MSA_PLANE_INDEX_K ? 128 : 64) == 0)
             w->map_ok |= 1u << i;
     }
     return 0;

@@ -36,8 +36,10 @@ typedef struct cu_widen_copies {
     int32_t heads[CU_WIDEN_PLANES];
     int32_t dim[CU_WIDEN_PLANES];
     /* Tensor maps of the copies for the Hopper prefill kernels, indexed
-     * as cu_plan_state.maps (CU_MAP_*); bit m of map_ok when map m exists. */
-    CUtensorMap maps[3];
+     * as a layer's in cu_plan_state.maps (CU_MAP_*; they lie after the
+     * layers' there, aligned as the driver asks; NULL without tensor
+     * maps); bit m of map_ok when map m exists. */
+    const CUtensorMap *maps;
     unsigned map_ok;
 } cu_widen_copies;
 
