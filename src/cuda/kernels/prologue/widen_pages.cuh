@@ -43,18 +43,21 @@ typedef struct cu_widen_copies {
     unsigned map_ok;
 } cu_widen_copies;
 
-/* Whether plane `plane` of a cache is widened for a plan: quantized, in
- * a layout whose code rows start on 16-byte boundaries (fp8: every
- * stride a multiple of 16 bytes; nvfp4 lies in the library layout), dim
- * 128 (the prefill kernels' shapes), 16-bit activations.  Index planes
- * only for models with sparse layers (index V: with index value). */
+/* Whether plane `plane` of a cache is widened for a plan: quantized, dim
+ * 128 (the prefill kernels' shapes), 16-bit activations; index planes
+ * only for models with sparse layers (index V: with index value).  The
+ * kernel loads code rows in 8- and 16-byte pieces: on CUDA every plane
+ * and stride is a multiple of 16 bytes (the cache checks it), and nvfp4
+ * planes lie in the library layout, whose rows of 128 values are 64 code
+ * bytes and 8 scale bytes. */
 int cu_widen_plane_wanted(const msa_plan *plan, int plane);
 
 /* Bytes of the copy of one plane (num_pages x heads x P x dim 16-bit
  * values). */
 size_t cu_widen_plane_bytes(const msa_plan *plan, int plane);
 
-/* Fills copies->strides, heads and dim for the copies present. */
+/* Fills copies->strides, heads and dim of every plane: the layout its
+ * copy has where the plan keeps one. */
 void cu_widen_describe(const msa_plan *plan, cu_widen_copies *copies);
 
 /* What the kernel reads: the planes of one layer to widen, the step. */
