@@ -48,21 +48,23 @@ static int32_t cu_widen_heads(const msa_plan *plan, int plane)
     return plane == MSA_PLANE_K || plane == MSA_PLANE_V ? plan->model->cfg.num_kv_heads : 1;
 }
 
+/* A copy lies in the library layout of its plane: element strides do not
+ * depend on the element type. */
+static msa_plane_strides cu_widen_strides(const msa_plan *plan, int plane)
+{
+    return msa_plane_library_strides(plan->model, &plan->cache->cfg, (msa_plane)plane);
+}
+
 size_t cu_widen_plane_bytes(const msa_plan *plan, int plane)
 {
-    return (size_t)plan->cache->cfg.num_pages * (size_t)cu_widen_heads(plan, plane) *
-           (size_t)plan->cache->cfg.page_size * WIDEN_DIM * 2;
+    return (size_t)plan->cache->cfg.num_pages * (size_t)cu_widen_strides(plan, plane).page * 2;
 }
 
 void cu_widen_describe(const msa_plan *plan, cu_widen_copies *copies)
 {
     for (int pl = 0; pl < CU_WIDEN_PLANES; ++pl) {
         copies->heads[pl] = cu_widen_heads(plan, pl);
-        copies->dim[pl] = WIDEN_DIM;
-        const int64_t head = (int64_t)WIDEN_DIM * plan->cache->cfg.page_size;
-        copies->strides[pl].token = WIDEN_DIM;
-        copies->strides[pl].head = head;
-        copies->strides[pl].page = head * copies->heads[pl];
+        copies->strides[pl] = cu_widen_strides(plan, pl);
     }
 }
 

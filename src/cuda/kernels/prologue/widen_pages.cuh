@@ -34,7 +34,6 @@ typedef struct cu_widen_copies {
     void *copy[CU_WIDEN_PLANES];
     msa_plane_strides strides[CU_WIDEN_PLANES]; /* the library layout, in 16-bit elements */
     int32_t heads[CU_WIDEN_PLANES];
-    int32_t dim[CU_WIDEN_PLANES];
     /* Tensor maps of the copies for the Hopper prefill kernels, indexed
      * as a layer's in cu_plan_state.maps (CU_MAP_*; they lie after the
      * layers' there, aligned as the driver asks; NULL without tensor
@@ -56,8 +55,8 @@ int cu_widen_plane_wanted(const msa_plan *plan, int plane);
  * values). */
 size_t cu_widen_plane_bytes(const msa_plan *plan, int plane);
 
-/* Fills copies->strides, heads and dim of every plane: the layout its
- * copy has where the plan keeps one. */
+/* Fills copies->strides and heads of every plane: the layout its copy has
+ * where the plan keeps one. */
 void cu_widen_describe(const msa_plan *plan, cu_widen_copies *copies);
 
 /* What the kernel reads: the planes of one layer to widen, the step. */
