@@ -314,12 +314,13 @@ static void add_special(tk_list *l)
     }
 }
 
-/* The fallback reasons of layers whose quantized index keys run on the
- * tensor-core indexer (msa_case.expect_cuda). */
-#define EXPECT_FP8_INDEXER "fp8_e4m3 index planes: mma.sync indexer widens the codes"
-#define EXPECT_NVFP4_INDEXER "nvfp4 index planes: mma.sync indexer widens the codes"
-/* ... and of layers whose fp8 K/V run on the tensor-core decode attention. */
-#define EXPECT_FP8_ATTENTION "fp8_e4m3 K/V planes: mma.sync decode attention widens the codes"
+/* The fallback reasons of layers whose quantized index keys run on a
+ * tensor-core indexer, the Hopper one or the mma.sync one
+ * (msa_case.expect_cuda; test_cuda_sweep checks which on its device). */
+#define EXPECT_FP8_INDEXER "fp8_e4m3 index planes: codes widened by the"
+#define EXPECT_NVFP4_INDEXER "nvfp4 index planes: codes widened by the"
+/* ... and of layers whose fp8 K/V run on a tensor-core decode attention. */
+#define EXPECT_FP8_ATTENTION "fp8_e4m3 K/V planes: codes widened by the"
 
 /* Quantized planes (skipped where the backend does not support them):
  * every plane choice (main fp8 / nvfp4, index fp8 / nvfp4, both) against
@@ -432,6 +433,14 @@ static void add_quantized(tk_list *l)
     c->garbage_nan = 2;
     c->v_scale = 3.0f;
     c->expect_cuda = EXPECT_FP8_ATTENTION;
+    /* nvfp4 K/V in the real layer (the Hopper decode attention where it
+     * runs, else the SIMT one): NaN garbage past kv_len in codes and group
+     * scales, which the zeroed tail rows keep out. */
+    static const tk_dtypes bf16_nv_bf16 = {MSA_DTYPE_BF16, MSA_DTYPE_NVFP4, MSA_DTYPE_BF16};
+    c = add(l, 1, &M3, &M3_VERIFY, bf16_nv_bf16, 128, 0, 1);
+    c->garbage_nan = 2;
+    c->k_scale = 0.1f;
+    c->v_scale = 4.0f;
 
     /* nvfp4 index keys the same way (E2M1 codes times their group scales
      * widened, the layer scale on the scores): NaN groups in cached

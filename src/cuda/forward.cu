@@ -77,9 +77,8 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     /* Quantized planes (fp8_e4m3, nvfp4): the SIMT kernels read them,
      * de-quantizing each row on read (cu_plane_load); with 16-bit
      * activations fp8 K/V also take the mma.sync decode attention and
-     * fp8 / nvfp4 index keys the mma.sync decode indexer, which widen the
-     * codes in their fragment loads (not their prefill rows, not the
-     * Hopper kernels). */
+     * fp8 / nvfp4 index keys the Hopper or mma.sync decode indexer, which
+     * widen the codes in registers (prefill rows read 16-bit copies). */
     const int kv_quant = cc->kv_dtype == MSA_DTYPE_FP8_E4M3 || cc->kv_dtype == MSA_DTYPE_NVFP4;
     const int idx_quant =
         sparse && (cc->index_dtype == MSA_DTYPE_FP8_E4M3 || cc->index_dtype == MSA_DTYPE_NVFP4);
@@ -90,17 +89,11 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     const int kv_copy = act16 && kv_quant && wc && wc->copy[MSA_PLANE_K] && wc->copy[MSA_PLANE_V];
     const int ik_copy = act16 && idx_quant && wc && wc->copy[MSA_PLANE_INDEX_K];
     const int iv_copy = iv && ik_copy && wc->copy[MSA_PLANE_INDEX_V];
-    if (kv_fp8_mma && cfg->head_dim == 128) {
-        cu_why(why, why_size,
-               kv_copy ? "fp8_e4m3 K/V planes: mma.sync decode attention widens the codes, no "
-                         "Hopper decode attention; prefill rows read 16-bit copies of the pages"
-                       : "fp8_e4m3 K/V planes: mma.sync decode attention widens the codes; "
-                         "prefill rows SIMT, no Hopper attention");
-    } else if (kv_quant) {
-        snprintf(buf, sizeof buf, "%s K/V planes: SIMT attention de-quantizes rows on read%s",
-                 msa_dtype_name(cc->kv_dtype),
-                 kv_copy ? "; prefill rows read 16-bit copies of the pages" : "");
-        cu_why(why, why_size, buf);
+    /* nvfp4 K/V with 16-bit activations: the Hopper decode attention where
+     * its shapes and copies hold (below), else the SIMT attention. */
+    const int kv_nv_hopper = act16 && cc->kv_dtype == MSA_DTYPE_NVFP4 && cfg->head_dim == 128;
+    if (kv_quant) {
+        /* Said below, once the decode attention is known. */
     } else if (act16 && !kv_ok) {
         snprintf(buf, sizeof buf, "kv dtype %s != act dtype %s: SIMT attention",
                  msa_dtype_name(cc->kv_dtype), msa_dtype_name(act));
@@ -112,11 +105,11 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
         cu_why(why, why_size, buf);
     }
     if (sparse) {
-        /* Quantized index keys on the mma.sync indexer, which widens the
-         * codes in its fragment loads (not the Hopper indexer, not the
-         * prefill indexer: their rows stay scalar).  An nvfp4 page's code
-         * rows start on 16-byte boundaries only when it holds an even
-         * number of rows (its region is 72 bytes a row). */
+        /* Quantized index keys on the tensor-core decode indexers, which
+         * widen the codes in registers (the Hopper one where its shapes
+         * and copies hold, below).  An nvfp4 page's code rows start on
+         * 16-byte boundaries only when it holds an even number of rows
+         * (its region is 72 bytes a row). */
         const int nv_rows16 = cc->page_size % 2 == 0;
         const int idx_q_mma = act16 && (cc->index_dtype == MSA_DTYPE_FP8_E4M3 ||
                                         (cc->index_dtype == MSA_DTYPE_NVFP4 && nv_rows16));
@@ -153,17 +146,12 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
                       cfg->num_index_heads <= 4;
         if (ik_copy && out->pf_idx)
             out->pf_widen |= 1u << MSA_PLANE_INDEX_K;
-        if (idx_quant && ok)
-            snprintf(buf, sizeof buf, "%s index planes: mma.sync indexer widens the codes%s%s",
-                     msa_dtype_name(cc->index_dtype),
-                     iv ? "; index-value decode rows SIMT, de-quantized on read" : "",
-                     out->pf_idx ? "; prefill rows read 16-bit copies of the pages" : "");
-        else if (idx_quant)
+        if (idx_quant && !ok) {
             snprintf(buf, sizeof buf,
                      "%s index planes: SIMT indexer and index-value rows de-quantize on read",
                      msa_dtype_name(cc->index_dtype));
-        if (idx_quant)
             cu_why(why, why_size, buf);
+        }
         out->idx_fast = ok;
         out->iv_fast = iv && idx_ok && cfg->index_dim == 128;
     }
@@ -219,9 +207,10 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     const int whole_pages = cc->page_size == 128 && cfg->block_size == 128;
     const int64_t rows = cc->num_pages * (int64_t)cc->page_size;
     if (sparse && hopper && whole_pages) {
-        out->idx_tma = out->idx_fast && !idx_quant && st->wgmma && rows < ((int64_t)1 << 31);
+        out->idx_tma = out->idx_fast && st->wgmma && rows < ((int64_t)1 << 31);
         out->pf_idx_tma = out->pf_idx && st->wgmma && rows < ((int64_t)1 << 31);
-        out->attn_tma = kv_ok && out->attn_fast && cu_attn_tma_shape(plan, st) &&
+        out->attn_tma = (((kv_ok || kv_fp8_mma) && out->attn_fast) || kv_nv_hopper) &&
+                        cu_attn_tma_shape(plan, st) &&
                         rows * cfg->num_kv_heads < ((int64_t)1 << 31);
         if (out->attn_fast && m->group != 16) {
             snprintf(buf, sizeof buf, "%d query heads per KV head (not 16): mma attention",
@@ -257,6 +246,27 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
         out->attn_tma = 0;
     if (!pf_kv_maps)
         out->pf_tma = 0;
+    /* nvfp4 K/V have no mma.sync decode attention: the Hopper one or none
+     * (known once the maps are). */
+    if (kv_nv_hopper && sparse)
+        out->attn_fast = out->attn_tma;
+    /* Quantized planes: which kernels read them (tensor-core kernels widen
+     * their codes). */
+    if (kv_quant) {
+        const char *reader = out->attn_tma    ? "codes widened by the Hopper decode attention"
+                             : out->attn_fast ? "codes widened by the mma.sync decode attention"
+                                              : "SIMT attention de-quantizes rows on read";
+        snprintf(buf, sizeof buf, "%s K/V planes: %s%s", msa_dtype_name(cc->kv_dtype), reader,
+                 kv_copy ? "; prefill rows read 16-bit copies of the pages" : "");
+        cu_why(why, why_size, buf);
+    }
+    if (idx_quant && out->idx_fast) {
+        snprintf(buf, sizeof buf, "%s index planes: codes widened by the %s indexer%s%s",
+                 msa_dtype_name(cc->index_dtype), out->idx_tma ? "Hopper" : "mma.sync",
+                 iv ? "; index-value decode rows SIMT, de-quantized on read" : "",
+                 out->pf_idx ? "; prefill rows read 16-bit copies of the pages" : "");
+        cu_why(why, why_size, buf);
+    }
     /* The sparse pass's prefill rows key-block-major where the plan set
      * it up (its shapes and types, the debugging option). */
     out->pf_kbm = sparse && out->pf_tma && st->pfk &&

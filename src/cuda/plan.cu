@@ -212,6 +212,27 @@ msa_status cu_plan_workspace(const msa_plan *plan, size_t *bytes)
  * that cannot be encoded (plane alignment or size, a driver without
  * tensor maps) leaves its bit clear, and that layer's pass takes the mma
  * kernels. */
+/* Bytes of an element in the Hopper kernels' maps of a plane of this
+ * type: 16-bit rows and fp8 codes; 0 (no map) for every other. */
+static uint32_t cu_map_elem_bytes(msa_dtype d)
+{
+    return d == MSA_DTYPE_BF16 || d == MSA_DTYPE_FP16 ? 2u : d == MSA_DTYPE_FP8_E4M3 ? 1u : 0u;
+}
+
+/* Whether the Hopper kernels may copy an nvfp4 plane's tiles by plain
+ * bulk copies: a (page, head) region (library layout: 128 rows of 64
+ * code bytes, then their 8-byte group-scale rows, SPEC 8) starts on a
+ * 16-byte boundary, as the copies need, when the base does and the page
+ * and head strides' bytes (9 per 16 elements) are multiples of 16. */
+static int cu_nvfp4_pages_bulk(const void *base, const msa_plane_strides *s, uint64_t pages,
+                               uint32_t page_size, uint32_t heads)
+{
+    if (!base || ((uintptr_t)base & 15u) != 0 || page_size != 128)
+        return 0;
+    return (pages == 1 || (s->page > 0 && s->page % 256 == 0)) &&
+           (heads == 1 || (s->head > 0 && s->head % 256 == 0));
+}
+
 static int cu_state_maps(const msa_plan *plan, cu_plan_state *st)
 {
     const msa_model *m = plan->model;
@@ -236,14 +257,27 @@ static int cu_state_maps(const msa_plan *plan, cu_plan_state *st)
         const msa_plane_strides *s = cache->strides + (size_t)l * 4;
         CUtensorMap *mp = st->maps + (size_t)l * CU_MAPS;
         uint8_t ok = 0;
-        if (m->layer_sparse[l] && cu_tma_map_plane(&mp[CU_MAP_INDEX_K], planes[MSA_PLANE_INDEX_K],
-                                                   &s[MSA_PLANE_INDEX_K], pages, P, 1, 128) == 0)
+        const uint32_t ib = cu_map_elem_bytes(cache->cfg.index_dtype);
+        const uint32_t kb = cu_map_elem_bytes(cache->cfg.kv_dtype);
+        if (m->layer_sparse[l] && cache->cfg.index_dtype == MSA_DTYPE_NVFP4) {
+            if (cu_nvfp4_pages_bulk(planes[MSA_PLANE_INDEX_K], &s[MSA_PLANE_INDEX_K], pages, P, 1))
+                ok |= 1u << CU_MAP_INDEX_K;
+        } else if (m->layer_sparse[l] && ib &&
+                   cu_tma_map_plane(&mp[CU_MAP_INDEX_K], planes[MSA_PLANE_INDEX_K],
+                                    &s[MSA_PLANE_INDEX_K], pages, P, 1, 128, ib) == 0) {
             ok |= 1u << CU_MAP_INDEX_K;
-        if (cu_tma_map_plane(&mp[CU_MAP_K], planes[MSA_PLANE_K], &s[MSA_PLANE_K], pages, P, hkv,
-                             64) == 0)
+        }
+        if (cache->cfg.kv_dtype == MSA_DTYPE_NVFP4) {
+            if (cu_nvfp4_pages_bulk(planes[MSA_PLANE_K], &s[MSA_PLANE_K], pages, P, hkv))
+                ok |= 1u << CU_MAP_K;
+            if (cu_nvfp4_pages_bulk(planes[MSA_PLANE_V], &s[MSA_PLANE_V], pages, P, hkv))
+                ok |= 1u << CU_MAP_V;
+        }
+        if (kb && cu_tma_map_plane(&mp[CU_MAP_K], planes[MSA_PLANE_K], &s[MSA_PLANE_K], pages, P,
+                                   hkv, 64, kb) == 0)
             ok |= 1u << CU_MAP_K;
-        if (cu_tma_map_plane(&mp[CU_MAP_V], planes[MSA_PLANE_V], &s[MSA_PLANE_V], pages, P, hkv,
-                             64) == 0)
+        if (kb && cu_tma_map_plane(&mp[CU_MAP_V], planes[MSA_PLANE_V], &s[MSA_PLANE_V], pages, P,
+                                   hkv, 64, kb) == 0)
             ok |= 1u << CU_MAP_V;
         st->map_ok[l] = ok;
     }
@@ -259,7 +293,7 @@ static int cu_state_maps(const msa_plan *plan, cu_plan_state *st)
         const int pl = map_of[i];
         if (w->copy[pl] &&
             cu_tma_map_plane(&wm[i], w->copy[pl], &w->strides[pl], pages, P, (uint32_t)w->heads[pl],
-                             pl == MSA_PLANE_INDEX_K ? 128 : 64) == 0)
+                             pl == MSA_PLANE_INDEX_K ? 128 : 64, 2) == 0)
             w->map_ok |= 1u << i;
     }
     return 0;

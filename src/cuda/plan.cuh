@@ -110,7 +110,10 @@ typedef struct cu_plan_state {
      * sparse layers; K and V: every layer, for the prefill kernel),
      * encoded once when the plan is created (the planes are fixed for the
      * cache's life): maps[layer * CU_MAPS + m], bit m of map_ok[layer] set
-     * when map m could be encoded.  NULL without tensor-map kernels. */
+     * when map m could be encoded (16-bit planes and fp8 codes).  nvfp4
+     * planes have no map: the Hopper kernels copy their tiles by plain
+     * bulk copies, and the bit says that the plane allows it.  NULL
+     * without tensor-map kernels. */
     CUtensorMap *maps;
     uint8_t *map_ok;
 

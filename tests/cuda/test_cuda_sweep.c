@@ -41,6 +41,10 @@
 
 #include "testkit.h"
 
+#ifdef MSA_TEST_HAVE_CUDART
+#include <cuda_runtime_api.h>
+#endif
+
 #define EXIT_SKIPPED 77
 
 #define CASE_REQS 4 /* requests a case lists (before its copies) */
@@ -57,6 +61,14 @@ typedef struct long_case {
     int copies;                 /* the nreq requests this many times over (0: once) */
     int index_period;           /* msa_case.index_period */
     int lean; /* plan of exact limits (one-token requests): the lean decode kernel must run */
+    /* Index-key planes of this type (fp8_e4m3, nvfp4) with index-K scale
+     * index_k_scale; 0: the activations' type. */
+    msa_dtype index_q;
+    float index_k_scale;
+    /* K/V planes of this type (fp8_e4m3, nvfp4) with scales k_scale, v_scale; 0:
+     * the activations' type. */
+    msa_dtype kv_q;
+    float k_scale, v_scale;
 } long_case;
 
 #define MAX_COPIES 12
@@ -77,7 +89,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     /* Two steps on one plan: state a step leaves in the workspace (the
      * Hopper indexer's chunk counter, the selection's completion counts)
      * must not change the next.  Over eight blocks per SM (1149 blocks
@@ -97,7 +114,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     {"m3 fp16 P64 b3 q16/3/1 lse",
      MSA_DTYPE_FP16,
      64,
@@ -113,7 +135,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     {"m3 bf16 P256 b1 q4 index-value",
      MSA_DTYPE_BF16,
      256,
@@ -129,7 +156,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     {"m3 bf16 P16 b2 q2/1",
      MSA_DTYPE_BF16,
      16,
@@ -145,7 +177,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     {"m3 fp32 P128 b1 q8 (portable path)",
      MSA_DTYPE_FP32,
      128,
@@ -161,7 +198,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     /* In the quick set: chunks on demand (1158 decode blocks), two steps. */
     {"m3 bf16 P128 decode+prefill 140K x2",
      MSA_DTYPE_BF16,
@@ -178,7 +220,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     /* Hopper attention units of two items: 16 tokens (two pairs) and 5
      * tokens (a pair of 4 + 1). */
     {"m3 bf16 P128 b2 q16/5 50K/20K lse",
@@ -196,7 +243,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     /* More tied winners than the selection's candidate list holds (its
      * fallback), and a few ties plus NaN blocks (its filter). */
     {"m3 bf16 P128 b1 q4 120K 312 tied x2",
@@ -214,7 +266,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     /* Requests that reach at most K blocks (their union known from the
      * plan, its cached tiles read before the launch wait) beside one that
      * reaches more: 16 blocks exactly, 17, and a short one. */
@@ -233,7 +290,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     {"m3 bf16 P128 b2 q1 30K ties+NaN",
      MSA_DTYPE_BF16,
      128,
@@ -249,7 +311,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     /* 40 tied winners: more than a lone warp's one-per-lane list holds
      * (32), within its two-per-lane path (64), and a CTA's list of 40
      * entries to rank; then index keys that repeat every 100 blocks
@@ -270,7 +337,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     {"m3 bf16 P128 b2 q1/3 40K/35K keys every 100",
      MSA_DTYPE_BF16,
      128,
@@ -286,7 +358,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      100,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     /* The Hopper attention builds the unions of requests of at most 2048
      * blocks itself and stages their pages; the selection builds those of
      * longer ones (here 2345 blocks), in the same step (and the one-token
@@ -306,7 +383,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     /* An output 4-byte but not 16-byte aligned: on grids for 8 SMs the 12
      * units (a pair, single items of 1 and 3 tokens) are not split, and the
      * Hopper attention stores their rows directly instead of through shared
@@ -326,7 +408,12 @@ static const long_case LONG_CASES[] = {
      4,
      0,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     /* 144 units of uneven length (pairs and single items), unsplit on any
      * grid: one or two per CTA on a full grid, many on grids for 8 SMs,
      * dealt by estimated cost.  Two steps on one plan.  (With the build
@@ -348,7 +435,12 @@ static const long_case LONG_CASES[] = {
      0,
      9,
      0,
-     0},
+     0,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     /* The lean decode kernel: plans of one-token requests that keep every
      * block (contexts up to K blocks) with at most one (request, KV head,
      * block) task per SM; requests of one block and of 16, page sizes 16
@@ -369,7 +461,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     1},
+     1,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     {"lean-decode bf16 P128 b1 q1 2048 x2",
      MSA_DTYPE_BF16,
      128,
@@ -385,7 +482,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     1},
+     1,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     {"lean-decode fp16 P64 b2 q1 lse 2048/130 x2",
      MSA_DTYPE_FP16,
      64,
@@ -401,7 +503,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     1},
+     1,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     {"lean-decode bf16 P16 b4 q1 1000/999/517/1",
      MSA_DTYPE_BF16,
      16,
@@ -417,7 +524,12 @@ static const long_case LONG_CASES[] = {
      0,
      0,
      0,
-     1},
+     1,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
     {"lean-decode fp16 P128 b6 q1 512/300 x2",
      MSA_DTYPE_FP16,
      128,
@@ -433,8 +545,214 @@ static const long_case LONG_CASES[] = {
      0,
      3,
      0,
-     1},
-};
+     1,
+     0,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
+    /* Quantized index keys in the real layer (the Hopper indexer on a
+     * 9.x device: fp8 codes through a tensor map, nvfp4 pages by bulk
+     * copies, widened in registers): shares and chunks on demand over two
+     * steps, several requests a CTA, both score types, 1 to 16 tokens,
+     * NaN blocks and ties. */
+    {"m3 bf16 P128 b2 q8 130K/17K fp8-index x2",
+     MSA_DTYPE_BF16,
+     128,
+     0,
+     0,
+     1,
+     2,
+     {8, 8},
+     {130000, 17003},
+     0,
+     0,
+     2,
+     0,
+     0,
+     0,
+     0,
+     MSA_DTYPE_FP8_E4M3,
+     0.05f,
+     0,
+     0.0f,
+     0.0f},
+    {"m3 fp16 P128 b3 q16/3/1 lse nvfp4-index",
+     MSA_DTYPE_FP16,
+     128,
+     1,
+     0,
+     0,
+     3,
+     {16, 3, 1},
+     {40000, 9001, 130},
+     0,
+     0,
+     1,
+     0,
+     0,
+     0,
+     0,
+     MSA_DTYPE_NVFP4,
+     3.0f,
+     0,
+     0.0f,
+     0.0f},
+    {"m3 bf16 P128 b2 q1 30K ties+NaN fp8-index",
+     MSA_DTYPE_BF16,
+     128,
+     1,
+     0,
+     0,
+     2,
+     {1, 2},
+     {30000, 9000},
+     20,
+     40,
+     1,
+     0,
+     0,
+     0,
+     0,
+     MSA_DTYPE_FP8_E4M3,
+     0.5f,
+     0,
+     0.0f,
+     0.0f},
+    {"m3 bf16 P128 b24 q4/1/8 nvfp4-index x2",
+     MSA_DTYPE_BF16,
+     128,
+     0,
+     0,
+     1,
+     3,
+     {4, 1, 8},
+     {6000, 21000, 2500},
+     0,
+     12,
+     2,
+     0,
+     8,
+     0,
+     0,
+     MSA_DTYPE_NVFP4,
+     0.0f,
+     0,
+     0.0f,
+     0.0f},
+    /* fp8 K/V in the real layer (the Hopper decode attention on a 9.x
+     * device: code tiles through tensor maps, widened by each group that
+     * computes them): pairs of items over two steps with fp8 index keys,
+     * single items and a 16-token request with nvfp4 index keys and the
+     * log-sum-exp score, many units of uneven length on one plan. */
+    {"m3 bf16 P128 b2 q8 130K/17K fp8-kv x2",
+     MSA_DTYPE_BF16,
+     128,
+     0,
+     0,
+     1,
+     2,
+     {8, 8},
+     {130000, 17003},
+     0,
+     0,
+     2,
+     0,
+     0,
+     0,
+     0,
+     MSA_DTYPE_FP8_E4M3,
+     0.05f,
+     MSA_DTYPE_FP8_E4M3,
+     0.02f,
+     0.5f},
+    {"m3 fp16 P128 b3 q16/3/1 lse fp8-kv",
+     MSA_DTYPE_FP16,
+     128,
+     1,
+     0,
+     0,
+     3,
+     {16, 3, 1},
+     {40000, 9001, 130},
+     0,
+     0,
+     1,
+     0,
+     0,
+     0,
+     0,
+     MSA_DTYPE_NVFP4,
+     3.0f,
+     MSA_DTYPE_FP8_E4M3,
+     0.3f,
+     7.0f},
+    {"m3 bf16 P128 b36 q8/1/3/2 fp8-kv x2",
+     MSA_DTYPE_BF16,
+     128,
+     1,
+     0,
+     0,
+     4,
+     {8, 1, 3, 2},
+     {9000, 3000, 6000, 4100},
+     0,
+     0,
+     2,
+     0,
+     9,
+     0,
+     0,
+     0,
+     0.0f,
+     MSA_DTYPE_FP8_E4M3,
+     0.0f,
+     0.0f},
+    /* nvfp4 K/V the same way (codes and group scales by bulk copies,
+     * widened with their scales): pairs over two steps with nvfp4 index
+     * keys, single items and 16 tokens with fp8 index keys. */
+    {"m3 bf16 P128 b2 q8 130K/17K nvfp4-kv x2",
+     MSA_DTYPE_BF16,
+     128,
+     0,
+     0,
+     1,
+     2,
+     {8, 8},
+     {130000, 17003},
+     0,
+     0,
+     2,
+     0,
+     0,
+     0,
+     0,
+     MSA_DTYPE_NVFP4,
+     0.0f,
+     MSA_DTYPE_NVFP4,
+     0.05f,
+     2.0f},
+    {"m3 fp16 P128 b3 q16/3/1 lse nvfp4-kv",
+     MSA_DTYPE_FP16,
+     128,
+     1,
+     0,
+     0,
+     3,
+     {16, 3, 1},
+     {40000, 9001, 130},
+     0,
+     0,
+     1,
+     0,
+     0,
+     0,
+     0,
+     MSA_DTYPE_FP8_E4M3,
+     0.5f,
+     MSA_DTYPE_NVFP4,
+     0.0f,
+     0.0f}};
 
 /* Prefill rows (q_len > 16) on the tensor-core indexer and selection:
  * index dim 128 and blocks a multiple of 64 (its shapes), every head
@@ -856,6 +1174,18 @@ static int run_pf(msa_context *ctx, const pf_case *pc, int *passed, int *failed)
     return report_case(pc->name, &res, passed, failed);
 }
 
+/* The CUDA device's compute capability major (0 when unknown). */
+static int device_major(void)
+{
+#ifdef MSA_TEST_HAVE_CUDART
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess)
+        return major;
+    cudaGetLastError();
+#endif
+    return 0;
+}
+
 /* The lean cases must run the lean decode kernel: not with --no-lean (off)
  * or --sms (fewer CTAs than their tasks). */
 static int expect_lean = 1;
@@ -870,8 +1200,11 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
     c.index_value = lc->index_value;
     c.page_size = lc->page;
     c.act_dtype = lc->act;
-    c.kv_dtype = lc->act;
-    c.index_dtype = lc->act;
+    c.kv_dtype = lc->kv_q ? lc->kv_q : lc->act;
+    c.index_dtype = lc->index_q ? lc->index_q : lc->act;
+    c.index_k_scale = lc->index_k_scale;
+    c.k_scale = lc->k_scale;
+    c.v_scale = lc->v_scale;
     int q[CASE_REQS * MAX_COPIES], kv[CASE_REQS * MAX_COPIES];
     const int copies = lc->copies > 0 ? lc->copies : 1;
     if (copies > MAX_COPIES || lc->nreq > CASE_REQS) {
@@ -899,6 +1232,21 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
         c.fixed_limits = 1;
         if (expect_lean)
             c.expect_cuda = "cuda.sparse.lean";
+    }
+    /* Quantized planes: a 9.x device runs the Hopper kernels over pages of
+     * 128 (the library's sm_90a code); other devices the mma.sync ones. */
+    const char *kernels = device_major() == 9 && lc->page == 128 ? "Hopper" : "mma.sync";
+    char expect[96];
+    if (lc->kv_q == MSA_DTYPE_NVFP4 && kernels[0] != 'H') {
+        c.expect_cuda = "nvfp4 K/V planes: SIMT attention"; /* no mma.sync variant */
+    } else if (lc->kv_q) {
+        snprintf(expect, sizeof expect, "%s K/V planes: codes widened by the %s decode",
+                 lc->kv_q == MSA_DTYPE_NVFP4 ? "nvfp4" : "fp8_e4m3", kernels);
+        c.expect_cuda = expect;
+    } else if (lc->index_q) {
+        snprintf(expect, sizeof expect, "%s index planes: codes widened by the %s indexer",
+                 lc->index_q == MSA_DTYPE_NVFP4 ? "nvfp4" : "fp8_e4m3", kernels);
+        c.expect_cuda = expect;
     }
     msa_case_result res;
     memset(&res, 0, sizeof res);

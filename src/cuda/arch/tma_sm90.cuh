@@ -105,6 +105,18 @@ __device__ __forceinline__ void cu_tma_load_rows_hint(void *dst, const CUtensorM
                  : "memory");
 }
 
+/* `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte
+ * aligned) from global memory at src into shared memory at dst,
+ * completing on bar, its lines in L2 under `policy`. */
+__device__ __forceinline__ void cu_bulk_load_hint(void *dst, const void *src, uint32_t bytes,
+                                                  uint64_t *bar, uint64_t policy)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1], %2, [%3], %4;\n" ::"r"(cu_smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(cu_smem_addr(bar)), "l"(policy)
+                 : "memory");
+}
+
 /* The same box into shared memory at shared address dst, without a cache
  * hint (for data read again by later tiles, which should stay in L2). */
 __device__ __forceinline__ void cu_tma_load_rows(uint32_t dst, const CUtensorMap *map, int32_t col,
@@ -194,15 +206,17 @@ __device__ __forceinline__ void cu_named_sync(int id, int threads)
 
 /* ---- host side (arch/tma_map_sm90.cu) ---------------------------------------------- */
 
-/* Describes a plane of rows of 128 16-bit elements at base: `pages` pages
- * of `heads` heads of page_size slots, the row of (page, head, slot) at
- * element cu_plane_row(*s, page, head, slot), read in boxes of 64 columns
- * x box_rows slots of one (page, head) with the 128-byte swizzle.  Returns
- * 0 on success; nonzero when the driver lacks tensor maps or the plane
- * does not qualify (base alignment, a stride not a positive multiple of 16
- * bytes below 2^40, a box beyond the page). */
+/* Describes a plane of rows of 128 elements of elem_bytes each (2: bf16
+ * or fp16; 1: fp8_e4m3 codes) at base: `pages` pages of `heads` heads of
+ * page_size slots, the row of (page, head, slot) at element
+ * cu_plane_row(*s, page, head, slot), read in boxes of 128 bytes of
+ * columns (64 16-bit values, 128 codes) x box_rows slots of one (page,
+ * head) with the 128-byte swizzle.  Returns 0 on success; nonzero when
+ * the driver lacks tensor maps or the plane does not qualify (base
+ * alignment, a stride not a positive multiple of 16 bytes below 2^40, a
+ * box beyond the page). */
 int cu_tma_map_plane(CUtensorMap *map, const void *base, const msa_plane_strides *s, uint64_t pages,
-                     uint32_t page_size, uint32_t heads, uint32_t box_rows);
+                     uint32_t page_size, uint32_t heads, uint32_t box_rows, uint32_t elem_bytes);
 
 /* ---- Hopper kernels (indexer_decode_tma_sm90.cu, attention_decode_tma_sm90.cu) -------------------------- */
 /* map: the index-key plane, boxes of 128 rows. */

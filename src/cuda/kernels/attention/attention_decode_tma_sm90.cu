@@ -28,9 +28,22 @@
  * Rows past kv_len in a request's last page are stale cache contents: their
  * scores are masked, and the producer zeroes that tile's V rows before the
  * consumers see it, so a stale NaN cannot reach O through a zero weight.
+ *
+ * Quantized K/V planes (KF: fp8_e4m3, nvfp4): the ring's slots hold the
+ * tiles' codes (fp8: half the bytes; nvfp4: 9 KB a tile with the group
+ * scales); a group that computes a tile widens its K and V codes into its
+ * own pair of 16-bit tiles (every E4M3 value, and every E2M1 code times
+ * its E4M3 group scale, is exact in bf16 and in fp16; NaN codes and NaN
+ * group scales widen to NaN), hands the slot back, and its products read
+ * the widened tiles as they read a 16-bit slot.  K's scale joins the
+ * score scale, V's multiplies the finished rows.  Each group widens only
+ * the tiles it computes: of a pair, a tile both items use is widened
+ * twice, once per group, which costs less than a CTA-wide barrier per
+ * tile between groups that otherwise never wait for each other.
  */
 #include "cuda/kernels/attention/attention_decode_tma_sm90_layout.cuh"
 #include "cuda/kernels/attention/attention_decode_tma_sm90_producer.cuh"
+#include "cuda/kernels/attention/rows_mma_fp8.cuh"
 #include "cuda/arch/launch.cuh"
 #include "cuda/common/timeline.cuh"
 
@@ -144,6 +157,87 @@ __device__ __forceinline__ void cu_attt_pv(uint32_t va, const float (&p)[8][4], 
     cu_wgmma_hold(o);
 }
 
+/* Barrier of consumer group h's 128 threads (immediate ids: a register
+ * id makes ptxas reserve all 16; 1 is the consumers', 2 and 3 the
+ * producers'). */
+__device__ __forceinline__ void cu_attt_group_sync(int h)
+{
+    if (h)
+        asm volatile("bar.sync 5, %0;\n" ::"n"(ATT_TMA_GROUP_THREADS) : "memory");
+    else
+        asm volatile("bar.sync 4, %0;\n" ::"n"(ATT_TMA_GROUP_THREADS) : "memory");
+}
+
+/* A slot's fp8 K and V codes (each ATT_TMA_TILE rows of 128 bytes, as the
+ * copy's swizzle lays them) widened by the group's 128 threads into its
+ * 16-bit tiles at `wide` (a 16-bit slot's layout).  Thread t takes row
+ * t % 64 and chunks t / 64, + 2, + 4, + 6 of it: eight threads of a
+ * quarter warp hold eight consecutive rows of one chunk, whose 16-byte
+ * reads (chunk c ^ (r & 7)) and writes (16-bit chunks 2 c and 2 c + 1,
+ * swizzled the same way) meet no bank group twice. */
+template <typename Tag>
+__device__ __forceinline__ void cu_attt_widen_fp8(uint32_t codes, uint32_t wide)
+{
+    const int t = threadIdx.x & (ATT_TMA_GROUP_THREADS - 1);
+    const int row = t % ATT_TMA_TILE;
+#pragma unroll
+    for (int kv = 0; kv < 2; ++kv) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int c = t / ATT_TMA_TILE + 2 * i;
+            const uint4 p = cu_lds128(
+                codes + (uint32_t)(kv * ATT_Q_HALF_BYTES + row * 128 + ((c ^ (row & 7)) << 4)));
+            uint4 lo, hi;
+            cu_fp8_chunk_widen<Tag>(p, lo, hi);
+            const uint32_t w = wide + (uint32_t)(kv * ATT_TMA_HALF_BYTES);
+            cu_sts128(w + cu_tswz(ATT_TMA_TILE, row, 2 * c), lo);
+            cu_sts128(w + cu_tswz(ATT_TMA_TILE, row, 2 * c + 1), hi);
+        }
+    }
+}
+
+/* Eight E2M1 codes of w times their group scale s, packed as a 16-byte
+ * chunk of the 16-bit type (code j in element j). */
+template <typename Tag>
+__device__ __forceinline__ uint4 cu_attt_nv8(uint32_t w, float s)
+{
+    uint4 r;
+    r.x = cu_pack2(cu_nvfp4_widen<0>(w, s), cu_nvfp4_widen<1>(w, s), Tag());
+    r.y = cu_pack2(cu_nvfp4_widen<2>(w, s), cu_nvfp4_widen<3>(w, s), Tag());
+    r.z = cu_pack2(cu_nvfp4_widen<4>(w, s), cu_nvfp4_widen<5>(w, s), Tag());
+    r.w = cu_pack2(cu_nvfp4_widen<6>(w, s), cu_nvfp4_widen<7>(w, s), Tag());
+    return r;
+}
+
+/* The same for nvfp4 codes (rows of 64 code bytes, then the rows' 8
+ * group-scale bytes): thread t takes row t % 64 and the 16-byte code
+ * chunks t / 64 and + 2 of it (32 values, two groups each), written as
+ * four 16-bit chunks. */
+template <typename Tag>
+__device__ __forceinline__ void cu_attt_widen_nvfp4(uint32_t codes, uint32_t wide)
+{
+    const int t = threadIdx.x & (ATT_TMA_GROUP_THREADS - 1);
+    const int row = t % ATT_TMA_TILE;
+#pragma unroll
+    for (int kv = 0; kv < 2; ++kv) {
+        const uint32_t src = codes + (uint32_t)(kv * ATT_Q_HALF_BYTES);
+        const uint32_t w = wide + (uint32_t)(kv * ATT_TMA_HALF_BYTES);
+        const uint2 sb = cu_lds64(src + (uint32_t)(ATT_NV_CODE_BYTES + row * 8));
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int c = t / ATT_TMA_TILE + 2 * i;
+            const uint4 p = cu_lds128(src + (uint32_t)(row * 64 + c * 16));
+            /* Groups 2 c and 2 c + 1: bytes 2 c, 2 c + 1 of the scale row. */
+            const uint32_t g = ((c < 2 ? sb.x : sb.y) >> (16 * (c & 1))) & 0xffffu;
+            const float s0 = cu_e4m3_to_f32(g & 0xffu), s1 = cu_e4m3_to_f32(g >> 8);
+            cu_sts128(w + cu_tswz(ATT_TMA_TILE, row, 4 * c), cu_attt_nv8<Tag>(p.x, s0));
+            cu_sts128(w + cu_tswz(ATT_TMA_TILE, row, 4 * c + 1), cu_attt_nv8<Tag>(p.y, s0));
+            cu_sts128(w + cu_tswz(ATT_TMA_TILE, row, 4 * c + 2), cu_attt_nv8<Tag>(p.z, s1));
+            cu_sts128(w + cu_tswz(ATT_TMA_TILE, row, 4 * c + 3), cu_attt_nv8<Tag>(p.w, s1));
+        }
+    }
+}
+
 /* A consumer warp is done with slot s: the producer may refill it. */
 __device__ __forceinline__ void cu_attt_release(const cu_attt_smem &sm, int s)
 {
@@ -243,7 +337,7 @@ __device__ __forceinline__ void cu_attt_write_part(const cu_attn_params &params,
  * at the end.  A tile's product covers all four tokens of the group; the
  * warps of tokens that do not use it skip the softmax and give the product
  * weight 0, so their state does not change. */
-template <typename Tag>
+template <typename Tag, int KF>
 __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_smem &sm,
                                  const cu_attt_unit &un, uint32_t &ring_uses)
 {
@@ -268,7 +362,9 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
     cu_rows_load_q(params.q, q_lo, q_hi, active, active, qa);
     float o[16][4], m_lo, m_hi, l_lo, l_hi;
     cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
-    const float sl2 = params.scale * CU_LOG2E;
+    /* Codes: the products take their values; K's scale joins the score
+     * scale. */
+    const float sl2 = params.scale * CU_LOG2E * (KF != ATT_KV_16 ? params.k_scale : 1.0f);
 
     for (int32_t c = 0;; ++c) {
         const int s = ring_uses % ATT_TMA_STAGES;
@@ -289,8 +385,25 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
             break;
         }
         /* Group-uniform: whether this group computes the tile. */
-        if ((mt.bits & gbits) && (pair || (c & 1) == h)) {
-            const uint32_t ka = cu_smem_addr(sm.ring + s * ATT_TMA_STAGE_BYTES);
+        const bool computes = (mt.bits & gbits) && (pair || (c & 1) == h);
+        if (computes) {
+            uint32_t ka = cu_smem_addr(sm.ring + s * cu_attt_stage_bytes<KF>());
+            if (KF != ATT_KV_16) {
+                const uint32_t wide =
+                    cu_smem_addr(sm.ring + ATT_Q_WIDE_OFFSET + h * ATT_TMA_STAGE_BYTES);
+                /* The group's products of its previous tile are done with
+                 * the widened tiles; then the codes go in and the slot
+                 * back, and the tiles are whole before any product. */
+                cu_attt_group_sync(h);
+                if (KF == ATT_KV_FP8)
+                    cu_attt_widen_fp8<Tag>(ka, wide);
+                else
+                    cu_attt_widen_nvfp4<Tag>(ka, wide);
+                cu_attt_release(sm, s);
+                cu_fence_proxy_async();
+                cu_attt_group_sync(h);
+                ka = wide;
+            }
             const uint32_t va = ka + ATT_TMA_HALF_BYTES;
             float sc[8][4];
             cu_attt_qk<Tag>(ka, qa, sc);
@@ -301,7 +414,8 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
                 cu_attt_softmax(sc, last - mt.pos0, sl2, o, m_lo, m_hi, l_lo, l_hi);
             cu_attt_pv<Tag>(va, sc, member, o);
         }
-        cu_attt_release(sm, s);
+        if (KF == ATT_KV_16 || !computes)
+            cu_attt_release(sm, s);
     }
     cu_rows_sum_quads(l_lo, l_hi);
 
@@ -312,6 +426,8 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
     if (active && (pair || h == 0)) {
         if (!pair)
             cu_rows_absorb(sm.scr + w * ATT_TMA_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
+        if (KF != ATT_KV_16) /* O holds sums of weights times V codes */
+            cu_rows_rescale(o, params.v_scale, params.v_scale);
         /* The warp's staging area: its slot of the scratch, half h of it
          * for a pair (the slot's own state is absorbed by then). */
         const uint32_t stage =
@@ -332,7 +448,7 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
 
 #endif /* CU_HAVE_WGMMA */
 
-template <typename Tag>
+template <typename Tag, int KF>
 __global__ void __launch_bounds__(ATT_TMA_THREADS, 1)
     cu_attn_tma_kernel(const __grid_constant__ cu_attn_params params,
                        const __grid_constant__ CUtensorMap map_k,
@@ -360,8 +476,10 @@ __global__ void __launch_bounds__(ATT_TMA_THREADS, 1)
         for (int j = 0; j < ATT_TMA_PRODUCERS; ++j)
             cu_mbar_init(&sm.tail[j], 1);
         cu_mbar_fence_init();
-        cu_tma_prefetch_map(&map_k);
-        cu_tma_prefetch_map(&map_v);
+        if (KF != ATT_KV_NVFP4) { /* nvfp4 tiles come by plain bulk copies */
+            cu_tma_prefetch_map(&map_k);
+            cu_tma_prefetch_map(&map_v);
+        }
     }
     __syncthreads();
     if (warp >= ATT_TMA_CONSUMERS)
@@ -382,10 +500,10 @@ __global__ void __launch_bounds__(ATT_TMA_THREADS, 1)
         if (warp >= ATT_TMA_CONSUMERS) {
             const int j = warp - ATT_TMA_CONSUMERS;
             if (k % ATT_TMA_PRODUCERS == j)
-                cu_attt_producer(params, &map_k, &map_v, sm, un, ring_uses, tail_par, j, k == 0,
-                                 ui + 1 < u_end);
+                cu_attt_producer<KF>(params, &map_k, &map_v, sm, un, ring_uses, tail_par, j, k == 0,
+                                     ui + 1 < u_end);
         } else {
-            cu_attt_consumer<Tag>(params, sm, un, ring_uses);
+            cu_attt_consumer<Tag, KF>(params, sm, un, ring_uses);
         }
     }
     cu_pdl_wait(); /* every CTA, before it ends (arch/launch.cuh) */
@@ -403,16 +521,35 @@ void cu_launch_attn_tma(const cu_attn_params *params, const cu_plan_state *st,
                         const CUtensorMap *map_k, const CUtensorMap *map_v, cudaStream_t s)
 {
     const size_t smem = ATT_TMA_SMEM_BYTES + cu_attt_union_bytes(*params);
-    if (params->act_dtype == MSA_DTYPE_BF16)
-        cu_launch(cu_attn_tma_kernel<cu_bf16_tag>, st->sz.num_sms, ATT_TMA_THREADS, smem, s,
-                  st->pdl, *params, *map_k, *map_v);
+    const int bf16 = params->act_dtype == MSA_DTYPE_BF16;
+    const int kf = params->kv_dtype == MSA_DTYPE_FP8_E4M3 ? ATT_KV_FP8
+                   : params->kv_dtype == MSA_DTYPE_NVFP4  ? ATT_KV_NVFP4
+                                                          : ATT_KV_16;
+#define ATT_TMA_LAUNCH(TAG, KF)                                                               \
+    cu_launch(cu_attn_tma_kernel<TAG, KF>, st->sz.num_sms, ATT_TMA_THREADS, smem, s, st->pdl, \
+              *params, *map_k, *map_v)
+    if (bf16 && kf == ATT_KV_FP8)
+        ATT_TMA_LAUNCH(cu_bf16_tag, ATT_KV_FP8);
+    else if (bf16 && kf == ATT_KV_NVFP4)
+        ATT_TMA_LAUNCH(cu_bf16_tag, ATT_KV_NVFP4);
+    else if (bf16)
+        ATT_TMA_LAUNCH(cu_bf16_tag, ATT_KV_16);
+    else if (kf == ATT_KV_FP8)
+        ATT_TMA_LAUNCH(cu_f16_tag, ATT_KV_FP8);
+    else if (kf == ATT_KV_NVFP4)
+        ATT_TMA_LAUNCH(cu_f16_tag, ATT_KV_NVFP4);
     else
-        cu_launch(cu_attn_tma_kernel<cu_f16_tag>, st->sz.num_sms, ATT_TMA_THREADS, smem, s, st->pdl,
-                  *params, *map_k, *map_v);
+        ATT_TMA_LAUNCH(cu_f16_tag, ATT_KV_16);
+#undef ATT_TMA_LAUNCH
 }
 
 cudaError_t cu_attn_tma_setup(void)
 {
     return cu_allow_smem(ATT_TMA_SMEM_BYTES + ATT_TMA_UNION_MAX_BYTES,
-                         cu_attn_tma_kernel<cu_bf16_tag>, cu_attn_tma_kernel<cu_f16_tag>);
+                         cu_attn_tma_kernel<cu_bf16_tag, ATT_KV_16>,
+                         cu_attn_tma_kernel<cu_f16_tag, ATT_KV_16>,
+                         cu_attn_tma_kernel<cu_bf16_tag, ATT_KV_FP8>,
+                         cu_attn_tma_kernel<cu_f16_tag, ATT_KV_FP8>,
+                         cu_attn_tma_kernel<cu_bf16_tag, ATT_KV_NVFP4>,
+                         cu_attn_tma_kernel<cu_f16_tag, ATT_KV_NVFP4>);
 }

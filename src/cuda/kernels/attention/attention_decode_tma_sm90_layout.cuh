@@ -46,6 +46,42 @@ static_assert(2 * ATT_TMA_BOX_COLS == ATT_TMA_HEAD_DIM && ATT_TMA_BOX_COLS * 2 =
               "a row is two boxes of one 128-byte swizzle span each");
 static_assert(ATT_TMA_CONSUMERS * 32 == 2 * ATT_TMA_GROUP_THREADS, "two consumer warpgroups");
 #define ATT_TMA_STAGE_BYTES (2 * ATT_TMA_HALF_BYTES)
+/* Formats of the K and V planes the kernel reads. */
+enum { ATT_KV_16 = 0, ATT_KV_FP8 = 1, ATT_KV_NVFP4 = 2 };
+
+/* Quantized K/V planes: a ring slot holds a tile's K codes, then its V
+ * codes, ATT_Q_HALF_BYTES apart.  fp8_e4m3: each one tensor-map box of
+ * ATT_TMA_TILE rows x 128 bytes (128-byte swizzle).  nvfp4: the tile's
+ * rows of 64 code bytes, then their 8-byte group-scale rows, as the page
+ * region lays them out (plain bulk copies).  The four slots take the first
+ * half of the 16-bit ring's bytes; in the second half each consumer
+ * warpgroup has a pair of 16-bit tiles (K, then V, laid out as a 16-bit
+ * slot), into which it widens the tiles it computes before its products
+ * read them. */
+#define ATT_Q_HALF_BYTES (ATT_TMA_TILE * 128)
+#define ATT_Q_STAGE_BYTES (2 * ATT_Q_HALF_BYTES)
+#define ATT_Q_WIDE_OFFSET (ATT_TMA_STAGES * ATT_Q_STAGE_BYTES)
+#define ATT_NV_CODE_BYTES (ATT_TMA_TILE * 64)
+#define ATT_NV_SCALE_BYTES (ATT_TMA_TILE * 8)
+static_assert(ATT_Q_WIDE_OFFSET % 1024 == 0 && ATT_Q_HALF_BYTES % 1024 == 0,
+              "fp8 boxes and the widened tiles on swizzle atoms");
+static_assert(ATT_NV_CODE_BYTES + ATT_NV_SCALE_BYTES <= ATT_Q_HALF_BYTES,
+              "an nvfp4 half tile fits its place");
+static_assert(ATT_Q_WIDE_OFFSET + 2 * ATT_TMA_STAGE_BYTES <= ATT_TMA_STAGES * ATT_TMA_STAGE_BYTES,
+              "the quantized ring and both groups' widened tiles fit the 16-bit ring's bytes");
+
+/* Bytes of a ring slot, and from its K to its V: 16-bit rows or codes. */
+template <int KF>
+__host__ __device__ constexpr uint32_t cu_attt_stage_bytes()
+{
+    return KF == ATT_KV_16 ? ATT_TMA_STAGE_BYTES : ATT_Q_STAGE_BYTES;
+}
+template <int KF>
+__host__ __device__ constexpr uint32_t cu_attt_half_bytes()
+{
+    return KF == ATT_KV_16 ? ATT_TMA_HALF_BYTES : ATT_Q_HALF_BYTES;
+}
+
 /* Partial state of a warp for the in-CTA merge: 16 x 128 O, then m, l.
  * Only the second group's warps save theirs (a single item): 4 slots. */
 #define ATT_TMA_SCR_FLOATS CU_ROWS_SLOT_FLOATS
@@ -112,6 +148,12 @@ __device__ __forceinline__ uint32_t cu_lds32(uint32_t a)
 __device__ __forceinline__ void cu_sts32(uint32_t a, uint32_t v)
 {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ void cu_sts128(uint32_t a, uint4 v)
+{
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
 }
 __device__ __forceinline__ void cu_reds_or32(uint32_t a, uint32_t v)
 {

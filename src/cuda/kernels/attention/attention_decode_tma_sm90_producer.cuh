@@ -8,6 +8,7 @@
 
 #include "cuda/kernels/attention/attention_decode_tma_sm90_layout.cuh"
 #include "cuda/arch/launch.cuh"
+#include "cuda/common/plane_rows.cuh"
 #include "cuda/common/timeline.cuh"
 
 #ifdef CU_HAVE_WGMMA
@@ -64,18 +65,33 @@ typedef struct cu_attt_tail {
     int32_t valid; /* rows of the tile before kv_len */
 } cu_attt_tail;
 
+template <int KF>
 __device__ __forceinline__ void cu_attt_tail_finish(const cu_attt_smem &sm, cu_attt_tail &pend,
                                                     int j, uint32_t &tail_par)
 {
     if (pend.s < 0)
         return;
     const int lane = threadIdx.x & 31;
-    unsigned char *vd = sm.ring + pend.s * ATT_TMA_STAGE_BYTES + ATT_TMA_HALF_BYTES;
+    unsigned char *vd = sm.ring + pend.s * cu_attt_stage_bytes<KF>() + cu_attt_half_bytes<KF>();
     cu_mbar_wait(&sm.tail[j], tail_par);
     tail_par ^= 1u;
-    for (int e = pend.valid * 16 + lane; e < ATT_TMA_TILE * 16; e += 32) {
-        const int r = e >> 4, c = e & 15;
-        *(uint4 *)(vd + cu_tswz(ATT_TMA_TILE, r, c)) = make_uint4(0u, 0u, 0u, 0u);
+    if (KF == ATT_KV_FP8) {
+        /* Rows of 128 code bytes, each zeroed whole (zero codes widen to
+         * zeros): 16-byte piece e is row e / 8, whatever the swizzle. */
+        for (int e = pend.valid * 8 + lane; e < ATT_TMA_TILE * 8; e += 32)
+            *(uint4 *)(vd + e * 16) = make_uint4(0u, 0u, 0u, 0u);
+    } else if (KF == ATT_KV_NVFP4) {
+        /* Rows of 64 code bytes, and their scale rows: a stale NaN scale
+         * would make even zero codes NaN. */
+        for (int e = pend.valid * 4 + lane; e < ATT_TMA_TILE * 4; e += 32)
+            *(uint4 *)(vd + e * 16) = make_uint4(0u, 0u, 0u, 0u);
+        for (int r = pend.valid + lane; r < ATT_TMA_TILE; r += 32)
+            *(uint2 *)(vd + ATT_NV_CODE_BYTES + r * 8) = make_uint2(0u, 0u);
+    } else {
+        for (int e = pend.valid * 16 + lane; e < ATT_TMA_TILE * 16; e += 32) {
+            const int r = e >> 4, c = e & 15;
+            *(uint4 *)(vd + cu_tswz(ATT_TMA_TILE, r, c)) = make_uint4(0u, 0u, 0u, 0u);
+        }
     }
     /* Seen by the products, and a later tensor copy into this slot must
      * land after these. */
@@ -246,16 +262,33 @@ typedef struct cu_attt_feed {
 } cu_attt_feed;
 
 /* Copies one tile (K and V, the 64 rows of the unit's KV head in `page`
- * from `slot` on) into slot s, completing on barrier bar. */
+ * from `slot` on) into slot s, completing on barrier bar: 16-bit rows as
+ * two boxes each, fp8 codes as one, nvfp4 codes and group scales by plain
+ * bulk copies from the page region (cu_nvfp4_row; 16-byte aligned, as
+ * forward.cu checks). */
+template <int KF>
 __device__ __forceinline__ void cu_attt_copy(const cu_attn_params &params, const CUtensorMap *map_k,
                                              const CUtensorMap *map_v, const cu_attt_smem &sm,
                                              const cu_attt_feed &f, int s, int32_t page,
                                              int32_t slot, uint64_t *bar, uint32_t ring_uses)
 {
-    unsigned char *kd = sm.ring + s * ATT_TMA_STAGE_BYTES;
-    unsigned char *vd = kd + ATT_TMA_HALF_BYTES;
-    if ((threadIdx.x & 31) == 0) {
-        cu_mbar_arrive_tx(bar, ATT_TMA_STAGE_BYTES);
+    unsigned char *kd = sm.ring + s * cu_attt_stage_bytes<KF>();
+    unsigned char *vd = kd + cu_attt_half_bytes<KF>();
+    if ((threadIdx.x & 31) == 0 && KF == ATT_KV_NVFP4) {
+        const cu_qrow k = cu_nvfp4_row(cu_plane_row(params.k_strides, page, f.head, 0), slot,
+                                       ATT_TMA_PAGE_ROWS, ATT_TMA_HEAD_DIM);
+        const cu_qrow v = cu_nvfp4_row(cu_plane_row(params.v_strides, page, f.head, 0), slot,
+                                       ATT_TMA_PAGE_ROWS, ATT_TMA_HEAD_DIM);
+        const unsigned char *kp = (const unsigned char *)params.k_plane;
+        const unsigned char *vp = (const unsigned char *)params.v_plane;
+        cu_mbar_arrive_tx(bar, 2 * (ATT_NV_CODE_BYTES + ATT_NV_SCALE_BYTES));
+        const uint64_t pol = cu_l2_evict_first();
+        cu_bulk_load_hint(kd, kp + k.at, ATT_NV_CODE_BYTES, bar, pol);
+        cu_bulk_load_hint(kd + ATT_NV_CODE_BYTES, kp + k.scales, ATT_NV_SCALE_BYTES, bar, pol);
+        cu_bulk_load_hint(vd, vp + v.at, ATT_NV_CODE_BYTES, bar, pol);
+        cu_bulk_load_hint(vd + ATT_NV_CODE_BYTES, vp + v.scales, ATT_NV_SCALE_BYTES, bar, pol);
+    } else if ((threadIdx.x & 31) == 0) {
+        cu_mbar_arrive_tx(bar, cu_attt_stage_bytes<KF>());
         /* A tile is read by one unit (two when q_len > 8, side by side):
          * its lines go first from L2, so the stream does not push out the
          * unions, the plan and the partial rows that the attention and the
@@ -263,11 +296,13 @@ __device__ __forceinline__ void cu_attt_copy(const cu_attn_params &params, const
          * 200K context at batch 8-32. */
         const uint64_t pol = cu_l2_evict_first();
         cu_tma_load_rows_hint(kd, map_k, 0, slot, f.head, page, bar, pol);
-        cu_tma_load_rows_hint(kd + ATT_TMA_HALF_BYTES / 2, map_k, ATT_TMA_BOX_COLS, slot, f.head,
-                              page, bar, pol);
         cu_tma_load_rows_hint(vd, map_v, 0, slot, f.head, page, bar, pol);
-        cu_tma_load_rows_hint(vd + ATT_TMA_HALF_BYTES / 2, map_v, ATT_TMA_BOX_COLS, slot, f.head,
-                              page, bar, pol);
+        if (KF == ATT_KV_16) {
+            cu_tma_load_rows_hint(kd + ATT_TMA_HALF_BYTES / 2, map_k, ATT_TMA_BOX_COLS, slot,
+                                  f.head, page, bar, pol);
+            cu_tma_load_rows_hint(vd + ATT_TMA_HALF_BYTES / 2, map_v, ATT_TMA_BOX_COLS, slot,
+                                  f.head, page, bar, pol);
+        }
 #ifdef MSA_TIMELINE
         if (f.first_of_cta && ring_uses == f.ring_uses_first + 1u)
             CU_TL_MARK(params, CU_TL_ATTN, CU_TL_ISSUED);
@@ -283,6 +318,7 @@ __device__ __forceinline__ void cu_attt_copy(const cu_attn_params &params, const
  * returns.  A tail tile lands on producer pj's own barrier (its V rows
  * past kv_len are zeroed before the slot is handed over), any other on the
  * slot's full barrier. */
+template <int KF>
 __device__ __forceinline__ int cu_attt_issue_tile(const cu_attn_params &params,
                                                   const CUtensorMap *map_k,
                                                   const CUtensorMap *map_v, const cu_attt_smem &sm,
@@ -294,8 +330,8 @@ __device__ __forceinline__ int cu_attt_issue_tile(const cu_attn_params &params,
     const uint32_t b = __shfl_sync(0xffffffffu, bits, j);
     const int32_t pg = __shfl_sync(0xffffffffu, page, j);
     const int s = cu_attt_claim(sm, ring_uses, p0, b);
-    cu_attt_copy(params, map_k, map_v, sm, f, s, pg, p0 & (ATT_TMA_PAGE_ROWS - 1),
-                 tail ? &sm.tail[pj] : &sm.full[s], ring_uses);
+    cu_attt_copy<KF>(params, map_k, map_v, sm, f, s, pg, p0 & (ATT_TMA_PAGE_ROWS - 1),
+                     tail ? &sm.tail[pj] : &sm.full[s], ring_uses);
     __syncwarp();
     return s;
 }
@@ -304,6 +340,7 @@ __device__ __forceinline__ int cu_attt_issue_tile(const cu_attn_params &params,
  * the unit uses) into the ring, the tail tile (rows past kv_len) last and
  * left pending in pend.  The turn is taken before the first slot, after
  * the window's ids and pages have been read. */
+template <int KF>
 __device__ __forceinline__ void cu_attt_issue(const cu_attn_params &params,
                                               const CUtensorMap *map_k, const CUtensorMap *map_v,
                                               const cu_attt_smem &sm, const cu_attt_feed &f,
@@ -366,16 +403,16 @@ __device__ __forceinline__ void cu_attt_issue(const cu_attn_params &params,
             }
             const int j = __ffs(cand) - 1;
             todo &= ~(1u << j);
-            cu_attt_issue_tile(params, map_k, map_v, sm, f, j, pos0, bits, page, ring_uses, false,
-                               tn.j);
+            cu_attt_issue_tile<KF>(params, map_k, map_v, sm, f, j, pos0, bits, page, ring_uses,
+                                   false, tn.j);
         }
         if (tail_lane) {
             /* It lands on the producer's own barrier: its V rows past
              * kv_len become zeros (see the header) before a plain arrival
              * hands the slot over (cu_attt_tail_finish). */
             const int j = __ffs(tail_lane) - 1;
-            pend.s = cu_attt_issue_tile(params, map_k, map_v, sm, f, j, pos0, bits, page, ring_uses,
-                                        true, tn.j);
+            pend.s = cu_attt_issue_tile<KF>(params, map_k, map_v, sm, f, j, pos0, bits, page,
+                                            ring_uses, true, tn.j);
             pend.valid = cs.kl - __shfl_sync(0xffffffffu, pos0, j);
         }
     }
@@ -385,6 +422,7 @@ __device__ __forceinline__ void cu_attt_issue(const cu_attn_params &params,
  * when the CTA has a next unit (`next`), then its pending tail tile.  The
  * turn is taken first unless the unit is the CTA's first (`first`).  Not
  * inlined: the producer's registers stay apart from the consumers'. */
+template <int KF>
 __device__ __noinline__ void cu_attt_producer(const cu_attn_params &params,
                                               const CUtensorMap *map_k, const CUtensorMap *map_v,
                                               const cu_attt_smem &sm, const cu_attt_unit &un,
@@ -465,7 +503,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_attn_params &params,
             t_hi = max(t_lo, min(f.cs.base / ATT_TMA_TILE, f.cs.u1 / ATT_TMA_TILE));
         else
             t_hi = (f.cs.u1 + ATT_TMA_TILE - 1) / ATT_TMA_TILE;
-        cu_attt_issue(params, map_k, map_v, sm, f, t_lo, t_hi, ring_uses, tn, pend);
+        cu_attt_issue<KF>(params, map_k, map_v, sm, f, t_lo, t_hi, ring_uses, tn, pend);
     }
     /* End of the item. */
     cu_attt_take_turn(sm, tn, ring_uses); /* a stream without tiles */
@@ -475,7 +513,7 @@ __device__ __noinline__ void cu_attt_producer(const cu_attn_params &params,
     __syncwarp();
     if (next)
         cu_attt_pass_turn(sm, j, ring_uses);
-    cu_attt_tail_finish(sm, pend, j, tail_par);
+    cu_attt_tail_finish<KF>(sm, pend, j, tail_par);
 }
 
 #endif /* CU_HAVE_WGMMA */

@@ -778,12 +778,13 @@ int cu_pfk_encode_maps(const cu_pfk_params *p, int32_t q_tokens, CUtensorMap *qo
     const msa_plane_strides sq = {(int64_t)p->hq_total * PFH_HEAD_DIM, (int64_t)p->g * PFH_HEAD_DIM,
                                   PFH_HEAD_DIM};
     if (cu_tma_map_plane(&qo[0], p->q, &sq, (uint64_t)q_tokens, (uint32_t)p->g, (uint32_t)p->hkv,
-                         (uint32_t)p->g) != 0)
+                         (uint32_t)p->g, 2) != 0)
         return 1;
     /* Partial rows: the g rows of entry e are "page" e. */
     const msa_plane_strides so = {(int64_t)p->g * PFH_HEAD_DIM, 0, PFH_HEAD_DIM};
     const uint64_t entries = (uint64_t)p->chunk_tokens * (uint64_t)p->hkv * (uint64_t)p->W;
-    return cu_tma_map_plane(&qo[1], p->ws.part_o, &so, entries, (uint32_t)p->g, 1u, (uint32_t)p->g);
+    return cu_tma_map_plane(&qo[1], p->ws.part_o, &so, entries, (uint32_t)p->g, 1u, (uint32_t)p->g,
+                            2);
 }
 
 template <typename Tag>

@@ -34,6 +34,10 @@
  * reduced in registers and across the four lanes of a column, and written
  * straight to the score rows.
  *
+ * Quantized index keys (fp8_e4m3, nvfp4) run the same producer and work
+ * split with consumers of their own, which widen the codes in registers
+ * (indexer_decode_tma_q_sm90.cuh).
+ *
  * The products exist on sm_90a only; other chips take the portable
  * indexer (forward.cu checks st->wgmma).
  */
@@ -70,12 +74,23 @@ static_assert(IDX_TMA_BOX_COLS * 2 == 128, "a box row is one 128-byte swizzle sp
 static_assert(2 * IDX_TMA_BOX_COLS == IDX_TMA_INDEX_DIM, "a key row is two boxes");
 static_assert(IDX_TMA_BLOCK_ROWS == 128, "the products are m64n128: one block's keys per product");
 static_assert(IDX_TMA_K_STEPS == 8, "the query fragments hold eight k-steps (a[8][4])");
-#define IDX_TMA_SMEM_BYTES (IDX_TMA_STAGES * IDX_TMA_BLOCK_BYTES + 1024 + 3 * IDX_TMA_STAGES * 8)
+/* Shared memory: the ring, then (quantized keys) each group's query
+ * tile and reduction buffers, then the barriers and the slots' blocks. */
+#define IDX_TMA_RING_BYTES (IDX_TMA_STAGES * IDX_TMA_BLOCK_BYTES)
+#define IDX_TMA_SMEM_BYTES(KF)                                                                    \
+    (IDX_TMA_RING_BYTES + ((KF) == IDXT_KEYS_16 ? 0 : IDX_TMA_GROUPS * IDXQ_GROUP_BYTES) + 1024 + \
+     3 * IDX_TMA_STAGES * 8)
 /* Blocks per chunk taken on demand: small, for an even end; the next
  * chunk's number is asked for while the current one streams.  Steps of
  * fewer than IDX_TMA_CHUNKED_MIN blocks per CTA keep fixed shares only. */
 #define IDX_TMA_CHUNK 2
 #define IDX_TMA_CHUNKED_MIN 8
+
+#include "cuda/kernels/indexer/indexer_decode_tma_q_sm90.cuh"
+
+static_assert(IDXQ_NV_CODE_BYTES + IDXQ_NV_SCALE_BYTES <= IDX_TMA_BLOCK_BYTES &&
+                  IDX_TMA_BLOCK_ROWS * 128 <= IDX_TMA_BLOCK_BYTES,
+              "a quantized block fits a ring slot");
 
 #ifdef CU_HAVE_WGMMA
 
@@ -225,12 +240,7 @@ __device__ void cu_idxt_consumer(const cu_indexer_params &params, unsigned char 
         if (gb < 0)
             break;
         if (gb >= di.blk1) {
-            /* Blocks come in ascending order: the next request's, or after
-             * a jump to a chunk further on, a search. */
-            const int32_t nk = kslot + 1 < n_dec ? kslot + 1 : kslot;
-            const cu_dec_info nd = params.meta.dec_info[nk];
-            kslot = gb < nd.blk1 ? nk : cu_dec_of_block(params.meta.dec_blk0, n_dec, gb);
-            di = gb < nd.blk1 ? nd : params.meta.dec_info[kslot];
+            cu_idxt_next_request(params, n_dec, gb, kslot, di);
             k = kslot;
             cu_idxt_request(params, di, c_lo, nq, base, last_lo, last_hi, a);
         }
@@ -277,9 +287,12 @@ __device__ void cu_idxt_consumer(const cu_indexer_params &params, unsigned char 
 
 /* Ring use x (lane 0): slot x % IDX_TMA_STAGES, once its previous use is
  * handed back, announced as block gb; a block (gb >= 0, page pg) arrives
- * by two copies, an end mark by a plain arrival. */
-__device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned char *ring,
-                                            uint64_t *full, uint64_t *empty,
+ * by its copies (16-bit rows: two boxes; fp8 codes: one; nvfp4: the
+ * page's codes and scales, two bulk copies), an end mark by a plain
+ * arrival. */
+template <int KF>
+__device__ __forceinline__ void cu_idxt_put(const cu_indexer_params &params, const CUtensorMap *map,
+                                            unsigned char *ring, uint64_t *full, uint64_t *empty,
                                             volatile int32_t *slot_gb, int32_t x, int32_t gb,
                                             int32_t pg)
 {
@@ -293,20 +306,36 @@ __device__ __forceinline__ void cu_idxt_put(const CUtensorMap *map, unsigned cha
         return;
     }
     unsigned char *dst = ring + s * IDX_TMA_BLOCK_BYTES;
-    cu_mbar_arrive_tx(&full[s], IDX_TMA_BLOCK_BYTES);
     /* Index keys are read once per step: their lines go first from L2, so
      * the stream does not push out what the next kernels read again (the
      * block scores, the plan).  On the H200 this took 0.5-3% off steps of
      * 10K to 200K context. */
     const uint64_t pol = cu_l2_evict_first();
-    cu_tma_load_rows_hint(dst, map, 0, 0, 0, pg, &full[s], pol);
-    cu_tma_load_rows_hint(dst + IDX_TMA_BLOCK_BYTES / 2, map, IDX_TMA_BOX_COLS, 0, 0, pg, &full[s],
+    if (KF == IDXT_KEYS_16) {
+        cu_mbar_arrive_tx(&full[s], IDX_TMA_BLOCK_BYTES);
+        cu_tma_load_rows_hint(dst, map, 0, 0, 0, pg, &full[s], pol);
+        cu_tma_load_rows_hint(dst + IDX_TMA_BLOCK_BYTES / 2, map, IDX_TMA_BOX_COLS, 0, 0, pg,
+                              &full[s], pol);
+    } else if (KF == IDXT_KEYS_FP8) {
+        cu_mbar_arrive_tx(&full[s], IDX_TMA_BLOCK_ROWS * 128);
+        cu_tma_load_rows_hint(dst, map, 0, 0, 0, pg, &full[s], pol);
+    } else {
+        /* The page's region in the library layout (cu_nvfp4_row): its
+         * codes, then its scales; 16-byte aligned (cu_nvfp4_pages_bulk). */
+        const cu_qrow q = cu_nvfp4_row(cu_plane_row(params.index_k_strides, pg, 0, 0), 0,
+                                       IDX_TMA_BLOCK_ROWS, IDX_TMA_INDEX_DIM);
+        const unsigned char *plane = (const unsigned char *)params.index_k_plane;
+        cu_mbar_arrive_tx(&full[s], IDXQ_NV_CODE_BYTES + IDXQ_NV_SCALE_BYTES);
+        cu_bulk_load_hint(dst, plane + q.at, IDXQ_NV_CODE_BYTES, &full[s], pol);
+        cu_bulk_load_hint(dst + IDXQ_NV_CODE_BYTES, plane + q.scales, IDXQ_NV_SCALE_BYTES, &full[s],
                           pol);
+    }
 }
 
 /* Blocks gb0 .. gb0 + cnt - 1 (cnt <= 32) into the ring from use x on:
  * their pages looked up one per lane (k: the decode slot of gb0 or an
  * earlier one), then the copies issued in order. */
+template <int KF>
 __device__ __forceinline__ void cu_idxt_stream(const cu_indexer_params &params,
                                                const CUtensorMap *map, unsigned char *ring,
                                                uint64_t *full, uint64_t *empty,
@@ -330,7 +359,7 @@ __device__ __forceinline__ void cu_idxt_stream(const cu_indexer_params &params,
     for (int32_t j = 0; j < cnt; ++j) {
         const int32_t pg = __shfl_sync(0xffffffffu, page, j);
         if (lane == 0) {
-            cu_idxt_put(map, ring, full, empty, slot_gb, x, gb0 + j, pg);
+            cu_idxt_put<KF>(params, map, ring, full, empty, slot_gb, x, gb0 + j, pg);
             if (x == 0)
                 CU_TL_MARK(params, CU_TL_INDEXER, CU_TL_ISSUED);
         }
@@ -341,6 +370,7 @@ __device__ __forceinline__ void cu_idxt_stream(const cu_indexer_params &params,
 
 /* The CTA's fixed share [gb_begin, gb_begin + F), then chunks on demand
  * from blocks stat .. total - 1, then an end mark for each group. */
+template <int KF>
 __device__ void cu_idxt_producer(const cu_indexer_params &params, const CUtensorMap *map,
                                  unsigned char *ring, uint64_t *full, uint64_t *empty,
                                  volatile int32_t *slot_gb, int32_t gb_begin, int32_t F,
@@ -351,8 +381,8 @@ __device__ void cu_idxt_producer(const cu_indexer_params &params, const CUtensor
     int32_t k = F > 0 ? cu_dec_of_block(params.meta.dec_blk0, n_dec, gb_begin) : 0;
     for (int32_t c0 = 0; c0 < F; c0 += 32) {
         const int32_t cnt = min(32, F - c0);
-        cu_idxt_stream(params, map, ring, full, empty, slot_gb, x, k, n_dec, gb_begin + c0, cnt,
-                       c0 == 0);
+        cu_idxt_stream<KF>(params, map, ring, full, empty, slot_gb, x, k, n_dec, gb_begin + c0, cnt,
+                           c0 == 0);
         k = cu_idxt_slot(params, k, n_dec, gb_begin + c0 + cnt - 1);
     }
     if (F == 0) {
@@ -378,14 +408,14 @@ __device__ void cu_idxt_producer(const cu_indexer_params &params, const CUtensor
             const int32_t gb0 = stat + c * IDX_TMA_CHUNK;
             if (lane == 0)
                 next = atomicAdd(params.next_chunk, 1);
-            cu_idxt_stream(params, map, ring, full, empty, slot_gb, x,
-                           cu_dec_of_block(params.meta.dec_blk0, n_dec, gb0), n_dec, gb0,
-                           min(IDX_TMA_CHUNK, total - gb0), false);
+            cu_idxt_stream<KF>(params, map, ring, full, empty, slot_gb, x,
+                               cu_dec_of_block(params.meta.dec_blk0, n_dec, gb0), n_dec, gb0,
+                               min(IDX_TMA_CHUNK, total - gb0), false);
         }
     }
     if (lane == 0)
         for (int e = 0; e < IDX_TMA_GROUPS; ++e)
-            cu_idxt_put(map, ring, full, empty, slot_gb, x + e, -1, 0);
+            cu_idxt_put<KF>(params, map, ring, full, empty, slot_gb, x + e, -1, 0);
     __syncwarp();
 }
 
@@ -423,7 +453,9 @@ __device__ __forceinline__ void cu_idxt_prefetch_att_plan(const cu_indexer_param
                           first, stride);
 }
 
-template <typename Tag>
+/* KF: the format of the index keys (IDXT_KEYS_*); map: their tensor map
+ * (none is read for nvfp4 keys). */
+template <typename Tag, int KF>
 __global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
     cu_indexer_tma_kernel(const __grid_constant__ cu_indexer_params params,
                           const __grid_constant__ CUtensorMap map)
@@ -432,7 +464,13 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *ring =
         (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023); /* swizzle atoms */
-    uint64_t *full = (uint64_t *)(ring + IDX_TMA_STAGES * IDX_TMA_BLOCK_BYTES);
+    /* Quantized keys: the groups' query tiles (1024-byte aligned after the
+     * ring) and reduction buffers. */
+    unsigned char *groups = ring + IDX_TMA_RING_BYTES;
+    constexpr int32_t group_bytes = KF == IDXT_KEYS_16 ? 0 : IDXQ_GROUP_BYTES;
+    static_assert(IDXQ_QTILE_BYTES % 1024 == 0 && IDXQ_GROUP_BYTES % 1024 == 0,
+                  "query tiles on swizzle atoms");
+    uint64_t *full = (uint64_t *)(groups + IDX_TMA_GROUPS * group_bytes);
     uint64_t *empty = full + IDX_TMA_STAGES;
     volatile int32_t *slot_gb =
         (volatile int32_t *)(empty + IDX_TMA_STAGES); /* block of each slot */
@@ -444,7 +482,8 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
             cu_mbar_init(&empty[s], 4 * 32); /* every lane of the slot's group */
         }
         cu_mbar_fence_init();
-        cu_tma_prefetch_map(&map);
+        if (KF != IDXT_KEYS_NVFP4)
+            cu_tma_prefetch_map(&map);
     }
     __syncthreads();
     /* The prologue writes this step's index keys: the producer waits for
@@ -464,15 +503,22 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
     const int32_t gb_end = (int32_t)((int64_t)stat * (blockIdx.x + 1) / gridDim.x);
     const int32_t F = gb_end - gb_begin;
     if (n_dec > 0 && total > 0) {
+        const int g = warp >> 2;
+        unsigned char *qtile = groups + g * group_bytes;
+        float *red = (float *)(qtile + IDXQ_QTILE_BYTES);
         if (warp == IDX_TMA_GROUPS * 4)
-            cu_idxt_producer(params, &map, ring, full, empty, slot_gb, gb_begin, F, stat, total,
-                             n_dec);
+            cu_idxt_producer<KF>(params, &map, ring, full, empty, slot_gb, gb_begin, F, stat, total,
+                                 n_dec);
+        else if (KF != IDXT_KEYS_16 && params.score_lse)
+            cu_idxq_consumer<Tag, true, KF>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec,
+                                            g, qtile, red);
+        else if (KF != IDXT_KEYS_16)
+            cu_idxq_consumer<Tag, false, KF>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec,
+                                             g, qtile, red);
         else if (params.score_lse)
-            cu_idxt_consumer<Tag, true>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec,
-                                        warp >> 2);
+            cu_idxt_consumer<Tag, true>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec, g);
         else
-            cu_idxt_consumer<Tag, false>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec,
-                                         warp >> 2);
+            cu_idxt_consumer<Tag, false>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec, g);
     }
     cu_pdl_wait(); /* every CTA, before it ends (arch/launch.cuh) */
     if (threadIdx.x == 0)
@@ -486,16 +532,38 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
 void cu_launch_indexer_tma(const cu_indexer_params *params, const cu_plan_state *st,
                            const CUtensorMap *map, cudaStream_t s)
 {
-    if (params->act_dtype == MSA_DTYPE_BF16)
-        cu_launch(cu_indexer_tma_kernel<cu_bf16_tag>, st->sz.num_sms, IDX_TMA_THREADS,
-                  IDX_TMA_SMEM_BYTES, s, st->pdl, *params, *map);
+    const int bf16 = params->act_dtype == MSA_DTYPE_BF16;
+    const int kf = params->index_dtype == MSA_DTYPE_FP8_E4M3 ? IDXT_KEYS_FP8
+                   : params->index_dtype == MSA_DTYPE_NVFP4  ? IDXT_KEYS_NVFP4
+                                                             : IDXT_KEYS_16;
+#define IDX_TMA_LAUNCH(TAG, KF)                                                \
+    cu_launch(cu_indexer_tma_kernel<TAG, KF>, st->sz.num_sms, IDX_TMA_THREADS, \
+              IDX_TMA_SMEM_BYTES(KF), s, st->pdl, *params, *map)
+    if (bf16 && kf == IDXT_KEYS_FP8)
+        IDX_TMA_LAUNCH(cu_bf16_tag, IDXT_KEYS_FP8);
+    else if (bf16 && kf == IDXT_KEYS_NVFP4)
+        IDX_TMA_LAUNCH(cu_bf16_tag, IDXT_KEYS_NVFP4);
+    else if (bf16)
+        IDX_TMA_LAUNCH(cu_bf16_tag, IDXT_KEYS_16);
+    else if (kf == IDXT_KEYS_FP8)
+        IDX_TMA_LAUNCH(cu_f16_tag, IDXT_KEYS_FP8);
+    else if (kf == IDXT_KEYS_NVFP4)
+        IDX_TMA_LAUNCH(cu_f16_tag, IDXT_KEYS_NVFP4);
     else
-        cu_launch(cu_indexer_tma_kernel<cu_f16_tag>, st->sz.num_sms, IDX_TMA_THREADS,
-                  IDX_TMA_SMEM_BYTES, s, st->pdl, *params, *map);
+        IDX_TMA_LAUNCH(cu_f16_tag, IDXT_KEYS_16);
+#undef IDX_TMA_LAUNCH
 }
 
 cudaError_t cu_indexer_tma_setup(void)
 {
-    return cu_allow_smem(IDX_TMA_SMEM_BYTES, cu_indexer_tma_kernel<cu_bf16_tag>,
-                         cu_indexer_tma_kernel<cu_f16_tag>);
+    cudaError_t e = cu_allow_smem(IDX_TMA_SMEM_BYTES(IDXT_KEYS_16),
+                                  cu_indexer_tma_kernel<cu_bf16_tag, IDXT_KEYS_16>,
+                                  cu_indexer_tma_kernel<cu_f16_tag, IDXT_KEYS_16>);
+    if (e != cudaSuccess)
+        return e;
+    return cu_allow_smem(IDX_TMA_SMEM_BYTES(IDXT_KEYS_FP8),
+                         cu_indexer_tma_kernel<cu_bf16_tag, IDXT_KEYS_FP8>,
+                         cu_indexer_tma_kernel<cu_f16_tag, IDXT_KEYS_FP8>,
+                         cu_indexer_tma_kernel<cu_bf16_tag, IDXT_KEYS_NVFP4>,
+                         cu_indexer_tma_kernel<cu_f16_tag, IDXT_KEYS_NVFP4>);
 }
