@@ -68,7 +68,8 @@ __host__ __device__ __forceinline__ float cu_nvfp4_widen(uint32_t w, float scale
 /* ---- pairs of E4M3 codes straight to the 16-bit types ------------------
  * The decode attention widens whole tiles of K and V codes to bf16 or
  * fp16 in shared memory; two codes (bytes 2 P and 2 P + 1 of w) become
- * one packed pair in four operations: a byte permute puts each code in
+ * one packed pair.  fp16 takes the hardware conversion on sm_89 and
+ * later (cu_e4m3_widen2); bf16, and fp16 on older chips, four operations: a byte permute puts each code in
  * the top byte of its half, a shift and a mask move its seven low bits
  * under the 16-bit type's exponent field (the sign stays in the top bit),
  * and one exact product of the pair scales them.  fp16 (5 exponent bits,
@@ -104,18 +105,33 @@ __host__ __device__ __forceinline__ uint32_t cu_e4m3_pair_bits(uint32_t w)
 #include "cuda/arch/mma_sm80.cuh"
 
 /* Bytes 2 P and 2 P + 1 of w as a packed pair of the 16-bit type (the
- * low half from byte 2 P).  The product is fma(x, 2^k, -0): exact, and
- * -0 keeps the sign of a zero code.  Both fma forms keep subnormal
- * inputs (neither is the .ftz form). */
+ * low half from byte 2 P).  fp16: the conversion instruction of sm_89
+ * and later (one operation a pair, NaN codes to NaN; exact, as every
+ * E4M3 value is an fp16 value).  bf16 has none: the product is
+ * fma(x, 2^120, -0), exact, and -0 keeps the sign of a zero code (the
+ * fma keeps subnormal inputs: it is not the .ftz form); its NaN codes
+ * give 480 (cu_e4m3_nan_mask2 marks them). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define CU_E4M3_CVT 1
+#else
+#define CU_E4M3_CVT 0
+#endif
+
 template <int P>
 __device__ __forceinline__ uint32_t cu_e4m3_widen2(uint32_t w, cu_f16_tag)
 {
+    uint32_t x;
+#if CU_E4M3_CVT
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(x) : "h"((unsigned short)(w >> (16 * P))));
+#else
+    /* Older chips: the bits under fp16's exponent (7..13: the value times
+     * 2^-8), then the exact product by 2^8. */
     const uint32_t t = __byte_perm(w, 0u, P ? 0x3424 : 0x1404);
     const uint32_t b = (t & 0x80008000u) | ((t >> 1) & 0x3f803f80u);
-    uint32_t x;
     asm("fma.rn.f16x2 %0, %1, %2, %3;\n"
         : "=r"(x)
         : "r"(b), "r"(CU_WIDEN_F16_2P8), "r"(CU_WIDEN_NEG_ZERO2));
+#endif
     return x;
 }
 
@@ -131,6 +147,17 @@ __device__ __forceinline__ uint32_t cu_e4m3_widen2(uint32_t w, cu_bf16_tag)
     return x;
 }
 
+/* Whether cu_e4m3_widen2 of the type already makes NaN codes NaN (no
+ * mask needed). */
+__device__ __forceinline__ constexpr bool cu_e4m3_widen2_nan(cu_f16_tag)
+{
+    return CU_E4M3_CVT != 0;
+}
+__device__ __forceinline__ constexpr bool cu_e4m3_widen2_nan(cu_bf16_tag)
+{
+    return false;
+}
+
 /* All ones in each half of pair P whose code is a NaN code, from n =
  * cu_e4m3_nan_bytes(w): or-ed into the widened pair it gives 0xffff,
  * a NaN in bf16 and in fp16. */
@@ -142,6 +169,50 @@ __device__ __forceinline__ uint32_t cu_e4m3_nan_mask2(uint32_t n)
     uint32_t m;
     asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(m) : "r"(n), "n"(P ? 0xbbaa : 0x9988));
     return m;
+}
+/* One 16-byte chunk of codes (16 dims) as two 16-byte chunks of the
+ * 16-bit type: lo holds the first 8 dims, hi the other 8. */
+template <typename Tag>
+__device__ __forceinline__ void cu_fp8_chunk_widen(uint4 c, uint4 &lo, uint4 &hi)
+{
+    lo.x = cu_e4m3_widen2<0>(c.x, Tag());
+    lo.y = cu_e4m3_widen2<1>(c.x, Tag());
+    lo.z = cu_e4m3_widen2<0>(c.y, Tag());
+    lo.w = cu_e4m3_widen2<1>(c.y, Tag());
+    hi.x = cu_e4m3_widen2<0>(c.z, Tag());
+    hi.y = cu_e4m3_widen2<1>(c.z, Tag());
+    hi.z = cu_e4m3_widen2<0>(c.w, Tag());
+    hi.w = cu_e4m3_widen2<1>(c.w, Tag());
+    if (cu_e4m3_widen2_nan(Tag())) /* fp16: NaN codes converted to NaN */
+        return;
+    const uint32_t nx = cu_e4m3_nan_bytes(c.x), ny = cu_e4m3_nan_bytes(c.y);
+    const uint32_t nz = cu_e4m3_nan_bytes(c.z), nw = cu_e4m3_nan_bytes(c.w);
+    /* NaN codes are rare: the masks are built only for a chunk that has
+     * one (a branch around them, not their cost on every chunk). */
+    if ((nx | ny | nz | nw) != 0u) {
+        lo.x |= cu_e4m3_nan_mask2<0>(nx);
+        lo.y |= cu_e4m3_nan_mask2<1>(nx);
+        lo.z |= cu_e4m3_nan_mask2<0>(ny);
+        lo.w |= cu_e4m3_nan_mask2<1>(ny);
+        hi.x |= cu_e4m3_nan_mask2<0>(nz);
+        hi.y |= cu_e4m3_nan_mask2<1>(nz);
+        hi.z |= cu_e4m3_nan_mask2<0>(nw);
+        hi.w |= cu_e4m3_nan_mask2<1>(nw);
+    }
+}
+
+/* Eight E2M1 codes of w (code j in nibble j) times their group scale s
+ * (cu_e4m3_to_f32 of its byte), packed as a 16-byte chunk of the 16-bit
+ * type, element j from code j. */
+template <typename Tag>
+__device__ __forceinline__ uint4 cu_nvfp4_widen8(uint32_t w, float s)
+{
+    uint4 r;
+    r.x = cu_pack2(cu_nvfp4_widen<0>(w, s), cu_nvfp4_widen<1>(w, s), Tag());
+    r.y = cu_pack2(cu_nvfp4_widen<2>(w, s), cu_nvfp4_widen<3>(w, s), Tag());
+    r.z = cu_pack2(cu_nvfp4_widen<4>(w, s), cu_nvfp4_widen<5>(w, s), Tag());
+    r.w = cu_pack2(cu_nvfp4_widen<6>(w, s), cu_nvfp4_widen<7>(w, s), Tag());
+    return r;
 }
 #endif /* __CUDACC__ */
 

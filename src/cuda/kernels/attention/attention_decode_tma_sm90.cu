@@ -43,7 +43,7 @@
  */
 #include "cuda/kernels/attention/attention_decode_tma_sm90_layout.cuh"
 #include "cuda/kernels/attention/attention_decode_tma_sm90_producer.cuh"
-#include "cuda/kernels/attention/rows_mma_fp8.cuh"
+#include "cuda/common/widen_tile.cuh"
 #include "cuda/arch/launch.cuh"
 #include "cuda/common/timeline.cuh"
 
@@ -168,73 +168,20 @@ __device__ __forceinline__ void cu_attt_group_sync(int h)
         asm volatile("bar.sync 4, %0;\n" ::"n"(ATT_TMA_GROUP_THREADS) : "memory");
 }
 
-/* A slot's fp8 K and V codes (each ATT_TMA_TILE rows of 128 bytes, as the
- * copy's swizzle lays them) widened by the group's 128 threads into its
- * 16-bit tiles at `wide` (a 16-bit slot's layout).  Thread t takes row
- * t % 64 and chunks t / 64, + 2, + 4, + 6 of it: eight threads of a
- * quarter warp hold eight consecutive rows of one chunk, whose 16-byte
- * reads (chunk c ^ (r & 7)) and writes (16-bit chunks 2 c and 2 c + 1,
- * swizzled the same way) meet no bank group twice. */
-template <typename Tag>
-__device__ __forceinline__ void cu_attt_widen_fp8(uint32_t codes, uint32_t wide)
+/* A slot's K and V codes (KF) widened by the group's 128 threads into its
+ * 16-bit tiles at `wide` (a 16-bit slot's layout; widen_tile.cuh). */
+template <typename Tag, int KF>
+__device__ __forceinline__ void cu_attt_widen(uint32_t codes, uint32_t wide)
 {
     const int t = threadIdx.x & (ATT_TMA_GROUP_THREADS - 1);
-    const int row = t % ATT_TMA_TILE;
-#pragma unroll
-    for (int kv = 0; kv < 2; ++kv) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int c = t / ATT_TMA_TILE + 2 * i;
-            const uint4 p = cu_lds128(
-                codes + (uint32_t)(kv * ATT_Q_HALF_BYTES + row * 128 + ((c ^ (row & 7)) << 4)));
-            uint4 lo, hi;
-            cu_fp8_chunk_widen<Tag>(p, lo, hi);
-            const uint32_t w = wide + (uint32_t)(kv * ATT_TMA_HALF_BYTES);
-            cu_sts128(w + cu_tswz(ATT_TMA_TILE, row, 2 * c), lo);
-            cu_sts128(w + cu_tswz(ATT_TMA_TILE, row, 2 * c + 1), hi);
-        }
-    }
-}
-
-/* Eight E2M1 codes of w times their group scale s, packed as a 16-byte
- * chunk of the 16-bit type (code j in element j). */
-template <typename Tag>
-__device__ __forceinline__ uint4 cu_attt_nv8(uint32_t w, float s)
-{
-    uint4 r;
-    r.x = cu_pack2(cu_nvfp4_widen<0>(w, s), cu_nvfp4_widen<1>(w, s), Tag());
-    r.y = cu_pack2(cu_nvfp4_widen<2>(w, s), cu_nvfp4_widen<3>(w, s), Tag());
-    r.z = cu_pack2(cu_nvfp4_widen<4>(w, s), cu_nvfp4_widen<5>(w, s), Tag());
-    r.w = cu_pack2(cu_nvfp4_widen<6>(w, s), cu_nvfp4_widen<7>(w, s), Tag());
-    return r;
-}
-
-/* The same for nvfp4 codes (rows of 64 code bytes, then the rows' 8
- * group-scale bytes): thread t takes row t % 64 and the 16-byte code
- * chunks t / 64 and + 2 of it (32 values, two groups each), written as
- * four 16-bit chunks. */
-template <typename Tag>
-__device__ __forceinline__ void cu_attt_widen_nvfp4(uint32_t codes, uint32_t wide)
-{
-    const int t = threadIdx.x & (ATT_TMA_GROUP_THREADS - 1);
-    const int row = t % ATT_TMA_TILE;
 #pragma unroll
     for (int kv = 0; kv < 2; ++kv) {
         const uint32_t src = codes + (uint32_t)(kv * ATT_Q_HALF_BYTES);
-        const uint32_t w = wide + (uint32_t)(kv * ATT_TMA_HALF_BYTES);
-        const uint2 sb = cu_lds64(src + (uint32_t)(ATT_NV_CODE_BYTES + row * 8));
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int c = t / ATT_TMA_TILE + 2 * i;
-            const uint4 p = cu_lds128(src + (uint32_t)(row * 64 + c * 16));
-            /* Groups 2 c and 2 c + 1: bytes 2 c, 2 c + 1 of the scale row. */
-            const uint32_t g = ((c < 2 ? sb.x : sb.y) >> (16 * (c & 1))) & 0xffffu;
-            const float s0 = cu_e4m3_to_f32(g & 0xffu), s1 = cu_e4m3_to_f32(g >> 8);
-            cu_sts128(w + cu_tswz(ATT_TMA_TILE, row, 4 * c), cu_attt_nv8<Tag>(p.x, s0));
-            cu_sts128(w + cu_tswz(ATT_TMA_TILE, row, 4 * c + 1), cu_attt_nv8<Tag>(p.y, s0));
-            cu_sts128(w + cu_tswz(ATT_TMA_TILE, row, 4 * c + 2), cu_attt_nv8<Tag>(p.z, s1));
-            cu_sts128(w + cu_tswz(ATT_TMA_TILE, row, 4 * c + 3), cu_attt_nv8<Tag>(p.w, s1));
-        }
+        const uint32_t dst = wide + (uint32_t)(kv * ATT_TMA_HALF_BYTES);
+        if (KF == ATT_KV_FP8)
+            cu_widen_fp8_tile<Tag, ATT_TMA_TILE>(src, dst, t);
+        else
+            cu_widen_nvfp4_tile<Tag, ATT_TMA_TILE>(src, dst, t);
     }
 }
 
@@ -395,10 +342,7 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
                  * the widened tiles; then the codes go in and the slot
                  * back, and the tiles are whole before any product. */
                 cu_attt_group_sync(h);
-                if (KF == ATT_KV_FP8)
-                    cu_attt_widen_fp8<Tag>(ka, wide);
-                else
-                    cu_attt_widen_nvfp4<Tag>(ka, wide);
+                cu_attt_widen<Tag, KF>(ka, wide);
                 cu_attt_release(sm, s);
                 cu_fence_proxy_async();
                 cu_attt_group_sync(h);

@@ -10,6 +10,7 @@
 #include "cuda/arch/tma_sm90.cuh"
 #include "cuda/arch/wgmma_sm90.cuh"
 #include "cuda/kernels/attention/rows_mma.cuh"
+#include "cuda/arch/smem.cuh"
 
 /* Four 32 KB stages.  A deeper ring does not pay: on the H200, six stages
  * (as many as fit beside the merge scratch) were 0.2-5% slower than four
@@ -132,48 +133,6 @@ static_assert((ATT_TMA_SMEM_BYTES - 1024) % 16 == 0,
  * the meta on by shuffle and arriving was 1-2% slower on the
  * H200.) */
 #define ATT_TMA_EMPTY_ARRIVALS (ATT_TMA_CONSUMERS * 32)
-
-/* Shared memory by 32-bit shared addresses.  The kernel reaches shared
- * memory through pointers the compiler cannot place (the layout is passed
- * by reference), so plain accesses compile to generic loads, stores and
- * GPU-scope atomics: in the producer's union they took 4 µs of the first
- * unit's start on the H200, and the consumers'
- * per-tile read of the slot's meta was a generic load. */
-__device__ __forceinline__ uint32_t cu_lds32(uint32_t a)
-{
-    uint32_t v;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ void cu_sts32(uint32_t a, uint32_t v)
-{
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
-}
-__device__ __forceinline__ void cu_sts128(uint32_t a, uint4 v)
-{
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w)
-                 : "memory");
-}
-__device__ __forceinline__ void cu_reds_or32(uint32_t a, uint32_t v)
-{
-    asm volatile("red.shared.or.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint2 cu_lds64(uint32_t a)
-{
-    uint2 v;
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ uint4 cu_lds128(uint32_t a)
-{
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(a)
-                 : "memory");
-    return v;
-}
 
 /* What the producer tells the consumers about a ring slot. */
 typedef struct cu_attt_meta {

@@ -20,35 +20,6 @@ __device__ __forceinline__ uint32_t cu_swz128(int row, int chunk)
     return (uint32_t)(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-/* One 16-byte chunk of codes (16 dims) as two 16-byte chunks of the
- * 16-bit type: lo holds the first 8 dims, hi the other 8. */
-template <typename Tag>
-__device__ __forceinline__ void cu_fp8_chunk_widen(uint4 c, uint4 &lo, uint4 &hi)
-{
-    lo.x = cu_e4m3_widen2<0>(c.x, Tag());
-    lo.y = cu_e4m3_widen2<1>(c.x, Tag());
-    lo.z = cu_e4m3_widen2<0>(c.y, Tag());
-    lo.w = cu_e4m3_widen2<1>(c.y, Tag());
-    hi.x = cu_e4m3_widen2<0>(c.z, Tag());
-    hi.y = cu_e4m3_widen2<1>(c.z, Tag());
-    hi.z = cu_e4m3_widen2<0>(c.w, Tag());
-    hi.w = cu_e4m3_widen2<1>(c.w, Tag());
-    const uint32_t nx = cu_e4m3_nan_bytes(c.x), ny = cu_e4m3_nan_bytes(c.y);
-    const uint32_t nz = cu_e4m3_nan_bytes(c.z), nw = cu_e4m3_nan_bytes(c.w);
-    /* NaN codes are rare: the masks are built only for a chunk that has
-     * one (a branch around them, not their cost on every chunk). */
-    if ((nx | ny | nz | nw) != 0u) {
-        lo.x |= cu_e4m3_nan_mask2<0>(nx);
-        lo.y |= cu_e4m3_nan_mask2<1>(nx);
-        lo.z |= cu_e4m3_nan_mask2<0>(ny);
-        lo.w |= cu_e4m3_nan_mask2<1>(ny);
-        hi.x |= cu_e4m3_nan_mask2<0>(nz);
-        hi.y |= cu_e4m3_nan_mask2<1>(nz);
-        hi.z |= cu_e4m3_nan_mask2<0>(nw);
-        hi.w |= cu_e4m3_nan_mask2<1>(nw);
-    }
-}
-
 /* A tile of CU_TILE_KEYS rows of 128 codes (cu_swz128) into the 16-bit
  * tile `wide` (cu_swz), by all NT threads of the CTA; each code is read
  * and widened once.  Thread t takes row t % 64 and every (NT / 64)-th

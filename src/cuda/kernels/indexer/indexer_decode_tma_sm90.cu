@@ -34,9 +34,10 @@
  * reduced in registers and across the four lanes of a column, and written
  * straight to the score rows.
  *
- * Quantized index keys (fp8_e4m3, nvfp4) run the same producer and work
- * split with consumers of their own, which widen the codes in registers
- * (indexer_decode_tma_q_sm90.cuh).
+ * Quantized index keys (fp8_e4m3, nvfp4): the producer streams their
+ * codes into a ring of their own, converter warps widen each block into
+ * the 16-bit ring, and the consumers run unchanged, the index-K scale on
+ * their scores (indexer_decode_tma_q_sm90.cuh).
  *
  * The products exist on sm_90a only; other chips take the portable
  * indexer (forward.cu checks st->wgmma).
@@ -57,7 +58,10 @@
 #define IDX_TMA_GROUPS 2
 #define IDX_TMA_STAGES 4
 static_assert(IDX_TMA_STAGES % IDX_TMA_GROUPS == 0, "indexer stages: a multiple of the groups");
-#define IDX_TMA_THREADS ((IDX_TMA_GROUPS * 4 + 1) * 32)
+/* Threads: the consumer groups, the producer warp, and for quantized
+ * keys the converter warps. */
+#define IDX_TMA_THREADS(KF) \
+    ((IDX_TMA_GROUPS * 4 + 1 + ((KF) == IDXT_KEYS_16 ? 0 : IDXQ_CONVERTERS)) * 32)
 /* The tile shapes: a key block is one page of IDX_TMA_BLOCK_ROWS index
  * keys of IDX_TMA_INDEX_DIM 16-bit dimensions, copied as two tensor-map
  * boxes of IDX_TMA_BOX_COLS columns (128-byte swizzle) and multiplied in
@@ -74,12 +78,13 @@ static_assert(IDX_TMA_BOX_COLS * 2 == 128, "a box row is one 128-byte swizzle sp
 static_assert(2 * IDX_TMA_BOX_COLS == IDX_TMA_INDEX_DIM, "a key row is two boxes");
 static_assert(IDX_TMA_BLOCK_ROWS == 128, "the products are m64n128: one block's keys per product");
 static_assert(IDX_TMA_K_STEPS == 8, "the query fragments hold eight k-steps (a[8][4])");
-/* Shared memory: the ring, then (quantized keys) each group's query
- * tile and reduction buffers, then the barriers and the slots' blocks. */
+/* Shared memory: the ring (16-bit keys), then for quantized keys the
+ * code ring, then the barriers (full, empty, and the code ring's) and the
+ * slots' blocks (and the code ring's). */
 #define IDX_TMA_RING_BYTES (IDX_TMA_STAGES * IDX_TMA_BLOCK_BYTES)
-#define IDX_TMA_SMEM_BYTES(KF)                                                                    \
-    (IDX_TMA_RING_BYTES + ((KF) == IDXT_KEYS_16 ? 0 : IDX_TMA_GROUPS * IDXQ_GROUP_BYTES) + 1024 + \
-     3 * IDX_TMA_STAGES * 8)
+#define IDX_TMA_QRING_BYTES(KF) ((KF) == IDXT_KEYS_16 ? 0 : IDX_TMA_STAGES * IDXQ_SLOT_BYTES)
+#define IDX_TMA_SMEM_BYTES(KF) \
+    (IDX_TMA_RING_BYTES + IDX_TMA_QRING_BYTES(KF) + 1024 + 6 * IDX_TMA_STAGES * 8)
 /* Blocks per chunk taken on demand: small, for an even end; the next
  * chunk's number is asked for while the current one streams.  Steps of
  * fewer than IDX_TMA_CHUNKED_MIN blocks per CTA keep fixed shares only. */
@@ -88,9 +93,9 @@ static_assert(IDX_TMA_K_STEPS == 8, "the query fragments hold eight k-steps (a[8
 
 #include "cuda/kernels/indexer/indexer_decode_tma_q_sm90.cuh"
 
-static_assert(IDXQ_NV_CODE_BYTES + IDXQ_NV_SCALE_BYTES <= IDX_TMA_BLOCK_BYTES &&
-                  IDX_TMA_BLOCK_ROWS * 128 <= IDX_TMA_BLOCK_BYTES,
-              "a quantized block fits a ring slot");
+static_assert(IDXQ_NV_CODE_BYTES + IDXQ_NV_SCALE_BYTES <= IDXQ_SLOT_BYTES &&
+                  IDX_TMA_BLOCK_ROWS * 128 == IDXQ_SLOT_BYTES,
+              "a quantized block fits a code-ring slot");
 
 #ifdef CU_HAVE_WGMMA
 
@@ -137,11 +142,16 @@ __device__ __forceinline__ void cu_idxt_afrags(const cu_indexer_params &params, 
 /* Block score of this thread's two columns over its 32 keys of the block
  * (key 8j + 2 (lane % 4) + e of d[j][e] / d[j][2 + e]), then across the
  * four lanes that share the columns.  Keys past a column's last visible
- * position (MASK) do not count: max of no keys is -inf. */
+ * position (MASK) do not count: max of no keys is -inf.  kscale: the
+ * index-K plane's scale, which turns products with quantized keys' codes
+ * into the de-quantized keys' scores (1 for 16-bit keys); it multiplies
+ * the scores before the log-sum-exp, and the max after (a positive factor
+ * keeps the order, so the product of the max is the max of the products,
+ * rounding included). */
 template <bool LSE, bool MASK>
 __device__ __forceinline__ void cu_idxt_epilogue(const float (&d)[16][4], int32_t key0,
                                                  int32_t last_lo, int32_t last_hi, float iscale,
-                                                 float &s_lo, float &s_hi)
+                                                 float kscale, float &s_lo, float &s_hi)
 {
     const int lane = threadIdx.x & 31;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
@@ -155,9 +165,9 @@ __device__ __forceinline__ void cu_idxt_epilogue(const float (&d)[16][4], int32_
             const float x_lo = d[j][e], x_hi = d[j][2 + e];
             if (LSE) {
                 if (v_lo)
-                    cu_lse_merge(m_lo, l_lo, x_lo * iscale, 1.0f);
+                    cu_lse_merge(m_lo, l_lo, x_lo * kscale * iscale, 1.0f);
                 if (v_hi)
-                    cu_lse_merge(m_hi, l_hi, x_hi * iscale, 1.0f);
+                    cu_lse_merge(m_hi, l_hi, x_hi * kscale * iscale, 1.0f);
             } else {
                 m_lo = cu_fmax_nan(m_lo, v_lo ? x_lo : -INFINITY);
                 m_hi = cu_fmax_nan(m_hi, v_hi ? x_hi : -INFINITY);
@@ -180,8 +190,8 @@ __device__ __forceinline__ void cu_idxt_epilogue(const float (&d)[16][4], int32_
         s_lo = cu_lse_value(m_lo, l_lo);
         s_hi = cu_lse_value(m_hi, l_hi);
     } else {
-        s_lo = isnan(m_lo) ? __int_as_float(0x7fc00000) : m_lo;
-        s_hi = isnan(m_hi) ? __int_as_float(0x7fc00000) : m_hi;
+        s_lo = isnan(m_lo) ? __int_as_float(0x7fc00000) : m_lo * kscale;
+        s_hi = isnan(m_hi) ? __int_as_float(0x7fc00000) : m_hi * kscale;
     }
 }
 
@@ -202,11 +212,11 @@ __device__ __forceinline__ void cu_idxt_request(const cu_indexer_params &params,
 
 /* Group g's ring uses g, g + IDX_TMA_GROUPS, ... until the producer's end
  * mark (block id -1); the CTA's fixed share starts at block gb_begin (F
- * blocks). */
+ * blocks); kscale as for cu_idxt_epilogue. */
 template <typename Tag, bool LSE>
 __device__ void cu_idxt_consumer(const cu_indexer_params &params, unsigned char *ring,
                                  uint64_t *full, uint64_t *empty, const volatile int32_t *slot_gb,
-                                 int32_t gb_begin, int32_t F, int32_t n_dec, int g)
+                                 int32_t gb_begin, int32_t F, int32_t n_dec, int g, float kscale)
 {
     const int lane = threadIdx.x & 31;
     const int32_t c_lo = 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2); /* query columns */
@@ -271,9 +281,9 @@ __device__ void cu_idxt_consumer(const cu_indexer_params &params, unsigned char 
         const int32_t key0 = n * IDX_TMA_BLOCK_ROWS;
         float s_lo, s_hi;
         if (key0 + IDX_TMA_BLOCK_ROWS - 1 <= base) /* every key visible to every token */
-            cu_idxt_epilogue<LSE, false>(d, key0, last_lo, last_hi, iscale, s_lo, s_hi);
+            cu_idxt_epilogue<LSE, false>(d, key0, last_lo, last_hi, iscale, kscale, s_lo, s_hi);
         else
-            cu_idxt_epilogue<LSE, true>(d, key0, last_lo, last_hi, iscale, s_lo, s_hi);
+            cu_idxt_epilogue<LSE, true>(d, key0, last_lo, last_hi, iscale, kscale, s_lo, s_hi);
         if ((lane & 3) == 0) {
             /* Score row of column c: the request's rows start at d0 * Hi. */
             const int64_t row0 = (int64_t)di.d0 * Hi;
@@ -305,7 +315,7 @@ __device__ __forceinline__ void cu_idxt_put(const cu_indexer_params &params, con
         cu_mbar_arrive(&full[s]);
         return;
     }
-    unsigned char *dst = ring + s * IDX_TMA_BLOCK_BYTES;
+    unsigned char *dst = ring + s * (KF == IDXT_KEYS_16 ? IDX_TMA_BLOCK_BYTES : IDXQ_SLOT_BYTES);
     /* Index keys are read once per step: their lines go first from L2, so
      * the stream does not push out what the next kernels read again (the
      * block scores, the plan).  On the H200 this took 0.5-3% off steps of
@@ -317,7 +327,7 @@ __device__ __forceinline__ void cu_idxt_put(const cu_indexer_params &params, con
         cu_tma_load_rows_hint(dst + IDX_TMA_BLOCK_BYTES / 2, map, IDX_TMA_BOX_COLS, 0, 0, pg,
                               &full[s], pol);
     } else if (KF == IDXT_KEYS_FP8) {
-        cu_mbar_arrive_tx(&full[s], IDX_TMA_BLOCK_ROWS * 128);
+        cu_mbar_arrive_tx(&full[s], IDXQ_SLOT_BYTES);
         cu_tma_load_rows_hint(dst, map, 0, 0, 0, pg, &full[s], pol);
     } else {
         /* The page's region in the library layout (cu_nvfp4_row): its
@@ -456,7 +466,7 @@ __device__ __forceinline__ void cu_idxt_prefetch_att_plan(const cu_indexer_param
 /* KF: the format of the index keys (IDXT_KEYS_*); map: their tensor map
  * (none is read for nvfp4 keys). */
 template <typename Tag, int KF>
-__global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
+__global__ void __launch_bounds__(IDX_TMA_THREADS(KF), 1)
     cu_indexer_tma_kernel(const __grid_constant__ cu_indexer_params params,
                           const __grid_constant__ CUtensorMap map)
 {
@@ -464,22 +474,25 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *ring =
         (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023); /* swizzle atoms */
-    /* Quantized keys: the groups' query tiles (1024-byte aligned after the
-     * ring) and reduction buffers. */
-    unsigned char *groups = ring + IDX_TMA_RING_BYTES;
-    constexpr int32_t group_bytes = KF == IDXT_KEYS_16 ? 0 : IDXQ_GROUP_BYTES;
-    static_assert(IDXQ_QTILE_BYTES % 1024 == 0 && IDXQ_GROUP_BYTES % 1024 == 0,
-                  "query tiles on swizzle atoms");
-    uint64_t *full = (uint64_t *)(groups + IDX_TMA_GROUPS * group_bytes);
+    /* Quantized keys: the code ring after the 16-bit one (1024-byte
+     * aligned: swizzle atoms), with barriers and blocks of its own. */
+    unsigned char *qring = ring + IDX_TMA_RING_BYTES;
+    uint64_t *full = (uint64_t *)(qring + IDX_TMA_QRING_BYTES(KF));
     uint64_t *empty = full + IDX_TMA_STAGES;
+    uint64_t *qfull = empty + IDX_TMA_STAGES, *qempty = qfull + IDX_TMA_STAGES;
     volatile int32_t *slot_gb =
-        (volatile int32_t *)(empty + IDX_TMA_STAGES); /* block of each slot */
+        (volatile int32_t *)(qempty + IDX_TMA_STAGES); /* block of each slot */
+    volatile int32_t *qslot_gb = slot_gb + IDX_TMA_STAGES;
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         CU_TL_MARK(params, CU_TL_INDEXER, CU_TL_ENTRY);
         for (int s = 0; s < IDX_TMA_STAGES; ++s) {
-            cu_mbar_init(&full[s], 1);
+            /* 16-bit keys: the producer's copies; codes: every converter
+             * lane's widening. */
+            cu_mbar_init(&full[s], KF == IDXT_KEYS_16 ? 1 : IDXQ_CONVERTERS * 32);
             cu_mbar_init(&empty[s], 4 * 32); /* every lane of the slot's group */
+            cu_mbar_init(&qfull[s], 1);
+            cu_mbar_init(&qempty[s], IDXQ_CONVERTERS * 32);
         }
         cu_mbar_fence_init();
         if (KF != IDXT_KEYS_NVFP4)
@@ -504,21 +517,22 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS, 1)
     const int32_t F = gb_end - gb_begin;
     if (n_dec > 0 && total > 0) {
         const int g = warp >> 2;
-        unsigned char *qtile = groups + g * group_bytes;
-        float *red = (float *)(qtile + IDXQ_QTILE_BYTES);
-        if (warp == IDX_TMA_GROUPS * 4)
+        const float kscale = KF == IDXT_KEYS_16 ? 1.0f : params.index_k_scale;
+        if (warp == IDX_TMA_GROUPS * 4 && KF == IDXT_KEYS_16)
             cu_idxt_producer<KF>(params, &map, ring, full, empty, slot_gb, gb_begin, F, stat, total,
                                  n_dec);
-        else if (KF != IDXT_KEYS_16 && params.score_lse)
-            cu_idxq_consumer<Tag, true, KF>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec,
-                                            g, qtile, red);
-        else if (KF != IDXT_KEYS_16)
-            cu_idxq_consumer<Tag, false, KF>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec,
-                                             g, qtile, red);
+        else if (warp == IDX_TMA_GROUPS * 4) /* codes into the code ring */
+            cu_idxt_producer<KF>(params, &map, qring, qfull, qempty, qslot_gb, gb_begin, F, stat,
+                                 total, n_dec);
+        else if (warp > IDX_TMA_GROUPS * 4)
+            cu_idxq_converter<Tag, KF>(qring, qfull, qempty, qslot_gb, ring, full, empty, slot_gb,
+                                       threadIdx.x - (IDX_TMA_GROUPS * 4 + 1) * 32);
         else if (params.score_lse)
-            cu_idxt_consumer<Tag, true>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec, g);
+            cu_idxt_consumer<Tag, true>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec, g,
+                                        kscale);
         else
-            cu_idxt_consumer<Tag, false>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec, g);
+            cu_idxt_consumer<Tag, false>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec, g,
+                                         kscale);
     }
     cu_pdl_wait(); /* every CTA, before it ends (arch/launch.cuh) */
     if (threadIdx.x == 0)
@@ -536,8 +550,8 @@ void cu_launch_indexer_tma(const cu_indexer_params *params, const cu_plan_state 
     const int kf = params->index_dtype == MSA_DTYPE_FP8_E4M3 ? IDXT_KEYS_FP8
                    : params->index_dtype == MSA_DTYPE_NVFP4  ? IDXT_KEYS_NVFP4
                                                              : IDXT_KEYS_16;
-#define IDX_TMA_LAUNCH(TAG, KF)                                                \
-    cu_launch(cu_indexer_tma_kernel<TAG, KF>, st->sz.num_sms, IDX_TMA_THREADS, \
+#define IDX_TMA_LAUNCH(TAG, KF)                                                    \
+    cu_launch(cu_indexer_tma_kernel<TAG, KF>, st->sz.num_sms, IDX_TMA_THREADS(KF), \
               IDX_TMA_SMEM_BYTES(KF), s, st->pdl, *params, *map)
     if (bf16 && kf == IDXT_KEYS_FP8)
         IDX_TMA_LAUNCH(cu_bf16_tag, IDXT_KEYS_FP8);

@@ -106,7 +106,7 @@ __device__ __forceinline__ void cu_widen_fp8_piece(uint4 c, uint4 &lo, uint4 &hi
     for (int i = 0; i < 4; ++i) {
         o[2 * i] = cu_e4m3_widen2<0>(w[i], Tag());
         o[2 * i + 1] = cu_e4m3_widen2<1>(w[i], Tag());
-        const uint32_t n = cu_e4m3_nan_bytes(w[i]);
+        const uint32_t n = cu_e4m3_widen2_nan(Tag()) ? 0u : cu_e4m3_nan_bytes(w[i]);
         if (n) {
             o[2 * i] |= cu_e4m3_nan_mask2<0>(n);
             o[2 * i + 1] |= cu_e4m3_nan_mask2<1>(n);
