@@ -76,9 +76,10 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     const int idx_ok = act16 && cc->index_dtype == act;
     /* Quantized planes (fp8_e4m3, nvfp4): the SIMT kernels read them,
      * de-quantizing each row on read (cu_plane_load); with 16-bit
-     * activations fp8 K/V also take the mma.sync decode attention and
-     * fp8 / nvfp4 index keys the Hopper or mma.sync decode indexer, which
-     * widen the codes in registers (prefill rows read 16-bit copies). */
+     * activations the tensor-core decode kernels widen their codes where
+     * their shapes hold: fp8 K/V the Hopper or mma.sync attention, nvfp4
+     * K/V the Hopper one, fp8 / nvfp4 index keys the Hopper or mma.sync
+     * indexer (prefill rows read 16-bit copies). */
     const int kv_quant = cc->kv_dtype == MSA_DTYPE_FP8_E4M3 || cc->kv_dtype == MSA_DTYPE_NVFP4;
     const int idx_quant =
         sparse && (cc->index_dtype == MSA_DTYPE_FP8_E4M3 || cc->index_dtype == MSA_DTYPE_NVFP4);
@@ -106,8 +107,8 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     }
     if (sparse) {
         /* Quantized index keys on the tensor-core decode indexers, which
-         * widen the codes in registers (the Hopper one where its shapes
-         * and copies hold, below).  An nvfp4 page's code rows start on
+         * widen the codes (the Hopper one where its shapes and copies
+         * hold, below).  An nvfp4 page's code rows start on
          * 16-byte boundaries only when it holds an even number of rows
          * (its region is 72 bytes a row). */
         const int nv_rows16 = cc->page_size % 2 == 0;

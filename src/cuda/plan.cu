@@ -206,12 +206,6 @@ msa_status cu_plan_workspace(const msa_plan *plan, size_t *bytes)
     return MSA_OK;
 }
 
-/* The layers' tensor maps (cu_plan_state.maps), encoded here once
- * instead of three driver calls on the host at every forward of every
- * sparse layer (eager launches pay them; graph replays never did).  A map
- * that cannot be encoded (plane alignment or size, a driver without
- * tensor maps) leaves its bit clear, and that layer's pass takes the mma
- * kernels. */
 /* Bytes of an element in the Hopper kernels' maps of a plane of this
  * type: 16-bit rows and fp8 codes; 0 (no map) for every other. */
 static uint32_t cu_map_elem_bytes(msa_dtype d)
@@ -233,6 +227,12 @@ static int cu_nvfp4_pages_bulk(const void *base, const msa_plane_strides *s, uin
            (heads == 1 || (s->head > 0 && s->head % 256 == 0));
 }
 
+/* The layers' tensor maps (cu_plan_state.maps), encoded here once
+ * instead of three driver calls on the host at every forward of every
+ * sparse layer (eager launches pay them; graph replays never did).  A map
+ * that cannot be encoded (plane alignment or size, a driver without
+ * tensor maps) leaves its bit clear, and that layer's pass takes the mma
+ * kernels. */
 static int cu_state_maps(const msa_plan *plan, cu_plan_state *st)
 {
     const msa_model *m = plan->model;
