@@ -14,6 +14,16 @@
 # build flags, which CMake passes (tests/cuda/CMakeLists.txt), so a build
 # configured with extra CUDA flags checks the code it builds.
 set -u
+# One known exception, by function name (extended regex) and the most bytes
+# of spill stores and loads it may show: the Hopper attention's variants
+# for quantized K/V (template argument 1: fp8_e4m3, 2: nvfp4) widen each
+# tile inside the tile loop at the kernel's 168-register limit, and ptxas
+# keeps a few of a unit's values in local memory, stored and loaded once a
+# unit, none inside the tile loop (read in the SASS: 20-36 bytes of stores,
+# 28-56 of loads, each kind of activation).  Any other spill fails, and so
+# does this one past its bounds.
+allow_fn='^_Z18cu_attn_tma_kernelI1[01]cu_b?f16_tagLi[12]E'
+allow_stores=48 allow_loads=64
 nvcc=$1 root=$2 arch=$3 flags=$4
 shift 4
 tmp=$(mktemp -d) || exit 1
@@ -30,8 +40,12 @@ for f in "$@"; do
         continue
     fi
     # "N bytes spill stores, M bytes spill loads" after each function's name.
-    spills=$(awk '/Function properties for/ { fn = $NF }
-                  /bytes spill stores/ { if ($5 + 0 > 0 || $9 + 0 > 0) print fn ": " $0 }' "$rep")
+    spills=$(awk -v re="$allow_fn" -v ms="$allow_stores" -v ml="$allow_loads" '
+                  /Function properties for/ { fn = $NF }
+                  /bytes spill stores/ {
+                      if ($5 + 0 == 0 && $9 + 0 == 0) next
+                      if (fn ~ re && $5 + 0 <= ms && $9 + 0 <= ml) next
+                      print fn ": " $0 }' "$rep")
     serial=$(grep "Potential Performance Loss" "$rep")
     kernels=$(grep -c "Function properties for" "$rep")
     if [ -n "$spills" ] || [ -n "$serial" ]; then
