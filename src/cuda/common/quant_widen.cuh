@@ -69,9 +69,10 @@ __host__ __device__ __forceinline__ float cu_nvfp4_widen(uint32_t w, float scale
  * The decode attention widens whole tiles of K and V codes to bf16 or
  * fp16 in shared memory; two codes (bytes 2 P and 2 P + 1 of w) become
  * one packed pair.  fp16 takes the hardware conversion on sm_89 and
- * later (cu_e4m3_widen2); bf16, and fp16 on older chips, four operations: a byte permute puts each code in
- * the top byte of its half, a shift and a mask move its seven low bits
- * under the 16-bit type's exponent field (the sign stays in the top bit),
+ * later (cu_e4m3_widen2); bf16, and fp16 on older chips, four
+ * operations: a byte permute puts each code in the top byte of its half,
+ * a shift and a mask move its seven low bits under the 16-bit type's
+ * exponent field (the sign stays in the top bit),
  * and one exact product of the pair scales them.  fp16 (5 exponent bits,
  * bias 15): the code's bits land at 7..13, reading as its value times
  * 2^-8; bf16 (8 exponent bits, bias 127): at 4..10, its value times

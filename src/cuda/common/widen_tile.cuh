@@ -7,8 +7,10 @@
  * bf16 and in fp16 (quant_widen.cuh); NaN codes and NaN group scales
  * widen to NaN.  Thread t of the 128 takes row t % ROWS and every
  * (128 / ROWS)-th 16-byte chunk of it from t / ROWS on: eight threads of
- * a quarter warp hold eight consecutive rows of one chunk, whose reads
- * and swizzled writes meet no bank group twice.
+ * a quarter warp hold eight consecutive rows of one chunk, whose swizzled
+ * writes (and fp8 reads) meet no bank group twice; nvfp4 code rows are
+ * 64 bytes and unswizzled, so their reads take four bank-group passes a
+ * quarter warp.
  */
 #ifndef MSA_CUDA_COMMON_WIDEN_TILE_CUH
 #define MSA_CUDA_COMMON_WIDEN_TILE_CUH
