@@ -316,7 +316,8 @@ static void add_special(tk_list *l)
 
 /* The fallback reasons of layers whose quantized index keys run on a
  * tensor-core indexer, the Hopper one or the mma.sync one
- * (msa_case.expect_cuda; test_cuda_sweep checks which on its device). */
+ * (msa_case.expect_cuda; the long cases of test_cuda_sweep check which
+ * one on their device). */
 #define EXPECT_FP8_INDEXER "fp8_e4m3 index planes: codes widened by the"
 #define EXPECT_NVFP4_INDEXER "nvfp4 index planes: codes widened by the"
 /* ... and of layers whose fp8 K/V run on a tensor-core decode attention. */
