@@ -95,47 +95,6 @@ void cu_widen_build(const msa_plan *plan, const cu_widen_copies *copies, int32_t
     p->page_table = meta->page_table;
 }
 
-/* Sixteen fp8 codes (one 16-byte piece) as sixteen 16-bit values: two
- * 16-byte pieces, NaN codes made NaN. */
-template <typename Tag>
-__device__ __forceinline__ void cu_widen_fp8_piece(uint4 c, uint4 &lo, uint4 &hi)
-{
-    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
-    uint32_t o[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        o[2 * i] = cu_e4m3_widen2<0>(w[i], Tag());
-        o[2 * i + 1] = cu_e4m3_widen2<1>(w[i], Tag());
-        const uint32_t n = cu_e4m3_widen2_nan(Tag()) ? 0u : cu_e4m3_nan_bytes(w[i]);
-        if (n) {
-            o[2 * i] |= cu_e4m3_nan_mask2<0>(n);
-            o[2 * i + 1] |= cu_e4m3_nan_mask2<1>(n);
-        }
-    }
-    lo = make_uint4(o[0], o[1], o[2], o[3]);
-    hi = make_uint4(o[4], o[5], o[6], o[7]);
-}
-
-/* One nvfp4 group (eight code bytes, low nibble first, and its E4M3
- * scale byte) as sixteen 16-bit values. */
-template <typename Tag>
-__device__ __forceinline__ void cu_widen_nvfp4_group(uint2 c, uint32_t scale_byte, uint4 &lo,
-                                                     uint4 &hi)
-{
-    const float s = cu_e4m3_to_f32(scale_byte);
-    uint32_t o[8];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const uint32_t w = i ? c.y : c.x;
-        o[4 * i + 0] = cu_pack2(cu_nvfp4_widen<0>(w, s), cu_nvfp4_widen<1>(w, s), Tag());
-        o[4 * i + 1] = cu_pack2(cu_nvfp4_widen<2>(w, s), cu_nvfp4_widen<3>(w, s), Tag());
-        o[4 * i + 2] = cu_pack2(cu_nvfp4_widen<4>(w, s), cu_nvfp4_widen<5>(w, s), Tag());
-        o[4 * i + 3] = cu_pack2(cu_nvfp4_widen<6>(w, s), cu_nvfp4_widen<7>(w, s), Tag());
-    }
-    lo = make_uint4(o[0], o[1], o[2], o[3]);
-    hi = make_uint4(o[4], o[5], o[6], o[7]);
-}
-
 /* Head `head` of physical page `page` of plane i: P rows of 128 values.
  * A thread loads its pieces of a round (WIDEN_ROUND of them, a page of
  * 128 rows in one round) before it widens and stores any: the loads of a
@@ -177,11 +136,16 @@ __device__ void cu_widen_tile(const cu_widen_params &p, int i, int32_t page, int
             const int32_t row = e / WIDEN_PIECES_PER_ROW, c = e % WIDEN_PIECES_PER_ROW;
             if (e >= pieces)
                 continue;
+            /* fp8: sixteen codes; nvfp4: one group of sixteen (eight code
+             * bytes, low nibble first) and its scale byte. */
             uint4 lo, hi;
-            if (fp8)
-                cu_widen_fp8_piece<Tag>(codes[k], lo, hi);
-            else
-                cu_widen_nvfp4_group<Tag>(make_uint2(codes[k].x, codes[k].y), sb[k], lo, hi);
+            if (fp8) {
+                cu_fp8_chunk_widen<Tag>(codes[k], lo, hi);
+            } else {
+                const float scale = cu_e4m3_to_f32(sb[k]);
+                lo = cu_nvfp4_widen8<Tag>(codes[k].x, scale);
+                hi = cu_nvfp4_widen8<Tag>(codes[k].y, scale);
+            }
             uint4 *out = (uint4 *)(dst + dst_at + ((int64_t)row * WIDEN_DIM + 16 * c) * 2);
             out[0] = lo;
             out[1] = hi;
