@@ -11,6 +11,13 @@
 
 #include "cuda/common/common.cuh"
 
+/* Registers per thread of a kernel launched as one CTA of `threads` per
+ * SM (__launch_bounds__(threads, 1)): the register file's 64K shared out in
+ * steps of 8.  A CTA's warps may move registers between them (setmaxnreg),
+ * but only within the CTA's own CU_LAUNCH_REGS(threads) x threads: a
+ * setmaxnreg.inc that asks for more waits forever. */
+#define CU_LAUNCH_REGS(threads) ((65536 / (threads)) & ~7)
+
 /* Every kernel launched with pdl = 1 calls this before reading anything an
  * earlier kernel of the layer wrote (plan data and the caller's inputs may
  * be read before: they were in place before the layer's first kernel,

@@ -42,8 +42,9 @@
 #define PFK_THREADS ((PFK_CONSUMER_WARPS + 4) * 32)
 #define PFK_PRODUCER_REGS 32
 #define PFK_CONSUMER_REGS 160
-static_assert(4 * 32 * PFK_PRODUCER_REGS + PFK_CONSUMER_WARPS * 32 * PFK_CONSUMER_REGS <= 65536,
-              "the register file holds the producer and the consumers");
+static_assert(4 * 32 * PFK_PRODUCER_REGS + PFK_CONSUMER_WARPS * 32 * PFK_CONSUMER_REGS <=
+                  CU_LAUNCH_REGS(PFK_THREADS) * PFK_THREADS,
+              "the CTA's registers hold the producer and the consumers");
 #define PFK_GROUPS (PFK_CONSUMER_WARPS / 4)
 #define PFK_GROUP_THREADS 128
 /* Two stages of K and V (64 KB): an item's products take far longer than

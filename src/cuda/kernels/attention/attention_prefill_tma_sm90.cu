@@ -45,8 +45,9 @@
 #define PFH_THREADS ((PFH_CONSUMER_WARPS + 4) * 32)
 #define PFH_PRODUCER_REGS 64
 #define PFH_CONSUMER_REGS 216
-static_assert(4 * 32 * PFH_PRODUCER_REGS + PFH_CONSUMER_WARPS * 32 * PFH_CONSUMER_REGS <= 65536,
-              "the register file holds the producer and the consumers");
+static_assert(4 * 32 * PFH_PRODUCER_REGS + PFH_CONSUMER_WARPS * 32 * PFH_CONSUMER_REGS <=
+                  CU_LAUNCH_REGS(PFH_THREADS) * PFH_THREADS,
+              "the CTA's registers hold the producer and the consumers");
 static_assert(PFH_GROUP_ROWS * (PFH_CONSUMER_WARPS / 4) == 128,
               "the consumer warpgroups cover a tile's 128 rows");
 #define PFH_STAGE_BYTES (2 * PFH_TILE_BYTES)
