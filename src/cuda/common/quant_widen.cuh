@@ -14,6 +14,42 @@
 
 #include "cuda/common/quant.cuh"
 
+/* The row formats of a cache plane as the decode kernels read it: 16-bit
+ * values, fp8_e4m3 codes, nvfp4 codes with their group scales.  Kernels
+ * that widen codes take one as their template parameter KF. */
+enum { CU_PLANE_16 = 0, CU_PLANE_FP8 = 1, CU_PLANE_NVFP4 = 2 };
+
+/* The row format of a plane of dtype d (an msa_dtype; 16-bit for bf16
+ * and fp16). */
+static inline int cu_plane_format(int32_t d)
+{
+    return d == MSA_DTYPE_FP8_E4M3 ? CU_PLANE_FP8
+           : d == MSA_DTYPE_NVFP4  ? CU_PLANE_NVFP4
+                                   : CU_PLANE_16;
+}
+
+/* LAUNCH(TAG, KF) for the activations' 16-bit tag (bf16, else fp16) and
+ * the plane's row format: one of a kernel's six variants. */
+#define CU_LAUNCH_BY_FORMAT(act_dtype, plane_dtype, LAUNCH) \
+    do {                                                    \
+        const int kf_ = cu_plane_format(plane_dtype);       \
+        if ((act_dtype) == MSA_DTYPE_BF16) {                \
+            if (kf_ == CU_PLANE_FP8)                        \
+                LAUNCH(cu_bf16_tag, CU_PLANE_FP8);          \
+            else if (kf_ == CU_PLANE_NVFP4)                 \
+                LAUNCH(cu_bf16_tag, CU_PLANE_NVFP4);        \
+            else                                            \
+                LAUNCH(cu_bf16_tag, CU_PLANE_16);           \
+        } else {                                            \
+            if (kf_ == CU_PLANE_FP8)                        \
+                LAUNCH(cu_f16_tag, CU_PLANE_FP8);           \
+            else if (kf_ == CU_PLANE_NVFP4)                 \
+                LAUNCH(cu_f16_tag, CU_PLANE_NVFP4);         \
+            else                                            \
+                LAUNCH(cu_f16_tag, CU_PLANE_16);            \
+        }                                                   \
+    } while (0)
+
 /* 2^120 and 2^126 as fp32 bit patterns. */
 #define CU_WIDEN_2P120 0x7b800000u
 #define CU_WIDEN_2P126 0x7e800000u

@@ -178,7 +178,7 @@ __device__ __forceinline__ void cu_attt_widen(uint32_t codes, uint32_t wide)
     for (int kv = 0; kv < 2; ++kv) {
         const uint32_t src = codes + (uint32_t)(kv * ATT_Q_HALF_BYTES);
         const uint32_t dst = wide + (uint32_t)(kv * ATT_TMA_HALF_BYTES);
-        if (KF == ATT_KV_FP8)
+        if (KF == CU_PLANE_FP8)
             cu_widen_fp8_tile<Tag, ATT_TMA_TILE>(src, dst, t);
         else
             cu_widen_nvfp4_tile<Tag, ATT_TMA_TILE>(src, dst, t);
@@ -311,7 +311,7 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
     cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
     /* Codes: the products take their values; K's scale joins the score
      * scale. */
-    const float sl2 = params.scale * CU_LOG2E * (KF != ATT_KV_16 ? params.k_scale : 1.0f);
+    const float sl2 = params.scale * CU_LOG2E * (KF != CU_PLANE_16 ? params.k_scale : 1.0f);
 
     for (int32_t c = 0;; ++c) {
         const int s = ring_uses % ATT_TMA_STAGES;
@@ -335,7 +335,7 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
         const bool computes = (mt.bits & gbits) && (pair || (c & 1) == h);
         if (computes) {
             uint32_t ka = cu_smem_addr(sm.ring + s * cu_attt_stage_bytes<KF>());
-            if (KF != ATT_KV_16) {
+            if (KF != CU_PLANE_16) {
                 const uint32_t wide =
                     cu_smem_addr(sm.ring + ATT_Q_WIDE_OFFSET + h * ATT_TMA_STAGE_BYTES);
                 /* The group's products of its previous tile are done with
@@ -358,7 +358,7 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
                 cu_attt_softmax(sc, last - mt.pos0, sl2, o, m_lo, m_hi, l_lo, l_hi);
             cu_attt_pv<Tag>(va, sc, member, o);
         }
-        if (KF == ATT_KV_16 || !computes)
+        if (KF == CU_PLANE_16 || !computes)
             cu_attt_release(sm, s);
     }
     cu_rows_sum_quads(l_lo, l_hi);
@@ -370,7 +370,7 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
     if (active && (pair || h == 0)) {
         if (!pair)
             cu_rows_absorb(sm.scr + w * ATT_TMA_SCR_FLOATS, o, m_lo, m_hi, l_lo, l_hi);
-        if (KF != ATT_KV_16) /* O holds sums of weights times V codes */
+        if (KF != CU_PLANE_16) /* O holds sums of weights times V codes */
             cu_rows_rescale(o, params.v_scale, params.v_scale);
         /* The warp's staging area: its slot of the scratch, half h of it
          * for a pair (the slot's own state is absorbed by then). */
@@ -420,7 +420,7 @@ __global__ void __launch_bounds__(ATT_TMA_THREADS, 1)
         for (int j = 0; j < ATT_TMA_PRODUCERS; ++j)
             cu_mbar_init(&sm.tail[j], 1);
         cu_mbar_fence_init();
-        if (KF != ATT_KV_NVFP4) { /* nvfp4 tiles come by plain bulk copies */
+        if (KF != CU_PLANE_NVFP4) { /* nvfp4 tiles come by plain bulk copies */
             cu_tma_prefetch_map(&map_k);
             cu_tma_prefetch_map(&map_v);
         }
@@ -465,35 +465,20 @@ void cu_launch_attn_tma(const cu_attn_params *params, const cu_plan_state *st,
                         const CUtensorMap *map_k, const CUtensorMap *map_v, cudaStream_t s)
 {
     const size_t smem = ATT_TMA_SMEM_BYTES + cu_attt_union_bytes(*params);
-    const int bf16 = params->act_dtype == MSA_DTYPE_BF16;
-    const int kf = params->kv_dtype == MSA_DTYPE_FP8_E4M3 ? ATT_KV_FP8
-                   : params->kv_dtype == MSA_DTYPE_NVFP4  ? ATT_KV_NVFP4
-                                                          : ATT_KV_16;
 #define ATT_TMA_LAUNCH(TAG, KF)                                                               \
     cu_launch(cu_attn_tma_kernel<TAG, KF>, st->sz.num_sms, ATT_TMA_THREADS, smem, s, st->pdl, \
               *params, *map_k, *map_v)
-    if (bf16 && kf == ATT_KV_FP8)
-        ATT_TMA_LAUNCH(cu_bf16_tag, ATT_KV_FP8);
-    else if (bf16 && kf == ATT_KV_NVFP4)
-        ATT_TMA_LAUNCH(cu_bf16_tag, ATT_KV_NVFP4);
-    else if (bf16)
-        ATT_TMA_LAUNCH(cu_bf16_tag, ATT_KV_16);
-    else if (kf == ATT_KV_FP8)
-        ATT_TMA_LAUNCH(cu_f16_tag, ATT_KV_FP8);
-    else if (kf == ATT_KV_NVFP4)
-        ATT_TMA_LAUNCH(cu_f16_tag, ATT_KV_NVFP4);
-    else
-        ATT_TMA_LAUNCH(cu_f16_tag, ATT_KV_16);
+    CU_LAUNCH_BY_FORMAT(params->act_dtype, params->kv_dtype, ATT_TMA_LAUNCH);
 #undef ATT_TMA_LAUNCH
 }
 
 cudaError_t cu_attn_tma_setup(void)
 {
     return cu_allow_smem(ATT_TMA_SMEM_BYTES + ATT_TMA_UNION_MAX_BYTES,
-                         cu_attn_tma_kernel<cu_bf16_tag, ATT_KV_16>,
-                         cu_attn_tma_kernel<cu_f16_tag, ATT_KV_16>,
-                         cu_attn_tma_kernel<cu_bf16_tag, ATT_KV_FP8>,
-                         cu_attn_tma_kernel<cu_f16_tag, ATT_KV_FP8>,
-                         cu_attn_tma_kernel<cu_bf16_tag, ATT_KV_NVFP4>,
-                         cu_attn_tma_kernel<cu_f16_tag, ATT_KV_NVFP4>);
+                         cu_attn_tma_kernel<cu_bf16_tag, CU_PLANE_16>,
+                         cu_attn_tma_kernel<cu_f16_tag, CU_PLANE_16>,
+                         cu_attn_tma_kernel<cu_bf16_tag, CU_PLANE_FP8>,
+                         cu_attn_tma_kernel<cu_f16_tag, CU_PLANE_FP8>,
+                         cu_attn_tma_kernel<cu_bf16_tag, CU_PLANE_NVFP4>,
+                         cu_attn_tma_kernel<cu_f16_tag, CU_PLANE_NVFP4>);
 }

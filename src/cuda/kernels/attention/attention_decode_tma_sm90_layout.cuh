@@ -11,6 +11,7 @@
 #include "cuda/arch/wgmma_sm90.cuh"
 #include "cuda/kernels/attention/rows_mma.cuh"
 #include "cuda/arch/smem.cuh"
+#include "cuda/common/quant_widen.cuh"
 
 /* Four 32 KB stages.  A deeper ring does not pay: on the H200, six stages
  * (as many as fit beside the merge scratch) were 0.2-5% slower than four
@@ -47,8 +48,6 @@ static_assert(2 * ATT_TMA_BOX_COLS == ATT_TMA_HEAD_DIM && ATT_TMA_BOX_COLS * 2 =
               "a row is two boxes of one 128-byte swizzle span each");
 static_assert(ATT_TMA_CONSUMERS * 32 == 2 * ATT_TMA_GROUP_THREADS, "two consumer warpgroups");
 #define ATT_TMA_STAGE_BYTES (2 * ATT_TMA_HALF_BYTES)
-/* Formats of the K and V planes the kernel reads. */
-enum { ATT_KV_16 = 0, ATT_KV_FP8 = 1, ATT_KV_NVFP4 = 2 };
 
 /* Quantized K/V planes: a ring slot holds a tile's K codes, then its V
  * codes, ATT_Q_HALF_BYTES apart.  fp8_e4m3: each one tensor-map box of
@@ -75,12 +74,12 @@ static_assert(ATT_Q_WIDE_OFFSET + 2 * ATT_TMA_STAGE_BYTES <= ATT_TMA_STAGES * AT
 template <int KF>
 __host__ __device__ constexpr uint32_t cu_attt_stage_bytes()
 {
-    return KF == ATT_KV_16 ? ATT_TMA_STAGE_BYTES : ATT_Q_STAGE_BYTES;
+    return KF == CU_PLANE_16 ? ATT_TMA_STAGE_BYTES : ATT_Q_STAGE_BYTES;
 }
 template <int KF>
 __host__ __device__ constexpr uint32_t cu_attt_half_bytes()
 {
-    return KF == ATT_KV_16 ? ATT_TMA_HALF_BYTES : ATT_Q_HALF_BYTES;
+    return KF == CU_PLANE_16 ? ATT_TMA_HALF_BYTES : ATT_Q_HALF_BYTES;
 }
 
 /* Partial state of a warp for the in-CTA merge: 16 x 128 O, then m, l.

@@ -75,12 +75,12 @@ __device__ __forceinline__ void cu_attt_tail_finish(const cu_attt_smem &sm, cu_a
     unsigned char *vd = sm.ring + pend.s * cu_attt_stage_bytes<KF>() + cu_attt_half_bytes<KF>();
     cu_mbar_wait(&sm.tail[j], tail_par);
     tail_par ^= 1u;
-    if (KF == ATT_KV_FP8) {
+    if (KF == CU_PLANE_FP8) {
         /* Rows of 128 code bytes, each zeroed whole (zero codes widen to
          * zeros): 16-byte piece e is row e / 8, whatever the swizzle. */
         for (int e = pend.valid * 8 + lane; e < ATT_TMA_TILE * 8; e += 32)
             *(uint4 *)(vd + e * 16) = make_uint4(0u, 0u, 0u, 0u);
-    } else if (KF == ATT_KV_NVFP4) {
+    } else if (KF == CU_PLANE_NVFP4) {
         /* Rows of 64 code bytes, and their scale rows: a stale NaN scale
          * would make even zero codes NaN. */
         for (int e = pend.valid * 4 + lane; e < ATT_TMA_TILE * 4; e += 32)
@@ -274,7 +274,7 @@ __device__ __forceinline__ void cu_attt_copy(const cu_attn_params &params, const
 {
     unsigned char *kd = sm.ring + s * cu_attt_stage_bytes<KF>();
     unsigned char *vd = kd + cu_attt_half_bytes<KF>();
-    if ((threadIdx.x & 31) == 0 && KF == ATT_KV_NVFP4) {
+    if ((threadIdx.x & 31) == 0 && KF == CU_PLANE_NVFP4) {
         const cu_qrow k = cu_nvfp4_row(cu_plane_row(params.k_strides, page, f.head, 0), slot,
                                        ATT_TMA_PAGE_ROWS, ATT_TMA_HEAD_DIM);
         const cu_qrow v = cu_nvfp4_row(cu_plane_row(params.v_strides, page, f.head, 0), slot,
@@ -297,7 +297,7 @@ __device__ __forceinline__ void cu_attt_copy(const cu_attn_params &params, const
         const uint64_t pol = cu_l2_evict_first();
         cu_tma_load_rows_hint(kd, map_k, 0, slot, f.head, page, bar, pol);
         cu_tma_load_rows_hint(vd, map_v, 0, slot, f.head, page, bar, pol);
-        if (KF == ATT_KV_16) {
+        if (KF == CU_PLANE_16) {
             cu_tma_load_rows_hint(kd + ATT_TMA_HALF_BYTES / 2, map_k, ATT_TMA_BOX_COLS, slot,
                                   f.head, page, bar, pol);
             cu_tma_load_rows_hint(vd + ATT_TMA_HALF_BYTES / 2, map_v, ATT_TMA_BOX_COLS, slot,

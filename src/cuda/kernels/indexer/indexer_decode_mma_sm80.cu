@@ -11,7 +11,7 @@
  * and accumulate in fp32.  Block max (or log-sum-exp) is fused: per-warp
  * column reductions, then a running state across the tiles of a block.
  *
- * Quantized index keys (variants IDX_KEYS_FP8 and IDX_KEYS_NVFP4, 16-bit
+ * Quantized index keys (variants CU_PLANE_FP8 and CU_PLANE_NVFP4, 16-bit
  * queries): the ring holds the code rows as the plane stores them (fp8:
  * 128 bytes a key; nvfp4: 64 bytes of codes and the key's 8 group-scale
  * bytes), and each warp widens its keys' codes to the 16-bit type as it
@@ -39,8 +39,6 @@
     (IDX_MMA_STAGES * IDX_MMA_TILE_BYTES + IDX_MMA_TILE_BYTES + 4 * 64 * 4 * 2 + 64 * 4 * 2 + \
      IDX_MMA_PRING * 64 * 4)
 
-/* Formats of the index-key rows in the ring. */
-enum { IDX_KEYS_16 = 0, IDX_KEYS_FP8 = 1, IDX_KEYS_NVFP4 = 2 };
 /* An nvfp4 tile: 64 rows of 64 code bytes, then each row's 8 scale bytes. */
 #define IDX_NV_SCALES (CU_TILE_KEYS * 64)
 
@@ -133,9 +131,9 @@ __device__ __forceinline__ void cu_idx_issue(const cu_indexer_params &params, co
     if (valid) {
         const int32_t page = c.pring[(x % IDX_MMA_PRING) * 64 + row];
         const int32_t slot = pos & (params.page_size - 1);
-        if (KF == IDX_KEYS_16) {
+        if (KF == CU_PLANE_16) {
             src = cu_plane_row16(params.index_k_plane, params.index_k_strides, page, 0, slot);
-        } else if (KF == IDX_KEYS_FP8) {
+        } else if (KF == CU_PLANE_FP8) {
             /* One-byte codes: element offsets are byte offsets. */
             src = plane + cu_plane_row(params.index_k_strides, page, 0, slot);
         } else {
@@ -149,16 +147,16 @@ __device__ __forceinline__ void cu_idx_issue(const cu_indexer_params &params, co
         }
     }
     const uint32_t dst = cu_smem_addr(c.ktile + (x % IDX_MMA_STAGES) * IDX_MMA_TILE_BYTES);
-    constexpr int PIECES = KF == IDX_KEYS_16 ? 8 : KF == IDX_KEYS_FP8 ? 4 : 2;
+    constexpr int PIECES = KF == CU_PLANE_16 ? 8 : KF == CU_PLANE_FP8 ? 4 : 2;
 #pragma unroll
     for (int i = 0; i < PIECES; ++i) {
         const int chunk = half * PIECES + i;
-        const uint32_t at = KF == IDX_KEYS_16    ? cu_swz(row, chunk)
-                            : KF == IDX_KEYS_FP8 ? cu_swz128(row, chunk)
+        const uint32_t at = KF == CU_PLANE_16    ? cu_swz(row, chunk)
+                            : KF == CU_PLANE_FP8 ? cu_swz128(row, chunk)
                                                  : (uint32_t)(row * 64 + chunk * 16);
         cu_cp_async16(dst + at, src + (valid ? chunk * 16 : 0), valid ? 16 : 0);
     }
-    if (KF == IDX_KEYS_NVFP4 && half == 0)
+    if (KF == CU_PLANE_NVFP4 && half == 0)
         cu_idx_cp_async8(dst + IDX_NV_SCALES + row * 8, scales, valid ? 8 : 0);
 }
 
@@ -220,7 +218,7 @@ __device__ __forceinline__ uint32_t cu_idx_afrags_q(const unsigned char *tile, u
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = warp * 16 + h * 8 + (lane >> 2);
-        if (KF == IDX_KEYS_FP8) {
+        if (KF == CU_PLANE_FP8) {
             const uint4 p0 = *(const uint4 *)(tile + cu_swz128(row, 2 * c4));
             const uint4 p1 = *(const uint4 *)(tile + cu_swz128(row, 2 * c4 + 1));
             const uint32_t w[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
@@ -270,7 +268,7 @@ __device__ __forceinline__ void cu_idx_reduce(const cu_indexer_params &params, c
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    if (KF == IDX_KEYS_FP8) {
+    if (KF == CU_PLANE_FP8) {
         nan |= __shfl_xor_sync(0xffffffffu, nan, 1);
         nan |= __shfl_xor_sync(0xffffffffu, nan, 2);
     }
@@ -286,11 +284,11 @@ __device__ __forceinline__ void cu_idx_reduce(const cu_indexer_params &params, c
             const bool vlo = in && pos_lo <= base + tok;
             const bool vhi = in && pos_hi <= base + tok;
             float xlo = acc[nt][e], xhi = acc[nt][2 + e];
-            if (KF != IDX_KEYS_16) {
+            if (KF != CU_PLANE_16) {
                 xlo *= params.index_k_scale;
                 xhi *= params.index_k_scale;
             }
-            if (KF == IDX_KEYS_FP8) {
+            if (KF == CU_PLANE_FP8) {
                 if (nan & 1u)
                     xlo = __uint_as_float(0x7fc00000u);
                 if (nan & 2u)
@@ -348,7 +346,7 @@ __device__ __forceinline__ void cu_idx_tile(const cu_indexer_params &params, con
         for (int nt = 0; nt < NR; ++nt)
             cu_mma16816(acc[nt], a0, a1, a2, a3, bq[nt][ks][0], bq[nt][ks][1], Tag());
     }
-    cu_idx_reduce<NR, IDX_KEYS_16>(params, c, acc, 0u, nt0, key0, base, nq);
+    cu_idx_reduce<NR, CU_PLANE_16>(params, c, acc, 0u, nt0, key0, base, nq);
 }
 
 /* The same for a quantized tile whose A fragments (and NaN flags) the
@@ -378,7 +376,7 @@ __device__ void cu_idx_segment(const cu_indexer_params &params, cu_idx_ctx &c, i
 {
     constexpr int NR = NT < 4 ? NT : 4;
     uint32_t bq[NR][8][2];
-    if (KF == IDX_KEYS_16)
+    if (KF == CU_PLANE_16)
         cu_idx_bfrags<NR>(c.qtile, 0, bq);
     else
         cu_idx_bfrags_q<NR>(c.qtile, 0, bq);
@@ -401,12 +399,12 @@ __device__ void cu_idx_segment(const cu_indexer_params &params, cu_idx_ctx &c, i
         const int32_t tb = f - blk * c.tpb;
         const int32_t n = n0 + blk - f_begin / c.tpb; /* block id within the request */
         const int32_t key0 = n * params.block_size + tb * CU_TILE_KEYS;
-        if (KF == IDX_KEYS_16 && NT > 4) {
+        if (KF == CU_PLANE_16 && NT > 4) {
             cu_idx_bfrags<NR>(c.qtile, 0, bq);
             cu_idx_tile<Tag, NR>(params, c, stage, bq, 0, key0, base, nq);
             cu_idx_bfrags<NR>(c.qtile, 4, bq);
             cu_idx_tile<Tag, NR>(params, c, stage, bq, 4, key0, base, nq);
-        } else if (KF == IDX_KEYS_16) {
+        } else if (KF == CU_PLANE_16) {
             cu_idx_tile<Tag, NR>(params, c, stage, bq, 0, key0, base, nq);
         } else {
             /* Widened once, multiplied with every column. */
@@ -542,42 +540,27 @@ __global__ void __launch_bounds__(IDX_MMA_THREADS, 3)
 
 void cu_launch_indexer_mma(const cu_indexer_params *params, const cu_plan_state *st, cudaStream_t s)
 {
-    const int bf16 = params->act_dtype == MSA_DTYPE_BF16;
-    const int kf = params->index_dtype == MSA_DTYPE_FP8_E4M3 ? IDX_KEYS_FP8
-                   : params->index_dtype == MSA_DTYPE_NVFP4  ? IDX_KEYS_NVFP4
-                                                             : IDX_KEYS_16;
 #define IDX_MMA_LAUNCH(TAG, KF)                                                      \
     cu_launch(cu_indexer_mma_kernel<TAG, KF>, st->sz.grid_idx_fast, IDX_MMA_THREADS, \
               IDX_MMA_SMEM_BYTES, s, st->pdl, *params)
-    if (bf16 && kf == IDX_KEYS_FP8)
-        IDX_MMA_LAUNCH(cu_bf16_tag, IDX_KEYS_FP8);
-    else if (bf16 && kf == IDX_KEYS_NVFP4)
-        IDX_MMA_LAUNCH(cu_bf16_tag, IDX_KEYS_NVFP4);
-    else if (bf16)
-        IDX_MMA_LAUNCH(cu_bf16_tag, IDX_KEYS_16);
-    else if (kf == IDX_KEYS_FP8)
-        IDX_MMA_LAUNCH(cu_f16_tag, IDX_KEYS_FP8);
-    else if (kf == IDX_KEYS_NVFP4)
-        IDX_MMA_LAUNCH(cu_f16_tag, IDX_KEYS_NVFP4);
-    else
-        IDX_MMA_LAUNCH(cu_f16_tag, IDX_KEYS_16);
+    CU_LAUNCH_BY_FORMAT(params->act_dtype, params->index_dtype, IDX_MMA_LAUNCH);
 #undef IDX_MMA_LAUNCH
 }
 
 cudaError_t cu_indexer_mma_setup(int num_sms, int *grid)
 {
     cudaError_t e = cu_allow_smem(IDX_MMA_SMEM_BYTES,
-                                  cu_indexer_mma_kernel<cu_bf16_tag, IDX_KEYS_16>,
-                                  cu_indexer_mma_kernel<cu_f16_tag, IDX_KEYS_16>,
-                                  cu_indexer_mma_kernel<cu_bf16_tag, IDX_KEYS_FP8>,
-                                  cu_indexer_mma_kernel<cu_f16_tag, IDX_KEYS_FP8>,
-                                  cu_indexer_mma_kernel<cu_bf16_tag, IDX_KEYS_NVFP4>,
-                                  cu_indexer_mma_kernel<cu_f16_tag, IDX_KEYS_NVFP4>);
+                                  cu_indexer_mma_kernel<cu_bf16_tag, CU_PLANE_16>,
+                                  cu_indexer_mma_kernel<cu_f16_tag, CU_PLANE_16>,
+                                  cu_indexer_mma_kernel<cu_bf16_tag, CU_PLANE_FP8>,
+                                  cu_indexer_mma_kernel<cu_f16_tag, CU_PLANE_FP8>,
+                                  cu_indexer_mma_kernel<cu_bf16_tag, CU_PLANE_NVFP4>,
+                                  cu_indexer_mma_kernel<cu_f16_tag, CU_PLANE_NVFP4>);
     if (e != cudaSuccess)
         return e;
     int occ = 0;
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &occ, cu_indexer_mma_kernel<cu_bf16_tag, IDX_KEYS_16>, IDX_MMA_THREADS, IDX_MMA_SMEM_BYTES);
+        &occ, cu_indexer_mma_kernel<cu_bf16_tag, CU_PLANE_16>, IDX_MMA_THREADS, IDX_MMA_SMEM_BYTES);
     if (e != cudaSuccess)
         return e;
     *grid = num_sms * (occ > 0 ? occ : 1);

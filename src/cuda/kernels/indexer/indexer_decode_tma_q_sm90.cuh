@@ -26,9 +26,6 @@
 #include "cuda/common/plane_rows.cuh"
 #include "cuda/common/widen_tile.cuh"
 
-/* Formats of the index keys. */
-enum { IDXT_KEYS_16 = 0, IDXT_KEYS_FP8 = 1, IDXT_KEYS_NVFP4 = 2 };
-
 /* A quantized block in its code-ring slot: fp8 128 x 128 bytes; nvfp4
  * 128 rows of 64 code bytes, then each row's 8 scale bytes. */
 #define IDXQ_SLOT_BYTES (128 * 128)
@@ -76,7 +73,7 @@ __device__ void cu_idxq_converter(const unsigned char *qring, uint64_t *qfull, u
         if (gb >= 0) {
             const uint32_t src = cu_smem_addr(qring + s * IDXQ_SLOT_BYTES);
             const uint32_t dst = cu_smem_addr(ring + s * IDX_TMA_BLOCK_BYTES);
-            if (KF == IDXT_KEYS_FP8)
+            if (KF == CU_PLANE_FP8)
                 cu_widen_fp8_tile<Tag, IDX_TMA_BLOCK_ROWS>(src, dst, t);
             else
                 cu_widen_nvfp4_tile<Tag, IDX_TMA_BLOCK_ROWS>(src, dst, t);

@@ -61,7 +61,7 @@ static_assert(IDX_TMA_STAGES % IDX_TMA_GROUPS == 0, "indexer stages: a multiple 
 /* Threads: the consumer groups, the producer warp, and for quantized
  * keys the converter warps. */
 #define IDX_TMA_THREADS(KF) \
-    ((IDX_TMA_GROUPS * 4 + 1 + ((KF) == IDXT_KEYS_16 ? 0 : IDXQ_CONVERTERS)) * 32)
+    ((IDX_TMA_GROUPS * 4 + 1 + ((KF) == CU_PLANE_16 ? 0 : IDXQ_CONVERTERS)) * 32)
 /* The tile shapes: a key block is one page of IDX_TMA_BLOCK_ROWS index
  * keys of IDX_TMA_INDEX_DIM 16-bit dimensions, copied as two tensor-map
  * boxes of IDX_TMA_BOX_COLS columns (128-byte swizzle) and multiplied in
@@ -82,7 +82,7 @@ static_assert(IDX_TMA_K_STEPS == 8, "the query fragments hold eight k-steps (a[8
  * code ring, then the barriers (full, empty, and the code ring's) and the
  * slots' blocks (and the code ring's). */
 #define IDX_TMA_RING_BYTES (IDX_TMA_STAGES * IDX_TMA_BLOCK_BYTES)
-#define IDX_TMA_QRING_BYTES(KF) ((KF) == IDXT_KEYS_16 ? 0 : IDX_TMA_STAGES * IDXQ_SLOT_BYTES)
+#define IDX_TMA_QRING_BYTES(KF) ((KF) == CU_PLANE_16 ? 0 : IDX_TMA_STAGES * IDXQ_SLOT_BYTES)
 #define IDX_TMA_SMEM_BYTES(KF) \
     (IDX_TMA_RING_BYTES + IDX_TMA_QRING_BYTES(KF) + 1024 + 6 * IDX_TMA_STAGES * 8)
 /* Blocks per chunk taken on demand: small, for an even end; the next
@@ -315,18 +315,18 @@ __device__ __forceinline__ void cu_idxt_put(const cu_indexer_params &params, con
         cu_mbar_arrive(&full[s]);
         return;
     }
-    unsigned char *dst = ring + s * (KF == IDXT_KEYS_16 ? IDX_TMA_BLOCK_BYTES : IDXQ_SLOT_BYTES);
+    unsigned char *dst = ring + s * (KF == CU_PLANE_16 ? IDX_TMA_BLOCK_BYTES : IDXQ_SLOT_BYTES);
     /* Index keys are read once per step: their lines go first from L2, so
      * the stream does not push out what the next kernels read again (the
      * block scores, the plan).  On the H200 this took 0.5-3% off steps of
      * 10K to 200K context. */
     const uint64_t pol = cu_l2_evict_first();
-    if (KF == IDXT_KEYS_16) {
+    if (KF == CU_PLANE_16) {
         cu_mbar_arrive_tx(&full[s], IDX_TMA_BLOCK_BYTES);
         cu_tma_load_rows_hint(dst, map, 0, 0, 0, pg, &full[s], pol);
         cu_tma_load_rows_hint(dst + IDX_TMA_BLOCK_BYTES / 2, map, IDX_TMA_BOX_COLS, 0, 0, pg,
                               &full[s], pol);
-    } else if (KF == IDXT_KEYS_FP8) {
+    } else if (KF == CU_PLANE_FP8) {
         cu_mbar_arrive_tx(&full[s], IDXQ_SLOT_BYTES);
         cu_tma_load_rows_hint(dst, map, 0, 0, 0, pg, &full[s], pol);
     } else {
@@ -463,7 +463,7 @@ __device__ __forceinline__ void cu_idxt_prefetch_att_plan(const cu_indexer_param
                           first, stride);
 }
 
-/* KF: the format of the index keys (IDXT_KEYS_*); map: their tensor map
+/* KF: the format of the index keys (CU_PLANE_*); map: their tensor map
  * (none is read for nvfp4 keys). */
 template <typename Tag, int KF>
 __global__ void __launch_bounds__(IDX_TMA_THREADS(KF), 1)
@@ -489,13 +489,13 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS(KF), 1)
         for (int s = 0; s < IDX_TMA_STAGES; ++s) {
             /* 16-bit keys: the producer's copies; codes: every converter
              * lane's widening. */
-            cu_mbar_init(&full[s], KF == IDXT_KEYS_16 ? 1 : IDXQ_CONVERTERS * 32);
+            cu_mbar_init(&full[s], KF == CU_PLANE_16 ? 1 : IDXQ_CONVERTERS * 32);
             cu_mbar_init(&empty[s], 4 * 32); /* every lane of the slot's group */
             cu_mbar_init(&qfull[s], 1);
             cu_mbar_init(&qempty[s], IDXQ_CONVERTERS * 32);
         }
         cu_mbar_fence_init();
-        if (KF != IDXT_KEYS_NVFP4)
+        if (KF != CU_PLANE_NVFP4)
             cu_tma_prefetch_map(&map);
     }
     __syncthreads();
@@ -517,8 +517,8 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS(KF), 1)
     const int32_t F = gb_end - gb_begin;
     if (n_dec > 0 && total > 0) {
         const int g = warp >> 2;
-        const float kscale = KF == IDXT_KEYS_16 ? 1.0f : params.index_k_scale;
-        if (warp == IDX_TMA_GROUPS * 4 && KF == IDXT_KEYS_16)
+        const float kscale = KF == CU_PLANE_16 ? 1.0f : params.index_k_scale;
+        if (warp == IDX_TMA_GROUPS * 4 && KF == CU_PLANE_16)
             cu_idxt_producer<KF>(params, &map, ring, full, empty, slot_gb, gb_begin, F, stat, total,
                                  n_dec);
         else if (warp == IDX_TMA_GROUPS * 4) /* codes into the code ring */
@@ -546,38 +546,23 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS(KF), 1)
 void cu_launch_indexer_tma(const cu_indexer_params *params, const cu_plan_state *st,
                            const CUtensorMap *map, cudaStream_t s)
 {
-    const int bf16 = params->act_dtype == MSA_DTYPE_BF16;
-    const int kf = params->index_dtype == MSA_DTYPE_FP8_E4M3 ? IDXT_KEYS_FP8
-                   : params->index_dtype == MSA_DTYPE_NVFP4  ? IDXT_KEYS_NVFP4
-                                                             : IDXT_KEYS_16;
 #define IDX_TMA_LAUNCH(TAG, KF)                                                    \
     cu_launch(cu_indexer_tma_kernel<TAG, KF>, st->sz.num_sms, IDX_TMA_THREADS(KF), \
               IDX_TMA_SMEM_BYTES(KF), s, st->pdl, *params, *map)
-    if (bf16 && kf == IDXT_KEYS_FP8)
-        IDX_TMA_LAUNCH(cu_bf16_tag, IDXT_KEYS_FP8);
-    else if (bf16 && kf == IDXT_KEYS_NVFP4)
-        IDX_TMA_LAUNCH(cu_bf16_tag, IDXT_KEYS_NVFP4);
-    else if (bf16)
-        IDX_TMA_LAUNCH(cu_bf16_tag, IDXT_KEYS_16);
-    else if (kf == IDXT_KEYS_FP8)
-        IDX_TMA_LAUNCH(cu_f16_tag, IDXT_KEYS_FP8);
-    else if (kf == IDXT_KEYS_NVFP4)
-        IDX_TMA_LAUNCH(cu_f16_tag, IDXT_KEYS_NVFP4);
-    else
-        IDX_TMA_LAUNCH(cu_f16_tag, IDXT_KEYS_16);
+    CU_LAUNCH_BY_FORMAT(params->act_dtype, params->index_dtype, IDX_TMA_LAUNCH);
 #undef IDX_TMA_LAUNCH
 }
 
 cudaError_t cu_indexer_tma_setup(void)
 {
-    cudaError_t e = cu_allow_smem(IDX_TMA_SMEM_BYTES(IDXT_KEYS_16),
-                                  cu_indexer_tma_kernel<cu_bf16_tag, IDXT_KEYS_16>,
-                                  cu_indexer_tma_kernel<cu_f16_tag, IDXT_KEYS_16>);
+    cudaError_t e = cu_allow_smem(IDX_TMA_SMEM_BYTES(CU_PLANE_16),
+                                  cu_indexer_tma_kernel<cu_bf16_tag, CU_PLANE_16>,
+                                  cu_indexer_tma_kernel<cu_f16_tag, CU_PLANE_16>);
     if (e != cudaSuccess)
         return e;
-    return cu_allow_smem(IDX_TMA_SMEM_BYTES(IDXT_KEYS_FP8),
-                         cu_indexer_tma_kernel<cu_bf16_tag, IDXT_KEYS_FP8>,
-                         cu_indexer_tma_kernel<cu_f16_tag, IDXT_KEYS_FP8>,
-                         cu_indexer_tma_kernel<cu_bf16_tag, IDXT_KEYS_NVFP4>,
-                         cu_indexer_tma_kernel<cu_f16_tag, IDXT_KEYS_NVFP4>);
+    return cu_allow_smem(IDX_TMA_SMEM_BYTES(CU_PLANE_FP8),
+                         cu_indexer_tma_kernel<cu_bf16_tag, CU_PLANE_FP8>,
+                         cu_indexer_tma_kernel<cu_f16_tag, CU_PLANE_FP8>,
+                         cu_indexer_tma_kernel<cu_bf16_tag, CU_PLANE_NVFP4>,
+                         cu_indexer_tma_kernel<cu_f16_tag, CU_PLANE_NVFP4>);
 }
