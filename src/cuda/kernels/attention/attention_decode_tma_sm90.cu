@@ -71,28 +71,9 @@ __device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][
     cu_wgmma_hold(sc);
 }
 
-/* 2^x for the tile's weights, flushed to 0 below 2^-126 (ex2.approx.ftz).
- * exp2f compiles to ex2.approx.f32, which keeps denormal results with a
- * range fix-up around the MUFU instruction: three more instructions per
- * weight, 32 per lane and tile, on the consumers' path, which at 8 tokens
- * per request is part of the step's time (on the H200, batch 128, 4K
- * and 5K, 8 tokens ran 2.0-2.6% faster without them).  A key whose
- * weight is below 2^-126 of its row's largest would add less than 2^-126
- * of the row's sum to l, and to O less than that times its V: nothing the
- * fp32 sums or the 16-bit output can show. */
-__device__ __forceinline__ float cu_attt_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
 /* A member warp's rows take one tile: raw scores sc, keys k <= lim of the
- * tile visible (lim >= 63: all).  As cu_rows_softmax, with the scale sl2
- * (log2 units, > 0) applied inside the exponent: the max of the scaled
- * scores is the scaled max.  O keeps its scale while both rows' maxima
- * hold in every lane of the warp, as they do on most tiles once the max
- * has settled. */
+ * tile visible (lim >= 63: all), the scale sl2 (log2 units, > 0) applied
+ * inside the exponent. */
 __device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, float sl2,
                                                 float (&o)[16][4], float &m_lo, float &m_hi,
                                                 float &l_lo, float &l_hi)
@@ -109,24 +90,7 @@ __device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, 
             }
         }
     }
-    float mx_lo, mx_hi, ref_lo, ref_hi, corr_lo, corr_hi;
-    cu_rows_tile_max<8>(sc, mx_lo, mx_hi);
-    cu_rows_new_max(mx_lo * sl2, mx_hi * sl2, m_lo, m_hi, ref_lo, ref_hi, corr_lo, corr_hi);
-    float ps_lo = 0.0f, ps_hi = 0.0f;
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            sc[n][e] = cu_attt_exp2(fmaf(sc[n][e], sl2, -ref_lo));
-            sc[n][2 + e] = cu_attt_exp2(fmaf(sc[n][2 + e], sl2, -ref_hi));
-            ps_lo += sc[n][e];
-            ps_hi += sc[n][2 + e];
-        }
-    }
-    l_lo = l_lo * corr_lo + ps_lo;
-    l_hi = l_hi * corr_hi + ps_hi;
-    if (__any_sync(0xffffffffu, corr_lo != 1.0f || corr_hi != 1.0f))
-        cu_rows_rescale(o, corr_lo, corr_hi);
+    cu_rows_softmax_scaled<8>(sc, sl2, o, m_lo, m_hi, l_lo, l_hi);
 }
 
 /* O += P V: the weights (rounded to the 16-bit type, in the A-fragment

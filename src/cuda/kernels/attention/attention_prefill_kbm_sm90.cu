@@ -416,8 +416,8 @@ __device__ __forceinline__ void cu_pfk_softmax(float (&sc)[16][4], int32_t lim_l
     for (int n = 0; n < 16; ++n) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            sc[n][e] = cu_pfh_exp2(fmaf(sc[n][e], sl2, -ref_lo));
-            sc[n][2 + e] = cu_pfh_exp2(fmaf(sc[n][2 + e], sl2, -ref_hi));
+            sc[n][e] = cu_rows_exp2_ftz(fmaf(sc[n][e], sl2, -ref_lo));
+            sc[n][2 + e] = cu_rows_exp2_ftz(fmaf(sc[n][2 + e], sl2, -ref_hi));
             l_lo += sc[n][e];
             l_hi += sc[n][2 + e];
         }

@@ -47,15 +47,6 @@ __device__ __forceinline__ void cu_pfh_load_page(uint32_t dst, const CUtensorMap
                          (b & 1) * PFH_BOX_ROWS, head, page, bar);
 }
 
-/* 2^x, flushed to 0 below 2^-126 (as the decode path's Hopper attention:
- * the weights so small add nothing the fp32 sums or 16-bit output show). */
-__device__ __forceinline__ float cu_pfh_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
 /* S = Q K^T for the group's 64 rows against the block's 128 keys (K-major
  * in the slot: dimensions 0-63 in the first 16 KB, 64-127 in the next). */
 template <typename Tag>
@@ -119,24 +110,7 @@ __device__ __forceinline__ void cu_pfh_softmax(float (&sc)[16][4], int32_t lim_l
             }
         }
     }
-    float mx_lo, mx_hi, ref_lo, ref_hi, corr_lo, corr_hi;
-    cu_rows_tile_max<16>(sc, mx_lo, mx_hi);
-    cu_rows_new_max(mx_lo * sl2, mx_hi * sl2, m_lo, m_hi, ref_lo, ref_hi, corr_lo, corr_hi);
-    float ps_lo = 0.0f, ps_hi = 0.0f;
-#pragma unroll
-    for (int n = 0; n < 16; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            sc[n][e] = cu_pfh_exp2(fmaf(sc[n][e], sl2, -ref_lo));
-            sc[n][2 + e] = cu_pfh_exp2(fmaf(sc[n][2 + e], sl2, -ref_hi));
-            ps_lo += sc[n][e];
-            ps_hi += sc[n][2 + e];
-        }
-    }
-    l_lo = l_lo * corr_lo + ps_lo;
-    l_hi = l_hi * corr_hi + ps_hi;
-    if (__any_sync(0xffffffffu, corr_lo != 1.0f || corr_hi != 1.0f))
-        cu_rows_rescale(o, corr_lo, corr_hi);
+    cu_rows_softmax_scaled<16>(sc, sl2, o, m_lo, m_hi, l_lo, l_hi);
 }
 
 #endif /* CU_HAVE_WGMMA */

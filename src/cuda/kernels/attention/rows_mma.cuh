@@ -167,6 +167,52 @@ __device__ __forceinline__ void cu_rows_softmax(float (&sc)[NS][4], float (&o)[1
     cu_rows_rescale(o, corr_lo, corr_hi);
 }
 
+/* 2^x flushed to 0 below 2^-126 (ex2.approx.ftz), for the Hopper
+ * kernels' weights.  exp2f compiles to ex2.approx.f32, which keeps
+ * denormal results with a range fix-up around the MUFU instruction: three
+ * more instructions per weight on the consumers' path (on the H200, the
+ * decode workload's batch 128 at 4K and 5K with 8 tokens ran 2.0-2.6%
+ * faster without them).  A key whose weight is below 2^-126 of its row's
+ * largest would add less than 2^-126 of the row's sum to l, and to O less
+ * than that times its V: nothing the fp32 sums or the 16-bit output can
+ * show. */
+__device__ __forceinline__ float cu_rows_exp2_ftz(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* As cu_rows_softmax for raw scores sc (masked keys -inf), with the scale
+ * sl2 (log2 units, > 0) applied inside the exponent (the max of the scaled
+ * scores is the scaled max) and cu_rows_exp2_ftz.  O keeps its scale while
+ * both rows' maxima hold in every lane of the warp, as they do on most
+ * tiles once the max has settled. */
+template <int NS>
+__device__ __forceinline__ void cu_rows_softmax_scaled(float (&sc)[NS][4], float sl2,
+                                                       float (&o)[16][4], float &m_lo, float &m_hi,
+                                                       float &l_lo, float &l_hi)
+{
+    float mx_lo, mx_hi, ref_lo, ref_hi, corr_lo, corr_hi;
+    cu_rows_tile_max<NS>(sc, mx_lo, mx_hi);
+    cu_rows_new_max(mx_lo * sl2, mx_hi * sl2, m_lo, m_hi, ref_lo, ref_hi, corr_lo, corr_hi);
+    float ps_lo = 0.0f, ps_hi = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            sc[n][e] = cu_rows_exp2_ftz(fmaf(sc[n][e], sl2, -ref_lo));
+            sc[n][2 + e] = cu_rows_exp2_ftz(fmaf(sc[n][2 + e], sl2, -ref_hi));
+            ps_lo += sc[n][e];
+            ps_hi += sc[n][2 + e];
+        }
+    }
+    l_lo = l_lo * corr_lo + ps_lo;
+    l_hi = l_hi * corr_hi + ps_hi;
+    if (__any_sync(0xffffffffu, corr_lo != 1.0f || corr_hi != 1.0f))
+        cu_rows_rescale(o, corr_lo, corr_hi);
+}
+
 /* Row sums over the four lanes that hold a row (after the key loop). */
 __device__ __forceinline__ void cu_rows_sum_quads(float &l_lo, float &l_hi)
 {
