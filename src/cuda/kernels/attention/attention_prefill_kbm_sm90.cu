@@ -393,18 +393,7 @@ __device__ __forceinline__ void cu_pfk_softmax(float (&sc)[16][4], int32_t lim_l
                                                float sl2, float &m_lo, float &m_hi, float &l_lo,
                                                float &l_hi)
 {
-    const int lane = threadIdx.x & 31;
-    if (min(lim_lo, lim_hi) < PFH_KEYS - 1) {
-#pragma unroll
-        for (int n = 0; n < 16; ++n) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int32_t j = n * 8 + 2 * (lane & 3) + e;
-                sc[n][e] = j <= lim_lo ? sc[n][e] : -INFINITY;
-                sc[n][2 + e] = j <= lim_hi ? sc[n][2 + e] : -INFINITY;
-            }
-        }
-    }
+    cu_pfh_mask(sc, lim_lo, lim_hi);
     float mx_lo, mx_hi;
     cu_rows_tile_max<16>(sc, mx_lo, mx_hi);
     m_lo = mx_lo * sl2;

@@ -91,12 +91,10 @@ __device__ __forceinline__ void cu_pfh_pv(uint32_t va, const float (&pw)[16][4],
     cu_wgmma_hold(o);
 }
 
-/* The block's scores into weights: keys j <= lim_lo (lim_hi) count for the
- * thread's low (high) row (lim -1: none), the scale sl2 (log2 units, > 0)
- * applied inside the exponent; running max, sum and O's scale updated. */
-__device__ __forceinline__ void cu_pfh_softmax(float (&sc)[16][4], int32_t lim_lo, int32_t lim_hi,
-                                               float sl2, float (&o)[16][4], float &m_lo,
-                                               float &m_hi, float &l_lo, float &l_hi)
+/* The block's 128 scores of the thread's two rows with the keys after
+ * lim_lo (lim_hi) set to -inf: j <= lim counts for the low (high) row,
+ * lim -1 none. */
+__device__ __forceinline__ void cu_pfh_mask(float (&sc)[16][4], int32_t lim_lo, int32_t lim_hi)
 {
     const int lane = threadIdx.x & 31;
     if (min(lim_lo, lim_hi) < PFH_KEYS - 1) {
@@ -110,6 +108,16 @@ __device__ __forceinline__ void cu_pfh_softmax(float (&sc)[16][4], int32_t lim_l
             }
         }
     }
+}
+
+/* The block's scores into weights: keys j <= lim_lo (lim_hi) count for the
+ * thread's low (high) row (lim -1: none), the scale sl2 (log2 units, > 0)
+ * applied inside the exponent; running max, sum and O's scale updated. */
+__device__ __forceinline__ void cu_pfh_softmax(float (&sc)[16][4], int32_t lim_lo, int32_t lim_hi,
+                                               float sl2, float (&o)[16][4], float &m_lo,
+                                               float &m_hi, float &l_lo, float &l_hi)
+{
+    cu_pfh_mask(sc, lim_lo, lim_hi);
     cu_rows_softmax_scaled<16>(sc, sl2, o, m_lo, m_hi, l_lo, l_hi);
 }
 
