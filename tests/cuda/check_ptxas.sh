@@ -14,16 +14,22 @@
 # build flags, which CMake passes (tests/cuda/CMakeLists.txt), so a build
 # configured with extra CUDA flags checks the code it builds.
 set -u
-# One known exception, by function name (extended regex) and the most bytes
-# of spill stores and loads it may show: the Hopper attention's variants
-# for quantized K/V (template argument 1: fp8_e4m3, 2: nvfp4) widen each
-# tile inside the tile loop at the kernel's 168-register limit, and ptxas
-# keeps a few of a unit's values in local memory, stored and loaded once a
-# unit, none inside the tile loop (read in the SASS: 20-36 bytes of stores,
-# 28-56 of loads, each kind of activation).  Any other spill fails, and so
-# does this one past its bounds.
-allow_fn='^_Z18cu_attn_tma_kernelI1[01]cu_b?f16_tagLi[12]E'
-allow_stores=48 allow_loads=64
+# Known exceptions, by function name (extended regex) and the most bytes of
+# spill stores and loads each may show ("REGEX STORES LOADS", entries
+# separated by ";"):
+# - the Hopper attention's variants for quantized K/V (template argument 1:
+#   fp8_e4m3, 2: nvfp4) widen each tile inside the tile loop at the
+#   kernel's 168-register limit, and ptxas keeps a few of a unit's values
+#   in local memory, stored and loaded once a unit, none inside the tile
+#   loop (read in the SASS: 20-36 bytes of stores, 28-56 of loads, each
+#   kind of activation);
+# - the Hopper prefill indexer's consumers (232 registers: two sets of a
+#   block's scores and the queries) keep one or two scalars in local
+#   memory, loaded about once a block of 16 warpgroup products (read in the
+#   SASS: 11 stores and 21 loads in all); at 240 registers the producer,
+#   left with 24, spills as much instead.
+# Any other spill fails, and so does one of these past its bounds.
+allow='^_Z18cu_attn_tma_kernelI1[01]cu_b?f16_tagLi[12]E 48 64;^_Z14cu_pfit_kernelI1[01]cu_b?f16_tag 48 96'
 nvcc=$1 root=$2 arch=$3 flags=$4
 shift 4
 tmp=$(mktemp -d) || exit 1
@@ -40,11 +46,16 @@ for f in "$@"; do
         continue
     fi
     # "N bytes spill stores, M bytes spill loads" after each function's name.
-    spills=$(awk -v re="$allow_fn" -v ms="$allow_stores" -v ml="$allow_loads" '
+    spills=$(awk -v allow="$allow" '
+                  BEGIN { n = split(allow, lines, ";")
+                          for (i = 1; i <= n; ++i) {
+                              split(lines[i], f, " ")
+                              re[i] = f[1]; ms[i] = f[2] + 0; ml[i] = f[3] + 0 } }
                   /Function properties for/ { fn = $NF }
                   /bytes spill stores/ {
                       if ($5 + 0 == 0 && $9 + 0 == 0) next
-                      if (fn ~ re && $5 + 0 <= ms && $9 + 0 <= ml) next
+                      for (i = 1; i <= n; ++i)
+                          if (fn ~ re[i] && $5 + 0 <= ms[i] && $9 + 0 <= ml[i]) next
                       print fn ": " $0 }' "$rep")
     serial=$(grep "Potential Performance Loss" "$rep")
     kernels=$(grep -c "Function properties for" "$rep")
@@ -54,7 +65,7 @@ for f in "$@"; do
         [ -n "$serial" ] && echo "$serial"
         bad=1
     else
-        echo "ok   $f ($arch): $kernels functions, no spills, no serialized products"
+        echo "ok   $f ($arch): $kernels functions, no spills beyond the known ones, no serialized products"
     fi
 done
 exit $bad

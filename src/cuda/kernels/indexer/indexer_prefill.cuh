@@ -101,14 +101,16 @@ __device__ __forceinline__ void cu_pfi_issue(const cu_pfidx_params &p, unsigned 
     }
 }
 
-/* One row's part of a chunk (this thread's 16 scores of it, acc[nt][2h+e])
+/* One row's part of a chunk of 64 keys (this thread's 16 scores of it,
+ * acc[J0 + nt][2h+e]: J0 = 8 is the second half of a 128-key product)
  * reduced over the visible keys and the row's four lanes, merged into the
  * row's running state (m, l). */
-template <bool LSE>
-__device__ __forceinline__ void cu_pfi_reduce(const float (&acc)[8][4], int h, int32_t key0,
+template <bool LSE, int J0 = 0, int NJ = 8>
+__device__ __forceinline__ void cu_pfi_reduce(const float (&acc)[NJ][4], int h, int32_t key0,
                                               int32_t prow, bool full, float iscale, float &rm,
                                               float &rl)
 {
+    static_assert(J0 + 8 <= NJ, "the chunk's 8 column groups are in the accumulators");
     const int lane = threadIdx.x & 31;
     float v[16];
     bool vis[16];
@@ -118,7 +120,7 @@ __device__ __forceinline__ void cu_pfi_reduce(const float (&acc)[8][4], int h, i
         for (int e = 0; e < 2; ++e) {
             const int32_t key = key0 + nt * 8 + 2 * (lane & 3) + e;
             vis[2 * nt + e] = full || key <= prow;
-            v[2 * nt + e] = LSE ? acc[nt][2 * h + e] * iscale : acc[nt][2 * h + e];
+            v[2 * nt + e] = LSE ? acc[J0 + nt][2 * h + e] * iscale : acc[J0 + nt][2 * h + e];
         }
     /* The largest visible score as a tree of depth 4 (most stages are
      * visible whole: `full` is the same for the whole CTA, and the branch

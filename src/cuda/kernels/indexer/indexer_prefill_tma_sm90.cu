@@ -5,38 +5,43 @@
  *
  * One CTA per SM walks the same (tile, split) items as the portable kernel
  * (cu_pfi_next), with tiles of CU_PFIT_ROWS rows (row = token x Hi + head:
- * 32 tokens of M3's four index heads).  Nine warps:
- *   warp 8      the producer: for each block the item reaches (a block is
- *               one page of 128 keys), waits for a free ring slot and
- *               copies the page's index keys into it (two boxes of 64
- *               columns x 128 rows, 128-byte swizzle);
+ * 32 tokens of M3's four index heads).  Three warpgroups:
+ *   warp 8      the producer (the other warps of its group end at once and
+ *               give their registers to the consumers): for each block the
+ *               item reaches (a block is one page of 128 keys), waits for a
+ *               free ring slot and copies the page's index keys into it
+ *               (two boxes of 64 columns x 128 rows, 128-byte swizzle);
  *   warps 0-7   two consumer warpgroups, group h owning tile rows
  *               64h .. 64h + 63, their queries in registers for the item.
- *               Per block: S = Q K^T for each half of its keys as 8
- *               wgmma.m64n64k16 (keys as N, read from the slot), both
- *               halves issued together; the first half's causal mask,
- *               score scale and max or log-sum-exp (cu_pfi_reduce) run
- *               while the second half's products do; the slot is handed
- *               back as soon as those end; the block score goes to the
+ *               Per block: S = Q K^T as 8 wgmma.m64n128k16 (keys as N,
+ *               read from the slot) into one of two accumulator sets; while
+ *               they run, the block before is finished from the other set:
+ *               its slot handed back, its causal mask, score scale and max
+ *               or log-sum-exp (cu_pfi_reduce), its block score to the
  *               CTA's workspace rows.  After the item's blocks the eight
  *               warps select (or keep a split's candidates and merge), as
  *               the portable kernel does.
  * Every key page is read once per tile of 128 rows (twice the rows of the
  * portable kernel's tiles), the copies run ahead of the products by the
- * ring's depth, and while one consumer group reduces its scores the other's
- * products run.
+ * ring's depth, and a group's reductions run while its own next products
+ * (and the other group's) are on the tensor cores.
  */
 #include "cuda/kernels/indexer/indexer_prefill_tma_sm90.cuh"
 #include "cuda/kernels/indexer/indexer_prefill.cuh"
 #include "cuda/kernels/attention/rows_mma.cuh"
 #include "cuda/arch/tma_sm90.cuh"
+#include "cuda/arch/launch.cuh"
 
 #define PFIT_CONSUMER_WARPS 8
-/* Nine warps and no register reallocation (setmaxnreg works per
- * warpgroup, and the producer is one warp): nine warps are three per SM
- * sub-partition, which caps every thread at 168 registers; the consumers
- * use them (their queries, two halves of a page's scores, the selection). */
-#define PFIT_THREADS ((PFIT_CONSUMER_WARPS + 1) * 32)
+/* Three warpgroups: registers move per warpgroup (setmaxnreg), so the
+ * producer takes a whole one and keeps few; the consumers hold their
+ * queries (32 registers) and two sets of a block's 64 scores (128). */
+#define PFIT_THREADS ((PFIT_CONSUMER_WARPS + 4) * 32)
+#define PFIT_PRODUCER_REGS 40
+#define PFIT_CONSUMER_REGS 232
+static_assert(4 * 32 * PFIT_PRODUCER_REGS + PFIT_CONSUMER_WARPS * 32 * PFIT_CONSUMER_REGS <=
+                  CU_LAUNCH_REGS(PFIT_THREADS) * PFIT_THREADS,
+              "the CTA's registers hold the producer and the consumers");
 /* A stage: one page of PFIT_KEYS index keys of PFIT_DIM 16-bit values, as
  * two boxes of PFIT_BOX_COLS columns (one 128-byte swizzle row each). */
 #define PFIT_KEYS 128
@@ -123,47 +128,83 @@ __device__ void cu_pfit_producer(const cu_pfidx_params &p, const cu_pfit_smem_t 
     }
 }
 
-/* Starts S = Q K^T for the group's 64 rows against keys 64h .. 64h + 63
- * of the slot (rows 64h on of each box), one committed group of products;
- * the caller waits for it (cu_wgmma_wait_one / _all, then cu_wgmma_hold).
- * Products of 64 keys, not 128, keep a thread's scores of one half at 32
- * registers: both halves and the queries in registers stay within the 168
- * registers that three warps of a CTA of nine per SM sub-partition leave. */
+/* Starts S = Q K^T of the group's 64 rows against the slot's 128 keys as
+ * 8 wgmma.m64n128k16 (keys as N), one committed group of products; the
+ * caller waits for it (cu_wgmma_wait_one / _all) and then finishes it. */
 template <typename Tag>
-__device__ __forceinline__ void cu_pfit_qk(uint32_t ka, int h, const uint32_t (&qa)[8][4],
-                                           float (&sc)[8][4])
+__device__ __forceinline__ void cu_pfit_qk(uint32_t ka, const uint32_t (&qa)[8][4],
+                                           float (&sc)[16][4])
 {
-    const uint32_t kh = ka + (uint32_t)h * (PFIT_KEYS / 2) * 128u;
+    cu_wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-        const uint32_t at = kh + (uint32_t)(ks >> 2) * PFIT_BOX_BYTES + (uint32_t)(ks & 3) * 32u;
-        if (ks == 0)
-            cu_wgmma_m64n64k16_first(sc, qa[ks], cu_wgmma_desc(at, 16), Tag());
-        else
-            cu_wgmma_m64n64k16(sc, qa[ks], cu_wgmma_desc(at, 16), 1, Tag());
+        const uint32_t at = ka + (uint32_t)(ks >> 2) * PFIT_BOX_BYTES + (uint32_t)(ks & 3) * 32u;
+        cu_wgmma_m64n128k16<0>(sc, qa[ks], cu_wgmma_desc(at, 16), ks != 0, Tag());
     }
     cu_wgmma_commit();
 }
 
-/* One half's scores (keys k0 .. k0 + 63) into the rows' running states. */
-__device__ __forceinline__ void cu_pfit_reduce_half(const cu_pfidx_params &p,
-                                                    const float (&acc)[8][4], int32_t k0,
-                                                    int32_t pos_lo, int32_t pos_hi, bool full,
-                                                    float &m_lo, float &l_lo, float &m_hi,
-                                                    float &l_hi)
+/* The rows of this thread and what masks them, fixed for an item. */
+typedef struct cu_pfit_rows {
+    int32_t row_lo, row_hi; /* tile rows (row_hi = row_lo + 8) */
+    int32_t pos_lo, pos_hi; /* their tokens' positions */
+    int32_t pos_first;      /* the position of the group's first token */
+    bool ok_lo, ok_hi;      /* rows of the item */
+} cu_pfit_rows;
+
+/* Waits for the ring slot of position gs and starts the products of the
+ * page in it. */
+template <typename Tag>
+__device__ __forceinline__ void cu_pfit_issue(const cu_pfit_smem_t &sm, uint32_t gs,
+                                              const uint32_t (&qa)[8][4], float (&sc)[16][4])
 {
+    const int s = (int)(gs % PFIT_STAGES);
+    cu_mbar_wait(&sm.full[s], (gs / PFIT_STAGES) & 1u);
+    cu_pfit_qk<Tag>(cu_smem_addr(sm.ring + s * PFIT_STAGE_BYTES), qa, sc);
+}
+
+/* Block c's products (ring position gs) have ended: hands the slot back,
+ * reduces the two halves of its keys into the rows' block scores and
+ * writes them to the CTA's workspace rows. */
+__device__ __forceinline__ void cu_pfit_finish(const cu_pfidx_params &p, const cu_pfit_smem_t &sm,
+                                               float (&sc)[16][4], int32_t c, uint32_t gs,
+                                               const cu_pfit_rows &rw, float *scratch)
+{
+    cu_wgmma_hold(sc);
+    cu_mbar_arrive(&sm.empty[gs % PFIT_STAGES]); /* the products have read the slot */
+    const int32_t key0 = c * PFIT_KEYS;
+    /* The whole block visible to the group's first (so every) row. */
+    const bool full = key0 + PFIT_KEYS - 1 <= rw.pos_first;
+    float m_lo = -INFINITY, l_lo = 0.0f, m_hi = -INFINITY, l_hi = 0.0f;
     if (p.score_lse) {
-        cu_pfi_reduce<true>(acc, 0, k0, pos_lo, full, p.iscale, m_lo, l_lo);
-        cu_pfi_reduce<true>(acc, 1, k0, pos_hi, full, p.iscale, m_hi, l_hi);
+        cu_pfi_reduce<true, 0>(sc, 0, key0, rw.pos_lo, full, p.iscale, m_lo, l_lo);
+        cu_pfi_reduce<true, 0>(sc, 1, key0, rw.pos_hi, full, p.iscale, m_hi, l_hi);
+        cu_pfi_reduce<true, 8>(sc, 0, key0 + 64, rw.pos_lo, full, p.iscale, m_lo, l_lo);
+        cu_pfi_reduce<true, 8>(sc, 1, key0 + 64, rw.pos_hi, full, p.iscale, m_hi, l_hi);
+        m_lo = cu_lse_value(m_lo, l_lo);
+        m_hi = cu_lse_value(m_hi, l_hi);
     } else {
-        cu_pfi_reduce<false>(acc, 0, k0, pos_lo, full, p.iscale, m_lo, l_lo);
-        cu_pfi_reduce<false>(acc, 1, k0, pos_hi, full, p.iscale, m_hi, l_hi);
+        cu_pfi_reduce<false, 0>(sc, 0, key0, rw.pos_lo, full, p.iscale, m_lo, l_lo);
+        cu_pfi_reduce<false, 0>(sc, 1, key0, rw.pos_hi, full, p.iscale, m_hi, l_hi);
+        cu_pfi_reduce<false, 8>(sc, 0, key0 + 64, rw.pos_lo, full, p.iscale, m_lo, l_lo);
+        cu_pfi_reduce<false, 8>(sc, 1, key0 + 64, rw.pos_hi, full, p.iscale, m_hi, l_hi);
+    }
+    if ((threadIdx.x & 3) == 0) {
+        if (rw.ok_lo)
+            scratch[(int64_t)rw.row_lo * p.cap_blocks + c] = m_lo;
+        if (rw.ok_hi)
+            scratch[(int64_t)rw.row_hi * p.cap_blocks + c] = m_hi;
     }
 }
 
 /* The block scores of the item's blocks [b0, b1) for this thread's rows
  * into the CTA's workspace rows.  gs: the ring position (the consumers
- * and the producer count the same blocks). */
+ * and the producer count the same blocks).  Two accumulator sets take
+ * the blocks in turn: block c + 1's products are issued before block c
+ * is finished, so one set's products are always in flight.  The loop
+ * body issues unconditionally (two blocks a round, each set's registers
+ * named at compile time); the last one or two blocks are finished after
+ * it. */
 template <typename Tag>
 __device__ __forceinline__ void cu_pfit_scores(const cu_pfidx_params &p, const cu_pfit_smem_t &sm,
                                                const cu_pfi_item &it, float *scratch, uint32_t &gs)
@@ -172,53 +213,52 @@ __device__ __forceinline__ void cu_pfit_scores(const cu_pfidx_params &p, const c
     const int warp = threadIdx.x >> 5;
     const int wg = warp >> 2;
     const int32_t nrow = it.ntok * p.Hi;
-    const int32_t row_lo = warp * 16 + (lane >> 2), row_hi = row_lo + 8;
-    const bool ok_lo = row_lo < nrow, ok_hi = row_hi < nrow;
-    const int32_t pos_lo = it.base + row_lo / p.Hi, pos_hi = it.base + row_hi / p.Hi;
+    cu_pfit_rows rw;
+    rw.row_lo = warp * 16 + (lane >> 2);
+    rw.row_hi = rw.row_lo + 8;
+    rw.ok_lo = rw.row_lo < nrow;
+    rw.ok_hi = rw.row_hi < nrow;
+    rw.pos_lo = it.base + rw.row_lo / p.Hi;
+    rw.pos_hi = it.base + rw.row_hi / p.Hi;
+    rw.pos_first = it.base + (wg * PFIT_GROUP_ROWS) / p.Hi;
     /* Whether the group has rows (uniform over the group: its products
-     * are collective), and the position of its first token. */
-    const bool active = wg * PFIT_GROUP_ROWS < nrow;
-    const int32_t pos_first = it.base + (wg * PFIT_GROUP_ROWS) / p.Hi;
+     * are collective). */
+    if (wg * PFIT_GROUP_ROWS >= nrow) {
+        for (int32_t c = it.b0; c < it.b1; ++c, ++gs) {
+            const int s = (int)(gs % PFIT_STAGES);
+            cu_mbar_wait(&sm.full[s], (gs / PFIT_STAGES) & 1u);
+            cu_mbar_arrive(&sm.empty[s]);
+        }
+        return;
+    }
+    if (it.b0 >= it.b1)
+        return;
     const int64_t q0 = (int64_t)it.t0 * p.Hi;
     uint32_t qa[8][4];
-    cu_rows_load_q(p.iq, q0 + row_lo, q0 + row_hi, ok_lo, ok_hi, qa);
-    for (int32_t c = it.b0; c < it.b1; ++c, ++gs) {
-        const int s = (int)(gs % PFIT_STAGES);
-        const uint32_t par = (gs / PFIT_STAGES) & 1u;
-        cu_mbar_wait(&sm.full[s], par);
-        if (!active) {
-            cu_mbar_arrive(&sm.empty[s]);
-            continue;
-        }
-        const uint32_t ka = cu_smem_addr(sm.ring + s * PFIT_STAGE_BYTES);
-        /* The whole block visible to the group's first (so every) row. */
-        const int32_t key0 = c * PFIT_KEYS;
-        const bool full = key0 + PFIT_KEYS - 1 <= pos_first;
-        float m_lo = -INFINITY, l_lo = 0.0f, m_hi = -INFINITY, l_hi = 0.0f;
-        /* Both halves' products issued, the first half reduced while the
-         * second's run on the tensor cores. */
-        float acc0[8][4], acc1[8][4];
-        cu_wgmma_fence();
-        cu_pfit_qk<Tag>(ka, 0, qa, acc0);
-        cu_pfit_qk<Tag>(ka, 1, qa, acc1);
+    cu_rows_load_q(p.iq, q0 + rw.row_lo, q0 + rw.row_hi, rw.ok_lo, rw.ok_hi, qa);
+    float sa[16][4], sb[16][4];
+    int32_t c = it.b0;
+    cu_pfit_issue<Tag>(sm, gs, qa, sa);
+    /* In flight at the top of a round: block c in sa. */
+    for (; c + 2 < it.b1; c += 2, gs += 2) {
+        cu_pfit_issue<Tag>(sm, gs + 1, qa, sb);
         cu_wgmma_wait_one();
-        cu_wgmma_hold(acc0);
-        cu_pfit_reduce_half(p, acc0, key0, pos_lo, pos_hi, full, m_lo, l_lo, m_hi, l_hi);
+        cu_pfit_finish(p, sm, sa, c, gs, rw, scratch);
+        cu_pfit_issue<Tag>(sm, gs + 2, qa, sa);
+        cu_wgmma_wait_one();
+        cu_pfit_finish(p, sm, sb, c + 1, gs + 1, rw, scratch);
+    }
+    if (c + 1 < it.b1) {
+        cu_pfit_issue<Tag>(sm, gs + 1, qa, sb);
+        cu_wgmma_wait_one();
+        cu_pfit_finish(p, sm, sa, c, gs, rw, scratch);
         cu_wgmma_wait_all();
-        cu_wgmma_hold(acc1);
-        cu_mbar_arrive(&sm.empty[s]); /* the products have read the slot */
-        cu_pfit_reduce_half(p, acc1, key0 + PFIT_KEYS / 2, pos_lo, pos_hi, full, m_lo, l_lo, m_hi,
-                            l_hi);
-        if (p.score_lse) {
-            m_lo = cu_lse_value(m_lo, l_lo);
-            m_hi = cu_lse_value(m_hi, l_hi);
-        }
-        if ((lane & 3) == 0) {
-            if (ok_lo)
-                scratch[(int64_t)row_lo * p.cap_blocks + c] = m_lo;
-            if (ok_hi)
-                scratch[(int64_t)row_hi * p.cap_blocks + c] = m_hi;
-        }
+        cu_pfit_finish(p, sm, sb, c + 1, gs + 1, rw, scratch);
+        gs += 2;
+    } else {
+        cu_wgmma_wait_all();
+        cu_pfit_finish(p, sm, sa, c, gs, rw, scratch);
+        gs += 1;
     }
 }
 
@@ -273,11 +313,17 @@ __global__ void __launch_bounds__(PFIT_THREADS, 1)
     if (warp == PFIT_CONSUMER_WARPS && (threadIdx.x & 31) == 0)
         cu_tma_prefetch_map(&map);
     __syncthreads();
-    const int32_t S = cu_pfi_splits(p, (int32_t)gridDim.x);
-    if (warp == PFIT_CONSUMER_WARPS)
-        cu_pfit_producer(p, cu_pfit_smem_of(smem_raw), &map, S);
-    else
-        cu_pfit_consumer<Tag>(p, cu_pfit_smem_of(smem_raw), S);
+    /* Each side computes its state after its register change: nothing is
+     * live across it (ptxas would keep such values in local memory). */
+    if (warp >= PFIT_CONSUMER_WARPS) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PFIT_PRODUCER_REGS));
+        if (warp == PFIT_CONSUMER_WARPS)
+            cu_pfit_producer(p, cu_pfit_smem_of(smem_raw), &map,
+                             cu_pfi_splits(p, (int32_t)gridDim.x));
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(PFIT_CONSUMER_REGS));
+        cu_pfit_consumer<Tag>(p, cu_pfit_smem_of(smem_raw), cu_pfi_splits(p, (int32_t)gridDim.x));
+    }
 #else
     (void)p;
     (void)map;
