@@ -196,10 +196,18 @@ __device__ __forceinline__ void cu_tma_prefetch_map(const CUtensorMap *map)
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
 }
 
-/* Barrier among the first `threads` threads of the CTA (id 1..15). */
+/* Barrier id (1..15) of `threads` threads (whole warps): waits until that
+ * many have arrived, this warp's included. */
 __device__ __forceinline__ void cu_named_sync(int id, int threads)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/* Arrives on barrier id (1..15) of `threads` threads without waiting: the
+ * threads that wait there (cu_named_sync) go on once the count is met. */
+__device__ __forceinline__ void cu_named_arrive(int id, int threads)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 #endif /* sm_90+ */

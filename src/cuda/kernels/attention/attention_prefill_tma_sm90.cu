@@ -43,8 +43,8 @@
  * producer takes a whole one (its first warp works, the others end) and
  * gives most of its registers to the consumers (setmaxnreg). */
 #define PFH_THREADS ((PFH_CONSUMER_WARPS + 4) * 32)
-#define PFH_PRODUCER_REGS 64
-#define PFH_CONSUMER_REGS 216
+#define PFH_PRODUCER_REGS 40
+#define PFH_CONSUMER_REGS 232
 static_assert(4 * 32 * PFH_PRODUCER_REGS + PFH_CONSUMER_WARPS * 32 * PFH_CONSUMER_REGS <=
                   CU_LAUNCH_REGS(PFH_THREADS) * PFH_THREADS,
               "the CTA's registers hold the producer and the consumers");
@@ -73,10 +73,11 @@ static_assert(PFH_STAGES >= 2,
 static_assert(PFH_FIXED_BYTES <= PFH_SMEM_LIMIT, "the ring exceeds shared memory");
 
 /* Shared memory of a launch: the fixed part and the producer's staging of
- * the tile's selection rows (sparse). */
+ * the tile's selection rows and of their union (sparse). */
 static size_t cu_pfh_smem(int32_t tt, int32_t W, int sparse)
 {
-    return (size_t)PFH_FIXED_BYTES + (sparse ? (size_t)tt * (size_t)W * 4 : 0);
+    const size_t n = (size_t)tt * (size_t)W;
+    return (size_t)PFH_FIXED_BYTES + (sparse ? ((n + 1) & ~(size_t)1) * 4 + n * 8 : 0);
 }
 
 /* One work item as the CTA sees it. */
@@ -109,11 +110,13 @@ typedef struct cu_pfh_smem_t {
     uint64_t *full_k, *full_v, *empty, *tail;
     int4 *meta;     /* per slot: first position, token bits, last (1: ends the item) */
     int32_t *stage; /* [tt * W] the tile's selection rows (producer) */
+    int2 *list;     /* [tt * W] their union: block id, bits of the tokens that chose it */
 } cu_pfh_smem_t;
 
 /* The layout: the ring (1024-byte aligned, as the 128-byte swizzle's
- * atoms must be), the barriers, the metas, the staging area. */
-__device__ __forceinline__ cu_pfh_smem_t cu_pfh_smem_of(unsigned char *raw)
+ * atoms must be), the barriers, the metas, the staging area and the union
+ * list (tt x W entries each; the list 8-byte aligned). */
+__device__ __forceinline__ cu_pfh_smem_t cu_pfh_smem_of(unsigned char *raw, int32_t n)
 {
     cu_pfh_smem_t sm;
     sm.ring = (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
@@ -123,6 +126,7 @@ __device__ __forceinline__ cu_pfh_smem_t cu_pfh_smem_of(unsigned char *raw)
     sm.tail = sm.empty + PFH_STAGES;
     sm.meta = (int4 *)(sm.tail + 1);
     sm.stage = (int32_t *)(sm.meta + PFH_STAGES);
+    sm.list = (int2 *)(sm.stage + ((n + 1) & ~1));
     return sm;
 }
 
@@ -232,40 +236,107 @@ __device__ void cu_pfh_producer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
                          kv_len);
         return;
     }
-    /* The tokens' rows into the staging area, then the merge. */
-    const int32_t n = it.ntok * p.W;
-    for (int32_t e = lane; e < n; e += 32) {
-        const int32_t tok = e / p.W;
-        sm.stage[e] = p.sel[((int64_t)(it.t0 + tok) * p.hkv + it.g) * p.W + (e - tok * p.W)];
+    /* The tokens' rows into the staging area, their merge into the union
+     * list (block id, bits of the tokens that chose it), then the copies:
+     * the merge and the copies in one loop would need more than the
+     * producer's registers. */
+    for (int32_t tok = 0; tok < it.ntok; ++tok) {
+        const int32_t *src = p.sel + ((int64_t)(it.t0 + tok) * p.hkv + it.g) * p.W;
+#pragma unroll 1
+        for (int32_t c = lane; c < p.W; c += 32)
+            sm.stage[tok * p.W + c] = src[c];
     }
     __syncwarp();
-    const int32_t *row = sm.stage + lane * p.W;
-    int32_t i = 0;
-    int32_t h = lane < it.ntok && p.W > 0 && row[0] >= 0 ? row[0] : INT32_MAX;
-    /* The current block (its id, tokens, page), issued once the next one is
-     * known (whether it is the last). */
-    int32_t cur = __reduce_min_sync(0xffffffffu, h);
-    if (cur == INT32_MAX) { /* no block at all: the end marker alone */
+    int2 *list = sm.list;
+    int32_t nu = 0;
+    {
+        const int32_t *row = sm.stage + lane * p.W;
+        int32_t i = 0;
+        int32_t h = lane < it.ntok && p.W > 0 && row[0] >= 0 ? row[0] : INT32_MAX;
+        for (int32_t cur = __reduce_min_sync(0xffffffffu, h); cur != INT32_MAX;
+             cur = __reduce_min_sync(0xffffffffu, h)) {
+            const uint32_t bits = __ballot_sync(0xffffffffu, h == cur);
+            if (lane == 0)
+                list[nu] = make_int2(cur, (int32_t)(bits & all));
+            ++nu;
+            if (h == cur) {
+                ++i;
+                h = i < p.W && row[i] >= 0 ? row[i] : INT32_MAX;
+            }
+        }
+    }
+    __syncwarp();
+    if (nu == 0) { /* no block at all: the end marker alone */
         cu_pfh_issue(p, sm, pr, map_k, map_v, it, -1, 0, 0u, 1, kv_len);
         return;
     }
-    for (;;) {
-        const uint32_t bits = __ballot_sync(0xffffffffu, h == cur);
-        const int32_t page = pt[cur];
-        if (h == cur) {
-            ++i;
-            h = i < p.W && row[i] >= 0 ? row[i] : INT32_MAX;
-        }
-        const int32_t next = __reduce_min_sync(0xffffffffu, h);
-        cu_pfh_issue(p, sm, pr, map_k, map_v, it, page, cur * PFH_KEYS, bits & all,
-                     next == INT32_MAX, kv_len);
-        if (next == INT32_MAX)
-            break;
-        cur = next;
+    for (int32_t u = 0; u < nu; ++u) {
+        const int2 e = list[u];
+        cu_pfh_issue(p, sm, pr, map_k, map_v, it, pt[e.x], e.x * PFH_KEYS, (uint32_t)e.y,
+                     u + 1 == nu, kv_len);
     }
 }
 
 /* ---- consumers ------------------------------------------------------------- */
+
+/* The two consumer groups take turns at issuing products (ping-pong): so
+ * that one group's softmax runs while the other's products are on the
+ * tensor cores, rather than both groups waiting for the same slot, issuing
+ * together and computing their softmax together while the tensor cores
+ * idle.  Group g waits for its turn on barrier PFH_TURN_BAR + g (its 128
+ * threads and the other group's 128 arrivals) and hands the turn on right
+ * after issuing.  Group 1 hands group 0 the first turn (cu_pfh_turns_begin)
+ * and group 0 takes the last hand-over back at the end (cu_pfh_turns_end),
+ * so that no arrival is left pending when the CTA ends. */
+#define PFH_TURN_BAR 1
+#define PFH_TURN_THREADS (PFH_CONSUMER_WARPS * 32)
+static_assert(PFH_CONSUMER_WARPS == 8, "the turns are those of two consumer warpgroups");
+
+__device__ __forceinline__ void cu_pfh_turn_wait(int wg)
+{
+    cu_named_sync(PFH_TURN_BAR + wg, PFH_TURN_THREADS);
+}
+
+__device__ __forceinline__ void cu_pfh_turn_pass(int wg)
+{
+    cu_named_arrive(PFH_TURN_BAR + (wg ^ 1), PFH_TURN_THREADS);
+}
+
+__device__ __forceinline__ void cu_pfh_turns_begin(int wg)
+{
+    if (wg == 1)
+        cu_pfh_turn_pass(wg);
+}
+
+__device__ __forceinline__ void cu_pfh_turns_end(int wg)
+{
+    if (wg == 0)
+        cu_pfh_turn_wait(wg);
+}
+
+/* One turn: the pending O += P V (weights pa of slot ps, its V of phase
+ * pv) issued and waited for, its slot handed back; without one, the turn
+ * is passed on at once. */
+template <typename Tag>
+__device__ __forceinline__ void cu_pfh_pv_pending(const cu_pfh_smem_t &sm, int wg,
+                                                  uint32_t (&pa)[8][4], float (&o)[16][4], int &ps,
+                                                  uint32_t pv)
+{
+    if (ps >= 0) {
+        cu_mbar_wait(&sm.full_v[ps], pv);
+        cu_pfh_turn_wait(wg);
+        cu_pfh_pv_issue<Tag>(cu_smem_addr(sm.ring + ps * PFH_STAGE_BYTES) + PFH_TILE_BYTES, pa, o);
+        cu_pfh_turn_pass(wg);
+        cu_wgmma_wait_all();
+        cu_wgmma_hold(o);
+        cu_pfh_hold_a(pa);
+        cu_mbar_arrive(&sm.empty[ps]);
+        ps = -1;
+    } else {
+        cu_pfh_turn_wait(wg);
+        cu_pfh_turn_pass(wg);
+    }
+}
 
 template <typename Tag>
 __device__ void cu_pfh_consumer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
@@ -310,6 +381,17 @@ __device__ void cu_pfh_consumer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
     float o[16][4], m_lo, m_hi, l_lo, l_hi;
     cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
 
+    /* The products run one block apart: block j's S = Q K^T and block
+     * j-1's O += P V are issued together in the group's turn (cu_pfh_turn),
+     * then block j's softmax runs while the other group's products are on
+     * the tensor cores.  pa holds the pending weights, ps their slot (-1:
+     * none) and pv its V's phase.  Every block is one turn of each group
+     * (with products or without), so both groups take the same turns.
+     * Each branch waits for the products it issues (ptxas serializes
+     * products whose wait lies in another branch). */
+    uint32_t pa[8][4];
+    int ps = -1;
+    uint32_t pv = 0u;
     for (;;) {
         const int s = (int)(gs % PFH_STAGES);
         const uint32_t par = (gs / PFH_STAGES) & 1u;
@@ -317,23 +399,45 @@ __device__ void cu_pfh_consumer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
         cu_mbar_wait(&sm.full_k[s], par);
         const int4 mt = sm.meta[s];
         const uint32_t bits = (uint32_t)mt.y;
-        if ((bits & wbits) != 0u && mt.x <= wlast) {
-            const uint32_t ka = cu_smem_addr(sm.ring + s * PFH_STAGE_BYTES);
+        const bool use = (bits & wbits) != 0u && mt.x <= wlast;
+        const uint32_t ka = cu_smem_addr(sm.ring + s * PFH_STAGE_BYTES);
+        const int32_t lim_lo = (bits & tb_lo) ? pos_lo - mt.x : -1;
+        const int32_t lim_hi = (bits & tb_hi) ? pos_hi - mt.x : -1;
+        if (use) {
             float sc[16][4];
-            cu_pfh_qk<Tag>(ka, qa, sc);
-            const int32_t lim_lo = (bits & tb_lo) ? pos_lo - mt.x : -1;
-            const int32_t lim_hi = (bits & tb_hi) ? pos_hi - mt.x : -1;
+            if (ps >= 0) {
+                cu_mbar_wait(&sm.full_v[ps], pv);
+                cu_pfh_turn_wait(wg);
+                cu_pfh_qk_issue<Tag>(ka, qa, sc);
+                cu_pfh_pv_issue<Tag>(cu_smem_addr(sm.ring + ps * PFH_STAGE_BYTES) + PFH_TILE_BYTES,
+                                     pa, o);
+                cu_pfh_turn_pass(wg);
+                cu_wgmma_wait_all();
+                cu_wgmma_hold(sc);
+                cu_wgmma_hold(o);
+                cu_pfh_hold_a(pa);
+                cu_mbar_arrive(&sm.empty[ps]);
+            } else {
+                cu_pfh_turn_wait(wg);
+                cu_pfh_qk_issue<Tag>(ka, qa, sc);
+                cu_pfh_turn_pass(wg);
+                cu_wgmma_wait_all();
+                cu_wgmma_hold(sc);
+            }
             cu_pfh_softmax(sc, lim_lo, lim_hi, p.scale_log2, o, m_lo, m_hi, l_lo, l_hi);
-            cu_mbar_wait(&sm.full_v[s], par);
-            cu_pfh_pv<Tag>(ka + PFH_TILE_BYTES, sc, o);
+            cu_pfh_pack_p<Tag>(sc, pa);
+            ps = s;
+            pv = par;
         } else {
+            cu_pfh_pv_pending<Tag>(sm, wg, pa, o, ps, pv);
             /* The slot's V copy must have landed before it is handed back. */
             cu_mbar_wait(&sm.full_v[s], par);
+            cu_mbar_arrive(&sm.empty[s]);
         }
-        cu_mbar_arrive(&sm.empty[s]);
         if (mt.z)
             break;
     }
+    cu_pfh_pv_pending<Tag>(sm, wg, pa, o, ps, pv);
     cu_rows_sum_quads(l_lo, l_hi);
 
     const float inv_lo = cu_rows_inv(l_lo) * p.v_mul, inv_hi = cu_rows_inv(l_hi) * p.v_mul;
@@ -368,7 +472,7 @@ __global__ void __launch_bounds__(PFH_THREADS, 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
-        const cu_pfh_smem_t sm = cu_pfh_smem_of(smem_raw);
+        const cu_pfh_smem_t sm = cu_pfh_smem_of(smem_raw, p.tt * p.W);
         for (int s = 0; s < PFH_STAGES; ++s) {
             cu_mbar_init(&sm.full_k[s], 1);
             cu_mbar_init(&sm.full_v[s], 1);
@@ -391,7 +495,7 @@ __global__ void __launch_bounds__(PFH_THREADS, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PFH_PRODUCER_REGS));
         if (warp != PFH_CONSUMER_WARPS)
             return;
-        const cu_pfh_smem_t sm = cu_pfh_smem_of(smem_raw);
+        const cu_pfh_smem_t sm = cu_pfh_smem_of(smem_raw, p.tt * p.W);
         const int32_t per_tile = p.hkv * p.hchunks;
         const int64_t total = (int64_t)p.hdr->n_pf_tiles[CU_PFA_MAIN] * per_tile;
         cu_pfh_prod pr;
@@ -404,12 +508,15 @@ __global__ void __launch_bounds__(PFH_THREADS, 1)
         cu_pfh_tail_finish(sm, pr);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(PFH_CONSUMER_REGS));
-        const cu_pfh_smem_t sm = cu_pfh_smem_of(smem_raw);
+        const cu_pfh_smem_t sm = cu_pfh_smem_of(smem_raw, p.tt * p.W);
         const int32_t per_tile = p.hkv * p.hchunks;
         const int64_t total = (int64_t)p.hdr->n_pf_tiles[CU_PFA_MAIN] * per_tile;
         uint32_t gs = 0;
+        const int wg = (int)(threadIdx.x >> 7);
+        cu_pfh_turns_begin(wg);
         for (int64_t w = blockIdx.x; w < total; w += gridDim.x)
             cu_pfh_consumer<Tag>(p, sm, cu_pfh_item_of(p, w, per_tile), gs);
+        cu_pfh_turns_end(wg);
     }
 #else
     (void)p;

@@ -47,11 +47,12 @@ __device__ __forceinline__ void cu_pfh_load_page(uint32_t dst, const CUtensorMap
                          (b & 1) * PFH_BOX_ROWS, head, page, bar);
 }
 
-/* S = Q K^T for the group's 64 rows against the block's 128 keys (K-major
- * in the slot: dimensions 0-63 in the first 16 KB, 64-127 in the next). */
+/* Issues S = Q K^T for the group's 64 rows against the block's 128 keys
+ * (K-major in the slot: dimensions 0-63 in the first 16 KB, 64-127 in the
+ * next) as one committed group of products; sc is theirs until a wait. */
 template <typename Tag>
-__device__ __forceinline__ void cu_pfh_qk(uint32_t ka, const uint32_t (&qa)[8][4],
-                                          float (&sc)[16][4])
+__device__ __forceinline__ void cu_pfh_qk_issue(uint32_t ka, const uint32_t (&qa)[8][4],
+                                                float (&sc)[16][4])
 {
     cu_wgmma_fence();
 #pragma unroll
@@ -61,18 +62,23 @@ __device__ __forceinline__ void cu_pfh_qk(uint32_t ka, const uint32_t (&qa)[8][4
         cu_wgmma_m64n128k16<0>(sc, qa[ks], cu_wgmma_desc(at, 16), ks > 0, Tag());
     }
     cu_wgmma_commit();
+}
+
+/* S = Q K^T as above, waited for. */
+template <typename Tag>
+__device__ __forceinline__ void cu_pfh_qk(uint32_t ka, const uint32_t (&qa)[8][4],
+                                          float (&sc)[16][4])
+{
+    cu_pfh_qk_issue<Tag>(ka, qa, sc);
     cu_wgmma_wait_all();
     cu_wgmma_hold(sc);
 }
 
-/* O += P V (ADD) or O = P V: the weights rounded to the 16-bit type (the
- * S accumulators' layout is the A fragments' already) against V read
- * MN-major: 16 keys per step (2048 bytes), dimensions 64-127 16 KB after
- * 0-63. */
-template <typename Tag, bool ADD = true>
-__device__ __forceinline__ void cu_pfh_pv(uint32_t va, const float (&pw)[16][4], float (&o)[16][4])
+/* The weights rounded to the 16-bit type: the S accumulators' layout is
+ * the A fragments' already. */
+template <typename Tag>
+__device__ __forceinline__ void cu_pfh_pack_p(const float (&pw)[16][4], uint32_t (&pa)[8][4])
 {
-    uint32_t pa[8][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
         pa[kk][0] = cu_pack2(pw[2 * kk][0], pw[2 * kk][1], Tag());
@@ -80,6 +86,26 @@ __device__ __forceinline__ void cu_pfh_pv(uint32_t va, const float (&pw)[16][4],
         pa[kk][2] = cu_pack2(pw[2 * kk + 1][0], pw[2 * kk + 1][1], Tag());
         pa[kk][3] = cu_pack2(pw[2 * kk + 1][2], pw[2 * kk + 1][3], Tag());
     }
+}
+
+/* Keeps the compiler from reusing the registers of A fragments that an
+ * issued product still reads (until its wait). */
+__device__ __forceinline__ void cu_pfh_hold_a(uint32_t (&pa)[8][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+        asm volatile(""
+                     : "+r"(pa[kk][0]), "+r"(pa[kk][1]), "+r"(pa[kk][2]),
+                       "+r"(pa[kk][3])::"memory");
+}
+
+/* Issues O += P V (ADD) or O = P V as one committed group of products, V
+ * read MN-major: 16 keys per step (2048 bytes), dimensions 64-127 16 KB
+ * after 0-63.  o and pa are the products' until a wait. */
+template <typename Tag, bool ADD = true>
+__device__ __forceinline__ void cu_pfh_pv_issue(uint32_t va, const uint32_t (&pa)[8][4],
+                                                float (&o)[16][4])
+{
     cu_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
@@ -87,6 +113,15 @@ __device__ __forceinline__ void cu_pfh_pv(uint32_t va, const float (&pw)[16][4],
                                cu_wgmma_desc(va + (uint32_t)kk * 2048u, PFH_TILE_BYTES / 2),
                                ADD || kk > 0, Tag());
     cu_wgmma_commit();
+}
+
+/* O += P V (ADD) or O = P V from the weights pw, waited for. */
+template <typename Tag, bool ADD = true>
+__device__ __forceinline__ void cu_pfh_pv(uint32_t va, const float (&pw)[16][4], float (&o)[16][4])
+{
+    uint32_t pa[8][4];
+    cu_pfh_pack_p<Tag>(pw, pa);
+    cu_pfh_pv_issue<Tag, ADD>(va, pa, o);
     cu_wgmma_wait_all();
     cu_wgmma_hold(o);
 }
