@@ -4,12 +4,14 @@
  * for what it serves and docs/PREFILL.md for the design.
  *
  * One CTA per SM walks the work items (tile of tokens x KV head x chunk of
- * query heads, the same items as the portable kernel).  Nine warps:
- *   warp 8      the producer: walks the item's key stream, one 128-key
- *               block (one page of one KV head: a [128][128] tile) at a
- *               time, and copies its K and V into a ring slot (four boxes
- *               each), with the slot's meta: the block's first position,
- *               the tokens that selected it, whether it ends the item;
+ * query heads, the same items as the portable kernel).  Three warpgroups:
+ *   warp 8      the producer (the other warps of its group end at once and
+ *               give their registers to the consumers): walks the item's
+ *               key stream, one 128-key block (one page of one KV head: a
+ *               [128][128] tile) at a time, and copies its K and V into a
+ *               ring slot (four boxes each), with the slot's meta: the
+ *               block's first position, the tokens that selected it,
+ *               whether it ends the item;
  *   warps 0-7   two consumer warpgroups, group h owning tile rows
  *               64h .. 64h + 63 (row = token x heads + head: four tokens
  *               of 16 heads for M3).  Per block: S = Q K^T (wgmma
@@ -17,15 +19,18 @@
  *               and the online softmax in registers, P rounded to the
  *               16-bit type in registers and O += P V (wgmma, P as the A
  *               operand from registers, V read MN-major from the slot).
+ *               Block j's S and block j-1's O += P V are issued together
+ *               in the group's turn; the two groups take turns (one
+ *               group's softmax runs while the other's products do).
  * Sparse: the stream is the union of the tile's tokens' selected blocks;
  * the producer merges the tokens' ascending rows (lane = token: warp min,
- * ballot of the lanes holding it, those lanes advance), so each block comes
- * with the bits of the tokens that chose it.  Dense: blocks 0 to the tile's
- * last position's.  A key counts for a row when its token chose the block
- * and the key's position is at most the token's (the causal mask, which
- * also covers the local block and the tile's later tokens).  A group none
- * of whose rows use a block skips its products.  Output rows and LSE are
- * written once (prefill rows are never split).
+ * ballot of the lanes holding it, those lanes advance) into a list, so each
+ * block comes with the bits of the tokens that chose it.  Dense: blocks 0
+ * to the tile's last position's.  A key counts for a row when its token
+ * chose the block and the key's position is at most the token's (the
+ * causal mask, which also covers the local block and the tile's later
+ * tokens).  A group none of whose rows use a block skips its products.
+ * Output rows and LSE are written once (prefill rows are never split).
  *
  * Rows at and past the request's kv_len in its last page are stale cache
  * contents: their scores are masked, and the producer zeroes that page's
