@@ -387,9 +387,9 @@ __device__ void cu_pfh_consumer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
     cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
 
     /* The products run one block apart: block j's S = Q K^T and block
-     * j-1's O += P V are issued together in the group's turn (cu_pfh_turn),
-     * then block j's softmax runs while the other group's products are on
-     * the tensor cores.  pa holds the pending weights, ps their slot (-1:
+     * j-1's O += P V are issued together in the group's turn (between
+     * cu_pfh_turn_wait and cu_pfh_turn_pass), then block j's softmax runs
+     * while the other group's products are on the tensor cores.  pa holds the pending weights, ps their slot (-1:
      * none) and pv its V's phase.  Every block is one turn of each group
      * (with products or without), so both groups take the same turns.
      * Each branch waits for the products it issues (ptxas serializes
