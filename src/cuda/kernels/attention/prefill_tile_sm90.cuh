@@ -64,16 +64,6 @@ __device__ __forceinline__ void cu_pfh_qk_issue(uint32_t ka, const uint32_t (&qa
     cu_wgmma_commit();
 }
 
-/* S = Q K^T as above, waited for. */
-template <typename Tag>
-__device__ __forceinline__ void cu_pfh_qk(uint32_t ka, const uint32_t (&qa)[8][4],
-                                          float (&sc)[16][4])
-{
-    cu_pfh_qk_issue<Tag>(ka, qa, sc);
-    cu_wgmma_wait_all();
-    cu_wgmma_hold(sc);
-}
-
 /* The weights rounded to the 16-bit type: the S accumulators' layout is
  * the A fragments' already. */
 template <typename Tag>
