@@ -25,7 +25,7 @@ set -u
 #   kind of activation);
 # - the Hopper prefill indexer's consumers (232 registers: two sets of a
 #   block's scores and the queries) keep one or two scalars in local
-#   memory, loaded about once a block of 16 warpgroup products (read in the
+#   memory, loaded about once a page of 8 warpgroup products (read in the
 #   SASS: 11 stores and 21 loads in all); at 240 registers the producer,
 #   left with 24, spills as much instead.
 # Any other spill fails, and so does one of these past its bounds.
