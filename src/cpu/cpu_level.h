@@ -111,6 +111,14 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
 #else
 #define MSA_CPU_LEVEL_DOT "fp32 dot products on widened keys"
 #endif
+/* The index scan of decode and verify rows (cpu_indexer_impl.h): the
+ * widening rows where the level has them (before bf16 dot products, which
+ * scan slower there), else the level's dot products. */
+#if MSA_CPU_DECODE_ROWS
+#define MSA_CPU_LEVEL_INDEX_DOT "fp32 dot products on keys widened in registers"
+#else
+#define MSA_CPU_LEVEL_INDEX_DOT MSA_CPU_LEVEL_DOT
+#endif
 /* What prefill rows run (cpu_blocked_impl.h) and their register block. */
 #define MSA_CPU_STR2(x) #x
 #define MSA_CPU_STR(x) MSA_CPU_STR2(x)
@@ -127,7 +135,7 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
 
 const msa_cpu_kernels MSA_CPU_LEVEL_TABLE = {
     .isa = MSA_CPU_LEVEL_ISA,
-    .indexer = MSA_CPU_LEVEL_NAME ": " MSA_CPU_LEVEL_DOT MSA_CPU_LEVEL_PREFILL,
+    .indexer = MSA_CPU_LEVEL_NAME ": " MSA_CPU_LEVEL_INDEX_DOT MSA_CPU_LEVEL_PREFILL,
     .attention = MSA_CPU_LEVEL_NAME ": " MSA_CPU_LEVEL_DOT MSA_CPU_LEVEL_PREFILL,
     .gather = MSA_CPU_LEVEL_NAME ": vector widening of bf16/fp16 rows, next block prefetched",
     .score_task = score_task,
