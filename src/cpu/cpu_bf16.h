@@ -16,27 +16,6 @@
 #define MSA_CPU_BF16_DOT_INSN "vdpbf16ps"
 #include <immintrin.h>
 
-#include "cpu/cpu_math.h"
-
-/* out[j] = q . k[j] for 16 consecutive bf16 rows of `dim` (a multiple of 32). */
-static inline void msa_dot16_rows_bf16(float *out, const uint16_t *q, const uint16_t *k, int dim)
-{
-    msa_v16 p[16];
-    __m512 acc[16];
-    for (int j = 0; j < 16; j++)
-        acc[j] = _mm512_setzero_ps();
-    for (int d = 0; d < dim; d += 32) {
-        const __m512bh qd = (__m512bh)_mm512_loadu_si512((const void *)(q + d));
-        for (int j = 0; j < 16; j++)
-            acc[j] = _mm512_dpbf16_ps(acc[j], qd,
-                                      (__m512bh)_mm512_loadu_si512(
-                                          (const void *)(k + (int64_t)j * dim + d)));
-    }
-    for (int j = 0; j < 16; j++)
-        memcpy(&p[j], &acc[j], sizeof p[j]);
-    msa_v16_transpose_sum(out, p);
-}
-
 /* s[j][h] = scale * (k[j] . q[h]) for keys j < n and heads h < gp (a
  * multiple of 16).  qt2 holds the queries as bf16 pairs along the head
  * dimension: qt2[d/2][h] = (q[h][d], q[h][d+1]). */

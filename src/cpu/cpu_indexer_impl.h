@@ -45,12 +45,11 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                         ch->row0 * Hi * Di * (int64_t)msa_dtype_size(job->io->act_dtype);
     /* bf16 queries and keys: dot products straight from the stored bf16
      * values (no conversion pass), where the level has no widening rows
-     * (NEON-BF16).  On AVX512-BF16 the widening rows below scan faster
-     * than vdpbf16ps (32K decode on Zen 4: the sparse layer 0.6-0.75x the
-     * time), so those take bf16 keys too. */
-    const int bf16_dot = MSA_CPU_HAVE_BF16_DOT && !MSA_CPU_DECODE_ROWS &&
-                         job->io->act_dtype == MSA_DTYPE_BF16 && ik.dtype == MSA_DTYPE_BF16 &&
-                         Di % 32 == 0;
+     * (NEON-BF16: MSA_CPU_BF16_SCAN).  On AVX512-BF16 the widening rows
+     * below scan faster than vdpbf16ps (32K decode on Zen 4: the sparse
+     * layer 0.6-0.75x the time), so those take bf16 keys too. */
+    const int bf16_dot = MSA_CPU_BF16_SCAN && job->io->act_dtype == MSA_DTYPE_BF16 &&
+                         ik.dtype == MSA_DTYPE_BF16 && Di % 32 == 0;
     if (!bf16_dot) {
         level_convert(q, q_src, job->io->act_dtype, (int64_t)rows * Di);
     }
@@ -146,7 +145,7 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                         continue; /* keys after this token */
                     float *out16 = sr + (int64_t)rr * TW16 + jj;
                     const float *qr = q + (int64_t)rr * Di;
-#if MSA_CPU_HAVE_BF16_DOT
+#if MSA_CPU_BF16_SCAN
                     if (bf16_dot)
                         msa_dot16_rows_bf16(out16, (const uint16_t *)q_src + (int64_t)rr * Di,
                                             keys + (int64_t)jj * Di, Di);

@@ -31,6 +31,11 @@
 /* The decode rows' vector helpers (dr_widen: 16 or 8 bf16 to fp32 lanes). */
 #include "cpu/cpu_decode_rows.h"
 
+/* The index scan of decode and verify rows takes bf16 dot products only
+ * where the level has them and no widening rows (NEON-BF16); the widening
+ * rows scan faster where both exist (cpu_indexer_impl.h). */
+#define MSA_CPU_BF16_SCAN (MSA_CPU_HAVE_BF16_DOT && !MSA_CPU_DECODE_ROWS)
+
 /* dst[i] = src[i] as fp32.  Widening is exact in every format, so each
  * level computes the same values as msa_convert_to_f32 (up to the payload
  * of a NaN: F16C quiets a signalling one); only the instructions differ:
@@ -111,9 +116,8 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
 #else
 #define MSA_CPU_LEVEL_DOT "fp32 dot products on widened keys"
 #endif
-/* The index scan of decode and verify rows (cpu_indexer_impl.h): the
- * widening rows where the level has them (before bf16 dot products, which
- * scan slower there), else the level's dot products. */
+/* The index scan of decode and verify rows (MSA_CPU_BF16_SCAN above): the
+ * widening rows where the level has them, else the level's products. */
 #if MSA_CPU_DECODE_ROWS
 #define MSA_CPU_LEVEL_INDEX_DOT "fp32 dot products on keys widened in registers"
 #else
