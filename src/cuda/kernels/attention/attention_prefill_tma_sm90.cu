@@ -319,6 +319,26 @@ __device__ __forceinline__ void cu_pfh_turns_end(int wg)
         cu_pfh_turn_wait(wg);
 }
 
+/* Issues the pending O += P V: the weights pa against slot ps's V (the
+ * caller has waited for it). */
+template <typename Tag>
+__device__ __forceinline__ void cu_pfh_pv_issue_pending(const cu_pfh_smem_t &sm,
+                                                        const uint32_t (&pa)[8][4],
+                                                        float (&o)[16][4], int ps)
+{
+    cu_pfh_pv_issue<Tag>(cu_smem_addr(sm.ring + ps * PFH_STAGE_BYTES) + PFH_TILE_BYTES, pa, o);
+}
+
+/* The pending O += P V has ended (after the wait): its operands are the
+ * thread's again and slot ps goes back to the producer. */
+__device__ __forceinline__ void cu_pfh_pv_release(const cu_pfh_smem_t &sm, uint32_t (&pa)[8][4],
+                                                  float (&o)[16][4], int ps)
+{
+    cu_wgmma_hold(o);
+    cu_pfh_hold_a(pa);
+    cu_mbar_arrive(&sm.empty[ps]);
+}
+
 /* One turn: the pending O += P V (weights pa of slot ps, its V of phase
  * pv) issued and waited for, its slot handed back; without one, the turn
  * is passed on at once. */
@@ -330,12 +350,10 @@ __device__ __forceinline__ void cu_pfh_pv_pending(const cu_pfh_smem_t &sm, int w
     if (ps >= 0) {
         cu_mbar_wait(&sm.full_v[ps], pv);
         cu_pfh_turn_wait(wg);
-        cu_pfh_pv_issue<Tag>(cu_smem_addr(sm.ring + ps * PFH_STAGE_BYTES) + PFH_TILE_BYTES, pa, o);
+        cu_pfh_pv_issue_pending<Tag>(sm, pa, o, ps);
         cu_pfh_turn_pass(wg);
         cu_wgmma_wait_all();
-        cu_wgmma_hold(o);
-        cu_pfh_hold_a(pa);
-        cu_mbar_arrive(&sm.empty[ps]);
+        cu_pfh_pv_release(sm, pa, o, ps);
         ps = -1;
     } else {
         cu_pfh_turn_wait(wg);
@@ -389,8 +407,8 @@ __device__ void cu_pfh_consumer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
     /* The products run one block apart: block j's S = Q K^T and block
      * j-1's O += P V are issued together in the group's turn (between
      * cu_pfh_turn_wait and cu_pfh_turn_pass), then block j's softmax runs
-     * while the other group's products are on the tensor cores.  pa holds the pending weights, ps their slot (-1:
-     * none) and pv its V's phase.  Every block is one turn of each group
+     * while the other group's products are on the tensor cores.  pa holds
+     * the pending weights, ps their slot (-1: none) and pv its V's phase.  Every block is one turn of each group
      * (with products or without), so both groups take the same turns.
      * Each branch waits for the products it issues (ptxas serializes
      * products whose wait lies in another branch). */
@@ -414,14 +432,11 @@ __device__ void cu_pfh_consumer(const cu_pfh_params &p, const cu_pfh_smem_t &sm,
                 cu_mbar_wait(&sm.full_v[ps], pv);
                 cu_pfh_turn_wait(wg);
                 cu_pfh_qk_issue<Tag>(ka, qa, sc);
-                cu_pfh_pv_issue<Tag>(cu_smem_addr(sm.ring + ps * PFH_STAGE_BYTES) + PFH_TILE_BYTES,
-                                     pa, o);
+                cu_pfh_pv_issue_pending<Tag>(sm, pa, o, ps);
                 cu_pfh_turn_pass(wg);
                 cu_wgmma_wait_all();
                 cu_wgmma_hold(sc);
-                cu_wgmma_hold(o);
-                cu_pfh_hold_a(pa);
-                cu_mbar_arrive(&sm.empty[ps]);
+                cu_pfh_pv_release(sm, pa, o, ps);
             } else {
                 cu_pfh_turn_wait(wg);
                 cu_pfh_qk_issue<Tag>(ka, qa, sc);
