@@ -431,7 +431,14 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                                                   (uint32_t)(has1 ? msa_bf16_round(s1[l]) : 0u)
                                                       << 16;
                         }
-                        for (int l = 0; l < 16 && h0 + l < G; l++)
+                        int l = 0;
+#ifdef MSA_CPU_HAVE_PV_TILE4
+                        if (D % 64 == 0)
+                            for (; l + 4 <= 16 && h0 + l + 4 <= G; l += 4)
+                                msa_pv_tile4_bf16(acc + ((int64_t)t * G + h0 + l) * D, corr + l,
+                                                  pp + l, 16, (const uint32_t *)vt, D, vp_pairs);
+#endif
+                        for (; l < 16 && h0 + l < G; l++)
                             msa_pv_tile_bf16(acc + ((int64_t)t * G + h0 + l) * D, corr[l], pp + l,
                                              16, (const uint32_t *)vt, D, vp_pairs);
                         continue;

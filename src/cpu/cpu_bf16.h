@@ -14,33 +14,47 @@
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define MSA_CPU_HAVE_BF16_DOT 1
 #define MSA_CPU_BF16_DOT_INSN "vdpbf16ps"
+/* msa_pv_tile4_bf16 exists (four heads per pass). */
+#define MSA_CPU_HAVE_PV_TILE4 1
 #include <immintrin.h>
+
+/* acc + v . (the bf16 pair at p, broadcast to every lane): vdpbf16ps with
+ * the pair as an embedded-broadcast memory operand, which the compilers
+ * do not form from intrinsics.  A separate broadcast per product (what
+ * _mm512_set1_epi32 of the pair compiles to) held the score loop at about
+ * 80% of the instruction's rate on Zen 4; this form reaches it. */
+static inline __m512 msa_dpbf16_bcast(__m512 acc, __m512bh v, const uint32_t *p)
+{
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(v), "m"(*p));
+    return acc;
+}
 
 /* s[j][h] = scale * (k[j] . q[h]) for keys j < n and heads h < gp (a
  * multiple of 16).  qt2 holds the queries as bf16 pairs along the head
- * dimension: qt2[d/2][h] = (q[h][d], q[h][d+1]). */
+ * dimension: qt2[d/2][h] = (q[h][d], q[h][d+1]).  Eight keys per pass:
+ * eight independent accumulator chains cover the latency of vdpbf16ps,
+ * and each query pair loaded feeds eight products (with four, the loop
+ * ran at about two thirds of the instruction's rate).  Every lane sums
+ * over d in ascending order whatever the grouping of keys, so the scores
+ * do not depend on it. */
 static inline void msa_scores_heads_bf16(float *restrict s, const uint32_t *restrict qt2, int gp,
                                          const uint16_t *restrict k, int dim, int n, float scale)
 {
     const __m512 sc = _mm512_set1_ps(scale);
     for (int h0 = 0; h0 < gp; h0 += 16) {
         int j = 0;
-        /* Four keys per pass: four independent accumulator chains. */
-        for (; j + 4 <= n; j += 4) {
+        for (; j + 8 <= n; j += 8) {
             const uint16_t *k0 = k + (int64_t)j * dim;
-            __m512 a[4];
-            for (int i = 0; i < 4; i++)
+            __m512 a[8];
+            for (int i = 0; i < 8; i++)
                 a[i] = _mm512_setzero_ps();
             for (int d = 0; d < dim; d += 2) {
                 const __m512bh q =
                     (__m512bh)_mm512_loadu_si512((const void *)(qt2 + (int64_t)(d / 2) * gp + h0));
-                for (int i = 0; i < 4; i++) {
-                    uint32_t w;
-                    memcpy(&w, k0 + (int64_t)i * dim + d, 4);
-                    a[i] = _mm512_dpbf16_ps(a[i], q, (__m512bh)_mm512_set1_epi32((int)w));
-                }
+                for (int i = 0; i < 8; i++)
+                    a[i] = msa_dpbf16_bcast(a[i], q, (const uint32_t *)(k0 + (int64_t)i * dim + d));
             }
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 8; i++)
                 _mm512_storeu_ps(s + (int64_t)(j + i) * gp + h0, _mm512_mul_ps(a[i], sc));
         }
         for (; j < n; j++) {
@@ -49,9 +63,7 @@ static inline void msa_scores_heads_bf16(float *restrict s, const uint32_t *rest
             for (int d = 0; d < dim; d += 2) {
                 const __m512bh q =
                     (__m512bh)_mm512_loadu_si512((const void *)(qt2 + (int64_t)(d / 2) * gp + h0));
-                uint32_t w0;
-                memcpy(&w0, k0 + d, 4);
-                a0 = _mm512_dpbf16_ps(a0, q, (__m512bh)_mm512_set1_epi32((int)w0));
+                a0 = msa_dpbf16_bcast(a0, q, (const uint32_t *)(k0 + d));
             }
             _mm512_storeu_ps(s + (int64_t)j * gp + h0, _mm512_mul_ps(a0, sc));
         }
@@ -142,6 +154,40 @@ static inline void msa_pv_tile_bf16(float *restrict acc, float corr, const uint3
                                   (__m512bh)_mm512_loadu_si512(
                                       (const void *)(vp + (int64_t)jp * dim + d0)));
         _mm512_storeu_ps(acc + d0, a0);
+    }
+}
+
+/* msa_pv_tile_bf16 for four heads at once: acc[l] (l < 4, rows at acc +
+ * l * dim) = acc[l] * corr[l] + sum_j p_l[j] * v[j][:], the weights of head
+ * l at pp[jp * stride + l].  Each value pair loaded feeds four heads'
+ * products (one head per pass loads a value vector per product, which
+ * held the loop at about half of vdpbf16ps's rate); 64 dimensions per
+ * pass keep the sixteen accumulators in registers.  Every lane sums over
+ * jp in ascending order as msa_pv_tile_bf16 does, so the results are the
+ * same bits.  dim a multiple of 64. */
+static inline void msa_pv_tile4_bf16(float *restrict acc, const float corr[4],
+                                     const uint32_t *restrict pp, int stride,
+                                     const uint32_t *restrict vp, int dim, int npairs)
+{
+    for (int d0 = 0; d0 < dim; d0 += 64) {
+        __m512 a[4][4];
+        for (int l = 0; l < 4; l++) {
+            const __m512 c = _mm512_set1_ps(corr[l]);
+            for (int k = 0; k < 4; k++)
+                a[l][k] = _mm512_mul_ps(_mm512_loadu_ps(acc + (int64_t)l * dim + d0 + 16 * k), c);
+        }
+        for (int jp = 0; jp < npairs; jp++) {
+            const uint32_t *vr = vp + (int64_t)jp * dim + d0;
+            const uint32_t *w = pp + (int64_t)jp * stride;
+            for (int k = 0; k < 4; k++) {
+                const __m512bh v = (__m512bh)_mm512_loadu_si512((const void *)(vr + 16 * k));
+                for (int l = 0; l < 4; l++)
+                    a[l][k] = msa_dpbf16_bcast(a[l][k], v, w + l);
+            }
+        }
+        for (int l = 0; l < 4; l++)
+            for (int k = 0; k < 4; k++)
+                _mm512_storeu_ps(acc + (int64_t)l * dim + d0 + 16 * k, a[l][k]);
     }
 }
 #elif defined(__aarch64__) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)

@@ -1,0 +1,116 @@
+/*
+ * The AVX512-BF16 decode attention kernels of src/cpu/cpu_bf16.h against
+ * the plain forms of the same products: the scores of eight keys per pass
+ * (key pairs as embedded-broadcast operands) against one key at a time
+ * with a separate broadcast, and P.V of four heads per pass against one
+ * head at a time.  Each lane sums in the same order in both, so the
+ * results must be the same bits; any regrouping that changed the order of
+ * the sums fails here.  Built with the AVX512-BF16 level's flags; reports
+ * "skipped" (exit 77) on a CPU without the instructions.
+ */
+#include "cpu/cpu_bf16.h"
+
+#include "check.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DIM 128
+#define HEADS 16
+#define KEYS 45 /* five passes of eight and five single keys */
+#define PAIRS 23
+
+static uint32_t rng_state = 12345u;
+
+/* A bf16 value of moderate magnitude and either sign. */
+static uint16_t rand_bf16(void)
+{
+    rng_state = rng_state * 1664525u + 1013904223u;
+    const uint32_t r = rng_state >> 8;
+    const uint16_t exp = (uint16_t)(120u + (r % 14u)); /* 2^-7 .. 2^6 */
+    return (uint16_t)(((r >> 4) & 1u) << 15 | exp << 7 | ((r >> 5) & 0x7fu));
+}
+
+static uint32_t rand_pair(void)
+{
+    const uint32_t lo = rand_bf16();
+    return lo | (uint32_t)rand_bf16() << 16;
+}
+
+/* One key at a time, the pair broadcast by its own instruction. */
+static void scores_one_key(float *s, const uint32_t *qt2, const uint16_t *k, int n, float scale)
+{
+    for (int j = 0; j < n; j++) {
+        __m512 a = _mm512_setzero_ps();
+        for (int d = 0; d < DIM; d += 2) {
+            uint32_t w;
+            memcpy(&w, k + (int64_t)j * DIM + d, sizeof w);
+            a = _mm512_dpbf16_ps(a,
+                                 (__m512bh)_mm512_loadu_si512((const void *)(qt2 + d / 2 * HEADS)),
+                                 (__m512bh)_mm512_set1_epi32((int)w));
+        }
+        _mm512_storeu_ps(s + (int64_t)j * HEADS, _mm512_mul_ps(a, _mm512_set1_ps(scale)));
+    }
+}
+
+int main(void)
+{
+    if (!__builtin_cpu_supports("avx512bf16")) {
+        printf("this CPU has no AVX512-BF16: skipped\n");
+        return 77;
+    }
+    uint32_t *qt2 = malloc(sizeof(uint32_t) * DIM / 2 * HEADS);
+    uint16_t *k = malloc(sizeof(uint16_t) * KEYS * DIM);
+    float *s_new = malloc(sizeof(float) * KEYS * HEADS);
+    float *s_ref = malloc(sizeof(float) * KEYS * HEADS);
+    uint32_t *pp = malloc(sizeof(uint32_t) * PAIRS * HEADS);
+    uint32_t *vp = malloc(sizeof(uint32_t) * PAIRS * DIM);
+    float *o_new = malloc(sizeof(float) * HEADS * DIM);
+    float *o_ref = malloc(sizeof(float) * HEADS * DIM);
+    if (!qt2 || !k || !s_new || !s_ref || !pp || !vp || !o_new || !o_ref) {
+        CHECK(0, "out of memory");
+        return check_finish();
+    }
+    for (int i = 0; i < DIM / 2 * HEADS; i++)
+        qt2[i] = rand_pair();
+    for (int i = 0; i < KEYS * DIM; i++)
+        k[i] = rand_bf16();
+    for (int i = 0; i < PAIRS * HEADS; i++)
+        pp[i] = rand_pair();
+    for (int i = 0; i < PAIRS * DIM; i++)
+        vp[i] = rand_pair();
+
+    for (int n = 1; n <= KEYS; n += 11) {
+        msa_scores_heads_bf16(s_new, qt2, HEADS, k, DIM, n, 0.125f);
+        scores_one_key(s_ref, qt2, k, n, 0.125f);
+        CHECK(memcmp(s_new, s_ref, sizeof(float) * (size_t)n * HEADS) == 0,
+              "scores of %d keys differ from one key at a time", n);
+    }
+    float corr[HEADS];
+    for (int h = 0; h < HEADS; h++) {
+        corr[h] = 0.5f + 0.03125f * (float)h;
+        for (int d = 0; d < DIM; d++)
+            o_ref[h * DIM + d] = o_new[h * DIM + d] = (float)((h * 7 + d) % 13) - 6.0f;
+    }
+    for (int h = 0; h < HEADS; h += 4)
+        msa_pv_tile4_bf16(o_new + h * DIM, corr + h, pp + h, HEADS, vp, DIM, PAIRS);
+    for (int h = 0; h < HEADS; h++)
+        msa_pv_tile_bf16(o_ref + h * DIM, corr[h], pp + h, HEADS, vp, DIM, PAIRS);
+    CHECK(memcmp(o_new, o_ref, sizeof(float) * HEADS * DIM) == 0,
+          "P.V of four heads per pass differs from one head at a time");
+    int finite = 1;
+    for (int i = 0; i < HEADS * DIM; i++)
+        finite &= o_new[i] == o_new[i] && o_new[i] - o_new[i] == 0.0f;
+    CHECK(finite, "P.V outputs are not all finite");
+
+    free(qt2);
+    free(k);
+    free(s_new);
+    free(s_ref);
+    free(pp);
+    free(vp);
+    free(o_new);
+    free(o_ref);
+    return check_finish();
+}
