@@ -1,8 +1,9 @@
 /*
  * The AVX512-BF16 decode attention kernels of src/cpu/cpu_bf16.h against
  * the plain forms of the same products: the scores of eight keys per pass
- * (key pairs as embedded-broadcast operands) against one key at a time
- * with a separate broadcast, and P.V of four heads per pass against one
+ * (key pairs as embedded-broadcast operands, with and without the next
+ * block's prefetches) against one key at a time with a separate
+ * broadcast, and P.V of four heads per pass against one
  * head at a time.  Each lane sums in the same order in both, so the
  * results must be the same bits; any regrouping that changed the order of
  * the sums fails here.  Built with the AVX512-BF16 level's flags; reports
@@ -86,6 +87,18 @@ int main(void)
         scores_one_key(s_ref, qt2, k, n, 0.125f);
         CHECK(memcmp(s_new, s_ref, sizeof(float) * (size_t)n * HEADS) == 0,
               "scores of %d keys differ from one key at a time", n);
+    }
+    /* The same scores while prefetching another buffer's lines. */
+    for (int n = 5; n <= KEYS; n += 20) {
+        const char *pk = (const char *)k, *pv = (const char *)vp;
+        int64_t left = (int64_t)sizeof(uint16_t) * KEYS * DIM / 2;
+        msa_scores16_bf16_prefetch(s_new, qt2, k, DIM, n, 0.125f, &pk, &pv, &left);
+        scores_one_key(s_ref, qt2, k, n, 0.125f);
+        CHECK(memcmp(s_new, s_ref, sizeof(float) * (size_t)n * HEADS) == 0,
+              "prefetching scores of %d keys differ from one key at a time", n);
+        CHECK(left >= 0 &&
+                  pk - (const char *)k == (int64_t)sizeof(uint16_t) * KEYS * DIM / 2 - left,
+              "the prefetch stream of %d keys advanced inconsistently", n);
     }
     float corr[HEADS];
     for (int h = 0; h < HEADS; h++) {
