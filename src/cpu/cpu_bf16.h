@@ -71,6 +71,7 @@ static inline void msa_scores_heads_bf16(float *restrict s, const uint32_t *rest
         }
     }
 }
+
 /* msa_scores_heads_bf16 for the 16 heads of one KV head (gp 16) while the
  * rows of the next block stream in: every second step over d of an
  * eight-key pass prefetches one line of *pk and one of *pv into the
