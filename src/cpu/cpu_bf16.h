@@ -31,6 +31,36 @@ static inline __m512 msa_dpbf16_bcast(__m512 acc, __m512bh v, const uint32_t *p)
     return acc;
 }
 
+/* One pass of eight keys (rows of k0, stride dim) against the 16 heads
+ * h0 .. h0 + 15 of qt2 (rows of gp pairs): their scores times sc at s
+ * (rows of gp floats).  With left non-NULL, every second step over d
+ * also prefetches one line of *pk and one of *pv into the second-level
+ * cache while *left (bytes of each still to fetch) is positive, advancing
+ * the pointers and the count. */
+static inline void msa_scores8_pass_bf16(float *restrict s, const uint32_t *restrict qt2, int gp,
+                                         int h0, const uint16_t *restrict k0, int dim, __m512 sc,
+                                         const char **pk, const char **pv, int64_t *left)
+{
+    __m512 a[8];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_setzero_ps();
+    for (int d = 0; d < dim; d += 2) {
+        if (left && (d & 3) == 0 && *left > 0) {
+            __builtin_prefetch(*pk, 0, 2);
+            __builtin_prefetch(*pv, 0, 2);
+            *pk += 64;
+            *pv += 64;
+            *left -= 64;
+        }
+        const __m512bh q =
+            (__m512bh)_mm512_loadu_si512((const void *)(qt2 + (int64_t)(d / 2) * gp + h0));
+        for (int i = 0; i < 8; i++)
+            a[i] = msa_dpbf16_bcast(a[i], q, (const uint32_t *)(k0 + (int64_t)i * dim + d));
+    }
+    for (int i = 0; i < 8; i++)
+        _mm512_storeu_ps(s + (int64_t)i * gp + h0, _mm512_mul_ps(a[i], sc));
+}
+
 /* s[j][h] = scale * (k[j] . q[h]) for keys j < n and heads h < gp (a
  * multiple of 16).  qt2 holds the queries as bf16 pairs along the head
  * dimension: qt2[d/2][h] = (q[h][d], q[h][d+1]).  Eight keys per pass:
@@ -45,20 +75,9 @@ static inline void msa_scores_heads_bf16(float *restrict s, const uint32_t *rest
     const __m512 sc = _mm512_set1_ps(scale);
     for (int h0 = 0; h0 < gp; h0 += 16) {
         int j = 0;
-        for (; j + 8 <= n; j += 8) {
-            const uint16_t *k0 = k + (int64_t)j * dim;
-            __m512 a[8];
-            for (int i = 0; i < 8; i++)
-                a[i] = _mm512_setzero_ps();
-            for (int d = 0; d < dim; d += 2) {
-                const __m512bh q =
-                    (__m512bh)_mm512_loadu_si512((const void *)(qt2 + (int64_t)(d / 2) * gp + h0));
-                for (int i = 0; i < 8; i++)
-                    a[i] = msa_dpbf16_bcast(a[i], q, (const uint32_t *)(k0 + (int64_t)i * dim + d));
-            }
-            for (int i = 0; i < 8; i++)
-                _mm512_storeu_ps(s + (int64_t)(j + i) * gp + h0, _mm512_mul_ps(a[i], sc));
-        }
+        for (; j + 8 <= n; j += 8)
+            msa_scores8_pass_bf16(s + (int64_t)j * gp, qt2, gp, h0, k + (int64_t)j * dim, dim, sc,
+                                  NULL, NULL, NULL);
         for (; j < n; j++) {
             const uint16_t *k0 = k + (int64_t)j * dim;
             __m512 a0 = _mm512_setzero_ps();
@@ -74,15 +93,13 @@ static inline void msa_scores_heads_bf16(float *restrict s, const uint32_t *rest
 
 /* msa_scores_heads_bf16 for the 16 heads of one KV head (gp 16) while the
  * rows of the next block stream in: every second step over d of an
- * eight-key pass prefetches one line of *pk and one of *pv into the
- * second-level cache while *left (bytes of each still to fetch) is
- * positive, advancing the pointers and the count.  A pass thus requests
- * about the bytes of its own eight keys.  Issued instead as one burst of
- * 4 KB of each per 16 keys, the prefetches filled the core's miss buffers
- * while the passes ran (2 threads on Zen 4, 32K decode, eight alternating
- * rounds: sparse 0.67-0.78 against 0.73-1.07 ms, dense 5.0-6.2 against
- * 5.4-8.1 ms).  The scores are those of msa_scores_heads_bf16, bit for
- * bit. */
+ * eight-key pass prefetches one line of *pk and one of *pv
+ * (msa_scores8_pass_bf16), so a pass requests about the bytes of its own
+ * eight keys.  Issued instead as one burst of 4 KB of each per 16 keys,
+ * the prefetches filled the core's miss buffers while the passes ran (2
+ * threads on Zen 4, 32K decode, eight alternating rounds: sparse
+ * 0.67-0.78 against 0.73-1.07 ms, dense 5.0-6.2 against 5.4-8.1 ms).  The
+ * scores are those of msa_scores_heads_bf16, bit for bit. */
 static inline void msa_scores16_bf16_prefetch(float *restrict s, const uint32_t *restrict qt2,
                                               const uint16_t *restrict k, int dim, int n,
                                               float scale, const char **pk, const char **pv,
@@ -90,27 +107,9 @@ static inline void msa_scores16_bf16_prefetch(float *restrict s, const uint32_t 
 {
     const __m512 sc = _mm512_set1_ps(scale);
     int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        const uint16_t *k0 = k + (int64_t)j * dim;
-        __m512 a[8];
-        for (int i = 0; i < 8; i++)
-            a[i] = _mm512_setzero_ps();
-        for (int d = 0; d < dim; d += 2) {
-            if ((d & 3) == 0 && *left > 0) {
-                __builtin_prefetch(*pk, 0, 2);
-                __builtin_prefetch(*pv, 0, 2);
-                *pk += 64;
-                *pv += 64;
-                *left -= 64;
-            }
-            const __m512bh q =
-                (__m512bh)_mm512_loadu_si512((const void *)(qt2 + (int64_t)(d / 2) * 16));
-            for (int i = 0; i < 8; i++)
-                a[i] = msa_dpbf16_bcast(a[i], q, (const uint32_t *)(k0 + (int64_t)i * dim + d));
-        }
-        for (int i = 0; i < 8; i++)
-            _mm512_storeu_ps(s + (int64_t)(j + i) * 16, _mm512_mul_ps(a[i], sc));
-    }
+    for (; j + 8 <= n; j += 8)
+        msa_scores8_pass_bf16(s + (int64_t)j * 16, qt2, 16, 0, k + (int64_t)j * dim, dim, sc, pk,
+                              pv, left);
     if (j < n)
         msa_scores_heads_bf16(s + (int64_t)j * 16, qt2, 16, k + (int64_t)j * dim, dim, n - j,
                               scale);
