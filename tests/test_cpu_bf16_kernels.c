@@ -90,14 +90,14 @@ int main(void)
     }
     /* The same scores while prefetching another buffer's lines. */
     for (int n = 5; n <= KEYS; n += 20) {
-        const char *pk = (const char *)k, *pv = (const char *)vp;
-        int64_t left = (int64_t)sizeof(uint16_t) * KEYS * DIM / 2;
-        msa_scores16_bf16_prefetch(s_new, qt2, k, DIM, n, 0.125f, &pk, &pv, &left);
+        const int64_t bytes = (int64_t)sizeof(uint16_t) * KEYS * DIM / 2;
+        dr_next nx = {(const char *)k, (const char *)vp, bytes};
+        msa_scores16_bf16_prefetch(s_new, qt2, k, DIM, n, 0.125f, &nx);
         scores_one_key(s_ref, qt2, k, n, 0.125f);
         CHECK(memcmp(s_new, s_ref, sizeof(float) * (size_t)n * HEADS) == 0,
               "prefetching scores of %d keys differ from one key at a time", n);
-        CHECK(left >= 0 &&
-                  pk - (const char *)k == (int64_t)sizeof(uint16_t) * KEYS * DIM / 2 - left,
+        CHECK(nx.left >= 0 && nx.k - (const char *)k == bytes - nx.left &&
+                  nx.v - (const char *)vp == bytes - nx.left,
               "the prefetch stream of %d keys advanced inconsistently", n);
     }
     float corr[HEADS];

@@ -329,27 +329,25 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                         for (int32_t c = 0; c < nv; c += 16) {
                             const int32_t nc = nv - c < 16 ? nv - c : 16;
                             const uint16_t *kc = (const uint16_t *)keys + (int64_t)c * D;
-                            if (ngrp > 1) {
 #if MSA_CPU_DECODE_ROWS
+                            /* A single token's passes prefetch their share
+                             * themselves (msa_scores16_bf16_prefetch). */
+                            if (ngrp > 1 || !MSA_CPU_SCORES_PREFETCH)
                                 dr_next_bytes(&nx, (int64_t)nc * D *
                                                        (int64_t)msa_dtype_size(a->k.dtype));
 #endif
+                            if (ngrp > 1)
                                 msa_scores_heads_bf16_x4(sbuf + (int64_t)c * GP,
                                                          (int64_t)MSA_CPU_TILE * GP, qs, kc, D, nc,
                                                          qk_scale);
-                            } else {
-#if MSA_CPU_DECODE_ROWS && defined(MSA_CPU_HAVE_SCORES_PREFETCH)
+                            else
+#if MSA_CPU_DECODE_ROWS && MSA_CPU_SCORES_PREFETCH
                                 msa_scores16_bf16_prefetch(sbuf + (int64_t)c * GP, qs[0], kc, D, nc,
-                                                           qk_scale, &nx.k, &nx.v, &nx.left);
+                                                           qk_scale, &nx);
 #else
-#if MSA_CPU_DECODE_ROWS
-                                dr_next_bytes(&nx, (int64_t)nc * D *
-                                                       (int64_t)msa_dtype_size(a->k.dtype));
-#endif
                                 msa_scores_heads_bf16(sbuf + (int64_t)c * GP, qs[0], GP, kc, D, nc,
                                                       qk_scale);
 #endif
-                            }
                         }
 #if MSA_CPU_DECODE_ROWS
                         dr_next_bytes(&nx, -1);

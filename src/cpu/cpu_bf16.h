@@ -17,8 +17,10 @@
 /* msa_pv_tile4_bf16 (four heads per pass) and msa_scores16_bf16_prefetch
  * exist. */
 #define MSA_CPU_HAVE_PV_TILE4 1
-#define MSA_CPU_HAVE_SCORES_PREFETCH 1
+#define MSA_CPU_SCORES_PREFETCH 1
 #include <immintrin.h>
+
+#include "cpu/cpu_next_block.h"
 
 /* acc + v . (the bf16 pair at p, broadcast to every lane): vdpbf16ps with
  * the pair as an embedded-broadcast memory operand, which the compilers
@@ -33,25 +35,18 @@ static inline __m512 msa_dpbf16_bcast(__m512 acc, __m512bh v, const uint32_t *p)
 
 /* One pass of eight keys (rows of k0, stride dim) against the 16 heads
  * h0 .. h0 + 15 of qt2 (rows of gp pairs): their scores times sc at s
- * (rows of gp floats).  With left non-NULL, every second step over d
- * also prefetches one line of *pk and one of *pv into the second-level
- * cache while *left (bytes of each still to fetch) is positive, advancing
- * the pointers and the count. */
+ * (rows of gp floats).  With nx non-NULL, every second step over d also
+ * prefetches the next line of its K and of its V (dr_next_line). */
 static inline void msa_scores8_pass_bf16(float *restrict s, const uint32_t *restrict qt2, int gp,
                                          int h0, const uint16_t *restrict k0, int dim, __m512 sc,
-                                         const char **pk, const char **pv, int64_t *left)
+                                         dr_next *nx)
 {
     __m512 a[8];
     for (int i = 0; i < 8; i++)
         a[i] = _mm512_setzero_ps();
     for (int d = 0; d < dim; d += 2) {
-        if (left && (d & 3) == 0 && *left > 0) {
-            __builtin_prefetch(*pk, 0, 2);
-            __builtin_prefetch(*pv, 0, 2);
-            *pk += 64;
-            *pv += 64;
-            *left -= 64;
-        }
+        if (nx && (d & 3) == 0)
+            dr_next_line(nx);
         const __m512bh q =
             (__m512bh)_mm512_loadu_si512((const void *)(qt2 + (int64_t)(d / 2) * gp + h0));
         for (int i = 0; i < 8; i++)
@@ -77,7 +72,7 @@ static inline void msa_scores_heads_bf16(float *restrict s, const uint32_t *rest
         int j = 0;
         for (; j + 8 <= n; j += 8)
             msa_scores8_pass_bf16(s + (int64_t)j * gp, qt2, gp, h0, k + (int64_t)j * dim, dim, sc,
-                                  NULL, NULL, NULL);
+                                  NULL);
         for (; j < n; j++) {
             const uint16_t *k0 = k + (int64_t)j * dim;
             __m512 a0 = _mm512_setzero_ps();
@@ -93,7 +88,7 @@ static inline void msa_scores_heads_bf16(float *restrict s, const uint32_t *rest
 
 /* msa_scores_heads_bf16 for the 16 heads of one KV head (gp 16) while the
  * rows of the next block stream in: every second step over d of an
- * eight-key pass prefetches one line of *pk and one of *pv
+ * eight-key pass prefetches the next line of nx's K and of its V
  * (msa_scores8_pass_bf16), so a pass requests about the bytes of its own
  * eight keys.  Issued instead as one burst of 4 KB of each per 16 keys,
  * the prefetches filled the core's miss buffers while the passes ran (2
@@ -102,14 +97,12 @@ static inline void msa_scores_heads_bf16(float *restrict s, const uint32_t *rest
  * scores are those of msa_scores_heads_bf16, bit for bit. */
 static inline void msa_scores16_bf16_prefetch(float *restrict s, const uint32_t *restrict qt2,
                                               const uint16_t *restrict k, int dim, int n,
-                                              float scale, const char **pk, const char **pv,
-                                              int64_t *left)
+                                              float scale, dr_next *nx)
 {
     const __m512 sc = _mm512_set1_ps(scale);
     int j = 0;
     for (; j + 8 <= n; j += 8)
-        msa_scores8_pass_bf16(s + (int64_t)j * 16, qt2, 16, 0, k + (int64_t)j * dim, dim, sc, pk,
-                              pv, left);
+        msa_scores8_pass_bf16(s + (int64_t)j * 16, qt2, 16, 0, k + (int64_t)j * dim, dim, sc, nx);
     if (j < n)
         msa_scores_heads_bf16(s + (int64_t)j * 16, qt2, 16, k + (int64_t)j * dim, dim, n - j,
                               scale);
@@ -242,6 +235,11 @@ static inline void msa_pv_tile4_bf16(float *restrict acc, const float corr[4],
 #include "cpu/cpu_bf16_neon.h"
 #else
 #define MSA_CPU_HAVE_BF16_DOT 0
+#endif
+
+/* 1 where msa_scores16_bf16_prefetch exists. */
+#ifndef MSA_CPU_SCORES_PREFETCH
+#define MSA_CPU_SCORES_PREFETCH 0
 #endif
 
 #endif

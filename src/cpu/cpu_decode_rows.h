@@ -21,6 +21,8 @@
  * the values code * scale that msa_fp8_dequantize computes, bit for bit,
  * so the sums are those of the fp32 tiles of de-quantized rows. */
 
+#include "cpu/cpu_next_block.h"
+
 #if defined(__AVX512F__)
 #define MSA_CPU_DECODE_ROWS 1
 #define DR_LANES 16
@@ -440,47 +442,6 @@ static inline void dr_softmax16(float *mt, float *lt, float *s, int gp, int n, f
         }
         DR_STORE(lt + c, sum);
     }
-}
-
-/* The K and V rows of the tile after this one, each a contiguous run of
- * memory (packed rows within one page): their lines are prefetched a few
- * at a time between the multiply-adds of dr_scores_heads, so that the
- * memory streams them while this tile computes.  Issued all at once, the
- * 64 KB of a tile's prefetches fill the core's miss buffers and stall it
- * until most lines arrive, which serialises the loads and the arithmetic;
- * the hardware prefetchers do not jump to the next selected block, and
- * touching one line in four and leaving the rest to them measured slower
- * (1.07 against 0.84 ms for the attention of a 32K step, one thread). */
-typedef struct dr_next {
-    const char *k, *v;
-    int64_t left; /* bytes of each not yet prefetched */
-} dr_next;
-
-/* Prefetches the next line of K and of V into the second-level cache. */
-static inline void dr_next_line(dr_next *nx)
-{
-    if (nx->left > 0) {
-        __builtin_prefetch(nx->k, 0, 2);
-        __builtin_prefetch(nx->v, 0, 2);
-        nx->k += 64;
-        nx->v += 64;
-        nx->left -= 64;
-    }
-}
-
-/* Prefetches the next n bytes of K and of V (all that is left: n < 0). */
-static inline void dr_next_bytes(dr_next *nx, int64_t n)
-{
-    const int64_t end = n < 0 || n > nx->left ? nx->left : n;
-    if (end <= 0) /* nothing left (k and v may then be NULL) */
-        return;
-    for (int64_t b = 0; b < end; b += 64) {
-        __builtin_prefetch(nx->k + b, 0, 2);
-        __builtin_prefetch(nx->v + b, 0, 2);
-    }
-    nx->k += end;
-    nx->v += end;
-    nx->left -= end;
 }
 
 /* Keys widened per pass of dr_scores_heads and the vectors of 16 heads:
