@@ -20,7 +20,12 @@
  *   - the attention's pair widening (quant_widen.cuh): every E4M3 code in
  *     every byte of a word straight to fp16 and to bf16, bit for bit the
  *     decode's value, NaN codes NaN (the bits before the product on the
- *     host, the whole widening on a GPU).
+ *     host, the whole widening on a GPU);
+ *   - bf16 queries scaled into fp16 for products over fp8 codes
+ *     (q_f16.cuh, GPU only): per warp a power of two that takes the
+ *     largest finite magnitude into [2^14, 2^15) (or 2^24 for warps below
+ *     2^-10), every value exact where SPEC's products need it, infinities
+ *     and NaNs kept.
  *   test_cuda_quant [--host]
  * The same checks run on the host (the functions compile for both) and, on
  * a GPU, in kernels; --host runs only the first.  Without a GPU the device
@@ -36,6 +41,7 @@
 #include "check.h"
 #include "cuda/common/quant.cuh"
 #include "cuda/common/quant_widen.cuh"
+#include "cuda/common/q_f16.cuh"
 
 extern "C" {
 #include "core/quant.h"
@@ -619,6 +625,138 @@ static T *to_device(const T *src, size_t n)
     return (T *)d;
 }
 
+/* ---- bf16 queries scaled into fp16 ---------------------------------------- */
+
+/* Warps of test queries: each lane's 8 x 4 words of bf16 pairs. */
+#define QF_WARPS 7
+#define QF_WORDS (32 * 32)
+
+__global__ static void q_f16_kernel(const uint32_t *in, uint32_t *out, float *back)
+{
+    uint32_t q[8][4];
+    const uint32_t *src = in + (size_t)blockIdx.x * QF_WORDS + threadIdx.x * 32;
+    for (int i = 0; i < 32; ++i)
+        q[i / 4][i % 4] = src[i];
+    const float b = cu_q_bf16_to_f16(q);
+    for (int i = 0; i < 32; ++i)
+        out[(size_t)blockIdx.x * QF_WORDS + threadIdx.x * 32 + i] = q[i / 4][i % 4];
+    back[blockIdx.x * 32 + threadIdx.x] = b;
+}
+
+/* bf16 bits of v (round to nearest even; v finite or not). */
+static uint16_t bf16_bits(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Warp w's 1024 values: 0 Gaussian-like around 1; 1 wide magnitudes with
+ * the largest finite bf16, infinities and NaNs; 2 all zeros (signed); 3
+ * bf16 subnormals only; 4 below 2^-10 with a spread down to 2^-60; 5
+ * magnitudes near 2^15 and 2^-20; 6 one value of 2^-9 among tiny ones. */
+static uint16_t q_f16_input(int w, int i)
+{
+    const float sign = (rng_u32() & 1u) ? -1.0f : 1.0f;
+    const float u = rng_unit();
+    switch (w) {
+    case 0: return bf16_bits(u * 3.0f);
+    case 1:
+        if (i == 5)
+            return 0x7f7fu; /* the largest finite bf16 */
+        if (i == 17)
+            return 0xff80u; /* -inf */
+        if (i == 600)
+            return 0x7fc1u; /* NaN */
+        return bf16_bits(sign * ldexpf(1.0f + fabsf(u), (int)(rng_u32() % 250) - 125));
+    case 2: return (i & 1) ? 0x8000u : 0u;
+    case 3: return (uint16_t)((sign < 0 ? 0x8000u : 0u) | (1u + rng_u32() % 0x7fu));
+    case 4: return bf16_bits(sign * ldexpf(1.0f + fabsf(u), -11 - (int)(rng_u32() % 50)));
+    case 5: return bf16_bits(sign * ldexpf(1.0f + fabsf(u), (i & 1) ? 15 : -20));
+    default:
+        return i == 999 ? bf16_bits(ldexpf(1.0f, -9))
+                        : bf16_bits(sign * ldexpf(1.0f + fabsf(u), -30 - (int)(rng_u32() % 20)));
+    }
+}
+
+/* One warp's results: the factor 2^-s is one power of two for every lane;
+ * the largest finite |value| times 2^s lies in [2^14, 2^15), or s = 24 if
+ * that value is below 2^-10; each fp16 output is the input times 2^s,
+ * exactly wherever that product is at least 2^-17 (eight significant
+ * bits in fp16) and within half of fp16's smallest step (2^-25) below it;
+ * infinities and NaNs stay so. */
+static long q_f16_check(int w, const uint16_t *in, const uint32_t *out, const float *back)
+{
+    long bad = 0;
+    for (int l = 1; l < 32; ++l)
+        bad += back[l] != back[0];
+    int e = 0;
+    const float m = frexpf(back[0], &e);
+    if (m != 0.5f)
+        return bad + 1;
+    const int s = 1 - e; /* back = 2^-s */
+    float mx = 0.0f;
+    for (int i = 0; i < 2 * QF_WORDS; ++i) {
+        const float v = bf16_value(in[i]);
+        if (isfinite(v))
+            mx = fmaxf(mx, fabsf(v));
+    }
+    if (mx < ldexpf(1.0f, -10))
+        bad += s != 24;
+    else
+        bad += !(ldexpf(mx, s) >= 16384.0f && ldexpf(mx, s) < 32768.0f);
+    for (int i = 0; i < 2 * QF_WORDS; ++i) {
+        const float v = bf16_value(in[i]);
+        const float got = f16_value((out[i / 2] >> (16 * (i & 1))) & 0xffffu);
+        const double want = ldexp((double)v, s);
+        if (isnan(v))
+            bad += !isnan(got);
+        else if (isinf(v))
+            bad += got != v;
+        else if (fabs(want) >= ldexp(1.0, -17))
+            bad += (double)got != want;
+        else
+            bad += !(fabs((double)got - want) <= ldexp(1.0, -25));
+    }
+    if (bad)
+        fprintf(stderr, "q_f16 warp %d: %ld wrong (2^-s = %g)\n", w, bad, (double)back[0]);
+    return bad;
+}
+
+static void run_q_f16_device(void)
+{
+    static uint16_t in[QF_WARPS * 2 * QF_WORDS];
+    static uint32_t in_words[QF_WARPS * QF_WORDS], out[QF_WARPS * QF_WORDS];
+    float back[QF_WARPS * 32];
+    for (int w = 0; w < QF_WARPS; ++w)
+        for (int i = 0; i < 2 * QF_WORDS; ++i)
+            in[w * 2 * QF_WORDS + i] = q_f16_input(w, i);
+    for (int i = 0; i < QF_WARPS * QF_WORDS; ++i)
+        in_words[i] = (uint32_t)in[2 * i] | ((uint32_t)in[2 * i + 1] << 16);
+    uint32_t *din = to_device(in_words, sizeof in_words), *dout = NULL;
+    float *dback = NULL;
+    const int ok = din && cudaMalloc(&dout, sizeof out) == cudaSuccess &&
+                   cudaMalloc(&dback, sizeof back) == cudaSuccess;
+    CHECK(ok, "device: q_f16 buffers");
+    if (ok) {
+        q_f16_kernel<<<QF_WARPS, 32>>>(din, dout, dback);
+        const int copied =
+            cudaDeviceSynchronize() == cudaSuccess &&
+            cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost) == cudaSuccess &&
+            cudaMemcpy(back, dback, sizeof back, cudaMemcpyDeviceToHost) == cudaSuccess;
+        CHECK(copied, "device: q_f16 kernel and copies");
+        long bad = 0;
+        for (int w = 0; copied && w < QF_WARPS; ++w)
+            bad += q_f16_check(w, in + w * 2 * QF_WORDS, out + w * QF_WORDS, back + w * 32);
+        CHECK(copied && bad == 0, "device: bf16 queries scaled into fp16: %ld wrong", bad);
+    }
+    cudaFree(din);
+    cudaFree(dout);
+    cudaFree(dback);
+}
+
 static void run_device(const inputs &in)
 {
     inputs din = in;
@@ -695,6 +833,7 @@ int main(int argc, char **argv)
             run_device(in);
             run_widen_device();
             run_pair_device();
+            run_q_f16_device();
         }
     }
     free(in.enc);

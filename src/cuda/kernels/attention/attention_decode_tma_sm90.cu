@@ -35,7 +35,9 @@
  * own pair of 16-bit tiles (every E4M3 value, and every E2M1 code times
  * its E4M3 group scale, is exact in bf16 and in fp16; NaN codes and NaN
  * group scales widen to NaN), hands the slot back, and its products read
- * the widened tiles as they read a 16-bit slot.  K's scale joins the
+ * the widened tiles as they read a 16-bit slot.  fp8 codes widen to fp16
+ * whatever the activations' type (one conversion a pair; bf16 queries
+ * are scaled into fp16 once a unit, q_f16.cuh).  K's scale joins the
  * score scale, V's multiplies the finished rows.  Each group widens only
  * the tiles it computes: of a pair, a tile both items use is widened
  * twice, once per group, which costs less than a CTA-wide barrier per
@@ -44,6 +46,7 @@
 #include "cuda/kernels/attention/attention_decode_tma_sm90_layout.cuh"
 #include "cuda/kernels/attention/attention_decode_tma_sm90_producer.cuh"
 #include "cuda/common/widen_tile.cuh"
+#include "cuda/common/q_f16.cuh"
 #include "cuda/arch/launch.cuh"
 #include "cuda/common/timeline.cuh"
 
@@ -269,13 +272,17 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
 
     const int64_t q_lo = (int64_t)(it.t0 + tok) * params.q_heads + it.group * 16 + (lane >> 2);
     const int64_t q_hi = q_lo + 8;
+    /* The products' type: fp16 over fp8 codes (q_f16.cuh). */
+    typedef typename cu_compute_tag<Tag, KF>::type CTag;
     uint32_t qa[8][4];
     cu_rows_load_q(params.q, q_lo, q_hi, active, active, qa);
+    const float q_back = cu_q_converts<Tag, CTag>::value ? cu_q_bf16_to_f16(qa) : 1.0f;
     float o[16][4], m_lo, m_hi, l_lo, l_hi;
     cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
     /* Codes: the products take their values; K's scale joins the score
-     * scale. */
-    const float sl2 = params.scale * CU_LOG2E * (KF != CU_PLANE_16 ? params.k_scale : 1.0f);
+     * scale, and so does the queries' power of two. */
+    const float sl2 =
+        params.scale * CU_LOG2E * (KF != CU_PLANE_16 ? params.k_scale : 1.0f) * q_back;
 
     for (int32_t c = 0;; ++c) {
         const int s = ring_uses % ATT_TMA_STAGES;
@@ -306,7 +313,7 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
                  * the widened tiles; then the codes go in and the slot
                  * back, and the tiles are whole before any product. */
                 cu_attt_group_sync(h);
-                cu_attt_widen<Tag, KF>(ka, wide);
+                cu_attt_widen<CTag, KF>(ka, wide);
                 cu_attt_release(sm, s);
                 cu_fence_proxy_async();
                 cu_attt_group_sync(h);
@@ -314,13 +321,13 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
             }
             const uint32_t va = ka + ATT_TMA_HALF_BYTES;
             float sc[8][4];
-            cu_attt_qk<Tag>(ka, qa, sc);
+            cu_attt_qk<CTag>(ka, qa, sc);
             /* The warp's token uses the tile: its keys inside the causal
              * window count (rows past kv_len are beyond every window). */
             const bool member = (mt.bits & tbit) != 0u;
             if (member)
                 cu_attt_softmax(sc, last - mt.pos0, sl2, o, m_lo, m_hi, l_lo, l_hi);
-            cu_attt_pv<Tag>(va, sc, member, o);
+            cu_attt_pv<CTag>(va, sc, member, o);
         }
         if (KF == CU_PLANE_16 || !computes)
             cu_attt_release(sm, s);

@@ -37,7 +37,9 @@
  * Quantized index keys (fp8_e4m3, nvfp4): the producer streams their
  * codes into a ring of their own, converter warps widen each block into
  * the 16-bit ring, and the consumers run unchanged, the index-K scale on
- * their scores (indexer_decode_tma_q_sm90.cuh).
+ * their scores (indexer_decode_tma_q_sm90.cuh).  fp8 codes widen to fp16
+ * whatever the activations' type; bf16 queries are scaled into fp16
+ * (q_f16.cuh).
  *
  * The products exist on sm_90a only; other chips take the portable
  * indexer (forward.cu checks st->wgmma).
@@ -47,6 +49,7 @@
 #include "cuda/arch/wgmma_sm90.cuh"
 #include "cuda/arch/launch.cuh"
 #include "cuda/common/timeline.cuh"
+#include "cuda/common/q_f16.cuh"
 
 /* One ring slot per block in flight; block x goes to group x % IDX_TMA_GROUPS
  * and slot x % IDX_TMA_STAGES.  The stage count is a multiple of the group
@@ -144,7 +147,8 @@ __device__ __forceinline__ void cu_idxt_afrags(const cu_indexer_params &params, 
  * four lanes that share the columns.  Keys past a column's last visible
  * position (MASK) do not count: max of no keys is -inf.  kscale: the
  * index-K plane's scale, which turns products with quantized keys' codes
- * into the de-quantized keys' scores (1 for 16-bit keys); it multiplies
+ * into the de-quantized keys' scores (1 for 16-bit keys), times the
+ * factor of queries scaled into fp16 (q_f16.cuh); it multiplies
  * the scores before the log-sum-exp, and the max after (a positive factor
  * keeps the order, so the product of the max is the max of the products,
  * rounding included). */
@@ -197,23 +201,28 @@ __device__ __forceinline__ void cu_idxt_epilogue(const float (&d)[16][4], int32_
 
 /* What a consumer thread keeps of its block's request di: the query
  * columns (nq), the position of the first token (base), the last
- * position its two columns c_lo, c_lo + 8 see, and their A fragments. */
+ * position its two columns c_lo, c_lo + 8 see, and their A fragments;
+ * QCVT: bf16 queries scaled into fp16 (q_f16.cuh), the warp's score
+ * factor in q_back (else 1). */
+template <bool QCVT>
 __device__ __forceinline__ void cu_idxt_request(const cu_indexer_params &params,
                                                 const cu_dec_info &di, int32_t c_lo, int32_t &nq,
                                                 int32_t &base, int32_t &last_lo, int32_t &last_hi,
-                                                uint32_t (&a)[8][4])
+                                                uint32_t (&a)[8][4], float &q_back)
 {
     nq = di.ql * params.num_index_heads;
     base = di.kl - di.ql;
     last_lo = base + ((c_lo * params.index_heads_magic) >> 16); /* column / Hi = token */
     last_hi = base + (((c_lo + 8) * params.index_heads_magic) >> 16);
     cu_idxt_afrags(params, di.t0, nq, c_lo, a);
+    q_back = QCVT ? cu_q_bf16_to_f16(a) : 1.0f;
 }
 
 /* Group g's ring uses g, g + IDX_TMA_GROUPS, ... until the producer's end
  * mark (block id -1); the CTA's fixed share starts at block gb_begin (F
- * blocks); kscale as for cu_idxt_epilogue. */
-template <typename Tag, bool LSE>
+ * blocks); kscale as for cu_idxt_epilogue.  Tag: the products' type;
+ * QCVT: bf16 queries taken to it (cu_idxt_request). */
+template <typename Tag, bool LSE, bool QCVT>
 __device__ void cu_idxt_consumer(const cu_indexer_params &params, unsigned char *ring,
                                  uint64_t *full, uint64_t *empty, const volatile int32_t *slot_gb,
                                  int32_t gb_begin, int32_t F, int32_t n_dec, int g, float kscale)
@@ -235,6 +244,7 @@ __device__ void cu_idxt_consumer(const cu_indexer_params &params, unsigned char 
     }
     uint32_t a[8][4];
     int32_t nq = 0, base = 0, last_lo = 0, last_hi = 0;
+    float q_back = 1.0f; /* the scores' factor of the queries' scale */
     float d[16][4];
 #pragma unroll
     for (int j = 0; j < 16; ++j)
@@ -242,7 +252,7 @@ __device__ void cu_idxt_consumer(const cu_indexer_params &params, unsigned char 
     for (int32_t i = g;; i += IDX_TMA_GROUPS) {
         if (kslot != k) {
             k = kslot;
-            cu_idxt_request(params, di, c_lo, nq, base, last_lo, last_hi, a);
+            cu_idxt_request<QCVT>(params, di, c_lo, nq, base, last_lo, last_hi, a, q_back);
         }
         const int s = i % IDX_TMA_STAGES;
         cu_mbar_wait(&full[s], (uint32_t)(i / IDX_TMA_STAGES) & 1u);
@@ -252,7 +262,7 @@ __device__ void cu_idxt_consumer(const cu_indexer_params &params, unsigned char 
         if (gb >= di.blk1) {
             cu_idxt_next_request(params, n_dec, gb, kslot, di);
             k = kslot;
-            cu_idxt_request(params, di, c_lo, nq, base, last_lo, last_hi, a);
+            cu_idxt_request<QCVT>(params, di, c_lo, nq, base, last_lo, last_hi, a, q_back);
         }
         if (i == 0 && threadIdx.x == 0)
             CU_TL_MARK(params, CU_TL_INDEXER, CU_TL_FIRST);
@@ -281,9 +291,11 @@ __device__ void cu_idxt_consumer(const cu_indexer_params &params, unsigned char 
         const int32_t key0 = n * IDX_TMA_BLOCK_ROWS;
         float s_lo, s_hi;
         if (key0 + IDX_TMA_BLOCK_ROWS - 1 <= base) /* every key visible to every token */
-            cu_idxt_epilogue<LSE, false>(d, key0, last_lo, last_hi, iscale, kscale, s_lo, s_hi);
+            cu_idxt_epilogue<LSE, false>(d, key0, last_lo, last_hi, iscale, kscale * q_back, s_lo,
+                                         s_hi);
         else
-            cu_idxt_epilogue<LSE, true>(d, key0, last_lo, last_hi, iscale, kscale, s_lo, s_hi);
+            cu_idxt_epilogue<LSE, true>(d, key0, last_lo, last_hi, iscale, kscale * q_back, s_lo,
+                                        s_hi);
         if ((lane & 3) == 0) {
             /* Score row of column c: the request's rows start at d0 * Hi. */
             const int64_t row0 = (int64_t)di.d0 * Hi;
@@ -516,6 +528,9 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS(KF), 1)
     const int32_t gb_end = (int32_t)((int64_t)stat * (blockIdx.x + 1) / gridDim.x);
     const int32_t F = gb_end - gb_begin;
     if (n_dec > 0 && total > 0) {
+        /* The products' type: fp16 over fp8 codes (q_f16.cuh). */
+        typedef typename cu_compute_tag<Tag, KF>::type CTag;
+        constexpr bool QCVT = cu_q_converts<Tag, CTag>::value;
         const int g = warp >> 2;
         const float kscale = KF == CU_PLANE_16 ? 1.0f : params.index_k_scale;
         if (warp == IDX_TMA_GROUPS * 4 && KF == CU_PLANE_16)
@@ -525,14 +540,14 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS(KF), 1)
             cu_idxt_producer<KF>(params, &map, qring, qfull, qempty, qslot_gb, gb_begin, F, stat,
                                  total, n_dec);
         else if (warp > IDX_TMA_GROUPS * 4)
-            cu_idxq_converter<Tag, KF>(qring, qfull, qempty, qslot_gb, ring, full, empty, slot_gb,
-                                       threadIdx.x - (IDX_TMA_GROUPS * 4 + 1) * 32);
+            cu_idxq_converter<CTag, KF>(qring, qfull, qempty, qslot_gb, ring, full, empty, slot_gb,
+                                        threadIdx.x - (IDX_TMA_GROUPS * 4 + 1) * 32);
         else if (params.score_lse)
-            cu_idxt_consumer<Tag, true>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec, g,
-                                        kscale);
+            cu_idxt_consumer<CTag, true, QCVT>(params, ring, full, empty, slot_gb, gb_begin, F,
+                                               n_dec, g, kscale);
         else
-            cu_idxt_consumer<Tag, false>(params, ring, full, empty, slot_gb, gb_begin, F, n_dec, g,
-                                         kscale);
+            cu_idxt_consumer<CTag, false, QCVT>(params, ring, full, empty, slot_gb, gb_begin, F,
+                                                n_dec, g, kscale);
     }
     cu_pdl_wait(); /* every CTA, before it ends (arch/launch.cuh) */
     if (threadIdx.x == 0)
