@@ -21,6 +21,9 @@
  *     every byte of a word straight to fp16 and to bf16, bit for bit the
  *     decode's value, NaN codes NaN (the bits before the product on the
  *     host, the whole widening on a GPU);
+ *   - the attention's fp16 nvfp4 widening (quant_widen.cuh, GPU only):
+ *     every E2M1 code in every nibble of a chunk times every group-scale
+ *     byte, bit for bit the decode's product, NaN scales NaN;
  *   - bf16 queries scaled into fp16 for products over fp8 codes
  *     (q_f16.cuh, GPU only): per warp a power of two that takes the
  *     largest finite magnitude into [2^14, 2^15) (or 2^24 for warps below
@@ -625,6 +628,69 @@ static T *to_device(const T *src, size_t n)
     return (T *)d;
 }
 
+/* ---- nvfp4 chunks widened in fp16 ----------------------------------------- */
+
+/* Chunk i: scale bytes i % 256 (group A) and its bit complement (group B);
+ * code j of word k is (i / 256 + j + 3 k) % 16, so every code meets
+ * every nibble of every word. */
+#define NVF_CHUNKS (256 * 16)
+
+__host__ __device__ static uint4 nvf_chunk(int i, uint32_t *g)
+{
+    *g = (uint32_t)(i % 256) | ((uint32_t)(255 - i % 256) << 8);
+    uint32_t wd[4];
+    for (int k = 0; k < 4; ++k) {
+        wd[k] = 0u;
+        for (int j = 0; j < 8; ++j)
+            wd[k] |= (uint32_t)((i / 256 + j + 3 * k) % 16) << (4 * j);
+    }
+    return make_uint4(wd[0], wd[1], wd[2], wd[3]);
+}
+
+__global__ static void nvf_kernel(uint4 *out)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= NVF_CHUNKS)
+        return;
+    uint32_t g = 0;
+    const uint4 p = nvf_chunk(i, &g);
+    uint4 r[4];
+    cu_nvfp4_chunk_widen<cu_f16_tag>(p, g, r);
+    for (int k = 0; k < 4; ++k)
+        out[4 * i + k] = r[k];
+}
+
+static void run_nvf_device(void)
+{
+    static uint4 out[4 * NVF_CHUNKS];
+    uint4 *dout = NULL;
+    const int ok = cudaMalloc(&dout, sizeof out) == cudaSuccess;
+    CHECK(ok, "device: nvfp4 fp16 widening buffer");
+    if (ok) {
+        nvf_kernel<<<NVF_CHUNKS / 128, 128>>>(dout);
+        const int copied = cudaDeviceSynchronize() == cudaSuccess &&
+                           cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost) == cudaSuccess;
+        CHECK(copied, "device: nvfp4 fp16 widening kernel and copy");
+        long bad = 0;
+        for (int i = 0; copied && i < NVF_CHUNKS; ++i) {
+            uint32_t g = 0;
+            const uint4 p = nvf_chunk(i, &g);
+            const uint32_t wd[4] = {p.x, p.y, p.z, p.w};
+            const uint32_t *o = (const uint32_t *)&out[4 * i];
+            for (int v = 0; v < 32; ++v) { /* value v: word v / 8, nibble v % 8 */
+                const uint32_t code = (wd[v / 8] >> (4 * (v % 8))) & 15u;
+                const float scale = cu_e4m3_to_f32(v < 16 ? g & 0xffu : g >> 8);
+                const float want = cu_e2m1_to_f32(code) * scale; /* exact */
+                const float got = f16_value((o[v / 2] >> (16 * (v & 1))) & 0xffffu);
+                bad += !same_float(got, want);
+            }
+        }
+        CHECK(bad == 0, "device: nvfp4 fp16 widening: %ld of %d values differ", bad,
+              32 * NVF_CHUNKS);
+    }
+    cudaFree(dout);
+}
+
 /* ---- bf16 queries scaled into fp16 ---------------------------------------- */
 
 /* Warps of test queries: each lane's 8 x 4 words of bf16 pairs. */
@@ -834,6 +900,7 @@ int main(int argc, char **argv)
             run_widen_device();
             run_pair_device();
             run_q_f16_device();
+            run_nvf_device();
         }
     }
     free(in.enc);

@@ -22,14 +22,19 @@
 #ifdef __CUDACC__
 
 /* The products' type for activations Tag over planes of row format KF:
- * fp16 for fp8 codes, else the activations' type (nvfp4 widens through
- * fp32 products either way, and 16-bit planes are read as they are). */
+ * fp16 for quantized codes (nvfp4 codes times their group scales are
+ * fp16 values too, widened in fp16 arithmetic: quant_widen.cuh), else
+ * the activations' type (16-bit planes are read as they are). */
 template <typename Tag, int KF>
 struct cu_compute_tag {
     typedef Tag type;
 };
 template <>
 struct cu_compute_tag<cu_bf16_tag, CU_PLANE_FP8> {
+    typedef cu_f16_tag type;
+};
+template <>
+struct cu_compute_tag<cu_bf16_tag, CU_PLANE_NVFP4> {
     typedef cu_f16_tag type;
 };
 

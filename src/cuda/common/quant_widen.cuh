@@ -251,6 +251,70 @@ __device__ __forceinline__ uint4 cu_nvfp4_widen8(uint32_t w, float s)
     r.w = cu_pack2(cu_nvfp4_widen<6>(w, s), cu_nvfp4_widen<7>(w, s), Tag());
     return r;
 }
+
+/* A 16-byte chunk of nvfp4 codes (32 values: groups A and B of 16, code
+ * j of word k in nibble j) times the groups' scales (g: scale byte of A
+ * in bits 0..7, of B in 8..15), as four 16-byte chunks of the 16-bit
+ * type: out[k] from word k (words 0 and 1 are group A). */
+template <typename Tag>
+__device__ __forceinline__ void cu_nvfp4_chunk_widen(uint4 p, uint32_t g, uint4 (&out)[4])
+{
+    const float s0 = cu_e4m3_to_f32(g & 0xffu), s1 = cu_e4m3_to_f32((g >> 8) & 0xffu);
+    out[0] = cu_nvfp4_widen8<Tag>(p.x, s0);
+    out[1] = cu_nvfp4_widen8<Tag>(p.y, s0);
+    out[2] = cu_nvfp4_widen8<Tag>(p.z, s1);
+    out[3] = cu_nvfp4_widen8<Tag>(p.w, s1);
+}
+
+/* fp16, in fp16 arithmetic: a byte permute looks the
+ * eight codes' magnitudes up in a table of their fp16 forms (0, 0.5, 1,
+ * 1.5, 2, 3, 4, 6: only the high byte is nonzero), two more put the
+ * codes' signs on the table's bytes, two spread each pair into the high
+ * bytes of a packed pair, and one exact fp16 product a pair applies the
+ * group's scale (converted from E4M3 by the conversion instruction of
+ * sm_89 and later, exactly: every E4M3 value is an fp16 value; every
+ * code times scale, 2^-10 to 2688 with at most six significant bits, is
+ * an fp16 value, and a NaN scale makes its group NaN as in fp32).  About
+ * two operations a code where the fp32 path takes five. */
+__device__ __forceinline__ uint4 cu_nvfp4_widen8_f16(uint32_t w, uint32_t s2)
+{
+    const uint32_t m = w & 0x77777777u; /* the magnitudes' table indices */
+    /* Table bytes 0..7: fp16 high bytes of the E2M1 magnitudes. */
+    uint32_t a = __byte_perm(0x3e3c3800u, 0x46444240u, m);       /* codes 0-3 */
+    uint32_t b = __byte_perm(0x3e3c3800u, 0x46444240u, m >> 16); /* codes 4-7 */
+    /* Code j's sign is bit 4 j + 3 of w: the top bit of a byte of w << 4
+     * (even j) or of w (odd j); gathered into byte j's top bit. */
+    const uint32_t e = w << 4;
+    a |= __byte_perm(e, w, 0x5140) & 0x80808080u;
+    b |= __byte_perm(e, w, 0x7362) & 0x80808080u;
+    uint4 r;
+    r.x = __byte_perm(a, 0u, 0x1404); /* codes 0, 1 in the halves' high bytes */
+    r.y = __byte_perm(a, 0u, 0x3424);
+    r.z = __byte_perm(b, 0u, 0x1404);
+    r.w = __byte_perm(b, 0u, 0x3424);
+    asm("mul.rn.f16x2 %0, %0, %1;\n" : "+r"(r.x) : "r"(s2));
+    asm("mul.rn.f16x2 %0, %0, %1;\n" : "+r"(r.y) : "r"(s2));
+    asm("mul.rn.f16x2 %0, %0, %1;\n" : "+r"(r.z) : "r"(s2));
+    asm("mul.rn.f16x2 %0, %0, %1;\n" : "+r"(r.w) : "r"(s2));
+    return r;
+}
+
+template <>
+__device__ __forceinline__ void cu_nvfp4_chunk_widen<cu_f16_tag>(uint4 p, uint32_t g,
+                                                                 uint4 (&out)[4])
+{
+    uint32_t s; /* the two scales as an fp16 pair, A's in the low half */
+#if CU_E4M3_CVT
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(s) : "h"((unsigned short)g));
+#else
+    s = cu_pack2(cu_e4m3_to_f32(g & 0xffu), cu_e4m3_to_f32((g >> 8) & 0xffu), cu_f16_tag());
+#endif
+    const uint32_t sa = __byte_perm(s, 0u, 0x1010), sb = __byte_perm(s, 0u, 0x3232);
+    out[0] = cu_nvfp4_widen8_f16(p.x, sa);
+    out[1] = cu_nvfp4_widen8_f16(p.y, sa);
+    out[2] = cu_nvfp4_widen8_f16(p.z, sb);
+    out[3] = cu_nvfp4_widen8_f16(p.w, sb);
+}
 #endif /* __CUDACC__ */
 
 #endif /* MSA_CUDA_COMMON_QUANT_WIDEN_CUH */

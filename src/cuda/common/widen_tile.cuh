@@ -58,11 +58,11 @@ __device__ __forceinline__ void cu_widen_nvfp4_tile(uint32_t codes, uint32_t wid
         const uint4 p = cu_lds128(codes + (uint32_t)(row * 64 + c * 16));
         /* Groups 2 c and 2 c + 1: bytes 2 c, 2 c + 1 of the scale row. */
         const uint32_t g = ((c < 2 ? sb.x : sb.y) >> (16 * (c & 1))) & 0xffffu;
-        const float s0 = cu_e4m3_to_f32(g & 0xffu), s1 = cu_e4m3_to_f32(g >> 8);
-        cu_sts128(wide + cu_tswz(ROWS, row, 4 * c), cu_nvfp4_widen8<Tag>(p.x, s0));
-        cu_sts128(wide + cu_tswz(ROWS, row, 4 * c + 1), cu_nvfp4_widen8<Tag>(p.y, s0));
-        cu_sts128(wide + cu_tswz(ROWS, row, 4 * c + 2), cu_nvfp4_widen8<Tag>(p.z, s1));
-        cu_sts128(wide + cu_tswz(ROWS, row, 4 * c + 3), cu_nvfp4_widen8<Tag>(p.w, s1));
+        uint4 out[4];
+        cu_nvfp4_chunk_widen<Tag>(p, g, out);
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            cu_sts128(wide + cu_tswz(ROWS, row, 4 * c + k), out[k]);
     }
 }
 
