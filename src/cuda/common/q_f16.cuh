@@ -6,10 +6,12 @@
  * (cvt.rn.f16x2.e4m3x2, sm_89 and later); to bf16 they take four
  * operations and a NaN test (quant_widen.cuh), which bounded the decode
  * indexer and attention over fp8 planes with bf16 activations.  Every
- * E4M3 value is exact in fp16, so with bf16 activations those kernels
- * take their products in fp16: each warp's bf16 query fragments become
- * fp16 values scaled by a power of two (cu_q_bf16_to_f16), and the scores
- * are scaled back in fp32.  The probabilities of O = P V round to fp16
+ * E4M3 value is exact in fp16, and so is every nvfp4 value (E2M1 code
+ * times E4M3 group scale), which widens in fp16 arithmetic in fewer
+ * operations than through fp32 (quant_widen.cuh); so with bf16
+ * activations those kernels take their products in fp16 over both: each
+ * warp's bf16 query fragments become fp16 values scaled by a power of
+ * two (cu_q_bf16_to_f16), and the scores are scaled back in fp32.  The probabilities of O = P V round to fp16
  * instead of bf16 (three more significant bits; weights below 2^-24 of
  * the row's largest, which is 1, round to 0).  The output rows keep the
  * activations' type.

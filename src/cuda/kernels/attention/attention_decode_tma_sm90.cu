@@ -35,9 +35,9 @@
  * own pair of 16-bit tiles (every E4M3 value, and every E2M1 code times
  * its E4M3 group scale, is exact in bf16 and in fp16; NaN codes and NaN
  * group scales widen to NaN), hands the slot back, and its products read
- * the widened tiles as they read a 16-bit slot.  fp8 codes widen to fp16
- * whatever the activations' type (one conversion a pair; bf16 queries
- * are scaled into fp16 once a unit, q_f16.cuh).  K's scale joins the
+ * the widened tiles as they read a 16-bit slot.  Codes widen to fp16
+ * whatever the activations' type (fp8: one conversion a pair; bf16
+ * queries are scaled into fp16 once a unit, q_f16.cuh).  K's scale joins the
  * score scale, V's multiplies the finished rows.  Each group widens only
  * the tiles it computes: of a pair, a tile both items use is widened
  * twice, once per group, which costs less than a CTA-wide barrier per
@@ -272,7 +272,7 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
 
     const int64_t q_lo = (int64_t)(it.t0 + tok) * params.q_heads + it.group * 16 + (lane >> 2);
     const int64_t q_hi = q_lo + 8;
-    /* The products' type: fp16 over fp8 codes (q_f16.cuh). */
+    /* The products' type: fp16 over codes (q_f16.cuh). */
     typedef typename cu_compute_tag<Tag, KF>::type CTag;
     uint32_t qa[8][4];
     cu_rows_load_q(params.q, q_lo, q_hi, active, active, qa);

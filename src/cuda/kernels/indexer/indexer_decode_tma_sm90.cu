@@ -37,7 +37,7 @@
  * Quantized index keys (fp8_e4m3, nvfp4): the producer streams their
  * codes into a ring of their own, converter warps widen each block into
  * the 16-bit ring, and the consumers run unchanged, the index-K scale on
- * their scores (indexer_decode_tma_q_sm90.cuh).  fp8 codes widen to fp16
+ * their scores (indexer_decode_tma_q_sm90.cuh).  Codes widen to fp16
  * whatever the activations' type; bf16 queries are scaled into fp16
  * (q_f16.cuh).
  *
@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(IDX_TMA_THREADS(KF), 1)
     const int32_t gb_end = (int32_t)((int64_t)stat * (blockIdx.x + 1) / gridDim.x);
     const int32_t F = gb_end - gb_begin;
     if (n_dec > 0 && total > 0) {
-        /* The products' type: fp16 over fp8 codes (q_f16.cuh). */
+        /* The products' type: fp16 over codes (q_f16.cuh). */
         typedef typename cu_compute_tag<Tag, KF>::type CTag;
         constexpr bool QCVT = cu_q_converts<Tag, CTag>::value;
         const int g = warp >> 2;
