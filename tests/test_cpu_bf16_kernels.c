@@ -6,10 +6,21 @@
  * broadcast, and P.V of four heads per pass against one
  * head at a time.  Each lane sums in the same order in both, so the
  * results must be the same bits; any regrouping that changed the order of
- * the sums fails here.  Built with the AVX512-BF16 level's flags; reports
- * "skipped" (exit 77) on a CPU without the instructions.
+ * the sums fails here.  Also the fp8 e4m3 codes widened to bf16 by table
+ * lookup (src/cpu/cpu_dequant_impl.h) against the conversion route, bit
+ * for bit, for every code in every position of a 32-code vector.  Built
+ * with the AVX512-BF16 level's flags; reports "skipped" (exit 77) on a
+ * CPU without the instructions.
  */
 #include "cpu/cpu_bf16.h"
+#include "cpu/cpu_kernels.h"
+#include "core/quant.h"
+
+#include <immintrin.h>
+
+/* The de-quantization header's row functions are not all used here. */
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include "cpu/cpu_dequant_impl.h"
 
 #include "check.h"
 
@@ -55,6 +66,31 @@ static void scores_one_key(float *s, const uint32_t *qt2, const uint16_t *k, int
     }
 }
 
+/* Every code at every position of a 32-code vector: the table route of
+ * level_fp8_rows_bf16 against dq_fp8x16_bf16. */
+static void check_fp8_lut(void)
+{
+#if MSA_CPU_DQ_FP8_BF16
+    __m512i t[4];
+    dq_fp8_bf16_tables(t);
+    long bad = 0;
+    for (int shift = 0; shift < 32; shift++)
+        for (int base = 0; base < 256; base += 32) {
+            uint8_t codes[32];
+            for (int i = 0; i < 32; i++)
+                codes[i] = (uint8_t)(base + (i + shift) % 32);
+            uint16_t lut[32], ref[32];
+            _mm512_storeu_si512((void *)lut, dq_fp8x32_bf16_lut(codes, t));
+            _mm256_storeu_si256((__m256i *)ref, dq_fp8x16_bf16(codes));
+            _mm256_storeu_si256((__m256i *)(ref + 16), dq_fp8x16_bf16(codes + 16));
+            bad += memcmp(lut, ref, sizeof lut) != 0;
+        }
+    CHECK(bad == 0, "fp8 to bf16 by table: %ld of 256 vectors differ", bad);
+#else
+    CHECK(0, "this build's AVX512-BF16 flags do not give the fp8 table route");
+#endif
+}
+
 int main(void)
 {
     if (!__builtin_cpu_supports("avx512bf16")) {
@@ -73,6 +109,7 @@ int main(void)
         CHECK(0, "out of memory");
         return check_finish();
     }
+    check_fp8_lut();
     for (int i = 0; i < DIM / 2 * HEADS; i++)
         qt2[i] = rand_pair();
     for (int i = 0; i < KEYS * DIM; i++)

@@ -196,6 +196,35 @@ static inline __m256i dq_fp8x16_bf16(const uint8_t *src)
     return _mm256_mask_blend_epi16(nan, r, qnan);
 }
 
+/* The bf16 forms of codes 0..127 (dq_fp8x16_bf16's values; code 0x7f
+ * the quiet NaN) as the four 32-entry word tables that two-source word
+ * permutes read: codes 0-31, 32-63, 64-95, 96-127. */
+static inline void dq_fp8_bf16_tables(__m512i t[4])
+{
+    uint8_t codes[128];
+    for (int c = 0; c < 128; c++)
+        codes[c] = (uint8_t)c;
+    for (int k = 0; k < 4; k++)
+        t[k] = _mm512_inserti64x4(_mm512_castsi256_si512(dq_fp8x16_bf16(codes + 32 * k)),
+                                  dq_fp8x16_bf16(codes + 32 * k + 16), 1);
+}
+
+/* 32 e4m3 codes at src as dq_fp8x16_bf16 makes them, by table: the low
+ * six bits of a code pick a word of two tables (one two-source permute
+ * per half of the codes), bit 6 picks the half, and bit 7 is the sign.
+ * Eight instructions for 32 codes, where the conversion route takes 26. */
+static inline __m512i dq_fp8x32_bf16_lut(const uint8_t *src, const __m512i t[4])
+{
+    const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)src));
+    const __m512i lo = _mm512_permutex2var_epi16(t[0], w, t[1]);
+    const __m512i hi = _mm512_permutex2var_epi16(t[2], w, t[3]);
+    const __m512i m =
+        _mm512_mask_blend_epi16(_mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), lo, hi);
+    /* m | (w << 8 & 0x8000): the code's sign on its magnitude's value */
+    return _mm512_ternarylogic_epi32(m, _mm512_slli_epi16(w, 8), _mm512_set1_epi16((short)0x8000),
+                                     0xf8);
+}
+
 /* Rows [j0, j0 + n) of one head of an fp8_e4m3 plane into dst[n][dim] as
  * the bf16 values code * 2^-8 (dim a multiple of 16; a run of rows within
  * a page is one block of codes, as in level_dequant_rows). */
@@ -203,6 +232,8 @@ static void level_fp8_rows_bf16(uint16_t *dst, const cpu_plane *plane, const int
                                 int32_t head, int64_t j0, int32_t n)
 {
     const int32_t P = plane->page_size, dim = plane->dim;
+    __m512i t[4];
+    dq_fp8_bf16_tables(t);
     int32_t i = 0;
     while (i < n) {
         const int64_t j = j0 + i;
@@ -210,7 +241,11 @@ static void level_fp8_rows_bf16(uint16_t *dst, const cpu_plane *plane, const int
         const int32_t run = P - off < n - i ? P - off : n - i;
         const uint8_t *src = cpu_plane_row(plane, page_row[j / P], head, off);
         uint16_t *d = dst + (int64_t)i * dim;
-        for (int64_t e = 0; e < (int64_t)run * dim; e += 16)
+        const int64_t len = (int64_t)run * dim;
+        int64_t e = 0;
+        for (; e + 32 <= len; e += 32)
+            _mm512_storeu_si512((void *)(d + e), dq_fp8x32_bf16_lut(src + e, t));
+        if (e < len) /* 16 codes left (len is a multiple of 16) */
             _mm256_storeu_si256((__m256i *)(d + e), dq_fp8x16_bf16(src + e));
         i += run;
     }
