@@ -318,6 +318,88 @@ static void dr_index_scores(float *sr, int64_t ld, const float *q, int rows, con
     dr_index_scores_of(sr, ld, q, rows, keys, dim, n, DR_KEY_BF16, 0.0f);
 }
 
+#if MSA_CPU_DR_FP8 && MSA_CPU_DQ_FP8_BF16 && DR_LANES == 16
+#define MSA_CPU_DR_FP8_DOT 1
+/* Most index rows (a step's tokens times index heads) the bf16 queries of
+ * dr_index_scores_fp8_dot hold. */
+#define DR_DOT_MAX_ROWS 32
+
+/* Whether the n fp32 queries at q are all bf16 values without bf16
+ * subnormals (which vdpbf16ps reads as zeros): true of every query of
+ * bf16 activations but the subnormal ones. */
+static inline int dr_bf16_dot_exact(const float *q, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, q + i, sizeof u);
+        if ((u & 0xffffu) != 0u || ((u & 0x7f800000u) == 0u && (u & 0x7fffffffu) != 0u))
+            return 0;
+    }
+    return 1;
+}
+
+/* The rows of q as bf16 (qb[rows][dim]; every value exact:
+ * dr_bf16_dot_exact). */
+static inline void dr_pack_bf16(uint16_t *qb, const float *q, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16)
+        _mm256_storeu_si256((__m256i *)(qb + i),
+                            _mm512_cvtepi32_epi16(
+                                _mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(q + i)),
+                                                  16)));
+}
+
+/* sr[r * ld + j] = qb[r] . k[j] * 256 * scale for the n <= 16 fp8 keys at
+ * codes ([n][dim], dim a multiple of 32 and at most DR_MAX_DIM) and the
+ * rows of qb ([rows][dim] bf16): the codes widen to the bf16 values
+ * code * 2^-8 by table (dq_fp8x32_bf16_lut, tables t), and vdpbf16ps
+ * takes the products of pairs, exact in fp32, summed in fp32; the scale
+ * multiplies the sums.  A decode token's index scan widens each key piece
+ * for only a few rows: the table takes eight instructions a 32-code
+ * vector and vdpbf16ps one a row, where the fp32 route
+ * (dr_index_scores) widens through fp16 and takes an FMA a row for every
+ * 16 codes.  NaN codes widen to NaN and their scores are NaN. */
+static void dr_index_scores_fp8_dot(float *sr, int64_t ld, const uint16_t *qb, int rows,
+                                    const uint8_t *codes, int dim, int n, float scale,
+                                    const __m512i t[4])
+{
+    uint16_t kb[16 * DR_MAX_DIM];
+    const int nk = (n + DR_KB - 1) / DR_KB * DR_KB; /* keys past n: zeros */
+    for (int64_t i = 0; i < (int64_t)n * dim; i += 32)
+        _mm512_storeu_si512((void *)(kb + i), dq_fp8x32_bf16_lut(codes + i, t));
+    memset(kb + (int64_t)n * dim, 0, (size_t)(nk - n) * (size_t)dim * sizeof(uint16_t));
+    const float s256 = scale * 256.0f;
+    for (int j0 = 0; j0 < nk; j0 += DR_KB) {
+        for (int r0 = 0; r0 < rows; r0 += DR_RB) {
+            const uint16_t *qr[DR_RB];
+            for (int r = 0; r < DR_RB; r++) /* rows past the last repeat it */
+                qr[r] = qb + (int64_t)(r0 + r < rows ? r0 + r : rows - 1) * dim;
+            __m512 acc[DR_RB * DR_KB];
+            for (int i = 0; i < DR_RB * DR_KB; i++)
+                acc[i] = _mm512_setzero_ps();
+            for (int d = 0; d < dim; d += 32) {
+                __m512bh k[DR_KB];
+                for (int j = 0; j < DR_KB; j++)
+                    k[j] = (__m512bh)_mm512_loadu_si512(
+                        (const void *)(kb + (int64_t)(j0 + j) * dim + d));
+                for (int r = 0; r < DR_RB; r++) {
+                    const __m512bh qv = (__m512bh)_mm512_loadu_si512((const void *)(qr[r] + d));
+                    for (int j = 0; j < DR_KB; j++)
+                        acc[r * DR_KB + j] = _mm512_dpbf16_ps(acc[r * DR_KB + j], qv, k[j]);
+                }
+            }
+            float out[DR_RB * DR_KB];
+            dr_transpose_sum(out, acc);
+            for (int r = 0; r < DR_RB && r0 + r < rows; r++)
+                for (int j = 0; j < DR_KB && j0 + j < n; j++)
+                    sr[(int64_t)(r0 + r) * ld + j0 + j] = out[r * DR_KB + j] * s256;
+        }
+    }
+}
+#else
+#define MSA_CPU_DR_FP8_DOT 0
+#endif
+
 /* acc[h][:] = acc[h][:] * c[h] + sum_j p[j * gp + h] * vf[j][:] for hb
  * heads h (a constant where this is inlined), DR_LANES * DR_VB columns from
  * d0 (c == NULL: no rescale), with vf the fp32 rows widened by

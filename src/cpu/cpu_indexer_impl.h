@@ -56,7 +56,8 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
     /* bf16 keys, and fp8 e4m3 keys whose 256 * scale is finite, on the AVX2
      * and AVX-512 levels: read in place, widened in registers
      * (cpu_decode_rows.h), the same sums as msa_dot16_rows on the fp32
-     * rows (fp8: de-quantized by the scalar read rule, bit for bit). */
+     * rows (fp8: de-quantized by the scalar read rule, bit for bit),
+     * except fp8 keys with bf16 queries on AVX512-BF16 (dr_dot below). */
 #if MSA_CPU_DR_FP8
     const int dr_fp8 = ik.dtype == MSA_DTYPE_FP8_E4M3 && dq_fp8_fast_scale(ik.scale);
 #else
@@ -66,6 +67,20 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
     const int dr_scan = !bf16_dot && (ik.dtype == MSA_DTYPE_BF16 || dr_fp8) && Di % 16 == 0 &&
                         Di <= DR_MAX_DIM;
     const int64_t key_bytes = (int64_t)msa_dtype_size(ik.dtype); /* per element, dr_scan */
+#endif
+    /* fp8 keys and bf16 queries of a decode or verify step on
+     * AVX512-BF16: products of bf16 pairs (dr_index_scores_fp8_dot). */
+#if MSA_CPU_DR_FP8_DOT
+    const int dr_dot = dr_scan && dr_fp8 && job->io->act_dtype == MSA_DTYPE_BF16 && Di % 32 == 0 &&
+                       rows <= DR_DOT_MAX_ROWS && dr_bf16_dot_exact(q, (int64_t)rows * Di);
+    uint16_t qb[DR_DOT_MAX_ROWS * DR_MAX_DIM];
+    __m512i lut[4];
+    if (dr_dot) {
+        dr_pack_bf16(qb, q, (int64_t)rows * Di);
+        dq_fp8_bf16_tables(lut);
+    }
+#endif
+#if MSA_CPU_DECODE_ROWS
 #else
     const int dr_scan = 0;
     (void)dr_fp8;
@@ -110,6 +125,14 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                                 __builtin_prefetch(r + l * step + b, 0, 2);
                     }
                     const int32_t ng = nk - jj < 16 ? nk - jj : 16;
+#if MSA_CPU_DR_FP8_DOT
+                    if (dr_dot) {
+                        dr_index_scores_fp8_dot(sr + jj, TW16, qb, rows,
+                                                (const uint8_t *)kd + (int64_t)jj * Di, Di, ng,
+                                                ik.scale, lut);
+                        continue;
+                    }
+#endif
                     dr_index_scores(sr + jj, TW16, q, rows, kd + (int64_t)jj * Di * key_bytes, Di,
                                     ng, dr_fp8, ik.scale);
                 }
