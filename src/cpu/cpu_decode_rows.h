@@ -349,26 +349,16 @@ static inline void dr_pack_bf16(uint16_t *qb, const float *q, int64_t n)
                                                   16)));
 }
 
-/* sr[r * ld + j] = qb[r] . k[j] * 256 * scale for the n <= 16 fp8 keys at
- * codes ([n][dim], dim a multiple of 32 and at most DR_MAX_DIM) and the
- * rows of qb ([rows][dim] bf16): the codes widen to the bf16 values
- * code * 2^-8 by table (dq_fp8x32_bf16_lut, tables t), and vdpbf16ps
- * takes the products of pairs, exact in fp32, summed in fp32; the scale
- * multiplies the sums.  A decode token's index scan widens each key piece
- * for only a few rows: the table takes eight instructions a 32-code
- * vector and vdpbf16ps one a row, where the fp32 route
- * (dr_index_scores) widens through fp16 and takes an FMA a row for every
- * 16 codes.  NaN codes widen to NaN and their scores are NaN. */
-static void dr_index_scores_fp8_dot(float *sr, int64_t ld, const uint16_t *qb, int rows,
-                                    const uint8_t *codes, int dim, int n, float scale,
-                                    const __m512i t[4])
+/* sr[r * ld + j] = (qb[r] . k[j]) * mul for the keys k[j], j < n, of kb
+ * ([nk][dim] bf16, nk = n rounded up to DR_KB, the rows past n zero) and
+ * the rows of qb ([rows][dim] bf16), dim a multiple of 32: vdpbf16ps
+ * takes the products of pairs, exact in fp32, summed in fp32. */
+static inline __attribute__((always_inline)) void dr_dot_bf16_rows(float *sr, int64_t ld,
+                                                                   const uint16_t *qb, int rows,
+                                                                   const uint16_t *kb, int dim,
+                                                                   int n, float mul)
 {
-    uint16_t kb[16 * DR_MAX_DIM];
-    const int nk = (n + DR_KB - 1) / DR_KB * DR_KB; /* keys past n: zeros */
-    for (int64_t i = 0; i < (int64_t)n * dim; i += 32)
-        _mm512_storeu_si512((void *)(kb + i), dq_fp8x32_bf16_lut(codes + i, t));
-    memset(kb + (int64_t)n * dim, 0, (size_t)(nk - n) * (size_t)dim * sizeof(uint16_t));
-    const float s256 = scale * 256.0f;
+    const int nk = (n + DR_KB - 1) / DR_KB * DR_KB;
     for (int j0 = 0; j0 < nk; j0 += DR_KB) {
         for (int r0 = 0; r0 < rows; r0 += DR_RB) {
             const uint16_t *qr[DR_RB];
@@ -392,9 +382,45 @@ static void dr_index_scores_fp8_dot(float *sr, int64_t ld, const uint16_t *qb, i
             dr_transpose_sum(out, acc);
             for (int r = 0; r < DR_RB && r0 + r < rows; r++)
                 for (int j = 0; j < DR_KB && j0 + j < n; j++)
-                    sr[(int64_t)(r0 + r) * ld + j0 + j] = out[r * DR_KB + j] * s256;
+                    sr[(int64_t)(r0 + r) * ld + j0 + j] = out[r * DR_KB + j] * mul;
         }
     }
+}
+
+/* The same for the n <= 16 fp8 keys at codes ([n][dim], dim at most
+ * DR_MAX_DIM), times 256 * scale: the codes widen to the bf16 values
+ * code * 2^-8 by table (dq_fp8x32_bf16_lut, tables t) and the scale
+ * multiplies the sums.  A decode token's index scan widens each key piece
+ * for only a few rows: the table takes eight instructions a 32-code
+ * vector and vdpbf16ps one a row, where the fp32 route (dr_index_scores)
+ * widens through fp16 and takes an FMA a row for every 16 codes.  NaN
+ * codes widen to NaN and their scores are NaN. */
+static void dr_index_scores_fp8_dot(float *sr, int64_t ld, const uint16_t *qb, int rows,
+                                    const uint8_t *codes, int dim, int n, float scale,
+                                    const __m512i t[4])
+{
+    uint16_t kb[16 * DR_MAX_DIM];
+    const int nk = (n + DR_KB - 1) / DR_KB * DR_KB; /* keys past n: zeros */
+    for (int64_t i = 0; i < (int64_t)n * dim; i += 32)
+        _mm512_storeu_si512((void *)(kb + i), dq_fp8x32_bf16_lut(codes + i, t));
+    memset(kb + (int64_t)n * dim, 0, (size_t)(nk - n) * (size_t)dim * sizeof(uint16_t));
+    dr_dot_bf16_rows(sr, ld, qb, rows, kb, dim, n, scale * 256.0f);
+}
+
+/* The same for n <= 16 bf16 keys at keys ([n][dim]), read in place
+ * where n is a multiple of DR_KB. */
+static void dr_index_scores_bf16_dot(float *sr, int64_t ld, const uint16_t *qb, int rows,
+                                     const uint16_t *keys, int dim, int n)
+{
+    if (n % DR_KB == 0) {
+        dr_dot_bf16_rows(sr, ld, qb, rows, keys, dim, n, 1.0f);
+        return;
+    }
+    uint16_t kb[16 * DR_MAX_DIM];
+    const int nk = (n + DR_KB - 1) / DR_KB * DR_KB;
+    memcpy(kb, keys, (size_t)n * (size_t)dim * sizeof(uint16_t));
+    memset(kb + (int64_t)n * dim, 0, (size_t)(nk - n) * (size_t)dim * sizeof(uint16_t));
+    dr_dot_bf16_rows(sr, ld, qb, rows, kb, dim, n, 1.0f);
 }
 #else
 #define MSA_CPU_DR_FP8_DOT 0

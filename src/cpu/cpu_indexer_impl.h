@@ -46,8 +46,9 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
     /* bf16 queries and keys: dot products straight from the stored bf16
      * values (no conversion pass), where the level has no widening rows
      * (NEON-BF16: MSA_CPU_BF16_SCAN).  On AVX512-BF16 the widening rows
-     * below scan faster than vdpbf16ps (32K decode on Zen 4: the sparse
-     * layer 0.6-0.75x the time), so those take bf16 keys too. */
+     * below, register-blocked, scan faster than that kernel (32K decode on
+     * Zen 4: the sparse layer 0.6-0.75x the time), and their vdpbf16ps
+     * form (dr_dot) faster still. */
     const int bf16_dot = MSA_CPU_BF16_SCAN && job->io->act_dtype == MSA_DTYPE_BF16 &&
                          ik.dtype == MSA_DTYPE_BF16 && Di % 32 == 0;
     if (!bf16_dot) {
@@ -57,7 +58,7 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
      * and AVX-512 levels: read in place, widened in registers
      * (cpu_decode_rows.h), the same sums as msa_dot16_rows on the fp32
      * rows (fp8: de-quantized by the scalar read rule, bit for bit),
-     * except fp8 keys with bf16 queries on AVX512-BF16 (dr_dot below). */
+     * except with bf16 queries on AVX512-BF16 (dr_dot below). */
 #if MSA_CPU_DR_FP8
     const int dr_fp8 = ik.dtype == MSA_DTYPE_FP8_E4M3 && dq_fp8_fast_scale(ik.scale);
 #else
@@ -68,10 +69,11 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                         Di <= DR_MAX_DIM;
     const int64_t key_bytes = (int64_t)msa_dtype_size(ik.dtype); /* per element, dr_scan */
 #endif
-    /* fp8 keys and bf16 queries of a decode or verify step on
-     * AVX512-BF16: products of bf16 pairs (dr_index_scores_fp8_dot). */
+    /* bf16 or fp8 keys and bf16 queries of a decode or verify step on
+     * AVX512-BF16: products of bf16 pairs (dr_index_scores_bf16_dot,
+     * dr_index_scores_fp8_dot). */
 #if MSA_CPU_DR_FP8_DOT
-    const int dr_dot = dr_scan && dr_fp8 && job->io->act_dtype == MSA_DTYPE_BF16 && Di % 32 == 0 &&
+    const int dr_dot = dr_scan && job->io->act_dtype == MSA_DTYPE_BF16 && Di % 32 == 0 &&
                        rows <= DR_DOT_MAX_ROWS && dr_bf16_dot_exact(q, (int64_t)rows * Di);
     uint16_t qb[DR_DOT_MAX_ROWS * DR_MAX_DIM];
     __m512i lut[4];
@@ -126,10 +128,15 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                     }
                     const int32_t ng = nk - jj < 16 ? nk - jj : 16;
 #if MSA_CPU_DR_FP8_DOT
-                    if (dr_dot) {
+                    if (dr_dot && dr_fp8) {
                         dr_index_scores_fp8_dot(sr + jj, TW16, qb, rows,
                                                 (const uint8_t *)kd + (int64_t)jj * Di, Di, ng,
                                                 ik.scale, lut);
+                        continue;
+                    }
+                    if (dr_dot) {
+                        dr_index_scores_bf16_dot(sr + jj, TW16, qb, rows,
+                                                 (const uint16_t *)kd + (int64_t)jj * Di, Di, ng);
                         continue;
                     }
 #endif
