@@ -422,8 +422,6 @@ static void dr_index_scores_bf16_dot(float *sr, int64_t ld, const uint16_t *qb, 
     memset(kb + (int64_t)n * dim, 0, (size_t)(nk - n) * (size_t)dim * sizeof(uint16_t));
     dr_dot_bf16_rows(sr, ld, qb, rows, kb, dim, n, 1.0f);
 }
-#else
-#define MSA_CPU_DR_FP8_DOT 0
 #endif
 
 /* acc[h][:] = acc[h][:] * c[h] + sum_j p[j * gp + h] * vf[j][:] for hb
@@ -670,4 +668,9 @@ static inline float dr_row_max(const float *x, int n, int *nan)
     }
     return mx;
 }
+#endif
+
+/* Levels without the bf16 dot-product index scan (all but AVX512-BF16). */
+#ifndef MSA_CPU_DR_FP8_DOT
+#define MSA_CPU_DR_FP8_DOT 0
 #endif

@@ -68,6 +68,9 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
     const int dr_scan = !bf16_dot && (ik.dtype == MSA_DTYPE_BF16 || dr_fp8) && Di % 16 == 0 &&
                         Di <= DR_MAX_DIM;
     const int64_t key_bytes = (int64_t)msa_dtype_size(ik.dtype); /* per element, dr_scan */
+#else
+    const int dr_scan = 0;
+    (void)dr_fp8;
 #endif
     /* bf16 or fp8 keys and bf16 queries of a decode or verify step on
      * AVX512-BF16: products of bf16 pairs (dr_index_scores_bf16_dot,
@@ -81,11 +84,6 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
         dr_pack_bf16(qb, q, (int64_t)rows * Di);
         dq_fp8_bf16_tables(lut);
     }
-#endif
-#if MSA_CPU_DECODE_ROWS
-#else
-    const int dr_scan = 0;
-    (void)dr_fp8;
 #endif
     const int64_t p_last = ch->pos0 + ch->n - 1;
     float *out = cp->scores + ch->score_off;
