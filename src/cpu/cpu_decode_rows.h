@@ -320,8 +320,8 @@ static void dr_index_scores(float *sr, int64_t ld, const float *q, int rows, con
 
 #if MSA_CPU_DR_FP8 && MSA_CPU_DQ_FP8_BF16 && DR_LANES == 16
 #define MSA_CPU_DR_FP8_DOT 1
-/* Most index rows (a step's tokens times index heads) the bf16 queries of
- * dr_index_scores_fp8_dot hold. */
+/* Most index rows (a step's tokens times index heads) that the
+ * vdpbf16ps scan below takes (its caller's query buffer). */
 #define DR_DOT_MAX_ROWS 32
 
 /* Whether the n fp32 queries at q are all bf16 values without bf16
