@@ -350,16 +350,18 @@ static inline void dr_pack_bf16(uint16_t *qb, const float *q, int64_t n)
 }
 
 /* sr[r * ld + j] = (qb[r] . k[j]) * mul for the keys k[j], j < n, of kb
- * ([nk][dim] bf16, nk = n rounded up to DR_KB, the rows past n zero) and
- * the rows of qb ([rows][dim] bf16), dim a multiple of 32: vdpbf16ps
- * takes the products of pairs, exact in fp32, summed in fp32. */
+ * ([n][dim] bf16) and the rows of qb ([rows][dim] bf16), dim a multiple
+ * of 32: vdpbf16ps takes the products of pairs, exact in fp32, summed in
+ * fp32. */
 static inline __attribute__((always_inline)) void dr_dot_bf16_rows(float *sr, int64_t ld,
                                                                    const uint16_t *qb, int rows,
                                                                    const uint16_t *kb, int dim,
                                                                    int n, float mul)
 {
-    const int nk = (n + DR_KB - 1) / DR_KB * DR_KB;
-    for (int j0 = 0; j0 < nk; j0 += DR_KB) {
+    for (int j0 = 0; j0 < n; j0 += DR_KB) {
+        const uint16_t *kr[DR_KB];
+        for (int j = 0; j < DR_KB; j++) /* keys past the last repeat it */
+            kr[j] = kb + (int64_t)(j0 + j < n ? j0 + j : n - 1) * dim;
         for (int r0 = 0; r0 < rows; r0 += DR_RB) {
             const uint16_t *qr[DR_RB];
             for (int r = 0; r < DR_RB; r++) /* rows past the last repeat it */
@@ -370,8 +372,7 @@ static inline __attribute__((always_inline)) void dr_dot_bf16_rows(float *sr, in
             for (int d = 0; d < dim; d += 32) {
                 __m512bh k[DR_KB];
                 for (int j = 0; j < DR_KB; j++)
-                    k[j] = (__m512bh)_mm512_loadu_si512(
-                        (const void *)(kb + (int64_t)(j0 + j) * dim + d));
+                    k[j] = (__m512bh)_mm512_loadu_si512((const void *)(kr[j] + d));
                 for (int r = 0; r < DR_RB; r++) {
                     const __m512bh qv = (__m512bh)_mm512_loadu_si512((const void *)(qr[r] + d));
                     for (int j = 0; j < DR_KB; j++)
@@ -400,27 +401,9 @@ static void dr_index_scores_fp8_dot(float *sr, int64_t ld, const uint16_t *qb, i
                                     const __m512i t[4])
 {
     uint16_t kb[16 * DR_MAX_DIM];
-    const int nk = (n + DR_KB - 1) / DR_KB * DR_KB; /* keys past n: zeros */
     for (int64_t i = 0; i < (int64_t)n * dim; i += 32)
         _mm512_storeu_si512((void *)(kb + i), dq_fp8x32_bf16_lut(codes + i, t));
-    memset(kb + (int64_t)n * dim, 0, (size_t)(nk - n) * (size_t)dim * sizeof(uint16_t));
     dr_dot_bf16_rows(sr, ld, qb, rows, kb, dim, n, scale * 256.0f);
-}
-
-/* The same for n <= 16 bf16 keys at keys ([n][dim]), read in place
- * where n is a multiple of DR_KB. */
-static void dr_index_scores_bf16_dot(float *sr, int64_t ld, const uint16_t *qb, int rows,
-                                     const uint16_t *keys, int dim, int n)
-{
-    if (n % DR_KB == 0) {
-        dr_dot_bf16_rows(sr, ld, qb, rows, keys, dim, n, 1.0f);
-        return;
-    }
-    uint16_t kb[16 * DR_MAX_DIM];
-    const int nk = (n + DR_KB - 1) / DR_KB * DR_KB;
-    memcpy(kb, keys, (size_t)n * (size_t)dim * sizeof(uint16_t));
-    memset(kb + (int64_t)n * dim, 0, (size_t)(nk - n) * (size_t)dim * sizeof(uint16_t));
-    dr_dot_bf16_rows(sr, ld, qb, rows, kb, dim, n, 1.0f);
 }
 #endif
 

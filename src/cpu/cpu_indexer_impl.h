@@ -73,17 +73,17 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
     (void)dr_fp8;
 #endif
     /* bf16 or fp8 keys and bf16 queries of a decode or verify step on
-     * AVX512-BF16: products of bf16 pairs (dr_index_scores_bf16_dot,
+     * AVX512-BF16: products of bf16 pairs (dr_dot_bf16_rows,
      * dr_index_scores_fp8_dot). */
 #if MSA_CPU_DR_FP8_DOT
     const int dr_dot = dr_scan && job->io->act_dtype == MSA_DTYPE_BF16 && Di % 32 == 0 &&
                        rows <= DR_DOT_MAX_ROWS && dr_bf16_dot_exact(q, (int64_t)rows * Di);
     uint16_t qb[DR_DOT_MAX_ROWS * DR_MAX_DIM];
     __m512i lut[4];
-    if (dr_dot) {
+    if (dr_dot)
         dr_pack_bf16(qb, q, (int64_t)rows * Di);
+    if (dr_dot && dr_fp8)
         dq_fp8_bf16_tables(lut);
-    }
 #endif
     const int64_t p_last = ch->pos0 + ch->n - 1;
     float *out = cp->scores + ch->score_off;
@@ -133,8 +133,8 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                         continue;
                     }
                     if (dr_dot) {
-                        dr_index_scores_bf16_dot(sr + jj, TW16, qb, rows,
-                                                 (const uint16_t *)kd + (int64_t)jj * Di, Di, ng);
+                        dr_dot_bf16_rows(sr + jj, TW16, qb, rows,
+                                         (const uint16_t *)kd + (int64_t)jj * Di, Di, ng, 1.0f);
                         continue;
                     }
 #endif
