@@ -47,6 +47,7 @@
 #include "cuda/common/q_f16.cuh"
 
 extern "C" {
+#include "core/internal.h" /* msa_f32_to_bf16 */
 #include "core/quant.h"
 }
 
@@ -709,16 +710,6 @@ __global__ static void q_f16_kernel(const uint32_t *in, uint32_t *out, float *ba
     back[blockIdx.x * 32 + threadIdx.x] = b;
 }
 
-/* bf16 bits of v (round to nearest even; v finite or not). */
-static uint16_t bf16_bits(float v)
-{
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* Warp w's 1024 values: 0 Gaussian-like around 1; 1 wide magnitudes with
  * the largest finite bf16, infinities and NaNs; 2 all zeros (signed); 3
  * bf16 subnormals only; 4 below 2^-10 with a spread down to 2^-60; 5
@@ -728,7 +719,7 @@ static uint16_t q_f16_input(int w, int i)
     const float sign = (rng_u32() & 1u) ? -1.0f : 1.0f;
     const float u = rng_unit();
     switch (w) {
-    case 0: return bf16_bits(u * 3.0f);
+    case 0: return msa_f32_to_bf16(u * 3.0f);
     case 1:
         if (i == 5)
             return 0x7f7fu; /* the largest finite bf16 */
@@ -736,14 +727,15 @@ static uint16_t q_f16_input(int w, int i)
             return 0xff80u; /* -inf */
         if (i == 600)
             return 0x7fc1u; /* NaN */
-        return bf16_bits(sign * ldexpf(1.0f + fabsf(u), (int)(rng_u32() % 250) - 125));
+        return msa_f32_to_bf16(sign * ldexpf(1.0f + fabsf(u), (int)(rng_u32() % 250) - 125));
     case 2: return (i & 1) ? 0x8000u : 0u;
     case 3: return (uint16_t)((sign < 0 ? 0x8000u : 0u) | (1u + rng_u32() % 0x7fu));
-    case 4: return bf16_bits(sign * ldexpf(1.0f + fabsf(u), -11 - (int)(rng_u32() % 50)));
-    case 5: return bf16_bits(sign * ldexpf(1.0f + fabsf(u), (i & 1) ? 15 : -20));
+    case 4: return msa_f32_to_bf16(sign * ldexpf(1.0f + fabsf(u), -11 - (int)(rng_u32() % 50)));
+    case 5: return msa_f32_to_bf16(sign * ldexpf(1.0f + fabsf(u), (i & 1) ? 15 : -20));
     default:
-        return i == 999 ? bf16_bits(ldexpf(1.0f, -9))
-                        : bf16_bits(sign * ldexpf(1.0f + fabsf(u), -30 - (int)(rng_u32() % 20)));
+        return i == 999
+                   ? msa_f32_to_bf16(ldexpf(1.0f, -9))
+                   : msa_f32_to_bf16(sign * ldexpf(1.0f + fabsf(u), -30 - (int)(rng_u32() % 20)));
     }
 }
 

@@ -11,10 +11,10 @@
  * operations than through fp32 (quant_widen.cuh); so with bf16
  * activations those kernels take their products in fp16 over both: each
  * warp's bf16 query fragments become fp16 values scaled by a power of
- * two (cu_q_bf16_to_f16), and the scores are scaled back in fp32.  The probabilities of O = P V round to fp16
- * instead of bf16 (three more significant bits; weights below 2^-24 of
- * the row's largest, which is 1, round to 0).  The output rows keep the
- * activations' type.
+ * two (cu_q_bf16_to_f16), and the scores are scaled back in fp32.  The
+ * probabilities of O = P V round to fp16 instead of bf16 (three more
+ * significant bits; weights below 2^-24 of the row's largest, which is
+ * 1, round to 0).  The output rows keep the activations' type.
  */
 #ifndef MSA_CUDA_COMMON_Q_F16_CUH
 #define MSA_CUDA_COMMON_Q_F16_CUH
