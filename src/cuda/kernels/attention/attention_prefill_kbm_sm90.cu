@@ -2,17 +2,17 @@
  * Key-block-major prefill attention on Hopper: see the header for the five
  * kernels of a chunk and docs/PREFILL.md for the design.
  *
- * The attend kernel: one CTA per SM walks the chunk's work items (one key
+ * The attend kernel: one CTA per SM claims the chunk's work items (one key
  * block of one KV head and up to CU_PFK_ITEM_TOKENS tokens that selected
- * it).  Thirteen working warps:
- *   warp 12     the producer: copies each item's K and V page into a ring
+ * it) one at a time.  Thirteen working warps:
+ *   warp 12     the producer: claims an item, copies its K and V page into a ring
  *               slot (four tensor-map boxes each) and publishes the item;
  *               once the V copy has landed, it zeroes the rows after the
  *               last key any of the item's tokens may see (stale rows past
  *               kv_len would otherwise reach O as 0 x NaN) and releases V;
- *   warps 0-11  three consumer warpgroups; group h takes the item's token
- *               tiles h, h + 3, ... (a tile is 64 rows: 64 / g tokens x g
- *               heads).  Per tile: its Q rows copied by tensor map (one
+ *   warps 0-11  three consumer warpgroups take the CTA's token tiles in
+ *               turn, across item boundaries (a tile is 64 rows: 64 / g
+ *               tokens x g heads).  Per tile: its Q rows copied by tensor map (one
  *               tile ahead, issued by one thread of the group) into one of
  *               the group's two tile buffers, S = Q K^T (wgmma, both
  *               operands in shared memory), the causal mask (keys after
@@ -114,8 +114,11 @@ __global__ void __launch_bounds__(PFK_LIST_THREADS)
             const int32_t r = p.tok_info[t].r;
             const int32_t blk = p.pf_blk0[r] + b;
             place = atomicAdd(&p.ws.cnt[(int64_t)g * p.blocks_cap + blk], 1);
-            /* Every entry of the block writes the same page. */
-            p.ws.blk_page[blk] = p.page_table[(int64_t)r * p.cap_pages + b];
+            /* The list's first entry notes the block's page: one store a
+             * list, where a store from every entry made the kernel wait on
+             * hundreds of stores to each of the same few words. */
+            if (place == 0)
+                p.ws.blk_page[blk] = p.page_table[(int64_t)r * p.cap_pages + b];
         }
         p.ws.epos[e] = place;
     }
@@ -165,6 +168,10 @@ __device__ __forceinline__ void cu_pfk_block_scan(int32_t &a, int32_t &b, int32_
     __syncthreads(); /* wa, wb are read before the next scan writes them */
 }
 
+/* The lists' offsets and their work items.  Whole items (of
+ * CU_PFK_ITEM_TOKENS tokens) come first, every list's shorter last item
+ * after them all: the attend CTAs claim items in this order, so the last
+ * claims are the short ones and the CTAs end close together. */
 __global__ void __launch_bounds__(PFK_SCAN_THREADS)
     cu_pfk_scan(const __grid_constant__ cu_pfk_params p)
 {
@@ -172,30 +179,50 @@ __global__ void __launch_bounds__(PFK_SCAN_THREADS)
     cu_pdl_trigger();
     const int32_t nblk = cu_pfk_chunk_len(p) > 0 ? p.hdr->n_pf_blocks : 0;
     const int32_t lists = p.hkv * nblk;
-    int32_t ent_base = 0, item_base = 0;
+    const int32_t it_tok = CU_PFK_ITEM_TOKENS;
+    /* Pass 1: entry offsets and the whole items. */
+    int32_t ent_base = 0, whole_base = 0;
     for (int32_t i0 = 0; i0 < lists; i0 += PFK_SCAN_THREADS) {
         const int32_t i = i0 + (int32_t)threadIdx.x;
         const int32_t g = i / max(nblk, 1), blk = i - g * nblk;
         const int64_t L = (int64_t)g * p.blocks_cap + blk;
         const int32_t c = i < lists ? p.ws.cnt[L] : 0;
-        const int32_t ni = (c + CU_PFK_ITEM_TOKENS - 1) / CU_PFK_ITEM_TOKENS;
-        int32_t ec = c, ei = ni, tc, ti;
+        const int32_t nw = c / it_tok;
+        int32_t ec = c, ei = nw, tc, ti;
         cu_pfk_block_scan(ec, ei, tc, ti);
         if (i < lists) {
             ec += ent_base;
-            ei += item_base;
+            ei += whole_base;
             p.ws.off[L] = ec;
-            p.ws.cnt[L] = 0; /* for the next chunk */
             const int32_t page = c > 0 ? p.ws.blk_page[blk] : 0;
-            for (int32_t k = 0; k < ni; ++k)
-                p.ws.items[ei + k] = make_int4(g, page, ec + k * CU_PFK_ITEM_TOKENS,
-                                               min(CU_PFK_ITEM_TOKENS, c - k * CU_PFK_ITEM_TOKENS));
+            for (int32_t k = 0; k < nw; ++k)
+                p.ws.items[ei + k] = make_int4(g, page, ec + k * it_tok, it_tok);
         }
         ent_base += tc;
-        item_base += ti;
+        whole_base += ti;
     }
-    if (threadIdx.x == 0)
-        p.ws.n_items[0] = item_base;
+    /* Pass 2: each list's remainder, after every whole item. */
+    int32_t part_base = whole_base;
+    for (int32_t i0 = 0; i0 < lists; i0 += PFK_SCAN_THREADS) {
+        const int32_t i = i0 + (int32_t)threadIdx.x;
+        const int32_t g = i / max(nblk, 1), blk = i - g * nblk;
+        const int64_t L = (int64_t)g * p.blocks_cap + blk;
+        const int32_t c = i < lists ? p.ws.cnt[L] : 0;
+        const int32_t rest = c % it_tok;
+        int32_t np = rest > 0 ? 1 : 0, unused = 0, tp, tu;
+        cu_pfk_block_scan(np, unused, tp, tu);
+        if (i < lists) {
+            if (rest > 0)
+                p.ws.items[part_base + np] =
+                    make_int4(g, p.ws.blk_page[blk], p.ws.off[L] + c - rest, rest);
+            p.ws.cnt[L] = 0; /* for the next chunk */
+        }
+        part_base += tp;
+    }
+    if (threadIdx.x == 0) {
+        p.ws.n_items[0] = part_base;
+        p.ws.n_items[1] = 0; /* the attend CTAs' claim counter */
+    }
 }
 
 __global__ void __launch_bounds__(PFK_LIST_THREADS)
@@ -274,14 +301,24 @@ __device__ __forceinline__ void cu_pfk_release_v(const cu_pfk_smem_t &sm, const 
     cu_mbar_arrive(&sm.v_ready[pd.s]);
 }
 
+/* The producer claims the chunk's items one at a time from the shared
+ * counter (whole items first, the scan's order), so a CTA that drew short
+ * items takes more of them and the CTAs end close together; with a fixed
+ * stride the kernel waited for the CTAs that had drawn the most tiles.
+ * After the last item it publishes one slot marked "end" (meta.w = 1),
+ * which the consumers stop at without handing it back. */
 __device__ void cu_pfk_producer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
                                 const CUtensorMap *map_k, const CUtensorMap *map_v, int32_t n_items)
 {
     const int lane = threadIdx.x & 31;
-    uint32_t gs = 0;
     cu_pfk_pending pd = {-1, 0u, 0};
-    for (int32_t w = blockIdx.x; w < n_items; w += gridDim.x, ++gs) {
-        const int4 it = p.ws.items[w];
+    for (uint32_t gs = 0;; ++gs) {
+        int32_t w = 0;
+        if (lane == 0)
+            w = n_items > 0 ? atomicAdd(&p.ws.n_items[1], 1) : 0;
+        w = __shfl_sync(0xffffffffu, w, 0);
+        const bool end = w >= n_items;
+        const int4 it = end ? make_int4(0, 0, 0, 0) : p.ws.items[w];
         const int s = (int)(gs % PFK_STAGES);
         const uint32_t par = (gs / PFK_STAGES) & 1u;
         /* The item's entries, loaded before the slot is claimed. */
@@ -300,14 +337,20 @@ __device__ void cu_pfk_producer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
         if (lane != 0)
             cu_mbar_arrive(&sm.full_k[s]);
         if (lane == 0) {
-            sm.meta[s] = make_int4(it.z, it.w, it.x, 0);
-            const uint32_t kd = cu_smem_addr(sm.ring + s * PFK_STAGE_BYTES);
-            cu_mbar_arrive_tx(&sm.full_k[s], PFH_TILE_BYTES);
-            cu_pfh_load_page(kd, map_k, it.y, it.x, &sm.full_k[s]);
-            cu_mbar_arrive_tx(&sm.full_v[s], PFH_TILE_BYTES);
-            cu_pfh_load_page(kd + PFH_TILE_BYTES, map_v, it.y, it.x, &sm.full_v[s]);
+            sm.meta[s] = make_int4(it.z, it.w, it.x, end ? 1 : 0);
+            if (end) {
+                cu_mbar_arrive(&sm.full_k[s]);
+            } else {
+                const uint32_t kd = cu_smem_addr(sm.ring + s * PFK_STAGE_BYTES);
+                cu_mbar_arrive_tx(&sm.full_k[s], PFH_TILE_BYTES);
+                cu_pfh_load_page(kd, map_k, it.y, it.x, &sm.full_k[s]);
+                cu_mbar_arrive_tx(&sm.full_v[s], PFH_TILE_BYTES);
+                cu_pfh_load_page(kd + PFH_TILE_BYTES, map_v, it.y, it.x, &sm.full_v[s]);
+            }
         }
         __syncwarp();
+        if (end)
+            break;
         /* The last key the item's tokens see. */
         const int32_t lk = __reduce_max_sync(0xffffffffu, max(h0 ? cu_pfk_ent_key(e0) : -1,
                                                               h1 ? cu_pfk_ent_key(e1) : -1));
@@ -437,16 +480,19 @@ __device__ __forceinline__ void cu_pfk_stage_o(uint32_t buf, const float (&o)[16
     }
 }
 
-/* The consumer groups.  Group wg takes the item's tiles wg, wg + 3, ...;
- * its tiles of all items form one sequence whose tile seq uses buffer
+/* The consumer groups.  The tiles of the CTA's items, taken in order,
+ * go to the groups in turn (tile i of the sequence to group i % 3, across
+ * item boundaries): restarting at group 0 in every item gave group 0 the
+ * odd tiles of every item, and the slot's release waited for it.  A
+ * group's tiles of all items form one sequence whose tile seq uses buffer
  * seq % 2.  One thread of the group (lead) copies in the next tile's Q
- * rows (of this item, or of the next item's first tile for the group)
+ * rows (of this item, or of the group's first tile of the next item)
  * while the group computes the current one, and sends each finished
  * tile's rows out by tensor-map stores; a buffer is loaded again only
  * after the stores of its rows have read it. */
 template <typename Tag>
 __device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
-                                const CUtensorMap *map_q, const CUtensorMap *map_o, int32_t n_items)
+                                const CUtensorMap *map_q, const CUtensorMap *map_o)
 {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -460,16 +506,23 @@ __device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
     const int32_t head_lo = row_lo & (p.g - 1), head_hi = row_hi & (p.g - 1);
     const uint32_t bufs = cu_smem_addr(sm.qbuf + wg * 2 * PFK_TILE_BYTES);
     uint64_t *qfull = sm.qfull + wg * 2;
-    const int32_t first = wg * tt, step = PFK_GROUPS * tt;
+    const int32_t step = PFK_GROUPS * tt;
     const uint64_t evict = cu_l2_evict_first();
     uint32_t seq = 0;
+    /* The index (mod PFK_GROUPS) of the current item's first tile in the
+     * CTA's sequence of tiles. */
+    int32_t base = 0;
     bool ahead = false; /* lead: the next item's first tile is already issued */
-    uint32_t gs = 0;
-    for (int32_t w = blockIdx.x; w < n_items; w += gridDim.x, ++gs) {
+    /* A slot's meta is read once its K barrier has completed; the loop
+     * ends at the slot marked "end" (written as a loop whose test reads
+     * the slot: with a break inside, ptxas serialized the wgmma). */
+    cu_mbar_wait(&sm.full_k[0], 0u);
+    for (uint32_t gs = 0; !sm.meta[gs % PFK_STAGES].w;) {
         const int s = (int)(gs % PFK_STAGES);
         const uint32_t par = (gs / PFK_STAGES) & 1u;
-        cu_mbar_wait(&sm.full_k[s], par);
         const int32_t n = sm.meta[s].y, kvh = sm.meta[s].z;
+        /* The group's first token of this item. */
+        const int32_t first = ((wg - base + PFK_GROUPS) % PFK_GROUPS) * tt;
         const int2 *ent = sm.ent + s * CU_PFK_ITEM_TOKENS;
         const uint32_t ka = cu_smem_addr(sm.ring + s * PFK_STAGE_BYTES);
         bool v_seen = false;
@@ -493,12 +546,13 @@ __device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
                      * tile (short items have one tile a group). */
                     nn = 0;
                     const int s2 = (int)((gs + 1) % PFK_STAGES);
-                    if (w + (int32_t)gridDim.x < n_items &&
-                        cu_mbar_test(&sm.full_k[s2], ((gs + 1) / PFK_STAGES) & 1u)) {
+                    if (cu_mbar_test(&sm.full_k[s2], ((gs + 1) / PFK_STAGES) & 1u) &&
+                        !sm.meta[s2].w) {
                         ne = sm.ent + s2 * CU_PFK_ITEM_TOKENS;
                         nn = sm.meta[s2].y;
                         nk = sm.meta[s2].z;
-                        nt = first;
+                        const int32_t nbase = (base + (n + tt - 1) / tt) % PFK_GROUPS;
+                        nt = ((wg - nbase + PFK_GROUPS) % PFK_GROUPS) * tt;
                         ahead = nt < nn;
                     }
                 }
@@ -536,11 +590,14 @@ __device__ void cu_pfk_consumer(const cu_pfk_params &p, const cu_pfk_smem_t &sm,
             if (lead)
                 cu_pfk_issue_o(map_o, ent, n, t0, tt, p.g, buf, evict);
         }
+        base = (base + (n + tt - 1) / tt) % PFK_GROUPS;
         /* The slot's V is released (and its copy landed) before the slot is
          * handed back. */
         if (!v_seen)
             cu_mbar_wait(&sm.v_ready[s], par);
         cu_mbar_arrive(&sm.empty[s]);
+        ++gs;
+        cu_mbar_wait(&sm.full_k[gs % PFK_STAGES], (gs / PFK_STAGES) & 1u);
     }
     if (lead)
         cu_bulk_wait();
@@ -588,7 +645,7 @@ __global__ void __launch_bounds__(PFK_THREADS, 1)
         cu_pfk_producer(p, cu_pfk_smem_of(smem_raw), &map_k, &map_v, n_items);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(PFK_CONSUMER_REGS));
-        cu_pfk_consumer<Tag>(p, cu_pfk_smem_of(smem_raw), &map_q, &map_o, n_items);
+        cu_pfk_consumer<Tag>(p, cu_pfk_smem_of(smem_raw), &map_q, &map_o);
     }
 #else
     (void)p;
@@ -725,7 +782,7 @@ size_t cu_pfk_ws_carve(void *base, int32_t hkv, int32_t g, int32_t W, int32_t ch
     PFK_CARVE(epos, int32_t, entries);
     PFK_CARVE(ent, int2, entries);
     PFK_CARVE(items, int4, items);
-    PFK_CARVE(n_items, int32_t, 1);
+    PFK_CARVE(n_items, int32_t, 2);
     PFK_CARVE(part_o, uint16_t, entries * (size_t)g * PFH_HEAD_DIM);
     PFK_CARVE(part_lse, float, entries *(size_t)g);
 #undef PFK_CARVE

@@ -11,11 +11,13 @@
  *   count    each (token, KV head, selected block) entry takes a place in
  *            its block's list (an atomic count per (KV head, block));
  *   scan     one CTA turns the counts into list offsets and work items
- *            (at most CU_PFK_ITEM_TOKENS tokens of one list each) and sets
- *            the counts back to 0;
+ *            (at most CU_PFK_ITEM_TOKENS tokens of one list each; the
+ *            whole items first, the lists' shorter remainders last) and
+ *            sets the counts back to 0;
  *   scatter  the entries into their lists;
- *   attend   persistent CTAs copy an item's block and compute its tokens'
- *            partial rows (warpgroup products, one softmax per block);
+ *   attend   persistent CTAs claim items from a counter, copy an item's
+ *            block and compute its tokens' partial rows (warpgroup
+ *            products, one softmax per block);
  *   merge    each (token, query head) row from its partials, by LSE.
  * The prefill tokens go through in chunks of chunk_tokens, so the partials
  * of one chunk bound the workspace.

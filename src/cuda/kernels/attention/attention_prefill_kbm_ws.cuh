@@ -17,7 +17,7 @@ typedef struct cu_pfk_ws {
     int32_t *epos;     /* [chunk_tokens][hkv][W] place of an entry in its list (-1: none) */
     int2 *ent;         /* [chunk_tokens * hkv * W] entries (cu_pfk_ent_make) */
     int4 *items;       /* [items_cap] KV head, page, first entry, tokens */
-    int32_t *n_items;  /* [1] items of the chunk */
+    int32_t *n_items;  /* [2] items of the chunk; the attend CTAs' claim counter */
     void *part_o;      /* [chunk_tokens * hkv * W][g][128] 16-bit partial rows */
     float *part_lse;   /* [chunk_tokens * hkv * W][g] their natural-log LSE */
 } cu_pfk_ws;
