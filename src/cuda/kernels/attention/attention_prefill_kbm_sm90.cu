@@ -115,8 +115,7 @@ __global__ void __launch_bounds__(PFK_LIST_THREADS)
             const int32_t blk = p.pf_blk0[r] + b;
             place = atomicAdd(&p.ws.cnt[(int64_t)g * p.blocks_cap + blk], 1);
             /* The list's first entry notes the block's page: one store a
-             * list, where a store from every entry made the kernel wait on
-             * hundreds of stores to each of the same few words. */
+             * list rather than hundreds to the same word. */
             if (place == 0)
                 p.ws.blk_page[blk] = p.page_table[(int64_t)r * p.cap_pages + b];
         }
