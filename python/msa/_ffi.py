@@ -25,6 +25,7 @@ class DebugOptions(ctypes.Structure):
         ("cuda_timeline_path", ctypes.c_char_p),
         ("cuda_no_prefill_kbm", ctypes.c_int),
         ("cuda_prefill_kbm_chunk", ctypes.c_int),
+        ("cuda_no_lean_decode", ctypes.c_int),
     ]
 
 

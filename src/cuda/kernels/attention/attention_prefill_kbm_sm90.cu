@@ -31,6 +31,7 @@
 #include "cuda/kernels/attention/attention_prefill_kbm_sm90.cuh"
 #include "cuda/kernels/attention/prefill_tile_sm90.cuh"
 #include "cuda/arch/launch.cuh"
+#include "cuda/arch/smem.cuh"
 #include "cuda/plan.cuh"
 
 #include <string.h>
@@ -120,6 +121,14 @@ __global__ void __launch_bounds__(PFK_LIST_THREADS)
                 p.ws.blk_page[blk] = p.page_table[(int64_t)r * p.cap_pages + b];
         }
         p.ws.epos[e] = place;
+        /* The row's count of valid blocks (its ids come first, then -1
+         * padding), for the merge: from the entry of its last valid block,
+         * or from its first entry when it has none. */
+        const int32_t j = e % p.W;
+        const bool ends =
+            b >= 0 ? j == p.W - 1 || p.sel[(int64_t)t * p.hkv * p.W + g * p.W + j + 1] < 0 : j == 0;
+        if (ends)
+            p.ws.nval[e / p.W] = b >= 0 ? j + 1 : 0;
     }
 }
 
@@ -728,6 +737,177 @@ __global__ void __launch_bounds__(PFK_MERGE_THREADS)
     }
 }
 
+/* ---- merge by bulk copies ------------------------------------------------------
+ * One CTA per SM (its shared memory keeps a second one out) walks the
+ * chunk's units (one token and KV head each).  One thread copies a unit's
+ * whole set of partial rows (W x g rows, contiguous) and their LSE by bulk
+ * copies into a ring of PFKM_STAGES slots, so an SM keeps up to three
+ * units' bytes in flight, and eight warps merge from shared memory.
+ * Nothing on a unit's path waits on a global load: the unit's token row
+ * and its count of valid blocks (which the count kernel wrote) are loaded
+ * one unit ahead.  Per unit, first each (block, head) pair's weight
+ * exp(LSE - max) once, by a lane of the head's group of Wp lanes (Wp: W
+ * rounded up to a power of two), then each thread sums 8 dimensions of one
+ * head's row over the blocks.  The grid-stride merge (cu_pfk_merge, one
+ * thread per 16 dimensions of a row, each computing its row's weights
+ * itself) serves units that do not fit a slot. */
+#define PFKM_WARPS 8
+#define PFKM_CONSUMERS (PFKM_WARPS * 32)
+#define PFKM_THREADS (PFKM_CONSUMERS + 32)
+#define PFKM_STAGES 3
+#define PFKM_ROWS_BYTES (64 * 1024) /* a unit's partial rows, W x g x 256 bytes at most */
+#define PFKM_LSE_BYTES (PFKM_ROWS_BYTES / (PFH_HEAD_DIM * 2) * 4)
+#define PFKM_STAGE_BYTES (PFKM_ROWS_BYTES + PFKM_LSE_BYTES)
+/* Two sets of per-unit weights (a unit's are written while the unit
+ * before may still be summed) and per-head factors, then the barriers. */
+#define PFKM_PAIRS (PFKM_ROWS_BYTES / (PFH_HEAD_DIM * 2))
+#define PFKM_WTS_BYTES (2 * (PFKM_PAIRS + 64) * 4)
+#define PFKM_SMEM (PFKM_STAGES * PFKM_STAGE_BYTES + PFKM_WTS_BYTES + 2 * PFKM_STAGES * 8)
+static_assert(PFKM_SMEM > 114 * 1024 && PFKM_SMEM <= 227 * 1024,
+              "one merge CTA per SM, within the shared memory");
+static_assert(PFKM_PAIRS <= PFKM_CONSUMERS, "a consumer thread per (block, head) pair");
+/* A piece is 8 dimensions (16 bytes) of one head's row. */
+#define PFKM_PIECE_DIMS 8
+
+/* W rounded up to a power of two. */
+__host__ __device__ __forceinline__ int32_t cu_pfk_w_pow2(int32_t W)
+{
+    int32_t w = 1;
+    while (w < W)
+        w <<= 1;
+    return w;
+}
+
+/* Whether a unit fits the bulk merge: its W x g partial rows in a slot,
+ * a lane for each of its Wp x g (block, head) pairs, Wp <= 32. */
+static int cu_pfk_merge_bulk_fits(int32_t W, int32_t g)
+{
+    const int32_t wp = cu_pfk_w_pow2(W);
+    return wp <= 32 && (size_t)wp * (size_t)g <= PFKM_PAIRS;
+}
+
+template <typename Tag>
+__global__ void __launch_bounds__(PFKM_THREADS, 1)
+    cu_pfk_merge_bulk(const __grid_constant__ cu_pfk_params p)
+{
+#ifdef CU_HAVE_WGMMA
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    float *wts = (float *)(smem_raw + PFKM_STAGES * PFKM_STAGE_BYTES); /* [2][PAIRS + 64] */
+    uint64_t *full = (uint64_t *)((unsigned char *)wts + PFKM_WTS_BYTES);
+    uint64_t *empty = full + PFKM_STAGES;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < PFKM_STAGES; ++s) {
+            cu_mbar_init(&full[s], 1);
+            cu_mbar_init(&empty[s], PFKM_CONSUMERS);
+        }
+        cu_mbar_fence_init();
+    }
+    __syncthreads();
+    cu_pdl_wait(); /* the partial rows */
+    cu_pdl_trigger();
+    const int32_t ctas = (int32_t)gridDim.x;
+    const int32_t units = cu_pfk_chunk_len(p) * p.hkv; /* (local token, KV head) */
+    const int32_t unit_rows = p.W * p.g;
+    if (warp == PFKM_WARPS) {
+        if (lane == 0) {
+            const uint64_t policy = cu_l2_evict_first();
+            int32_t k = 0;
+            for (int32_t u = (int32_t)blockIdx.x; u < units; u += ctas, ++k) {
+                const int s = k % PFKM_STAGES;
+                if (k >= PFKM_STAGES)
+                    cu_mbar_wait(&empty[s], (uint32_t)(k / PFKM_STAGES - 1) & 1u);
+                const int64_t r0 = (int64_t)u * p.W * p.g;
+                unsigned char *slot = smem_raw + s * PFKM_STAGE_BYTES;
+                cu_mbar_arrive_tx(&full[s], (uint32_t)unit_rows * (PFH_HEAD_DIM * 2 + 4));
+                cu_bulk_load_hint(slot, (const uint16_t *)p.ws.part_o + r0 * PFH_HEAD_DIM,
+                                  (uint32_t)unit_rows * PFH_HEAD_DIM * 2, &full[s], policy);
+                cu_bulk_load_hint(slot + PFKM_ROWS_BYTES, p.ws.part_lse + r0,
+                                  (uint32_t)unit_rows * 4, &full[s], policy);
+            }
+        }
+        return;
+    }
+    const int32_t wp = cu_pfk_w_pow2(p.W);
+    const int32_t pieces = p.g * (PFH_HEAD_DIM / PFKM_PIECE_DIMS);
+    const int32_t tid = (int32_t)threadIdx.x;
+    /* This thread's (block j, head) pair of the weight pass. */
+    const int32_t pj = tid & (wp - 1), ph = tid / wp;
+    const int32_t *nval = p.ws.nval;
+    const int32_t *tok = p.pf_tok + (int64_t)p.chunk * p.chunk_tokens;
+    int32_t u = (int32_t)blockIdx.x;
+    int32_t nv_next = u < units ? nval[u] : 0;
+    int32_t t_next = u < units ? tok[u / p.hkv] : 0;
+    for (int32_t k = 0; u < units; u += ctas, ++k) {
+        const int s = k % PFKM_STAGES;
+        const int32_t nv = nv_next, t = t_next, g = u % p.hkv;
+        const int32_t un = u + ctas;
+        nv_next = un < units ? nval[un] : 0;
+        t_next = un < units ? tok[un / p.hkv] : 0;
+        float *w_of = wts + (k & 1) * (PFKM_PAIRS + 64); /* [j * g + head], then 64 factors */
+        const uint32_t w_at = cu_smem_addr(w_of);
+        cu_mbar_wait(&full[s], (uint32_t)(k / PFKM_STAGES) & 1u);
+        const uint32_t rows = cu_smem_addr(smem_raw + s * PFKM_STAGE_BYTES);
+        {
+            /* Every lane takes part in the shuffles (a group of Wp lanes
+             * never spans two warps); pairs past the unit's carry -inf. */
+            const bool valid = ph < p.g && pj < nv;
+            const float ls = valid ? __uint_as_float(cu_lds32(rows + PFKM_ROWS_BYTES +
+                                                              (uint32_t)(pj * p.g + ph) * 4u))
+                                   : -INFINITY;
+            float M = ls;
+            for (int o = 1; o < wp; o <<= 1)
+                M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+            const float w = ls == -INFINITY ? 0.0f : expf(ls - M);
+            float wsum = w;
+            for (int o = 1; o < wp; o <<= 1)
+                wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
+            if (valid)
+                w_of[pj * p.g + ph] = w;
+            if (pj == 0 && ph < p.g) {
+                w_of[PFKM_PAIRS + ph] = wsum > 0.0f ? 1.0f / wsum * p.v_mul : 0.0f;
+                if (p.lse)
+                    p.lse[(int64_t)t * p.hq_total + (int64_t)g * p.g + ph] =
+                        wsum > 0.0f ? M + logf(wsum) : -INFINITY;
+            }
+        }
+        cu_named_sync(1, PFKM_CONSUMERS);
+        for (int32_t pc = tid; pc < pieces; pc += PFKM_CONSUMERS) {
+            const int32_t head = pc / (PFH_HEAD_DIM / PFKM_PIECE_DIMS);
+            const int32_t part = pc % (PFH_HEAD_DIM / PFKM_PIECE_DIMS);
+            float acc[PFKM_PIECE_DIMS];
+#pragma unroll
+            for (int i = 0; i < PFKM_PIECE_DIMS; ++i)
+                acc[i] = 0.0f;
+#pragma unroll 4
+            for (int32_t j = 0; j < nv; ++j) {
+                const uint32_t r = (uint32_t)(j * p.g + head);
+                const float w = __uint_as_float(cu_lds32(w_at + r * 4u));
+                const uint4 x =
+                    cu_lds128(rows + r * (PFH_HEAD_DIM * 2) + (uint32_t)part * PFKM_PIECE_DIMS * 2);
+                const uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float2 f = cu_unpack2(xs[i], Tag());
+                    acc[2 * i] = fmaf(w, f.x, acc[2 * i]);
+                    acc[2 * i + 1] = fmaf(w, f.y, acc[2 * i + 1]);
+                }
+            }
+            const float inv = __uint_as_float(cu_lds32(w_at + (PFKM_PAIRS + head) * 4u));
+            const int64_t q = (int64_t)t * p.hq_total + (int64_t)g * p.g + head;
+            *(uint4 *)((uint16_t *)p.o + q * PFH_HEAD_DIM + part * PFKM_PIECE_DIMS) =
+                make_uint4(cu_pack2(acc[0] * inv, acc[1] * inv, Tag()),
+                           cu_pack2(acc[2] * inv, acc[3] * inv, Tag()),
+                           cu_pack2(acc[4] * inv, acc[5] * inv, Tag()),
+                           cu_pack2(acc[6] * inv, acc[7] * inv, Tag()));
+        }
+        cu_mbar_arrive(&empty[s]); /* every consumer lane: its own reads */
+    }
+#else
+    (void)p;
+#endif
+}
+
 /* ---- host side ----------------------------------------------------------- */
 
 int cu_pfk_fits(int32_t d, int32_t page, int32_t block, int32_t g, const char **why)
@@ -748,11 +928,13 @@ int cu_pfk_fits(int32_t d, int32_t page, int32_t block, int32_t g, const char **
     return 1;
 }
 
-/* Bytes of one token's entries: partial rows and LSE, list place, entry. */
+/* Bytes of one token's entries (partial rows and LSE, list place, entry)
+ * and of its rows' counts of valid blocks. */
 static size_t cu_pfk_token_bytes(int32_t hkv, int32_t g, int32_t W)
 {
-    return (size_t)hkv * (size_t)W *
-           ((size_t)g * (PFH_HEAD_DIM * 2 + sizeof(float)) + sizeof(int32_t) + sizeof(int2));
+    return (size_t)hkv * ((size_t)W * ((size_t)g * (PFH_HEAD_DIM * 2 + sizeof(float)) +
+                                       sizeof(int32_t) + sizeof(int2)) +
+                          sizeof(int32_t));
 }
 
 int32_t cu_pfk_chunk_tokens(int32_t cap_tok, int32_t hkv, int32_t g, int32_t W)
@@ -782,6 +964,7 @@ size_t cu_pfk_ws_carve(void *base, int32_t hkv, int32_t g, int32_t W, int32_t ch
     PFK_CARVE(ent, int2, entries);
     PFK_CARVE(items, int4, items);
     PFK_CARVE(n_items, int32_t, 2);
+    PFK_CARVE(nval, int32_t, (size_t)chunk_tokens * (size_t)hkv);
     PFK_CARVE(part_o, uint16_t, entries * (size_t)g * PFH_HEAD_DIM);
     PFK_CARVE(part_lse, float, entries *(size_t)g);
 #undef PFK_CARVE
@@ -843,7 +1026,11 @@ static void cu_pfk_launch_chunk(const cu_pfk_params *p, const cu_plan_state *st,
     cu_launch(cu_pfk_scatter, lists_grid, PFK_LIST_THREADS, 0, s, st->pdl, *p);
     cu_launch(cu_pfk_attend<Tag>, st->sz.num_sms, PFK_THREADS, (size_t)PFK_SMEM, s, st->pdl, *p,
               maps[0], maps[1], qo[0], qo[1]);
-    cu_launch(cu_pfk_merge<Tag>, st->sz.num_sms * 8, PFK_MERGE_THREADS, 0, s, st->pdl, *p);
+    if (cu_pfk_merge_bulk_fits(p->W, p->g))
+        cu_launch(cu_pfk_merge_bulk<Tag>, st->sz.num_sms, PFKM_THREADS, (size_t)PFKM_SMEM, s,
+                  st->pdl, *p);
+    else
+        cu_launch(cu_pfk_merge<Tag>, st->sz.num_sms * 8, PFK_MERGE_THREADS, 0, s, st->pdl, *p);
 }
 
 void cu_launch_attn_prefill_kbm(cu_pfk_params *p, int32_t chunks, const cu_plan_state *st,
@@ -860,5 +1047,9 @@ void cu_launch_attn_prefill_kbm(cu_pfk_params *p, int32_t chunks, const cu_plan_
 
 cudaError_t cu_pfk_setup(void)
 {
-    return cu_allow_smem(PFK_SMEM, cu_pfk_attend<cu_bf16_tag>, cu_pfk_attend<cu_f16_tag>);
+    const cudaError_t e =
+        cu_allow_smem(PFK_SMEM, cu_pfk_attend<cu_bf16_tag>, cu_pfk_attend<cu_f16_tag>);
+    return e != cudaSuccess ? e
+                            : cu_allow_smem(PFKM_SMEM, cu_pfk_merge_bulk<cu_bf16_tag>,
+                                            cu_pfk_merge_bulk<cu_f16_tag>);
 }

@@ -18,6 +18,7 @@ typedef struct cu_pfk_ws {
     int2 *ent;         /* [chunk_tokens * hkv * W] entries (cu_pfk_ent_make) */
     int4 *items;       /* [items_cap] KV head, page, first entry, tokens */
     int32_t *n_items;  /* [2] items of the chunk; the attend CTAs' claim counter */
+    int32_t *nval;     /* [chunk_tokens * hkv] valid blocks of each (token, KV head)'s row */
     void *part_o;      /* [chunk_tokens * hkv * W][g][128] 16-bit partial rows */
     float *part_lse;   /* [chunk_tokens * hkv * W][g] their natural-log LSE */
 } cu_pfk_ws;
