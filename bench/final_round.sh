@@ -6,7 +6,8 @@
 #   2. correctness: the graph test (whole grid and 8 SMs), the quick sweep
 #      with its prefill steps (6 shards), the prefill cases of the sweep's
 #      quick set (again with the key-block-major attention in chunks of 40
-#      tokens, and the graph test in chunks of 24), `msa replay --backend
+#      tokens, and the graph test in chunks of 24), the key-block-major
+#      cases off the M3 shape, `msa replay --backend
 #      cuda`, compute-sanitizer memcheck and
 #      racecheck on small prefill and decode steps, and test_plan_txn;
 #   3. prefill: `msa bench --workload prefill` (66 weighted cases) and single
@@ -93,6 +94,10 @@ if has_step tests; then
     run "sweep pf, kbm chunks of 40" "tests_k.tmp" 300 "$T/cuda/test_cuda_sweep" --quick --prefill \
         --filter pf --kbm-chunk 40 &
     run "graph test, kbm chunks of 24" "tests_g.tmp" 120 "$T/cuda/test_cuda_graph" --kbm-chunk 24 &
+    # Its shapes off M3's (the grid-stride merge and the bulk merge with
+    # selection rows of 12 blocks).
+    run "sweep pfsel kbm shapes" "tests_s.tmp" 200 "$T/cuda/test_cuda_sweep" --prefill \
+        --filter "pfsel kbm" &
     wait
     for f in "$OUT"/tests_*.tmp; do cat "$f" >>"$OUT/tests.log"; rm -f "$f"; done
     grep -E "FAIL" "$OUT/tests.log" | head -20 >>"$SUMMARY"
