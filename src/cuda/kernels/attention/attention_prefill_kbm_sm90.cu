@@ -122,8 +122,8 @@ __global__ void __launch_bounds__(PFK_LIST_THREADS)
         }
         p.ws.epos[e] = place;
         /* The row's count of valid blocks (its ids come first, then -1
-         * padding), for the merge: from the entry of its last valid block,
-         * or from its first entry when it has none. */
+         * padding), for both merges: from the entry of its last valid
+         * block, or from its first entry when it has none. */
         const int32_t j = e % p.W;
         const bool ends =
             b >= 0 ? j == p.W - 1 || p.sel[(int64_t)t * p.hkv * p.W + g * p.W + j + 1] < 0 : j == 0;
@@ -687,13 +687,10 @@ __global__ void __launch_bounds__(PFK_MERGE_THREADS)
         const int32_t g = (int32_t)(tg % p.hkv);
         const int32_t tl = (int32_t)(tg / p.hkv);
         const int32_t t = p.pf_tok[(int64_t)p.chunk * p.chunk_tokens + tl];
-        const int32_t *srow = p.sel + ((int64_t)t * p.hkv + g) * p.W;
         const int64_t e0 = tg * p.W; /* the token's first entry */
-        /* The row's blocks (ascending, -1 padded), then its partials with
-         * their loads free to be issued several at a time. */
-        int32_t nv = 0;
-        while (nv < p.W && srow[nv] >= 0)
-            ++nv;
+        /* The row's count of valid blocks (the count kernel's), then its
+         * partials with their loads free to be issued several at a time. */
+        const int32_t nv = p.ws.nval[tg];
         float M = -INFINITY;
 #pragma unroll 4
         for (int32_t j = 0; j < nv; ++j)
@@ -817,7 +814,7 @@ __global__ void __launch_bounds__(PFKM_THREADS, 1)
                 const int s = k % PFKM_STAGES;
                 if (k >= PFKM_STAGES)
                     cu_mbar_wait(&empty[s], (uint32_t)(k / PFKM_STAGES - 1) & 1u);
-                const int64_t r0 = (int64_t)u * p.W * p.g;
+                const int64_t r0 = (int64_t)u * unit_rows;
                 unsigned char *slot = smem_raw + s * PFKM_STAGE_BYTES;
                 cu_mbar_arrive_tx(&full[s], (uint32_t)unit_rows * (PFH_HEAD_DIM * 2 + 4));
                 cu_bulk_load_hint(slot, (const uint16_t *)p.ws.part_o + r0 * PFH_HEAD_DIM,
