@@ -1,15 +1,17 @@
 /*
  * Quantized cache formats of SPEC 8 on the device: each function mirrors
- * the one of src/core/quant.c with the same name (cu_ for msa_), operation
- * for operation, so that a row the CUDA backend writes or reads is the
- * CPU backend's bit for bit.  The functions also compile for the host,
+ * the one of src/core/quant.c with the same name (cu_ for msa_), so that
+ * a row the CUDA backend writes or reads is the CPU backend's bit for bit.  The functions also compile for the host,
  * where tests/cuda/test_cuda_quant.cu checks them without a GPU; there the
  * bit casts go through memcpy.
  *
- * Every product and quotient here is rounded once (nearest even) and none
- * is fused with an addition: the only difference taken, in the subnormal
- * E4M3 encoding, is of an exact product, so a fused form would give the
- * same result anyway.
+ * Every product, quotient and sum here is rounded once (nearest even) and
+ * none is fused with another: the only sum, in the subnormal E4M3
+ * encoding, adds 2^23 to an exact product, so a fused form would give the
+ * same result anyway.  The functions give the core's results bit for bit;
+ * where a form without branches is faster on a GPU (cu_f32_to_e4m3) they
+ * compute them differently, and test_cuda_quant checks them against the
+ * core's at every rounding boundary.
  */
 #ifndef MSA_CUDA_COMMON_QUANT_CUH
 #define MSA_CUDA_COMMON_QUANT_CUH
@@ -75,28 +77,36 @@ __host__ __device__ __forceinline__ float cu_e4m3_to_f32(uint32_t code)
     return cu_q_float(sign | (exp + 120u) << 23 | man << 20);
 }
 
+__host__ __device__ __forceinline__ float cu_q_add(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
+/* The same code as msa_f32_to_e4m3, computed for every case and chosen by
+ * selects (no branch: the prologue quantizes whole rows, and a branch per
+ * element diverges within a warp wherever a few elements are small). */
 __host__ __device__ __forceinline__ uint8_t cu_f32_to_e4m3(float x)
 {
     const uint32_t u = cu_q_bits(x);
-    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    const uint32_t sign = (u >> 24) & 0x80u;
     const uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) /* NaN */
-        return 0x7f;
-    if (a >= 0x43e00000u) /* 448 and above, infinities included: saturate */
-        return (uint8_t)(sign | 0x7eu);
-    if (a < 0x3c800000u) {
-        /* Below 2^-6: units of 2^-9 (a * 512 is exact), ties to even. */
-        const float t = cu_q_mul(cu_q_float(a), 512.0f);
-        uint32_t q = (uint32_t)t;
-        const float frac = t - (float)q;
-        if (frac > 0.5f || (frac == 0.5f && (q & 1u)))
-            q++;
-        return (uint8_t)(sign | q);
-    }
+    /* Below 2^-6: units of 2^-9 (a * 512 < 8 is exact), ties to even: the
+     * sum with 2^23 rounds to an integer (its unit is 1), nearest even. */
+    const uint32_t sub =
+        cu_q_bits(cu_q_add(cu_q_mul(cu_q_float(a), 512.0f), 8388608.0f)) - 0x4b000000u;
     /* Normal: three mantissa bits kept, ties to even; a carry is the next
      * code, and nothing below 448 rounds past it. */
     const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
-    return (uint8_t)(sign | ((r >> 20) - (120u << 3)));
+    const uint32_t nrm = (r >> 20) - (120u << 3);
+    uint32_t c = a < 0x3c800000u ? sub : nrm;
+    /* 448 and above, infinities included: saturate. */
+    c = a >= 0x43e00000u ? 0x7eu : c;
+    c |= sign;
+    return (uint8_t)(a > 0x7f800000u ? 0x7fu : c); /* NaN */
 }
 
 /* ---- E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives --------------- */

@@ -141,7 +141,7 @@ __device__ __forceinline__ void cu_lean_token_rows(const cu_lean_params &p)
     const int32_t ntok = p.pro.hdr->num_tokens;
     for (int32_t t = G - 1 - (int32_t)blockIdx.x; t < ntok; t += G) {
         const cu_tok_info ti = p.pro.tok_info[t];
-        cu_prologue_token<false>(p.pro, t, ti);
+        cu_prologue_token(p.pro, t, ti);
         /* A sparse layer's request keeps all its blocks: ids 0 .. nblk-1
          * in each KV head's row, then -1. */
         if (ti.r >= 0 && p.pro.sparse && p.pro.topk_ids) {

@@ -4,11 +4,13 @@
  * step's cache writes itself.
  *   - real rows (when the caller did not pre-write them): store k, v, idx_k,
  *     idx_v at the row's position in the paged planes, converted to the
- *     plane's element type, or quantized as the CPU backend writes them
- *     (common/quant.cuh) in the variant for quantized planes (QUANT);
+ *     plane's element type (cu_prologue_token), or, where some planes are
+ *     quantized, in units of 16 elements quantized as the CPU backend
+ *     writes them (common/quant.cuh; cu_prologue_unit_quant);
  *   - padding rows: write the padding outputs (o = 0, idx_o = 0, lse = -inf,
  *     selected ids = -1), so the later kernels only ever touch real rows.
- * Every thread of the CTA takes part (blockDim.x of them).
+ * In cu_prologue_token and cu_prologue_padding every thread of the CTA
+ * takes part (blockDim.x of them).
  */
 #ifndef MSA_CUDA_KERNELS_PROLOGUE_PROLOGUE_ROW_CUH
 #define MSA_CUDA_KERNELS_PROLOGUE_PROLOGUE_ROW_CUH
@@ -67,81 +69,177 @@ __device__ __forceinline__ void cu_prologue_row_vec(const cu_prologue_params &p,
     }
 }
 
-/* One unit of a plane's row: element c (nvfp4: group c of 16) of the row
- * whose activations start at element `src` of `rows`, stored at `slot` of
- * (page, head) of the plane. */
-__device__ __forceinline__ void cu_prologue_put(void *plane, int dtype, float scale,
-                                                const msa_plane_strides &s, int32_t page_size,
-                                                int32_t dim, int32_t page, int32_t head,
-                                                int32_t slot, int32_t c, const void *rows,
-                                                int act_dtype, int64_t src)
+/* Units of quantized rows: 16 consecutive elements of a row (an nvfp4
+ * group; for fp8, one 16-byte store of codes). */
+#define CU_PRO_UNIT 16
+
+__device__ __forceinline__ int32_t cu_prologue_units(int32_t dim)
+{
+    return (dim + CU_PRO_UNIT - 1) / CU_PRO_UNIT;
+}
+
+/* Elements [e0, e0 + n) of `rows` from element `src` on, n <= 16, as
+ * floats (exact: every activation type widens to fp32 without rounding).
+ * A whole unit of 16-bit activations at a 16-byte aligned address comes
+ * in two 16-byte loads. */
+__device__ __forceinline__ void cu_prologue_load16(const void *rows, int act_dtype, int64_t src,
+                                                   int32_t n, float x[CU_PRO_UNIT])
+{
+    const uint16_t *h = (const uint16_t *)rows + src;
+    if (act_dtype != MSA_DTYPE_FP32 && n == CU_PRO_UNIT && ((uintptr_t)h & 15u) == 0) {
+        const uint4 a = __ldg((const uint4 *)h), b = __ldg((const uint4 *)h + 1);
+        const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            if (act_dtype == MSA_DTYPE_BF16) {
+                x[2 * i] = __uint_as_float(w[i] << 16);
+                x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+            } else {
+                x[2 * i] = __half2float(__ushort_as_half((uint16_t)(w[i] & 0xffffu)));
+                x[2 * i + 1] = __half2float(__ushort_as_half((uint16_t)(w[i] >> 16)));
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < CU_PRO_UNIT; ++i)
+        x[i] = i < n ? cu_load(rows, act_dtype, src + i) : 0.0f;
+}
+
+/* Unit c (elements 16c .. 16c + 15, fewer at the end of the row) of the
+ * row whose activations start at element `src` of `rows`, stored at
+ * `slot` of (page, head) of the plane, quantized as the CPU backend
+ * writes it.  nvfp4 rows are whole groups (the cache refuses other
+ * dims).  Destinations without the alignment of a wide store take byte
+ * stores: engine layouts fix no alignment of a row. */
+__device__ __forceinline__ void cu_prologue_put16(void *plane, int dtype, float scale,
+                                                  const msa_plane_strides &s, int32_t page_size,
+                                                  int32_t dim, int32_t page, int32_t head,
+                                                  int32_t slot, int32_t c, const void *rows,
+                                                  int act_dtype, int64_t src)
 {
     uint8_t *b = (uint8_t *)plane;
+    const int32_t e0 = c * CU_PRO_UNIT;
+    const int32_t n = min(CU_PRO_UNIT, dim - e0);
+    if (!cu_is_quantized(dtype)) {
+        const int64_t d = cu_plane_row(s, page, head, slot) + e0;
+        for (int32_t i = 0; i < n; ++i)
+            cu_copy_elem(plane, dtype, d + i, rows, act_dtype, src + e0 + i);
+        return;
+    }
+    float x[CU_PRO_UNIT];
+    cu_prologue_load16(rows, act_dtype, src + e0, n, x);
     if (dtype == MSA_DTYPE_NVFP4) {
         const cu_qrow row = cu_nvfp4_row(cu_plane_row(s, page, head, 0), slot, page_size, dim);
-        float x[CU_NVFP4_GROUP];
-#pragma unroll
-        for (int e = 0; e < CU_NVFP4_GROUP; ++e)
-            x[e] = cu_load(rows, act_dtype, src + c * CU_NVFP4_GROUP + e);
         uint8_t codes[CU_NVFP4_GROUP / 2], sb;
         cu_nvfp4_quantize_group(codes, &sb, x, scale);
-        /* Byte stores: a region of P * D * 9 / 16 bytes leaves the next
-         * one's rows without any wider alignment when P * D < 128. */
+        uint8_t *dst = b + row.at + c * (CU_NVFP4_GROUP / 2);
+        if (((uintptr_t)dst & 7u) == 0) {
+            uint32_t w[2] = {0u, 0u};
 #pragma unroll
-        for (int i = 0; i < CU_NVFP4_GROUP / 2; ++i)
-            b[row.at + c * (CU_NVFP4_GROUP / 2) + i] = codes[i];
+            for (int i = 0; i < CU_NVFP4_GROUP / 2; ++i)
+                w[i / 4] |= (uint32_t)codes[i] << (8 * (i % 4));
+            *(uint2 *)dst = make_uint2(w[0], w[1]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < CU_NVFP4_GROUP / 2; ++i)
+                dst[i] = codes[i];
+        }
         b[row.scales + c] = sb;
-    } else if (dtype == MSA_DTYPE_FP8_E4M3) {
-        b[cu_plane_row(s, page, head, slot) + c] =
-            cu_fp8_quantize(cu_load(rows, act_dtype, src + c), scale);
+        return;
+    }
+    uint32_t w[CU_PRO_UNIT / 4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int i = 0; i < CU_PRO_UNIT; ++i)
+        w[i / 4] |= (uint32_t)cu_fp8_quantize(x[i], scale) << (8 * (i % 4));
+    uint8_t *dst = b + cu_plane_row(s, page, head, slot) + e0;
+    if (n == CU_PRO_UNIT && ((uintptr_t)dst & 15u) == 0) {
+        *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]);
     } else {
-        cu_copy_elem(plane, dtype, cu_plane_row(s, page, head, slot) + c, rows, act_dtype, src + c);
+#pragma unroll
+        for (int i = 0; i < CU_PRO_UNIT; ++i)
+            if (i < n)
+                dst[i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
     }
 }
 
-/* A real row into planes of which some are quantized: one unit (element,
- * or nvfp4 group) per thread. */
-__device__ __forceinline__ void cu_prologue_row_quant(const cu_prologue_params &p, int32_t t,
-                                                      int32_t page, int32_t slot)
+/* Units of a real row into planes of which some are quantized. */
+__device__ __forceinline__ int32_t cu_prologue_quant_units(const cu_prologue_params &p)
 {
-    const int32_t ukv = p.kv_dtype == MSA_DTYPE_NVFP4 ? p.head_dim / CU_NVFP4_GROUP : p.head_dim;
-    const int32_t uidx = p.index_dtype == MSA_DTYPE_NVFP4 ? p.index_dim / CU_NVFP4_GROUP
-                                                          : p.index_dim;
+    const int32_t ukv = cu_prologue_units(p.head_dim), uidx = cu_prologue_units(p.index_dim);
+    return 2 * p.num_kv_heads * ukv + (p.sparse ? uidx : 0) + (p.index_value ? uidx : 0);
+}
+
+/* Unit e of real row t (at `slot` of `page`), e < cu_prologue_quant_units:
+ * K's heads first, then V's, the index key, the index value.  The plane's
+ * facts are chosen first and the unit's code runs once: a warp's units
+ * straddle planes (72 units a row for M3), and a call per plane would run
+ * each inlined copy in turn. */
+__device__ __forceinline__ void cu_prologue_unit_quant(const cu_prologue_params &p, int32_t t,
+                                                       int32_t page, int32_t slot, int32_t e)
+{
+    const int32_t ukv = cu_prologue_units(p.head_dim), uidx = cu_prologue_units(p.index_dim);
     const int32_t nkv = p.num_kv_heads * ukv; /* units of k (and of v) */
     const int32_t nidx = p.sparse ? uidx : 0;
-    const int32_t niv = p.index_value ? uidx : 0;
-    const int32_t total = 2 * nkv + nidx + niv;
-    for (int32_t e = threadIdx.x; e < total; e += blockDim.x) {
-        if (e < 2 * nkv) {
-            const int32_t v = e >= nkv;
-            const int32_t x = e - v * nkv;
-            const int32_t h = x / ukv, c = x - h * ukv;
-            const int64_t src = ((int64_t)t * p.num_kv_heads + h) * p.head_dim;
-            if (v)
-                cu_prologue_put(p.v_plane, p.kv_dtype, p.v_scale, p.v_strides, p.page_size,
-                                p.head_dim, page, h, slot, c, p.v_rows, p.act_dtype, src);
-            else
-                cu_prologue_put(p.k_plane, p.kv_dtype, p.k_scale, p.k_strides, p.page_size,
-                                p.head_dim, page, h, slot, c, p.k_rows, p.act_dtype, src);
-        } else {
-            const int32_t x = e - 2 * nkv;
-            const int32_t w = x >= nidx; /* index value */
-            const int32_t c = x - w * nidx;
-            const int64_t src = (int64_t)t * p.index_dim;
-            if (w)
-                cu_prologue_put(p.index_v_plane, p.index_dtype, p.index_v_scale, p.index_v_strides,
-                                p.page_size, p.index_dim, page, 0, slot, c, p.index_v_rows,
-                                p.act_dtype, src);
-            else
-                cu_prologue_put(p.index_k_plane, p.index_dtype, p.index_k_scale, p.index_k_strides,
-                                p.page_size, p.index_dim, page, 0, slot, c, p.index_k_rows,
-                                p.act_dtype, src);
-        }
+    void *plane;
+    int dtype;
+    float scale;
+    msa_plane_strides st;
+    int32_t dim, head, c;
+    const void *rows;
+    int64_t src;
+    if (e < 2 * nkv) {
+        const int32_t v = e >= nkv;
+        const int32_t x = e - v * nkv;
+        head = x / ukv;
+        c = x - head * ukv;
+        plane = v ? p.v_plane : p.k_plane;
+        dtype = p.kv_dtype;
+        scale = v ? p.v_scale : p.k_scale;
+        st = v ? p.v_strides : p.k_strides;
+        dim = p.head_dim;
+        rows = v ? p.v_rows : p.k_rows;
+        src = ((int64_t)t * p.num_kv_heads + head) * p.head_dim;
+    } else {
+        const int32_t x = e - 2 * nkv;
+        const int32_t w = x >= nidx; /* index value */
+        head = 0;
+        c = x - w * nidx;
+        plane = w ? p.index_v_plane : p.index_k_plane;
+        dtype = p.index_dtype;
+        scale = w ? p.index_v_scale : p.index_k_scale;
+        st = w ? p.index_v_strides : p.index_k_strides;
+        dim = p.index_dim;
+        rows = w ? p.index_v_rows : p.index_k_rows;
+        src = (int64_t)t * p.index_dim;
+    }
+    cu_prologue_put16(plane, dtype, scale, st, p.page_size, dim, page, head, slot, c, rows,
+                      p.act_dtype, src);
+}
+
+/* The outputs of padding row t: o = 0, idx_o = 0, lse = -inf, ids = -1. */
+__device__ __forceinline__ void cu_prologue_padding(const cu_prologue_params &p, int32_t t)
+{
+    const int64_t no = (int64_t)p.num_q_heads * p.head_dim;
+    for (int64_t i = threadIdx.x; i < no; i += blockDim.x)
+        cu_store(p.out, p.act_dtype, (int64_t)t * no + i, 0.0f);
+    if (p.lse)
+        for (int i = threadIdx.x; i < p.num_q_heads; i += blockDim.x)
+            p.lse[(int64_t)t * p.num_q_heads + i] = -INFINITY;
+    if (p.sparse && p.topk_ids) {
+        const int64_t nw = (int64_t)p.num_kv_heads * p.topk_width;
+        for (int64_t i = threadIdx.x; i < nw; i += blockDim.x)
+            p.topk_ids[(int64_t)t * nw + i] = -1;
+    }
+    if (p.index_value) {
+        const int64_t ni = (int64_t)p.num_index_heads * p.index_dim;
+        for (int64_t i = threadIdx.x; i < ni; i += blockDim.x)
+            cu_store(p.index_out, p.act_dtype, (int64_t)t * ni + i, 0.0f);
     }
 }
 
-/* Token row t, whose facts are ti. */
-template <bool QUANT>
+/* Token row t, whose facts are ti, into 16-bit or fp32 planes (rows of
+ * quantized planes go by units: cu_prologue_unit_quant). */
 __device__ __forceinline__ void cu_prologue_token(const cu_prologue_params &p, int32_t t,
                                                   const cu_tok_info &ti)
 {
@@ -155,10 +253,6 @@ __device__ __forceinline__ void cu_prologue_token(const cu_prologue_params &p, i
         if (page < 0)
             return;
         const int32_t slot = ti.pos & (p.page_size - 1);
-        if (QUANT) {
-            cu_prologue_row_quant(p, t, page, slot);
-            return;
-        }
         if (p.rows_in_pieces) {
             cu_prologue_row_vec(p, t, page, slot);
             return;
@@ -195,22 +289,7 @@ __device__ __forceinline__ void cu_prologue_token(const cu_prologue_params &p, i
             }
         }
     } else {
-        const int64_t no = (int64_t)p.num_q_heads * p.head_dim;
-        for (int64_t i = threadIdx.x; i < no; i += blockDim.x)
-            cu_store(p.out, p.act_dtype, (int64_t)t * no + i, 0.0f);
-        if (p.lse)
-            for (int i = threadIdx.x; i < p.num_q_heads; i += blockDim.x)
-                p.lse[(int64_t)t * p.num_q_heads + i] = -INFINITY;
-        if (p.sparse && p.topk_ids) {
-            const int64_t nw = (int64_t)p.num_kv_heads * p.topk_width;
-            for (int64_t i = threadIdx.x; i < nw; i += blockDim.x)
-                p.topk_ids[(int64_t)t * nw + i] = -1;
-        }
-        if (p.index_value) {
-            const int64_t ni = (int64_t)p.num_index_heads * p.index_dim;
-            for (int64_t i = threadIdx.x; i < ni; i += blockDim.x)
-                cu_store(p.index_out, p.act_dtype, (int64_t)t * ni + i, 0.0f);
-        }
+        cu_prologue_padding(p, t);
     }
 }
 
