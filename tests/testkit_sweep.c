@@ -365,6 +365,10 @@ static void add_quantized(tk_list *l)
     add(l, 0, &UNION4, &MIXED, nv_nv, 8, 1, 1);
     c = add(l, 0, &SMALL, &MIXED, nv_nv, 32, 0, 0);
     c->sparse = 0;
+    /* fp8 rows that are not whole 16-byte pieces (D 40, Di 24: row
+     * starts off the 16-byte grid, a short last piece of each row) with
+     * padding rows beside them. */
+    add(l, 0, &ODD, &MIXED, fp8_fp8, 16, 0, 1);
     /* Entries cached before the step (write_cache = 0). */
     c = add(l, 1, &SMALL, &DECODE, q[4], 16, 0, 1);
     c->write_cache = 0;
