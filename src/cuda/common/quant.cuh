@@ -1,9 +1,10 @@
 /*
  * Quantized cache formats of SPEC 8 on the device: each function mirrors
  * the one of src/core/quant.c with the same name (cu_ for msa_), so that
- * a row the CUDA backend writes or reads is the CPU backend's bit for bit.  The functions also compile for the host,
- * where tests/cuda/test_cuda_quant.cu checks them without a GPU; there the
- * bit casts go through memcpy.
+ * a row the CUDA backend writes or reads is the CPU backend's bit for bit.
+ * The functions also compile for the host, where
+ * tests/cuda/test_cuda_quant.cu checks them without a GPU; there the bit
+ * casts go through memcpy.
  *
  * Every product, quotient and sum here is rounded once (nearest even) and
  * none is fused with another: the only sum, in the subnormal E4M3

@@ -110,8 +110,11 @@ __device__ __forceinline__ void cu_prologue_load16(const void *rows, int act_dty
  * row whose activations start at element `src` of `rows`, stored at
  * `slot` of (page, head) of the plane, quantized as the CPU backend
  * writes it.  nvfp4 rows are whole groups (the cache refuses other
- * dims).  Destinations without the alignment of a wide store take byte
- * stores: engine layouts fix no alignment of a row. */
+ * dims).  Codes that do not start on the wide store's alignment take byte
+ * stores: fp8 rows whose dim is not a multiple of 16, and nvfp4 rows of
+ * regions that do not start on 8 bytes, as some do where a region (P x D
+ * x 9 / 16 bytes) is not a multiple of 8 bytes (P x D not a multiple of
+ * 128). */
 __device__ __forceinline__ void cu_prologue_put16(void *plane, int dtype, float scale,
                                                   const msa_plane_strides &s, int32_t page_size,
                                                   int32_t dim, int32_t page, int32_t head,
