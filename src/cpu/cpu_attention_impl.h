@@ -52,6 +52,22 @@ static void prefetch_block(const cpu_attention *a, const int32_t *pt, int32_t g,
         int32_t off = (int32_t)(j % P);
         int32_t run = P - off < n - i ? P - off : n - i;
         int32_t page = pt[j / P];
+        if (a->k.dtype == MSA_DTYPE_NVFP4 && a->v.dtype == MSA_DTYPE_NVFP4) {
+            /* The run's codes, then its group scales, in each region. */
+            const uint8_t *kc, *ks, *vc, *vs;
+            cpu_plane_nvfp4_row(&a->k, page, g, off, &kc, &ks);
+            cpu_plane_nvfp4_row(&a->v, page, g, off, &vc, &vs);
+            for (int64_t b = 0; b < (int64_t)run * a->k.dim / 2; b += 64) {
+                __builtin_prefetch(kc + b);
+                __builtin_prefetch(vc + b);
+            }
+            for (int64_t b = 0; b < (int64_t)run * a->k.dim / 16; b += 64) {
+                __builtin_prefetch(ks + b);
+                __builtin_prefetch(vs + b);
+            }
+            i += run;
+            continue;
+        }
         const char *k = cpu_plane_row(&a->k, page, g, off);
         const char *v = cpu_plane_row(&a->v, page, g, off);
         if (packed) {
@@ -107,19 +123,27 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
      * 256 times each plane's scale multiplies the fp32 sums (scores) and
      * the accumulators (outputs) instead of every element. */
     const float qk_scale_fp8 = a->scale * (256.0f * a->k.scale);
+    /* nvfp4 K and V the same way: E2M1 values times their group scales
+     * are exact in bf16 (cpu_dequant_impl.h); the planes' global scales
+     * multiply the sums and the accumulators. */
+    const float qk_scale_nv = a->scale * a->k.scale;
 #if MSA_CPU_DQ_FP8_BF16
     const int fp8_kv = a->act == MSA_DTYPE_BF16 && a->k.dtype == MSA_DTYPE_FP8_E4M3 &&
                        a->v.dtype == MSA_DTYPE_FP8_E4M3 && D % 16 == 0 &&
                        dq_fp8_fast_scale(a->k.scale) && dq_fp8_fast_scale(a->v.scale) &&
                        isfinite(qk_scale_fp8);
+    const int nv_kv = a->act == MSA_DTYPE_BF16 && a->k.dtype == MSA_DTYPE_NVFP4 &&
+                      a->v.dtype == MSA_DTYPE_NVFP4 && D % 16 == 0 && isfinite(qk_scale_nv);
 #else
-    const int fp8_kv = 0;
+    const int fp8_kv = 0, nv_kv = 0;
 #endif
+    /* Key and value tiles widened from codes to bf16 (fp8 or nvfp4). */
+    const int q_kv = fp8_kv || nv_kv;
     /* bf16 queries and keys: q.k with bf16 dot products straight from the
      * stored values; the scale is applied to the fp32 sums. */
     const int bf16_dot = MSA_CPU_HAVE_BF16_DOT && a->act == MSA_DTYPE_BF16 &&
-                         ((a->k.dtype == MSA_DTYPE_BF16 && D % 2 == 0) || fp8_kv);
-    const float qk_scale = fp8_kv ? qk_scale_fp8 : a->scale;
+                         ((a->k.dtype == MSA_DTYPE_BF16 && D % 2 == 0) || q_kv);
+    const float qk_scale = fp8_kv ? qk_scale_fp8 : nv_kv ? qk_scale_nv : a->scale;
     (void)qk_scale; /* bf16 levels only */
     /* bf16 values too: P.V with bf16 products (the weights rounded to bf16,
      * sums in fp32, as in the GPU kernels). */
@@ -210,8 +234,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
 #if MSA_CPU_DECODE_ROWS
             const int bf16_rows = bf16_pv && GP == 16; /* bf16 or fp8 K and V */
             (void)bf16_rows;
-            if (((dr_qk && dr_pv) || bf16_rows) && k_packed && v_packed && (j1 % P) + n1 <= P &&
-                msa_dtype_size(a->k.dtype) == msa_dtype_size(a->v.dtype)) {
+            if (((dr_qk && dr_pv) || bf16_rows) && !nv_kv && k_packed && v_packed &&
+                (j1 % P) + n1 <= P && msa_dtype_size(a->k.dtype) == msa_dtype_size(a->v.dtype)) {
                 /* spread over this block's score passes */
                 nx.k = cpu_plane_row(&a->k, pt[j1 / P], g, (int32_t)(j1 % P));
                 nx.v = cpu_plane_row(&a->v, pt[j1 / P], g, (int32_t)(j1 % P));
@@ -245,6 +269,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
 #if MSA_CPU_DQ_FP8_BF16
             if (fp8_kv)
                 level_fp8_rows_bf16((uint16_t *)kt, &a->k, pt, g, j0, nk);
+            else if (nv_kv)
+                level_nvfp4_rows_bf16((uint16_t *)kt, &a->k, pt, g, j0, nk);
             else
 #endif
                 if ((bf16_dot || dr_qk) && k_packed && (j0 % a->k.page_size) + nk <= a->k.page_size)
@@ -259,10 +285,13 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                 /* vt[0 .. npairs * D) as uint32 pairs (v[2jp][d], v[2jp+1][d]);
                  * rows copied to the second half of vt when not in one page. */
                 const uint16_t *vrows;
-                if (fp8_kv) {
+                if (q_kv) {
 #if MSA_CPU_DQ_FP8_BF16
                     uint16_t *conv = (uint16_t *)(vt + (int64_t)MSA_CPU_TILE * D / 2);
-                    level_fp8_rows_bf16(conv, &a->v, pt, g, j0, nk);
+                    if (fp8_kv)
+                        level_fp8_rows_bf16(conv, &a->v, pt, g, j0, nk);
+                    else
+                        level_nvfp4_rows_bf16(conv, &a->v, pt, g, j0, nk);
                     vrows = conv;
 #endif
                 } else if (v_packed && (j0 % a->v.page_size) + nk <= a->v.page_size) {
@@ -460,8 +489,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
         }
     }
 
-    if (fp8_kv) { /* the values' scale (the weights summed to l unscaled) */
-        const float vs = 256.0f * a->v.scale;
+    if (q_kv) { /* the values' scale (the weights summed to l unscaled) */
+        const float vs = fp8_kv ? 256.0f * a->v.scale : a->v.scale;
         for (int64_t i = 0; i < (int64_t)rows * D; i++)
             acc[i] *= vs;
     }

@@ -99,6 +99,18 @@ static void dq_fp8_row(float *restrict dst, const uint8_t *restrict src, int64_t
         msa_fp8_dequantize(dst + i, src + i, n - i, scale);
 }
 
+#if defined(__AVX2__)
+/* The 16 E2M1 codes of a group (eight bytes, the low nibble the even
+ * element) as 16 bytes, element order. */
+static inline __m128i dq_nvfp4_codes16(const uint8_t *codes)
+{
+    const __m128i b = _mm_loadl_epi64((const __m128i *)codes);
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+    return _mm_unpacklo_epi8(lo, hi);
+}
+#endif
+
 /* n elements (a multiple of 16) of nvfp4: codes[n / 2], one E4M3 group
  * scale per 16 elements, the layer's global scale. */
 static void dq_nvfp4_row(float *restrict dst, const uint8_t *restrict codes,
@@ -113,11 +125,8 @@ static void dq_nvfp4_row(float *restrict dst, const uint8_t *restrict codes,
         const __m512 v =
             _mm512_mul_ps(_mm512_mul_ps(e2m1, _mm512_set1_ps(msa_e4m3_to_f32(group_scales[g]))),
                           gv);
-        const __m128i b = _mm_loadl_epi64((const __m128i *)(codes + g * (MSA_NVFP4_GROUP / 2)));
-        const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
-        /* low nibble = even element */
-        const __m512i idx = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+        const __m512i idx =
+            _mm512_cvtepu8_epi32(dq_nvfp4_codes16(codes + g * (MSA_NVFP4_GROUP / 2)));
         _mm512_storeu_ps(dst + g * MSA_NVFP4_GROUP, _mm512_permutexvar_ps(idx, v));
     }
 #elif defined(__AVX2__)
@@ -128,10 +137,7 @@ static void dq_nvfp4_row(float *restrict dst, const uint8_t *restrict codes,
         const __m256 s = _mm256_set1_ps(msa_e4m3_to_f32(group_scales[g]));
         const __m256 vp = _mm256_mul_ps(_mm256_mul_ps(pos, s), gv);
         const __m256 vn = _mm256_mul_ps(_mm256_mul_ps(neg, s), gv);
-        const __m128i b = _mm_loadl_epi64((const __m128i *)(codes + g * (MSA_NVFP4_GROUP / 2)));
-        const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
-        const __m128i c = _mm_unpacklo_epi8(lo, hi);
+        const __m128i c = dq_nvfp4_codes16(codes + g * (MSA_NVFP4_GROUP / 2));
         for (int half = 0; half < 2; half++) {
             const __m256i idx = _mm256_cvtepu8_epi32(half ? _mm_srli_si128(c, 8) : c);
             /* bit 3 (the sign) picks the table; vpermps reads the low 3 bits */
@@ -248,6 +254,48 @@ static void level_fp8_rows_bf16(uint16_t *dst, const cpu_plane *plane, const int
         if (e < len) /* 16 codes left (len is a multiple of 16) */
             _mm256_storeu_si256((__m256i *)(d + e), dq_fp8x16_bf16(src + e));
         i += run;
+    }
+}
+
+/* nvfp4 as bf16 for the same kernels: an E2M1 value (at most two
+ * significant bits) times its E4M3 group scale (at most four) has at most
+ * six significant bits and bf16's exponent range, so the product is exact
+ * in bf16 (and in fp32, where it is formed); the plane's global scale
+ * multiplies the fp32 sums instead, as fp8's does.  A NaN group scale
+ * makes its sixteen values NaN, as the scalar read rule does.  Per group:
+ * the 16 possible values as a table of words, and one permute by the
+ * codes. */
+static void level_nvfp4_rows_bf16(uint16_t *dst, const cpu_plane *plane, const int32_t *page_row,
+                                  int32_t head, int64_t j0, int32_t n)
+{
+    const int32_t P = plane->page_size, dim = plane->dim, ngroups = dim / MSA_NVFP4_GROUP;
+    const __m512 e2m1 = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
+                                       -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    const __m512 s256 = _mm512_set1_ps(256.0f); /* the group scales unscaled */
+    for (int32_t i = 0; i < n; i++) {
+        const int64_t j = j0 + i;
+        const uint8_t *codes, *scales;
+        cpu_plane_nvfp4_row(plane, page_row[j / P], head, (int32_t)(j % P), &codes, &scales);
+        uint16_t *d = dst + (int64_t)i * dim;
+        for (int32_t g0 = 0; g0 < ngroups; g0 += 16) {
+            /* Up to 16 group scales of the row as fp32 (dq_fp8x16 reads
+             * 16 bytes: the row's last ones go through a copy). */
+            const int32_t ng = ngroups - g0 < 16 ? ngroups - g0 : 16;
+            uint8_t sb[16] = {0};
+            memcpy(sb, scales + g0, (size_t)ng);
+            const __m512 sv = dq_fp8x16(sb, s256);
+            for (int32_t k = 0; k < ng; k++) {
+                const __m512 v =
+                    _mm512_mul_ps(e2m1, _mm512_permutexvar_ps(_mm512_set1_epi32(k), sv));
+                const __m256i tab =
+                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
+                const int32_t g = g0 + k;
+                const __m256i idx =
+                    _mm256_cvtepu8_epi16(dq_nvfp4_codes16(codes + g * (MSA_NVFP4_GROUP / 2)));
+                _mm256_storeu_si256((__m256i *)(d + g * MSA_NVFP4_GROUP),
+                                    _mm256_permutexvar_epi16(idx, tab));
+            }
+        }
     }
 }
 #else
