@@ -111,14 +111,22 @@ static inline __m128i dq_nvfp4_codes16(const uint8_t *codes)
 }
 #endif
 
+#if defined(__AVX512F__)
+/* The 16 E2M1 values in code order (bit 3 the sign). */
+static inline __m512 dq_e2m1x16(void)
+{
+    return _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f,
+                          -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+}
+#endif
+
 /* n elements (a multiple of 16) of nvfp4: codes[n / 2], one E4M3 group
  * scale per 16 elements, the layer's global scale. */
 static void dq_nvfp4_row(float *restrict dst, const uint8_t *restrict codes,
                          const uint8_t *restrict group_scales, int64_t n, float global)
 {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-    const __m512 e2m1 = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
-                                       -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    const __m512 e2m1 = dq_e2m1x16();
     const __m512 gv = _mm512_set1_ps(global);
     for (int64_t g = 0; g < n / MSA_NVFP4_GROUP; g++) {
         /* The group's 16 values, e2m1(code) * scale * global in that order. */
@@ -269,8 +277,7 @@ static void level_nvfp4_rows_bf16(uint16_t *dst, const cpu_plane *plane, const i
                                   int32_t head, int64_t j0, int32_t n)
 {
     const int32_t P = plane->page_size, dim = plane->dim, ngroups = dim / MSA_NVFP4_GROUP;
-    const __m512 e2m1 = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
-                                       -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    const __m512 e2m1 = dq_e2m1x16();
     const __m512 s256 = _mm512_set1_ps(256.0f); /* the group scales unscaled */
     for (int32_t i = 0; i < n; i++) {
         const int64_t j = j0 + i;
