@@ -44,6 +44,12 @@ static uint16_t rand_bf16(void)
     return (uint16_t)(((r >> 4) & 1u) << 15 | exp << 7 | ((r >> 5) & 0x7fu));
 }
 
+static uint8_t rand_byte(void)
+{
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return (uint8_t)(rng_state >> 24);
+}
+
 static uint32_t rand_pair(void)
 {
     const uint32_t lo = rand_bf16();
@@ -91,6 +97,56 @@ static void check_fp8_lut(void)
 #endif
 }
 
+/* nvfp4 rows widened to bf16 (level_nvfp4_rows_bf16, two groups a
+ * permute) against the scalar read rule with a global scale of 1: the
+ * same values bit for bit, NaN where the group scale is NaN; every scale
+ * byte appears, and a row of an odd number of groups takes the last
+ * group alone. */
+static void check_nvfp4_rows(int dim)
+{
+#if MSA_CPU_DQ_FP8_BF16
+    enum { P = 16, PAGES = 2 };
+    const int64_t half = (int64_t)P * dim / 2, region = half + (int64_t)P * dim / 16;
+    uint8_t *data = malloc((size_t)(region * PAGES));
+    uint16_t *out = malloc(sizeof(uint16_t) * P * PAGES * (size_t)dim);
+    float *ref = malloc(sizeof(float) * (size_t)dim);
+    if (!data || !out || !ref) {
+        CHECK(0, "out of memory");
+        free(data), free(out), free(ref);
+        return;
+    }
+    int sb = 0;
+    for (int pg = 0; pg < PAGES; pg++) {
+        uint8_t *base = data + pg * region;
+        for (int64_t i = 0; i < half; i++)
+            base[i] = rand_byte(); /* two codes */
+        for (int64_t i = half; i < region; i++)
+            base[i] = (uint8_t)(sb++ % 256);
+    }
+    const cpu_plane pl = {data, MSA_DTYPE_NVFP4, 1, dim, P, 1.0f, 0, 0, 0};
+    const int32_t pages[PAGES] = {0, 1};
+    level_nvfp4_rows_bf16(out, &pl, pages, 0, 0, P * PAGES);
+    long bad = 0;
+    for (int r = 0; r < P * PAGES; r++) {
+        const uint8_t *codes, *scales;
+        cpu_plane_nvfp4_row(&pl, pages[r / P], 0, r % P, &codes, &scales);
+        msa_nvfp4_dequantize(ref, codes, scales, dim, 1.0f);
+        for (int d = 0; d < dim; d++) {
+            const uint32_t w = (uint32_t)out[(int64_t)r * dim + d] << 16;
+            float v;
+            memcpy(&v, &w, sizeof v);
+            bad += ref[d] != ref[d] ? v == v : memcmp(&v, &ref[d], sizeof v) != 0;
+        }
+    }
+    CHECK(bad == 0, "nvfp4 rows of dim %d as bf16: %ld of %d values differ", dim, bad,
+          P * PAGES * dim);
+    free(data), free(out), free(ref);
+#else
+    (void)dim;
+    CHECK(0, "this build's AVX512-BF16 flags do not give the nvfp4 bf16 route");
+#endif
+}
+
 int main(void)
 {
     if (!__builtin_cpu_supports("avx512bf16")) {
@@ -110,6 +166,8 @@ int main(void)
         return check_finish();
     }
     check_fp8_lut();
+    check_nvfp4_rows(128);
+    check_nvfp4_rows(48);
     for (int i = 0; i < DIM / 2 * HEADS; i++)
         qt2[i] = rand_pair();
     for (int i = 0; i < KEYS * DIM; i++)

@@ -16,6 +16,8 @@
  * nvfp4: the 16 values a group can take, e2m1(c) * s * global in that
  * order, are one vector; the codes pick lanes of it with a permute. */
 
+#include "cpu/cpu_nvfp4_table.h"
+
 /* Whether 256 * scale stays finite, so that the fp16 route above is exact. */
 static inline int dq_fp8_fast_scale(float scale)
 {
@@ -265,43 +267,41 @@ static void level_fp8_rows_bf16(uint16_t *dst, const cpu_plane *plane, const int
     }
 }
 
-/* nvfp4 as bf16 for the same kernels: an E2M1 value (at most two
- * significant bits) times its E4M3 group scale (at most four) has at most
- * six significant bits and bf16's exponent range, so the product is exact
- * in bf16 (and in fp32, where it is formed); the plane's global scale
- * multiplies the fp32 sums instead, as fp8's does.  A NaN group scale
- * makes its sixteen values NaN, as the scalar read rule does.  Per group:
- * the 16 possible values as a table of words, and one permute by the
- * codes. */
+/* nvfp4 as bf16 for the same kernels: each element e2m1(code) times its
+ * group scale, exact in bf16 (cpu_nvfp4_table.h); the plane's global scale
+ * multiplies the fp32 sums instead, as fp8's scale does.  Two groups at a
+ * time: their scales' 16-entry rows of the table side by side, and one
+ * permute of 32 words by the codes (the second group's indexes + 16). */
 static void level_nvfp4_rows_bf16(uint16_t *dst, const cpu_plane *plane, const int32_t *page_row,
                                   int32_t head, int64_t j0, int32_t n)
 {
     const int32_t P = plane->page_size, dim = plane->dim, ngroups = dim / MSA_NVFP4_GROUP;
-    const __m512 e2m1 = dq_e2m1x16();
-    const __m512 s256 = _mm512_set1_ps(256.0f); /* the group scales unscaled */
+    const uint16_t *tab = msa_cpu_nvfp4_bf16_table();
+    const __m512i second = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(16), 1);
     for (int32_t i = 0; i < n; i++) {
         const int64_t j = j0 + i;
         const uint8_t *codes, *scales;
         cpu_plane_nvfp4_row(plane, page_row[j / P], head, (int32_t)(j % P), &codes, &scales);
         uint16_t *d = dst + (int64_t)i * dim;
-        for (int32_t g0 = 0; g0 < ngroups; g0 += 16) {
-            /* Up to 16 group scales of the row as fp32 (dq_fp8x16 reads
-             * 16 bytes: the row's last ones go through a copy). */
-            const int32_t ng = ngroups - g0 < 16 ? ngroups - g0 : 16;
-            uint8_t sb[16] = {0};
-            memcpy(sb, scales + g0, (size_t)ng);
-            const __m512 sv = dq_fp8x16(sb, s256);
-            for (int32_t k = 0; k < ng; k++) {
-                const __m512 v =
-                    _mm512_mul_ps(e2m1, _mm512_permutexvar_ps(_mm512_set1_epi32(k), sv));
-                const __m256i tab =
-                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
-                const int32_t g = g0 + k;
-                const __m256i idx =
-                    _mm256_cvtepu8_epi16(dq_nvfp4_codes16(codes + g * (MSA_NVFP4_GROUP / 2)));
-                _mm256_storeu_si256((__m256i *)(d + g * MSA_NVFP4_GROUP),
-                                    _mm256_permutexvar_epi16(idx, tab));
-            }
+        int32_t g = 0;
+        for (; g + 2 <= ngroups; g += 2) {
+            const __m512i t = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(tab + scales[g] * 16))),
+                _mm256_loadu_si256((const __m256i *)(tab + scales[g + 1] * 16)), 1);
+            const __m128i b = _mm_loadu_si128((const __m128i *)(codes + g * 8));
+            const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+            const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+            const __m256i c32 =
+                _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+            const __m512i idx = _mm512_or_si512(_mm512_cvtepu8_epi16(c32), second);
+            _mm512_storeu_si512((void *)(d + g * MSA_NVFP4_GROUP),
+                                _mm512_permutexvar_epi16(idx, t));
+        }
+        if (g < ngroups) { /* an odd last group */
+            const __m256i t = _mm256_loadu_si256((const __m256i *)(tab + scales[g] * 16));
+            const __m256i idx = _mm256_cvtepu8_epi16(dq_nvfp4_codes16(codes + g * 8));
+            _mm256_storeu_si256((__m256i *)(d + g * MSA_NVFP4_GROUP),
+                                _mm256_permutexvar_epi16(idx, t));
         }
     }
 }

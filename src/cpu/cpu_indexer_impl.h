@@ -20,6 +20,38 @@ static inline float score_acc_value(const score_acc *a, int lse)
     return a->mx + logf(a->sum);
 }
 
+#if MSA_CPU_DR_FP8_DOT
+/* Raw scores sr[r * ld + j] of the nk nvfp4 index keys from position j0
+ * (keys of page table pt) for the rows of qb ([rows][dim] bf16), 16 keys
+ * at a time: each group widened to bf16 in the first-level cache
+ * (level_nvfp4_rows_bf16), its products by vdpbf16ps, the plane's global
+ * scale on the sums.  Codes and group scales two groups ahead are
+ * prefetched, up to position last. */
+static void nv_scores_tile(float *sr, int64_t ld, const uint16_t *qb, int rows, const cpu_plane *ik,
+                           const int32_t *pt, int64_t j0, int32_t nk, int64_t last)
+{
+    const int32_t dim = ik->dim, P = ik->page_size;
+    for (int32_t jj = 0; jj < nk; jj += 16) {
+        const int64_t ja = j0 + jj + 32;
+        if (ja <= last) { /* up to 16 rows, inside ja's page */
+            const int32_t off = (int32_t)(ja % P);
+            int32_t na = last - ja + 1 < 16 ? (int32_t)(last - ja + 1) : 16;
+            na = off + na <= P ? na : P - off;
+            const uint8_t *codes, *gs;
+            cpu_plane_nvfp4_row(ik, pt[ja / P], 0, off, &codes, &gs);
+            for (int64_t b = 0; b < (int64_t)na * dim / 2; b += 64)
+                __builtin_prefetch(codes + b, 0, 2);
+            for (int64_t b = 0; b < (int64_t)na * dim / 16; b += 64)
+                __builtin_prefetch(gs + b, 0, 2);
+        }
+        const int32_t ng = nk - jj < 16 ? nk - jj : 16;
+        uint16_t kb[16 * DR_MAX_DIM];
+        level_nvfp4_rows_bf16(kb, ik, pt, 0, j0 + jj, ng);
+        dr_dot_bf16_rows(sr + jj, ld, qb, rows, kb, dim, ng, ik->scale);
+    }
+}
+#endif
+
 static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float *scratch)
 {
     const msa_plan *p = job->plan;
@@ -76,14 +108,21 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
      * AVX512-BF16: products of bf16 pairs (dr_dot_bf16_rows,
      * dr_index_scores_fp8_dot). */
 #if MSA_CPU_DR_FP8_DOT
-    const int dr_dot = dr_scan && job->io->act_dtype == MSA_DTYPE_BF16 && Di % 32 == 0 &&
-                       rows <= DR_DOT_MAX_ROWS && dr_bf16_dot_exact(q, (int64_t)rows * Di);
+    const int dot_rows = job->io->act_dtype == MSA_DTYPE_BF16 && Di % 32 == 0 && Di <= DR_MAX_DIM &&
+                         rows <= DR_DOT_MAX_ROWS && dr_bf16_dot_exact(q, (int64_t)rows * Di);
+    const int dr_dot = dr_scan && dot_rows;
+    /* nvfp4 keys the same way: each group of 16 keys widened to bf16 (E2M1
+     * value times group scale, exact: level_nvfp4_rows_bf16), the global
+     * scale applied to the sums, as the attention does with nvfp4 K. */
+    const int dr_nv = dot_rows && ik.dtype == MSA_DTYPE_NVFP4 && isfinite(ik.scale);
     uint16_t qb[DR_DOT_MAX_ROWS * DR_MAX_DIM];
     __m512i lut[4];
-    if (dr_dot)
+    if (dr_dot || dr_nv)
         dr_pack_bf16(qb, q, (int64_t)rows * Di);
     if (dr_dot && dr_fp8)
         dq_fp8_bf16_tables(lut);
+#else
+    const int dr_nv = 0;
 #endif
     const int64_t p_last = ch->pos0 + ch->n - 1;
     float *out = cp->scores + ch->score_off;
@@ -102,8 +141,13 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
              * 16-key dot products read them (their scores are not used). */
             int32_t nk16 = (nk + 15) & ~15;
             const uint16_t *keys = (const uint16_t *)tile;
+#if MSA_CPU_DR_FP8_DOT
+            if (dr_nv) {
+                nv_scores_tile(sr, TW16, qb, rows, &ik, pt, j0, nk, blk_end);
+            } else
+#endif
 #if MSA_CPU_DECODE_ROWS
-            if (dr_scan) {
+                if (dr_scan) {
                 const char *kd = (const char *)tile; /* bf16 or fp8 rows [nk][Di] */
                 if (cpu_plane_packed(&ik) && (j0 % ik.page_size) + nk <= ik.page_size)
                     kd = cpu_plane_row(&ik, pt[j0 / ik.page_size], 0, (int32_t)(j0 % ik.page_size));
@@ -160,7 +204,7 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
             }
             /* Raw scores of every row, one group of 16 keys at a time so the
              * group stays in L1 while all rows use it. */
-            for (int32_t jj = 0; jj < (dr_scan ? 0 : nk); jj += 16) {
+            for (int32_t jj = 0; jj < (dr_scan || dr_nv ? 0 : nk); jj += 16) {
                 if (jj + 16 < nk) /* the next group, while this one computes */
                     for (int64_t b = 0; b < (int64_t)16 * Di * (bf16_dot ? 2 : 4); b += 64)
                         __builtin_prefetch(
