@@ -320,9 +320,11 @@ static void dr_index_scores(float *sr, int64_t ld, const float *q, int rows, con
 
 #if MSA_CPU_DR_FP8 && MSA_CPU_DQ_FP8_BF16 && DR_LANES == 16
 #define MSA_CPU_DR_FP8_DOT 1
-/* Most index rows (a step's tokens times index heads) that the
- * vdpbf16ps scan below takes (its caller's query buffer). */
-#define DR_DOT_MAX_ROWS 32
+/* Most index rows (a chunk's tokens times index heads) that the
+ * vdpbf16ps scan below takes, and the fewest that run along the lanes
+ * (dr_dot_keys). */
+#define DR_DOT_MAX_ROWS 64
+#define DR_LANES_MIN_ROWS 16
 
 /* Whether the n fp32 queries at q are all bf16 values without bf16
  * subnormals (which vdpbf16ps reads as zeros): true of every query of
@@ -388,6 +390,50 @@ static inline __attribute__((always_inline)) void dr_dot_bf16_rows(float *sr, in
     }
 }
 
+/* The index rows of a vdpbf16ps scan, in one of two layouts: fewer than
+ * DR_LANES_MIN_ROWS as bf16 rows (qb[rows][dim], dr_dot_bf16_rows: four
+ * rows by four keys a block, each block's 16 sums reduced across lanes);
+ * more as bf16 pairs along the head dimension with the rows along the
+ * lanes (qt2[dim / 2][rp], rp = rows rounded up to 16, zero rows past
+ * rows), where each key pair is a broadcast operand and the sums need no
+ * reduction (msa_scores_heads_bf16, the attention's score kernel). */
+typedef struct dr_qrows {
+    const uint16_t *qb;
+    const uint32_t *qt2;
+    int rows, rp;
+} dr_qrows;
+
+/* qt2[d / 2][r] = (q[r][d], q[r][d + 1]) as bf16 bits (exact:
+ * dr_bf16_dot_exact) for r < rows, 0 for rows up to rp. */
+static inline void dr_pack_pairs(uint32_t *qt2, int rp, const float *q, int rows, int dim)
+{
+    for (int d = 0; d < dim; d += 2)
+        for (int r = 0; r < rp; r++) {
+            uint32_t lo = 0, hi = 0;
+            if (r < rows) {
+                memcpy(&lo, q + (int64_t)r * dim + d, sizeof lo);
+                memcpy(&hi, q + (int64_t)r * dim + d + 1, sizeof hi);
+            }
+            qt2[(int64_t)(d / 2) * rp + r] = lo >> 16 | (hi & 0xffff0000u);
+        }
+}
+
+/* sr[r * ld + j] = (q[r] . k[j]) * mul for the rows of qr and the n <= 16
+ * keys of kb ([n][dim] bf16, dim a multiple of 32). */
+static inline void dr_dot_keys(float *sr, int64_t ld, const dr_qrows *qr, const uint16_t *kb,
+                               int dim, int n, float mul)
+{
+    if (!qr->qt2) {
+        dr_dot_bf16_rows(sr, ld, qr->qb, qr->rows, kb, dim, n, mul);
+        return;
+    }
+    float t[16 * DR_DOT_MAX_ROWS]; /* [key][rp] */
+    msa_scores_heads_bf16(t, qr->qt2, qr->rp, kb, dim, n, mul);
+    for (int r = 0; r < qr->rows; r++)
+        for (int j = 0; j < n; j++)
+            sr[(int64_t)r * ld + j] = t[j * qr->rp + r];
+}
+
 /* The same for the n <= 16 fp8 keys at codes ([n][dim], dim at most
  * DR_MAX_DIM), times 256 * scale: the codes widen to the bf16 values
  * code * 2^-8 by table (dq_fp8x32_bf16_lut, tables t) and the scale
@@ -396,14 +442,13 @@ static inline __attribute__((always_inline)) void dr_dot_bf16_rows(float *sr, in
  * vector and vdpbf16ps one a row, where the fp32 route (dr_index_scores)
  * widens through fp16 and takes an FMA a row for every 16 codes.  NaN
  * codes widen to NaN and their scores are NaN. */
-static void dr_index_scores_fp8_dot(float *sr, int64_t ld, const uint16_t *qb, int rows,
-                                    const uint8_t *codes, int dim, int n, float scale,
-                                    const __m512i t[4])
+static void dr_index_scores_fp8_dot(float *sr, int64_t ld, const dr_qrows *qr, const uint8_t *codes,
+                                    int dim, int n, float scale, const __m512i t[4])
 {
     uint16_t kb[16 * DR_MAX_DIM];
     for (int64_t i = 0; i < (int64_t)n * dim; i += 32)
         _mm512_storeu_si512((void *)(kb + i), dq_fp8x32_bf16_lut(codes + i, t));
-    dr_dot_bf16_rows(sr, ld, qb, rows, kb, dim, n, scale * 256.0f);
+    dr_dot_keys(sr, ld, qr, kb, dim, n, scale * 256.0f);
 }
 #endif
 

@@ -22,12 +22,12 @@ static inline float score_acc_value(const score_acc *a, int lse)
 
 #if MSA_CPU_DR_FP8_DOT
 /* Raw scores sr[r * ld + j] of the nk nvfp4 index keys from position j0
- * (keys of page table pt) for the rows of qb ([rows][dim] bf16), 16 keys
- * at a time: each group widened to bf16 in the first-level cache
+ * (keys of page table pt) for the rows of qr, 16 keys at a time: each
+ * group widened to bf16 in the first-level cache
  * (level_nvfp4_rows_bf16), its products by vdpbf16ps, the plane's global
  * scale on the sums.  Codes and group scales two groups ahead are
  * prefetched, up to position last. */
-static void nv_scores_tile(float *sr, int64_t ld, const uint16_t *qb, int rows, const cpu_plane *ik,
+static void nv_scores_tile(float *sr, int64_t ld, const dr_qrows *qr, const cpu_plane *ik,
                            const int32_t *pt, int64_t j0, int32_t nk, int64_t last)
 {
     const int32_t dim = ik->dim, P = ik->page_size;
@@ -47,7 +47,7 @@ static void nv_scores_tile(float *sr, int64_t ld, const uint16_t *qb, int rows, 
         const int32_t ng = nk - jj < 16 ? nk - jj : 16;
         uint16_t kb[16 * DR_MAX_DIM];
         level_nvfp4_rows_bf16(kb, ik, pt, 0, j0 + jj, ng);
-        dr_dot_bf16_rows(sr + jj, ld, qb, rows, kb, dim, ng, ik->scale);
+        dr_dot_keys(sr + jj, ld, qr, kb, dim, ng, ik->scale);
     }
 }
 #endif
@@ -67,7 +67,8 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
     const cpu_plane ik = cpu_plane_of(cache, job->layer, MSA_PLANE_INDEX_K);
     const int32_t *pt = p->page_table + (int64_t)ch->request * p->cap_pages_per_request;
 
-    /* scratch: q [rows][Di] | key tile [TW16][Di] | raw scores [rows][TW16] | acc [rows] */
+    /* scratch: q [rows][Di] | key tile [TW16][Di] | raw scores [rows][TW16] | acc [rows] |
+     * (vdpbf16ps rows along the lanes) bf16 pairs [Di / 2][rows rounded up to 16] */
     float *q = scratch;
     float *tile = q + (int64_t)rows * Di;
     const int32_t TW16 = (TW + 15) & ~15;
@@ -104,9 +105,9 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
     const int dr_scan = 0;
     (void)dr_fp8;
 #endif
-    /* bf16 or fp8 keys and bf16 queries of a decode or verify step on
-     * AVX512-BF16: products of bf16 pairs (dr_dot_bf16_rows,
-     * dr_index_scores_fp8_dot). */
+    /* bf16 or fp8 keys and bf16 queries of a decode or verify step, or of
+     * a prefill chunk whose index keys are quantized, on AVX512-BF16:
+     * products of bf16 pairs (dr_dot_keys, dr_index_scores_fp8_dot). */
 #if MSA_CPU_DR_FP8_DOT
     const int dot_rows = job->io->act_dtype == MSA_DTYPE_BF16 && Di % 32 == 0 && Di <= DR_MAX_DIM &&
                          rows <= DR_DOT_MAX_ROWS && dr_bf16_dot_exact(q, (int64_t)rows * Di);
@@ -115,9 +116,14 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
      * value times group scale, exact: level_nvfp4_rows_bf16), the global
      * scale applied to the sums, as the attention does with nvfp4 K. */
     const int dr_nv = dot_rows && ik.dtype == MSA_DTYPE_NVFP4 && isfinite(ik.scale);
-    uint16_t qb[DR_DOT_MAX_ROWS * DR_MAX_DIM];
+    uint16_t qb[DR_LANES_MIN_ROWS * DR_MAX_DIM];
+    const int32_t rp = (rows + 15) & ~15;
+    uint32_t *qt2 = (uint32_t *)(acc + rows); /* scratch past acc: [Di / 2][rp] */
+    const dr_qrows qrows = {qb, rows >= DR_LANES_MIN_ROWS ? qt2 : NULL, rows, rp};
     __m512i lut[4];
-    if (dr_dot || dr_nv)
+    if ((dr_dot || dr_nv) && qrows.qt2)
+        dr_pack_pairs(qt2, rp, q, rows, Di);
+    else if (dr_dot || dr_nv)
         dr_pack_bf16(qb, q, (int64_t)rows * Di);
     if (dr_dot && dr_fp8)
         dq_fp8_bf16_tables(lut);
@@ -143,7 +149,7 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
             const uint16_t *keys = (const uint16_t *)tile;
 #if MSA_CPU_DR_FP8_DOT
             if (dr_nv) {
-                nv_scores_tile(sr, TW16, qb, rows, &ik, pt, j0, nk, blk_end);
+                nv_scores_tile(sr, TW16, &qrows, &ik, pt, j0, nk, blk_end);
             } else
 #endif
 #if MSA_CPU_DECODE_ROWS
@@ -171,14 +177,14 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                     const int32_t ng = nk - jj < 16 ? nk - jj : 16;
 #if MSA_CPU_DR_FP8_DOT
                     if (dr_dot && dr_fp8) {
-                        dr_index_scores_fp8_dot(sr + jj, TW16, qb, rows,
+                        dr_index_scores_fp8_dot(sr + jj, TW16, &qrows,
                                                 (const uint8_t *)kd + (int64_t)jj * Di, Di, ng,
                                                 ik.scale, lut);
                         continue;
                     }
                     if (dr_dot) {
-                        dr_dot_bf16_rows(sr + jj, TW16, qb, rows,
-                                         (const uint16_t *)kd + (int64_t)jj * Di, Di, ng, 1.0f);
+                        dr_dot_keys(sr + jj, TW16, &qrows, (const uint16_t *)kd + (int64_t)jj * Di,
+                                    Di, ng, 1.0f);
                         continue;
                     }
 #endif
