@@ -747,6 +747,7 @@ static const tk_shape CPFMHA = {"cpfmha", 4, 4, 16, 4, 16, 16, 5, 0, 3};       /
 static const tk_shape CPFHUGEG = {"cpfhugeg", 320, 1, 16, 1, 16, 16, 4, 0, 1}; /* > 256 rows */
 static const tk_shape CPFB1 = {"cpfb1", 4, 2, 16, 2, 16, 1, 8, 1, 2};          /* 1-key blocks */
 static const tk_shape CPFMID = {"cpfmid", 16, 2, 64, 2, 64, 64, 8, 1, 1};      /* group of 8 */
+static const tk_shape CPFG16 = {"cpfg16", 32, 2, 32, 2, 32, 256, 4, 1, 1};     /* group of 16 */
 
 static const int cpfmix_q[] = {300, 1, 40, 0, 90, 17}, cpfmix_kv[] = {300, 500, 1040, 60, 2000, 17};
 static const int cpflong_q[] = {1500}, cpflong_kv[] = {1500};
@@ -792,6 +793,12 @@ static void add_cpu_prefill(tk_list *l)
     add(l, 1, &CPFODDD, &CPF_EXT, DTYPES[1], 16, 0, 1);
     add(l, 1, &CPFB1, &CPF_B1, DTYPES[1], 2, 0, 1);
     add(l, 1, &CPFHUGEG, &CPF_SMALL, DTYPES[1], 16, 0, 1);
+    /* bf16 with query groups of 16 heads, whose prefill rows take the row
+     * kernels on AVX512-BF16 (msa_cpu_attn_blocked): blocks of two key
+     * tiles, prefixes, requests beside decode rows, a dense layer. */
+    add(l, 1, &CPFG16, &CPF_EXT, DTYPES[1], 32, 1, 1);
+    c = add(l, 1, &CPFG16, &CPF_MIX, DTYPES[1], 64, 0, 0);
+    c->sparse = 0;
     /* A chunked prefill on one plan: the prompt, then more on its prefix,
      * then decode rows. */
     add(l, 1, &CPFUNION, &CPF_SMALL, DTYPES[0], 16, 0, 1);

@@ -43,10 +43,9 @@ static void attn_work(void *arg, int ith, int nth)
         if (item >= job->items)
             break;
         /* Prefill rows with activation-format K and V planes: blocked
-         * products; everything else row by row. */
+         * products (but msa_cpu_attn_blocked); everything else row by row. */
         const cpu_chunk *ch = &job->chunks[item / job->splits / job->kv_heads];
-        if (job->plan->q_len[ch->request] >= MSA_CPU_BLOCKED_MIN_Q &&
-            msa_cpu_blocked_dtype(job->a->k.dtype) && msa_cpu_blocked_dtype(job->a->v.dtype))
+        if (msa_cpu_attn_blocked(k, job->a, job->plan->q_len[ch->request]))
             k->attn_blocked(job, item, scratch);
         else
             k->attn_item(job, item, scratch);

@@ -18,6 +18,13 @@
  * exist. */
 #define MSA_CPU_HAVE_PV_TILE4 1
 #define MSA_CPU_SCORES_PREFETCH 1
+/* The row kernels (four tokens' scores per pass of eight keys, P.V four
+ * heads per pass) also beat the blocked kernels on prefill rows of bf16
+ * data with query groups of 16 heads: on Zen 4, over the 66
+ * representative prefill cases scaled to 8K, the sparse layer ran at 66%
+ * of the vdpbf16ps peak against 52%, the dense layer at 76% against 66%,
+ * and no case slower (bench/RESULTS.md). */
+#define MSA_CPU_BF16_ROWS_PREFILL 1
 #include <immintrin.h>
 
 #include "cpu/cpu_next_block.h"
@@ -235,6 +242,11 @@ static inline void msa_pv_tile4_bf16(float *restrict acc, const float corr[4],
 #include "cpu/cpu_bf16_neon.h"
 #else
 #define MSA_CPU_HAVE_BF16_DOT 0
+#endif
+
+/* 1 where the prefill attention of bf16 data takes the row kernels. */
+#ifndef MSA_CPU_BF16_ROWS_PREFILL
+#define MSA_CPU_BF16_ROWS_PREFILL 0
 #endif
 
 /* 1 where msa_scores16_bf16_prefetch exists. */

@@ -137,14 +137,25 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
                                                                    ", " BK_BLOCK_TEXT          \
                                                                    " register block"
 
+#if MSA_CPU_BF16_ROWS_PREFILL
+#define MSA_CPU_ROWS_TEXT "the row kernels on bf16 data with groups of 16 heads, else "
+#define MSA_CPU_LEVEL_ATTN_PREFILL                                                              \
+    "; prefill rows (q_len >= " MSA_CPU_STR(                                                    \
+        MSA_CPU_BLOCKED_MIN_Q) "): " MSA_CPU_ROWS_TEXT MSA_CPU_LEVEL_BLOCKED ", " BK_BLOCK_TEXT \
+                               " register block"
+#else
+#define MSA_CPU_LEVEL_ATTN_PREFILL MSA_CPU_LEVEL_PREFILL
+#endif
+
 const msa_cpu_kernels MSA_CPU_LEVEL_TABLE = {
     .isa = MSA_CPU_LEVEL_ISA,
     .indexer = MSA_CPU_LEVEL_NAME ": " MSA_CPU_LEVEL_INDEX_DOT MSA_CPU_LEVEL_PREFILL,
-    .attention = MSA_CPU_LEVEL_NAME ": " MSA_CPU_LEVEL_DOT MSA_CPU_LEVEL_PREFILL,
+    .attention = MSA_CPU_LEVEL_NAME ": " MSA_CPU_LEVEL_DOT MSA_CPU_LEVEL_ATTN_PREFILL,
     .gather = MSA_CPU_LEVEL_NAME ": vector widening of bf16/fp16 rows, next block prefetched",
     .score_task = score_task,
     .attn_item = attn_item,
     .score_blocked = score_blocked,
     .attn_blocked = attn_blocked,
+    .bf16_rows_prefill = MSA_CPU_BF16_ROWS_PREFILL,
     .load_rows = level_load_rows,
 };
