@@ -225,28 +225,36 @@ typedef struct msa_cpu_kernels {
      * MSA_CPU_BLOCKED_MIN_Q new tokens and activation-format planes. */
     void (*score_blocked)(select_job *job, int64_t c, int32_t b0, int32_t b1, float *scratch);
     void (*attn_blocked)(attn_job *job, int64_t item, float *scratch);
-    /* 1 where attn_item is the faster prefill attention for bf16
-     * activations, K and V and query groups of a multiple of 16 heads
-     * (msa_cpu_attn_blocked). */
-    int bf16_rows_prefill;
+    /* The layers (MSA_CPU_ROWS_SPARSE, MSA_CPU_ROWS_DENSE) whose prefill
+     * attention over bf16 activations, K and V with query groups of a
+     * multiple of 16 heads runs faster on attn_item than on the blocked
+     * kernels (msa_cpu_attn_blocked). */
+    int rows_prefill;
     /* Key rows [j0, j0 + n) of one head into dst[n][dim] as fp32. */
     void (*load_rows)(float *dst, const cpu_plane *plane, const int32_t *page_row, int32_t head,
                       int64_t j0, int32_t n);
 } msa_cpu_kernels;
 
+/* Layers of msa_cpu_kernels.rows_prefill: sparse (the selected blocks;
+ * a->sel set) and dense (every block: dense layers, index values). */
+#define MSA_CPU_ROWS_SPARSE 1
+#define MSA_CPU_ROWS_DENSE 2
+
 /* Whether the attention of a request with q_len new tokens takes the
  * blocked prefill kernels of level k rather than attn_item: prefill rows
  * (at least MSA_CPU_BLOCKED_MIN_Q tokens) of activation-format planes,
- * except on levels whose row kernels are faster on bf16 data
- * (bf16_rows_prefill). */
+ * except where the level's row kernels are faster on bf16 data
+ * (rows_prefill). */
 static inline int msa_cpu_attn_blocked(const msa_cpu_kernels *k, const cpu_attention *a,
                                        int32_t q_len)
 {
     if (q_len < MSA_CPU_BLOCKED_MIN_Q || !msa_cpu_blocked_dtype(a->k.dtype) ||
         !msa_cpu_blocked_dtype(a->v.dtype))
         return 0;
-    return !(k->bf16_rows_prefill && a->act == MSA_DTYPE_BF16 && a->k.dtype == MSA_DTYPE_BF16 &&
-             a->v.dtype == MSA_DTYPE_BF16 && a->group % 16 == 0 && a->k.dim % 16 == 0);
+    const int layer = a->sel ? MSA_CPU_ROWS_SPARSE : MSA_CPU_ROWS_DENSE;
+    return !((k->rows_prefill & layer) && a->act == MSA_DTYPE_BF16 &&
+             a->k.dtype == MSA_DTYPE_BF16 && a->v.dtype == MSA_DTYPE_BF16 && a->group % 16 == 0 &&
+             a->k.dim % 16 == 0);
 }
 
 /* Per-thread scratch (floats) of the blocked kernels for model m: an
