@@ -141,8 +141,9 @@ static void level_load_rows(float *dst, const cpu_plane *plane, const int32_t *p
  * layer on AVX512-BF16 (cpu_bf16.h); sparse layers on the fp32 AVX-512
  * level, where the 66 representative prefill cases scaled to 8K (Zen 4, 2
  * threads, bf16 data) ran the sparse layer at 77% of the FMA peak against
- * 66% on the blocked kernels.  On AVX2 the two were level (71% and 66%
- * in one run each, within the runs' spread), and the blocked kernels stay. */
+ * 66% on the blocked kernels.  On AVX2 the two were level (0.158 against
+ * 0.154 TFLOP/s, one run each, within the runs' spread), and the blocked
+ * kernels stay. */
 #if MSA_CPU_BF16_ROWS_PREFILL
 #define MSA_CPU_LEVEL_ROWS_PREFILL (MSA_CPU_ROWS_SPARSE | MSA_CPU_ROWS_DENSE)
 #elif MSA_CPU_DECODE_ROWS && DR_LANES == 16
