@@ -102,14 +102,28 @@ static void dq_fp8_row(float *restrict dst, const uint8_t *restrict src, int64_t
 }
 
 #if defined(__AVX2__)
+/* The low (even element) and high (odd element) nibbles of code bytes b. */
+static inline void dq_nvfp4_nibbles(__m128i b, __m128i *lo, __m128i *hi)
+{
+    *lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+    *hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+}
+
 /* The 16 E2M1 codes of a group (eight bytes, the low nibble the even
  * element) as 16 bytes, element order. */
 static inline __m128i dq_nvfp4_codes16(const uint8_t *codes)
 {
-    const __m128i b = _mm_loadl_epi64((const __m128i *)codes);
-    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+    __m128i lo, hi;
+    dq_nvfp4_nibbles(_mm_loadl_epi64((const __m128i *)codes), &lo, &hi);
     return _mm_unpacklo_epi8(lo, hi);
+}
+
+/* The same for two groups (16 bytes): 32 bytes, element order. */
+static inline __m256i dq_nvfp4_codes32(const uint8_t *codes)
+{
+    __m128i lo, hi;
+    dq_nvfp4_nibbles(_mm_loadu_si128((const __m128i *)codes), &lo, &hi);
+    return _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
 }
 #endif
 
@@ -288,12 +302,8 @@ static void level_nvfp4_rows_bf16(uint16_t *dst, const cpu_plane *plane, const i
             const __m512i t = _mm512_inserti64x4(
                 _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(tab + scales[g] * 16))),
                 _mm256_loadu_si256((const __m256i *)(tab + scales[g + 1] * 16)), 1);
-            const __m128i b = _mm_loadu_si128((const __m128i *)(codes + g * 8));
-            const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
-            const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
-            const __m256i c32 =
-                _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
-            const __m512i idx = _mm512_or_si512(_mm512_cvtepu8_epi16(c32), second);
+            const __m512i idx =
+                _mm512_or_si512(_mm512_cvtepu8_epi16(dq_nvfp4_codes32(codes + g * 8)), second);
             _mm512_storeu_si512((void *)(d + g * MSA_NVFP4_GROUP),
                                 _mm512_permutexvar_epi16(idx, t));
         }
