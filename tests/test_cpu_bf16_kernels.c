@@ -201,8 +201,15 @@ int main(void)
         for (int d = 0; d < DIM; d++)
             o_ref[h * DIM + d] = o_new[h * DIM + d] = (float)((h * 7 + d) % 13) - 6.0f;
     }
+    /* Four heads per pass, the first pass also prefetching another
+     * buffer's lines (they must not change a bit). */
+    const int64_t pf_bytes = (int64_t)sizeof(uint16_t) * KEYS * DIM / 2;
+    dr_next pv_nx = {(const char *)k, (const char *)vp, pf_bytes};
     for (int h = 0; h < HEADS; h += 4)
-        msa_pv_tile4_bf16(o_new + h * DIM, corr + h, pp + h, HEADS, vp, DIM, PAIRS);
+        msa_pv_tile4_bf16(o_new + h * DIM, corr + h, pp + h, HEADS, vp, DIM, PAIRS,
+                          h == 0 ? &pv_nx : NULL);
+    CHECK(pv_nx.left < pf_bytes && pv_nx.k - (const char *)k == pf_bytes - pv_nx.left,
+          "the P.V passes did not advance the prefetch stream");
     for (int h = 0; h < HEADS; h++)
         msa_pv_tile_bf16(o_ref + h * DIM, corr[h], pp + h, HEADS, vp, DIM, PAIRS);
     CHECK(memcmp(o_new, o_ref, sizeof(float) * HEADS * DIM) == 0,

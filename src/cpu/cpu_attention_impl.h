@@ -378,9 +378,6 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                                                       qk_scale);
 #endif
                         }
-#if MSA_CPU_DECODE_ROWS
-                        dr_next_bytes(&nx, -1);
-#endif
                     }
                     s = sbuf + (int64_t)gi++ * MSA_CPU_TILE * GP;
                 } else if (bf16_dot)
@@ -473,7 +470,8 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                         if (D % 64 == 0)
                             for (; l + 4 <= 16 && h0 + l + 4 <= G; l += 4)
                                 msa_pv_tile4_bf16(acc + ((int64_t)t * G + h0 + l) * D, corr + l,
-                                                  pp + l, 16, (const uint32_t *)vt, D, vp_pairs);
+                                                  pp + l, 16, (const uint32_t *)vt, D, vp_pairs,
+                                                  &nx); /* the row kernels' levels only */
 #endif
                         for (; l < 16 && h0 + l < G; l++)
                             msa_pv_tile_bf16(acc + ((int64_t)t * G + h0 + l) * D, corr[l], pp + l,
@@ -487,6 +485,9 @@ static void attn_item(attn_job *job, int64_t item, float *scratch)
                 }
             }
         }
+#if MSA_CPU_DECODE_ROWS
+        dr_next_bytes(&nx, -1); /* what this block's passes did not cover */
+#endif
     }
 
     if (q_kv) { /* the values' scale (the weights summed to l unscaled) */
