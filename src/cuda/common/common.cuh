@@ -51,14 +51,19 @@ __device__ __forceinline__ uint16_t cu_f32_to_bf16_bits(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* A 16-bit element's bits (bf16, or fp16 for any other dtype) as fp32. */
+__device__ __forceinline__ float cu_bits16_to_f32(uint16_t u, int dtype)
+{
+    if (dtype == MSA_DTYPE_BF16)
+        return cu_bf16_bits_to_f32(u);
+    return __half2float(__ushort_as_half(u));
+}
+
 __device__ __forceinline__ float cu_load(const void *base, int dtype, int64_t i)
 {
     if (dtype == MSA_DTYPE_FP32)
         return ((const float *)base)[i];
-    uint16_t u = ((const uint16_t *)base)[i];
-    if (dtype == MSA_DTYPE_BF16)
-        return cu_bf16_bits_to_f32(u);
-    return __half2float(__ushort_as_half(u));
+    return cu_bits16_to_f32(((const uint16_t *)base)[i], dtype);
 }
 
 __device__ __forceinline__ void cu_store(void *base, int dtype, int64_t i, float v)

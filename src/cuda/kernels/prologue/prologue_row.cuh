@@ -91,13 +91,8 @@ __device__ __forceinline__ void cu_prologue_load16(const void *rows, int act_dty
         const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            if (act_dtype == MSA_DTYPE_BF16) {
-                x[2 * i] = cu_bf16_bits_to_f32((uint16_t)(w[i] & 0xffffu));
-                x[2 * i + 1] = cu_bf16_bits_to_f32((uint16_t)(w[i] >> 16));
-            } else {
-                x[2 * i] = __half2float(__ushort_as_half((uint16_t)(w[i] & 0xffffu)));
-                x[2 * i + 1] = __half2float(__ushort_as_half((uint16_t)(w[i] >> 16)));
-            }
+            x[2 * i] = cu_bits16_to_f32((uint16_t)(w[i] & 0xffffu), act_dtype);
+            x[2 * i + 1] = cu_bits16_to_f32((uint16_t)(w[i] >> 16), act_dtype);
         }
         return;
     }
