@@ -322,6 +322,10 @@ static void add_special(tk_list *l)
 #define EXPECT_NVFP4_INDEXER "nvfp4 index planes: codes widened by the"
 /* ... and of layers whose fp8 K/V run on a tensor-core decode attention. */
 #define EXPECT_FP8_ATTENTION "fp8_e4m3 K/V planes: codes widened by the"
+/* ... and of layers whose nvfp4 K/V run on the mma.sync one (pages other
+ * than 128, dense layers). */
+#define EXPECT_NVFP4_MMA_ATTENTION \
+    "nvfp4 K/V planes: codes widened by the mma.sync decode attention"
 
 /* Quantized planes (skipped where the backend does not support them):
  * every plane choice (main fp8 / nvfp4, index fp8 / nvfp4, both) against
@@ -398,6 +402,17 @@ static void add_quantized(tk_list *l)
     then(l, &VERIFY);
     c = add(l, 0, &M3, &M3_VERIFY, nv_fp8, 128, 0, 1);
     c->expect_cuda = EXPECT_FP8_INDEXER;
+    /* nvfp4 K/V on the mma.sync decode attention: a sparse layer over
+     * pages of 64 rows with NaN garbage past kv_len (codes and group
+     * scales), and a dense layer over pages of 128 with fp16 queries. */
+    c = add(l, 0, &M3, &M3_VERIFY, nv_bf16, 64, 1, 1);
+    c->garbage_nan = 1;
+    c->k_scale = 0.05f;
+    c->v_scale = 2.0f;
+    c->expect_cuda = EXPECT_NVFP4_MMA_ATTENTION;
+    c = add(l, 0, &M3, &M3_DECODE, nv_nv, 128, 0, 0);
+    c->sparse = 0;
+    c->expect_cuda = EXPECT_NVFP4_MMA_ATTENTION;
 
     /* fp8 index keys with 16-bit queries on the mma.sync indexer (codes
      * widened in its fragment loads, the index-K scale on the scores):

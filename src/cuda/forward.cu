@@ -77,31 +77,36 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     /* Quantized planes (fp8_e4m3, nvfp4): the SIMT kernels read them,
      * de-quantizing each row on read (cu_plane_load); with 16-bit
      * activations the tensor-core decode kernels widen their codes where
-     * their shapes hold: fp8 K/V the Hopper or mma.sync attention, nvfp4
-     * K/V the Hopper one, fp8 / nvfp4 index keys the Hopper or mma.sync
-     * indexer (prefill rows read 16-bit copies). */
+     * their shapes hold: K/V the Hopper or mma.sync attention, index keys
+     * the Hopper or mma.sync indexer (prefill rows read 16-bit copies). */
     const int kv_quant = cc->kv_dtype == MSA_DTYPE_FP8_E4M3 || cc->kv_dtype == MSA_DTYPE_NVFP4;
     const int idx_quant =
         sparse && (cc->index_dtype == MSA_DTYPE_FP8_E4M3 || cc->index_dtype == MSA_DTYPE_NVFP4);
-    const int kv_fp8_mma = act16 && cc->kv_dtype == MSA_DTYPE_FP8_E4M3;
+    /* The mma.sync attention copies code rows in 16-byte pieces: an nvfp4
+     * page region is 72 bytes a row, so its rows start on 16 bytes only
+     * for even page sizes. */
+    const int kv_nv_rows16 = cc->page_size % 2 == 0;
+    const int kv_q_mma = act16 && (cc->kv_dtype == MSA_DTYPE_FP8_E4M3 ||
+                                   (cc->kv_dtype == MSA_DTYPE_NVFP4 && kv_nv_rows16));
     /* The prefill kernels read 16-bit copies of quantized planes where the
      * plan keeps them (widen_pages.cuh). */
     const cu_widen_copies *wc = st ? &st->widen : NULL;
     const int kv_copy = act16 && kv_quant && wc && wc->copy[MSA_PLANE_K] && wc->copy[MSA_PLANE_V];
     const int ik_copy = act16 && idx_quant && wc && wc->copy[MSA_PLANE_INDEX_K];
     const int iv_copy = iv && ik_copy && wc->copy[MSA_PLANE_INDEX_V];
-    /* nvfp4 K/V with 16-bit activations: the Hopper decode attention where
-     * its shapes and copies hold (below), else the SIMT attention. */
-    const int kv_nv_hopper = act16 && cc->kv_dtype == MSA_DTYPE_NVFP4 && cfg->head_dim == 128;
     if (kv_quant) {
         /* Said below, once the decode attention is known. */
+        if (act16 && cc->kv_dtype == MSA_DTYPE_NVFP4 && !kv_nv_rows16)
+            cu_why(why, why_size,
+                   "nvfp4 K/V planes in pages of an odd number of rows: code rows not 16-byte "
+                   "aligned");
     } else if (act16 && !kv_ok) {
         snprintf(buf, sizeof buf, "kv dtype %s != act dtype %s: SIMT attention",
                  msa_dtype_name(cc->kv_dtype), msa_dtype_name(act));
         cu_why(why, why_size, buf);
     }
-    out->attn_fast = (kv_ok || kv_fp8_mma) && cfg->head_dim == 128;
-    if ((kv_ok || kv_fp8_mma) && cfg->head_dim != 128) {
+    out->attn_fast = (kv_ok || kv_q_mma) && cfg->head_dim == 128;
+    if ((kv_ok || kv_q_mma) && cfg->head_dim != 128) {
         snprintf(buf, sizeof buf, "head_dim %d != 128: SIMT attention", cfg->head_dim);
         cu_why(why, why_size, buf);
     }
@@ -154,7 +159,9 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
             cu_why(why, why_size, buf);
         }
         out->idx_fast = ok;
-        out->iv_fast = iv && idx_ok && cfg->index_dim == 128;
+        /* The index-value pass runs the decode attention over the index
+         * planes: quantized ones on its code variants, as K/V above. */
+        out->iv_fast = iv && (idx_ok || idx_q_mma) && cfg->index_dim == 128;
     }
     if ((act16 && (out->attn_fast || out->idx_fast)) && cc->page_size != 128) {
         snprintf(buf, sizeof buf, "page_size %d != 128: rows gathered through the page table",
@@ -210,8 +217,7 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     if (sparse && hopper && whole_pages) {
         out->idx_tma = out->idx_fast && st->wgmma && rows < ((int64_t)1 << 31);
         out->pf_idx_tma = out->pf_idx && st->wgmma && rows < ((int64_t)1 << 31);
-        out->attn_tma = (((kv_ok || kv_fp8_mma) && out->attn_fast) || kv_nv_hopper) &&
-                        cu_attn_tma_shape(plan, st) &&
+        out->attn_tma = out->attn_fast && cu_attn_tma_shape(plan, st) &&
                         rows * cfg->num_kv_heads < ((int64_t)1 << 31);
         if (out->attn_fast && m->group != 16) {
             snprintf(buf, sizeof buf, "%d query heads per KV head (not 16): mma attention",
@@ -247,10 +253,6 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
         out->attn_tma = 0;
     if (!pf_kv_maps)
         out->pf_tma = 0;
-    /* nvfp4 K/V have no mma.sync decode attention: the Hopper one or none
-     * (known once the maps are). */
-    if (kv_nv_hopper && sparse)
-        out->attn_fast = out->attn_tma;
     /* Quantized planes: which kernels read them (tensor-core kernels widen
      * their codes). */
     if (kv_quant) {
@@ -264,7 +266,7 @@ void cu_choose_paths(const msa_plan *plan, const cu_plan_state *st, int32_t laye
     if (idx_quant && out->idx_fast) {
         snprintf(buf, sizeof buf, "%s index planes: codes widened by the %s indexer%s%s",
                  msa_dtype_name(cc->index_dtype), out->idx_tma ? "Hopper" : "mma.sync",
-                 iv ? "; index-value decode rows SIMT, de-quantized on read" : "",
+                 iv && !out->iv_fast ? "; index-value decode rows SIMT, de-quantized on read" : "",
                  out->pf_idx ? "; prefill rows read 16-bit copies of the pages" : "");
         cu_why(why, why_size, buf);
     }

@@ -1281,9 +1281,7 @@ static int run_long(msa_context *ctx, const long_case *lc, int *passed, int *fai
      * 128 (the library's sm_90a code); other devices the mma.sync ones. */
     const char *kernels = device_major() == 9 && lc->page == 128 ? "Hopper" : "mma.sync";
     char expect[96];
-    if (lc->kv_q == MSA_DTYPE_NVFP4 && kernels[0] != 'H') {
-        c.expect_cuda = "nvfp4 K/V planes: SIMT attention"; /* no mma.sync variant */
-    } else if (lc->kv_q) {
+    if (lc->kv_q) {
         snprintf(expect, sizeof expect, "%s K/V planes: codes widened by the %s decode",
                  lc->kv_q == MSA_DTYPE_NVFP4 ? "nvfp4" : "fp8_e4m3", kernels);
         c.expect_cuda = expect;

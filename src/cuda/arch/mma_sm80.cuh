@@ -86,6 +86,14 @@ __device__ __forceinline__ void cu_cp_async16(uint32_t dst, const void *src, int
                  "r"(src_bytes));
 }
 
+/* 8-byte async copy global -> shared (zero fill as cu_cp_async16): an
+ * nvfp4 row's group scales, 8-byte aligned in the plane. */
+__device__ __forceinline__ void cu_cp_async8(uint32_t dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+}
+
 __device__ __forceinline__ void cu_cp_async_commit()
 {
     asm volatile("cp.async.commit_group;\n" ::);

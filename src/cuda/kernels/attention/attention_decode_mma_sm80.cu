@@ -1,7 +1,8 @@
 /*
  * Decode attention, tensor-core path: bf16/fp16 queries and KV planes of the
- * same type, head dim 128.  Serves the sparse pass (key stream = union of
- * the request's selected blocks), the dense pass and the index-value pass.
+ * same type (or quantized ones, below), head dim 128.  Serves the sparse
+ * pass (key stream = union of the request's selected blocks), the dense
+ * pass and the index-value pass.
  *
  * One CTA (4 warps) per work item: up to 64 query rows (tokens x heads of one
  * KV group) against one split of the key stream.  The item's stream
@@ -15,15 +16,18 @@
  * registers, S = Q K^T and O += P V run on mma.sync m16n8k16 with fp32
  * accumulators; P is rounded to the 16-bit type for the second product.
  *
- * fp8_e4m3 K/V planes (variant FP8): the ring holds the 128-byte code
- * rows (a stage of 16 KB instead of 32), and once a tile has landed the
- * whole CTA widens its K and V codes into one pair of 16-bit tiles
- * beside the ring (rows_mma_fp8.cuh), which the 16-bit products then
- * read as they read a 16-bit tile.  Each code is widened once per tile,
- * not once per warp that reads it (with 64 query rows every warp reads
- * every key), at the cost of one more barrier a tile; tiles no warp uses
- * are not widened.  K's scale joins the score scale and V's multiplies
- * the finished rows.
+ * Quantized K/V planes (variants CU_PLANE_FP8 and CU_PLANE_NVFP4): the
+ * ring holds the code rows (fp8: 128 bytes a key; nvfp4: 64 bytes of codes
+ * and the key's 8 group-scale bytes), a stage of 16 KB instead of 32, and
+ * once a tile has landed the whole CTA widens its K and V codes into one
+ * pair of 16-bit tiles beside the ring (rows_mma_fp8.cuh), which the
+ * 16-bit products then read as they read a 16-bit tile.  Each code is
+ * widened once per tile, not once per warp that reads it (with 64 query
+ * rows every warp reads every key), at the cost of one more barrier a
+ * tile; tiles no warp uses are not widened.  K's scale joins the score
+ * scale and V's multiplies the finished rows.  nvfp4 code rows are
+ * copied in 16-byte pieces, so the host takes this variant only for even
+ * page sizes (a page region is 72 bytes a row).
  */
 #include "cuda/kernels/attention/key_stream.cuh"
 #include "cuda/arch/mma_sm80.cuh"
@@ -40,21 +44,26 @@
 #define ATT_MMA_META_PAGES 2048
 #define ATT_MMA_META_BYTES (ATT_MMA_META_BLK * 8 + ATT_MMA_META_PAGES * 4)
 #define ATT_MMA_SMEM_BYTES (ATT_MMA_STAGES * ATT_MMA_STAGE_BYTES + ATT_MMA_META_BYTES)
-/* FP8: stages of K and V code tiles (128-byte rows) and the token bits,
- * then the widened K and V tiles; both fit in the 16-bit ring's space,
- * before the metadata, so the variants share one shared-memory size. */
+/* Codes: stages of K and V code tiles (fp8: 128-byte rows; nvfp4: 64-byte
+ * code rows, then 8-byte scale rows, in the same space) and the token
+ * bits, then the widened K and V tiles; both fit in the 16-bit ring's
+ * space, before the metadata, so the variants share one shared-memory
+ * size. */
 #define ATT_FP8_TILE_BYTES (CU_TILE_KEYS * 128)
 #define ATT_FP8_STAGE_BYTES (2 * ATT_FP8_TILE_BYTES + CU_TILE_KEYS * 4)
 #define ATT_FP8_WIDE_OFFSET (ATT_MMA_STAGES * ATT_FP8_STAGE_BYTES)
 static_assert(ATT_FP8_WIDE_OFFSET % 128 == 0, "widened tiles 128-byte aligned");
 static_assert(ATT_FP8_WIDE_OFFSET + 2 * ATT_MMA_TILE_BYTES <= ATT_MMA_STAGES * ATT_MMA_STAGE_BYTES,
               "fp8 ring and widened tiles within the 16-bit ring's space");
+static_assert(CU_NV_TILE_SCALES + CU_TILE_KEYS * 8 <= ATT_FP8_TILE_BYTES,
+              "an nvfp4 tile's codes and scales fit an fp8 tile's place");
 
 /* Bytes of a stage and of one of its K / V tiles. */
-template <bool FP8>
+template <int KF>
 struct cu_att_ring {
-    static constexpr int STAGE = FP8 ? ATT_FP8_STAGE_BYTES : ATT_MMA_STAGE_BYTES;
-    static constexpr int TILE = FP8 ? ATT_FP8_TILE_BYTES : ATT_MMA_TILE_BYTES;
+    static constexpr bool CODES = KF != CU_PLANE_16;
+    static constexpr int STAGE = CODES ? ATT_FP8_STAGE_BYTES : ATT_MMA_STAGE_BYTES;
+    static constexpr int TILE = CODES ? ATT_FP8_TILE_BYTES : ATT_MMA_TILE_BYTES;
 };
 
 /* The tiles of this path: rows of 256 bytes, cu_swz. */
@@ -113,41 +122,61 @@ __device__ __forceinline__ cu_att_loc cu_att_locate(const cu_attn_params &params
 }
 
 /* The K and V rows of one key into a stage: two threads a row, 16-byte
- * pieces (FP8: rows of 128 one-byte codes, else of 128 16-bit values). */
-template <bool FP8>
+ * pieces (fp8: rows of 128 one-byte codes, cu_swz128; nvfp4: 64 code
+ * bytes, unswizzled, and an 8-byte copy of the group scales each, K's by
+ * the first thread and V's by the second; else rows of 128 16-bit
+ * values, cu_swz). */
+template <int KF>
 __device__ __forceinline__ void cu_att_issue(const cu_attn_params &params, unsigned char *smem,
                                              int32_t group, const cu_att_loc &b, int stage)
 {
-    unsigned char *st = smem + stage * cu_att_ring<FP8>::STAGE;
-    uint32_t *kmask = (uint32_t *)(st + 2 * cu_att_ring<FP8>::TILE);
+    unsigned char *st = smem + stage * cu_att_ring<KF>::STAGE;
+    uint32_t *kmask = (uint32_t *)(st + 2 * cu_att_ring<KF>::TILE);
     const int row = threadIdx.x >> 1;
     const int half = threadIdx.x & 1;
     const unsigned char *ksrc = (const unsigned char *)params.k_plane;
     const unsigned char *vsrc = (const unsigned char *)params.v_plane;
+    const unsigned char *kscl = ksrc, *vscl = vsrc;
     if (b.use) {
         const int32_t slot = b.pos & (params.page_size - 1);
-        if (FP8) {
+        if (KF == CU_PLANE_FP8) {
             /* One-byte codes: element offsets are byte offsets. */
             ksrc += cu_plane_row(params.k_strides, b.page, group, slot);
             vsrc += cu_plane_row(params.v_strides, b.page, group, slot);
+        } else if (KF == CU_PLANE_NVFP4) {
+            /* The (page, head) region: codes, then scales (cu_nvfp4_row). */
+            const cu_qrow k = cu_nvfp4_row(cu_plane_row(params.k_strides, b.page, group, 0), slot,
+                                           params.page_size, 128);
+            const cu_qrow v = cu_nvfp4_row(cu_plane_row(params.v_strides, b.page, group, 0), slot,
+                                           params.page_size, 128);
+            kscl = ksrc + k.scales;
+            vscl = vsrc + v.scales;
+            ksrc += k.at;
+            vsrc += v.at;
         } else {
             ksrc = cu_plane_row16(params.k_plane, params.k_strides, b.page, group, slot);
             vsrc = cu_plane_row16(params.v_plane, params.v_strides, b.page, group, slot);
         }
     }
     const uint32_t kd = cu_smem_addr(st);
-    const uint32_t vd = kd + cu_att_ring<FP8>::TILE;
+    const uint32_t vd = kd + cu_att_ring<KF>::TILE;
     const int nbytes = b.use ? 16 : 0;
-    /* Chunks of 16 bytes a row: 8 (FP8) or 16, half of them each thread. */
-    constexpr int PIECES = FP8 ? 4 : 8;
+    /* Chunks of 16 bytes a row: 4 (nvfp4), 8 (fp8) or 16, half of them
+     * each thread. */
+    constexpr int PIECES = KF == CU_PLANE_NVFP4 ? 2 : KF == CU_PLANE_FP8 ? 4 : 8;
 #pragma unroll
     for (int i = 0; i < PIECES; ++i) {
         const int chunk = half * PIECES + i;
         const int so = b.use ? chunk * 16 : 0;
-        const uint32_t at = FP8 ? cu_swz128(row, chunk) : cu_swz(row, chunk);
+        const uint32_t at = KF == CU_PLANE_NVFP4 ? (uint32_t)(row * 64 + chunk * 16)
+                            : KF == CU_PLANE_FP8 ? cu_swz128(row, chunk)
+                                                 : cu_swz(row, chunk);
         cu_cp_async16(kd + at, ksrc + so, nbytes);
         cu_cp_async16(vd + at, vsrc + so, nbytes);
     }
+    if (KF == CU_PLANE_NVFP4)
+        cu_cp_async8((half ? vd : kd) + CU_NV_TILE_SCALES + row * 8, half ? vscl : kscl,
+                     b.use ? 8 : 0);
     if (half == 0)
         kmask[row] = b.use;
 }
@@ -232,7 +261,7 @@ __device__ __forceinline__ cu_att_loc cu_att_meta_loc(const cu_attn_params &para
     return b;
 }
 
-template <typename Tag, bool FP8, int RT>
+template <typename Tag, int KF, int RT>
 __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *smem,
                                 const cu_att_item &it)
 {
@@ -270,27 +299,29 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
     cu_rows_load_q(params.q, q_lo, q_hi, ok_lo, ok_hi, qa);
     float o[16][4], m_lo, m_hi, l_lo, l_hi;
     cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
-    /* Scores in log2 units; fp8 keys' scores are products with the codes. */
-    const float sl2 = params.scale * CU_LOG2E * (FP8 ? params.k_scale : 1.0f);
+    /* Scores in log2 units; quantized keys' scores are products with the
+     * codes' values. */
+    constexpr bool CODES = cu_att_ring<KF>::CODES;
+    const float sl2 = params.scale * CU_LOG2E * (CODES ? params.k_scale : 1.0f);
 
     cu_att_meta mt;
     const int meta = cu_att_meta_load(params, cs, smem, mt);
     for (int s = 0; s < ATT_MMA_STAGES - 1; ++s) {
         if (s < ntiles)
-            cu_att_issue<FP8>(params, smem, it.group,
-                              meta ? cu_att_meta_loc(params, cs, mt, s)
-                                   : cu_att_locate(params, cs, cu_att_lookup(cs, s)),
-                              s);
+            cu_att_issue<KF>(params, smem, it.group,
+                             meta ? cu_att_meta_loc(params, cs, mt, s)
+                                  : cu_att_locate(params, cs, cu_att_lookup(cs, s)),
+                             s);
         cu_cp_async_commit();
     }
     /* The token bits of the prologue's tiles, visible to every warp
      * before the loop reads them. */
     __syncthreads();
-    unsigned char *wide = smem + ATT_FP8_WIDE_OFFSET; /* FP8: widened K, then V */
+    unsigned char *wide = smem + ATT_FP8_WIDE_OFFSET; /* codes: widened K, then V */
     for (int32_t j = 0; j < ntiles; ++j) {
         cu_cp_async_wait<ATT_MMA_STAGES - 2>();
-        const unsigned char *st = smem + (j % ATT_MMA_STAGES) * cu_att_ring<FP8>::STAGE;
-        const uint32_t *kmask = (const uint32_t *)(st + 2 * cu_att_ring<FP8>::TILE);
+        const unsigned char *st = smem + (j % ATT_MMA_STAGES) * cu_att_ring<KF>::STAGE;
+        const uint32_t *kmask = (const uint32_t *)(st + 2 * cu_att_ring<KF>::TILE);
 
         /* A warp whose tokens use none of its keys in this tile skips it:
          * with selections that differ per token most of a union is such.
@@ -306,30 +337,36 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
                 used |= (km >> tok_lo) | (km >> tok_hi);
             }
         const bool warp_used = __any_sync(0xffffffffu, used & 1u);
-        /* FP8: the barrier also says whether any warp uses the tile. */
+        /* Codes: the barrier also says whether any warp uses the tile. */
         bool cta_used = true;
-        if (FP8)
+        if (CODES)
             cta_used = __syncthreads_or(used & 1u) != 0;
         else
             __syncthreads();
         const int32_t jn = j + ATT_MMA_STAGES - 1;
         if (jn < ntiles)
-            cu_att_issue<FP8>(params, smem, it.group,
-                              meta ? cu_att_meta_loc(params, cs, mt, jn)
-                                   : cu_att_locate(params, cs, cu_att_lookup(cs, jn)),
-                              jn % ATT_MMA_STAGES);
+            cu_att_issue<KF>(params, smem, it.group,
+                             meta ? cu_att_meta_loc(params, cs, mt, jn)
+                                  : cu_att_locate(params, cs, cu_att_lookup(cs, jn)),
+                             jn % ATT_MMA_STAGES);
         cu_cp_async_commit();
 
         uint32_t ka = cu_smem_addr(st);
         uint32_t va = ka + ATT_MMA_TILE_BYTES;
-        if (FP8) {
+        if (CODES) {
             /* Every warp read the previous tile's widened rows before the
              * barrier above; after this one, every warp sees these. */
             if (!cta_used)
                 continue;
-            cu_fp8_tile_widen<Tag, ATT_MMA_THREADS>(st, wide);
-            cu_fp8_tile_widen<Tag, ATT_MMA_THREADS>(st + ATT_FP8_TILE_BYTES,
-                                                    wide + ATT_MMA_TILE_BYTES);
+            if (KF == CU_PLANE_NVFP4) {
+                cu_nvfp4_tile_widen<Tag, ATT_MMA_THREADS>(st, wide);
+                cu_nvfp4_tile_widen<Tag, ATT_MMA_THREADS>(st + ATT_FP8_TILE_BYTES,
+                                                          wide + ATT_MMA_TILE_BYTES);
+            } else {
+                cu_fp8_tile_widen<Tag, ATT_MMA_THREADS>(st, wide);
+                cu_fp8_tile_widen<Tag, ATT_MMA_THREADS>(st + ATT_FP8_TILE_BYTES,
+                                                        wide + ATT_MMA_TILE_BYTES);
+            }
             __syncthreads();
             ka = cu_smem_addr(wide);
             va = ka + ATT_MMA_TILE_BYTES;
@@ -368,14 +405,14 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
                 cu_rows_absorb(comb + ((k2 - 1) * RT + rt) * CU_ROWS_SLOT_FLOATS, o, m_lo, m_hi,
                                l_lo, l_hi);
     }
-    if (FP8 && ks == 0) /* O holds sums of weights times V codes */
+    if (CODES && ks == 0) /* O holds sums of weights times the V codes' values */
         cu_rows_rescale(o, params.v_scale, params.v_scale);
     if (ks == 0)
         cu_rows_write<Tag>(params, it, row_lo, q_lo, q_hi, ok_lo, ok_hi, o, m_lo, m_hi, l_lo, l_hi);
     __syncthreads(); /* the shared memory is reused by the next item */
 }
 
-template <typename Tag, bool FP8>
+template <typename Tag, int KF>
 __global__ void __launch_bounds__(ATT_MMA_THREADS, 2) cu_attn_mma_kernel(cu_attn_params params)
 {
     cu_pdl_wait();
@@ -386,42 +423,37 @@ __global__ void __launch_bounds__(ATT_MMA_THREADS, 2) cu_attn_mma_kernel(cu_attn
     for (int32_t ii = blockIdx.x; ii < n_items; ii += gridDim.x) {
         const cu_att_item it = items[ii];
         if (it.nrows <= 16)
-            cu_att_item_run<Tag, FP8, 1>(params, smem, it);
+            cu_att_item_run<Tag, KF, 1>(params, smem, it);
         else if (it.nrows <= 32)
-            cu_att_item_run<Tag, FP8, 2>(params, smem, it);
+            cu_att_item_run<Tag, KF, 2>(params, smem, it);
         else
-            cu_att_item_run<Tag, FP8, 4>(params, smem, it);
+            cu_att_item_run<Tag, KF, 4>(params, smem, it);
     }
 }
 
 void cu_launch_attn_decode_mma(const cu_attn_params *params, const cu_plan_state *st,
                                cudaStream_t s)
 {
-    const int fp8 = params->kv_dtype == MSA_DTYPE_FP8_E4M3;
-    if (params->act_dtype == MSA_DTYPE_BF16 && fp8)
-        cu_launch(cu_attn_mma_kernel<cu_bf16_tag, true>, st->sz.grid_att_fast, ATT_MMA_THREADS,
-                  ATT_MMA_SMEM_BYTES, s, st->pdl, *params);
-    else if (params->act_dtype == MSA_DTYPE_BF16)
-        cu_launch(cu_attn_mma_kernel<cu_bf16_tag, false>, st->sz.grid_att_fast, ATT_MMA_THREADS,
-                  ATT_MMA_SMEM_BYTES, s, st->pdl, *params);
-    else if (fp8)
-        cu_launch(cu_attn_mma_kernel<cu_f16_tag, true>, st->sz.grid_att_fast, ATT_MMA_THREADS,
-                  ATT_MMA_SMEM_BYTES, s, st->pdl, *params);
-    else
-        cu_launch(cu_attn_mma_kernel<cu_f16_tag, false>, st->sz.grid_att_fast, ATT_MMA_THREADS,
-                  ATT_MMA_SMEM_BYTES, s, st->pdl, *params);
+#define ATT_MMA_LAUNCH(TAG, KF)                                                   \
+    cu_launch(cu_attn_mma_kernel<TAG, KF>, st->sz.grid_att_fast, ATT_MMA_THREADS, \
+              ATT_MMA_SMEM_BYTES, s, st->pdl, *params)
+    CU_LAUNCH_BY_FORMAT(params->act_dtype, params->kv_dtype, ATT_MMA_LAUNCH);
+#undef ATT_MMA_LAUNCH
 }
 
 cudaError_t cu_attn_mma_setup(int num_sms, int *grid)
 {
-    cudaError_t e = cu_allow_smem(ATT_MMA_SMEM_BYTES, cu_attn_mma_kernel<cu_bf16_tag, false>,
-                                  cu_attn_mma_kernel<cu_f16_tag, false>,
-                                  cu_attn_mma_kernel<cu_bf16_tag, true>,
-                                  cu_attn_mma_kernel<cu_f16_tag, true>);
+    cudaError_t e = cu_allow_smem(ATT_MMA_SMEM_BYTES, cu_attn_mma_kernel<cu_bf16_tag, CU_PLANE_16>,
+                                  cu_attn_mma_kernel<cu_f16_tag, CU_PLANE_16>,
+                                  cu_attn_mma_kernel<cu_bf16_tag, CU_PLANE_FP8>,
+                                  cu_attn_mma_kernel<cu_f16_tag, CU_PLANE_FP8>,
+                                  cu_attn_mma_kernel<cu_bf16_tag, CU_PLANE_NVFP4>,
+                                  cu_attn_mma_kernel<cu_f16_tag, CU_PLANE_NVFP4>);
     if (e != cudaSuccess)
         return e;
     int occ = 0;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, cu_attn_mma_kernel<cu_bf16_tag, false>,
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ,
+                                                      cu_attn_mma_kernel<cu_bf16_tag, CU_PLANE_16>,
                                                       ATT_MMA_THREADS, ATT_MMA_SMEM_BYTES);
     if (e != cudaSuccess)
         return e;

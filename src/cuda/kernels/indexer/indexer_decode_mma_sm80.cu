@@ -42,14 +42,6 @@
 /* An nvfp4 tile: 64 rows of 64 code bytes, then each row's 8 scale bytes. */
 #define IDX_NV_SCALES (CU_TILE_KEYS * 64)
 
-/* 8-byte async copy global -> shared (zero fill as cu_cp_async16): an
- * nvfp4 row's group scales, 8-byte aligned in the plane. */
-__device__ __forceinline__ void cu_idx_cp_async8(uint32_t dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes));
-}
-
 /* A position in this CTA's tile sequence, walked tile by tile (no search
  * per tile).  Two walk ahead of the consumer: one issues the copies of
  * tile f + STAGES - 1, one looks up the pages of tile f + 2*STAGES - 1.
@@ -157,7 +149,7 @@ __device__ __forceinline__ void cu_idx_issue(const cu_indexer_params &params, co
         cu_cp_async16(dst + at, src + (valid ? chunk * 16 : 0), valid ? 16 : 0);
     }
     if (KF == CU_PLANE_NVFP4 && half == 0)
-        cu_idx_cp_async8(dst + IDX_NV_SCALES + row * 8, scales, valid ? 8 : 0);
+        cu_cp_async8(dst + IDX_NV_SCALES + row * 8, scales, valid ? 8 : 0);
 }
 
 /* B fragments (query columns nt0*8 .. +NR*8, all 128 dims) from the Q tile. */
