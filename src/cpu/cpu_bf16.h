@@ -47,8 +47,8 @@ static inline __m512 msa_dpbf16_bcast(__m512 acc, __m512bh v, const uint32_t *p)
  * the next block's lines for a token's score passes, the other half for
  * its P.V passes (msa_pv_tile4_bf16), so that they go out over the whole
  * block.  Issued over the score passes alone they came twice as fast and
- * left the loads waiting for the miss buffers: the 32K dense decode step
- * was about 15% slower on Zen 4. */
+ * left the loads waiting for the miss buffers: the dense decode step was
+ * 8-10% slower at 32K and 128K on Zen 4 (bench/RESULTS.md). */
 static inline void msa_scores8_pass_bf16(float *restrict s, const uint32_t *restrict qt2, int gp,
                                          int h0, const uint16_t *restrict k0, int dim, __m512 sc,
                                          dr_next *nx)
