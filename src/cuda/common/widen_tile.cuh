@@ -10,7 +10,8 @@
  * a quarter warp hold eight consecutive rows of one chunk, whose swizzled
  * writes (and fp8 reads) meet no bank group twice; nvfp4 code rows are
  * 64 bytes and unswizzled, so their reads take four bank-group passes a
- * quarter warp.
+ * quarter warp.  The mma.sync decode attention lays its 16-bit tiles out
+ * otherwise (rows of 256 bytes, cu_swz) and passes its own Swz.
  */
 #ifndef MSA_CUDA_COMMON_WIDEN_TILE_CUH
 #define MSA_CUDA_COMMON_WIDEN_TILE_CUH
@@ -21,10 +22,20 @@
 
 #ifdef __CUDACC__
 
+/* Where 16-byte chunk c (0..15) of row r of a 16-bit tile lies: by
+ * default as a tensor-map copy of ROWS rows lays it (cu_tswz). */
+template <int ROWS>
+struct cu_tile_swz {
+    __device__ __forceinline__ uint32_t operator()(int row, int chunk) const
+    {
+        return cu_tswz(ROWS, row, chunk);
+    }
+};
+
 /* fp8: ROWS rows of 128 code bytes at shared address `codes`, as a
  * tensor-map box with the 128-byte swizzle lays them (chunk c of row r at
  * r * 128 + (c ^ (r & 7)) * 16), into the 16-bit tile at `wide`. */
-template <typename Tag, int ROWS>
+template <typename Tag, int ROWS, typename Swz = cu_tile_swz<ROWS>>
 __device__ __forceinline__ void cu_widen_fp8_tile(uint32_t codes, uint32_t wide, int t)
 {
     static_assert(ROWS == 64 || ROWS == 128, "64 or 128 rows for 128 threads");
@@ -36,8 +47,8 @@ __device__ __forceinline__ void cu_widen_fp8_tile(uint32_t codes, uint32_t wide,
         const uint4 p = cu_lds128(codes + (uint32_t)(row * 128 + ((c ^ (row & 7)) << 4)));
         uint4 lo, hi;
         cu_fp8_chunk_widen<Tag>(p, lo, hi);
-        cu_sts128(wide + cu_tswz(ROWS, row, 2 * c), lo);
-        cu_sts128(wide + cu_tswz(ROWS, row, 2 * c + 1), hi);
+        cu_sts128(wide + Swz()(row, 2 * c), lo);
+        cu_sts128(wide + Swz()(row, 2 * c + 1), hi);
     }
 }
 
@@ -45,7 +56,7 @@ __device__ __forceinline__ void cu_widen_fp8_tile(uint32_t codes, uint32_t wide,
  * row's 8 group-scale bytes, as a page region lays them out (SPEC 8),
  * into the 16-bit tile at `wide`: a 16-byte code chunk is 32 values of
  * two groups, four 16-bit chunks. */
-template <typename Tag, int ROWS>
+template <typename Tag, int ROWS, typename Swz = cu_tile_swz<ROWS>>
 __device__ __forceinline__ void cu_widen_nvfp4_tile(uint32_t codes, uint32_t wide, int t)
 {
     static_assert(ROWS == 64 || ROWS == 128, "64 or 128 rows for 128 threads");
@@ -62,7 +73,7 @@ __device__ __forceinline__ void cu_widen_nvfp4_tile(uint32_t codes, uint32_t wid
         cu_nvfp4_chunk_widen<Tag>(p, g, out);
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-            cu_sts128(wide + cu_tswz(ROWS, row, 4 * c + k), out[k]);
+            cu_sts128(wide + Swz()(row, 4 * c + k), out[k]);
     }
 }
 

@@ -20,7 +20,7 @@
  * ring holds the code rows (fp8: 128 bytes a key; nvfp4: 64 bytes of codes
  * and the key's 8 group-scale bytes), a stage of 16 KB instead of 32, and
  * once a tile has landed the whole CTA widens its K and V codes into one
- * pair of 16-bit tiles beside the ring (rows_mma_fp8.cuh), which the
+ * pair of 16-bit tiles beside the ring (widen_tile.cuh), which the
  * 16-bit products then read as they read a 16-bit tile.  Each code is
  * widened once per tile, not once per warp that reads it (with 64 query
  * rows every warp reads every key), at the cost of one more barrier a
@@ -64,14 +64,6 @@ struct cu_att_ring {
     static constexpr bool CODES = KF != CU_PLANE_16;
     static constexpr int STAGE = CODES ? ATT_FP8_STAGE_BYTES : ATT_MMA_STAGE_BYTES;
     static constexpr int TILE = CODES ? ATT_FP8_TILE_BYTES : ATT_MMA_TILE_BYTES;
-};
-
-/* The tiles of this path: rows of 256 bytes, cu_swz. */
-struct cu_swz256 {
-    __device__ __forceinline__ uint32_t operator()(int row, int chunk) const
-    {
-        return cu_swz(row, chunk);
-    }
 };
 
 /* Row metadata of a tile read straight from memory (union entry, then page
@@ -358,14 +350,17 @@ __device__ void cu_att_item_run(const cu_attn_params &params, unsigned char *sme
              * barrier above; after this one, every warp sees these. */
             if (!cta_used)
                 continue;
-            if (KF == CU_PLANE_NVFP4) {
-                cu_nvfp4_tile_widen<Tag, ATT_MMA_THREADS>(st, wide);
-                cu_nvfp4_tile_widen<Tag, ATT_MMA_THREADS>(st + ATT_FP8_TILE_BYTES,
-                                                          wide + ATT_MMA_TILE_BYTES);
-            } else {
-                cu_fp8_tile_widen<Tag, ATT_MMA_THREADS>(st, wide);
-                cu_fp8_tile_widen<Tag, ATT_MMA_THREADS>(st + ATT_FP8_TILE_BYTES,
-                                                        wide + ATT_MMA_TILE_BYTES);
+            /* The CTA's 128 threads, each code once (widen_tile.cuh). */
+            static_assert(ATT_MMA_THREADS == 128, "the tile widening takes 128 threads");
+            const uint32_t cs = cu_smem_addr(st), ws = cu_smem_addr(wide);
+#pragma unroll
+            for (int kv = 0; kv < 2; ++kv) {
+                const uint32_t src = cs + (uint32_t)(kv * ATT_FP8_TILE_BYTES);
+                const uint32_t dst = ws + (uint32_t)(kv * ATT_MMA_TILE_BYTES);
+                if (KF == CU_PLANE_NVFP4)
+                    cu_widen_nvfp4_tile<Tag, CU_TILE_KEYS, cu_swz256>(src, dst, threadIdx.x);
+                else
+                    cu_widen_fp8_tile<Tag, CU_TILE_KEYS, cu_swz256>(src, dst, threadIdx.x);
             }
             __syncthreads();
             ka = cu_smem_addr(wide);

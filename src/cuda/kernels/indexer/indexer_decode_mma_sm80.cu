@@ -39,9 +39,6 @@
     (IDX_MMA_STAGES * IDX_MMA_TILE_BYTES + IDX_MMA_TILE_BYTES + 4 * 64 * 4 * 2 + 64 * 4 * 2 + \
      IDX_MMA_PRING * 64 * 4)
 
-/* An nvfp4 tile: 64 rows of 64 code bytes, then each row's 8 scale bytes. */
-#define IDX_NV_SCALES (CU_TILE_KEYS * 64)
-
 /* A position in this CTA's tile sequence, walked tile by tile (no search
  * per tile).  Two walk ahead of the consumer: one issues the copies of
  * tile f + STAGES - 1, one looks up the pages of tile f + 2*STAGES - 1.
@@ -149,7 +146,7 @@ __device__ __forceinline__ void cu_idx_issue(const cu_indexer_params &params, co
         cu_cp_async16(dst + at, src + (valid ? chunk * 16 : 0), valid ? 16 : 0);
     }
     if (KF == CU_PLANE_NVFP4 && half == 0)
-        cu_cp_async8(dst + IDX_NV_SCALES + row * 8, scales, valid ? 8 : 0);
+        cu_cp_async8(dst + CU_NV_TILE_SCALES + row * 8, scales, valid ? 8 : 0);
 }
 
 /* B fragments (query columns nt0*8 .. +NR*8, all 128 dims) from the Q tile. */
@@ -225,7 +222,7 @@ __device__ __forceinline__ uint32_t cu_idx_afrags_q(const unsigned char *tile, u
         } else {
             /* 16 code bytes: dims 32 c4 .. + 31, groups 2 c4 and 2 c4 + 1. */
             const uint4 p = *(const uint4 *)(tile + row * 64 + c4 * 16);
-            const uint32_t sb = *(const uint16_t *)(tile + IDX_NV_SCALES + row * 8 + 2 * c4);
+            const uint32_t sb = *(const uint16_t *)(tile + CU_NV_TILE_SCALES + row * 8 + 2 * c4);
             const float s0 = cu_e4m3_to_f32(sb & 0xffu), s1 = cu_e4m3_to_f32(sb >> 8);
             const uint32_t w[4] = {p.x, p.y, p.z, p.w};
 #pragma unroll
