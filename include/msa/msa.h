@@ -148,8 +148,11 @@ typedef enum msa_cpu_isa {
 } msa_cpu_isa;
 
 typedef struct msa_context_params {
-    msa_backend backend;            /* default MSA_BACKEND_CPU */
-    int num_threads;                /* CPU worker threads; 0 = number of online cores */
+    msa_backend backend; /* default MSA_BACKEND_CPU */
+    /* CPU worker threads; 0 = the CPUs this process may use: the online
+     * CPUs, fewer where its affinity mask or its cgroup's CPU limit allows
+     * fewer (docs/API.md) */
+    int num_threads;
     int device;                     /* CUDA device ordinal; default 0 */
     const msa_debug_options *debug; /* debugging aids; NULL (default): none */
     /* CPU backend: the highest kernel level to use; MSA_CPU_ISA_AUTO
@@ -160,7 +163,7 @@ typedef struct msa_context_params {
      * the context starts num_threads - 1 threads of its own.  Otherwise it
      * starts none, and each parallel stage of a call calls
      * parallel_for(engine, n_tasks, task, arg) with n_tasks = num_threads
-     * (0 = online cores): the engine runs task(arg, i) once for every i in
+     * (0 = as above): the engine runs task(arg, i) once for every i in
      * 0 .. n_tasks - 1, in any order, on any of its threads, serially or at
      * the same time, and returns when all have returned.  Tasks never wait
      * for each other. */

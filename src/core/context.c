@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static const msa_backend_ops *backend_ops(msa_backend backend)
 {
@@ -93,9 +92,10 @@ msa_status msa_context_create(const msa_context_params *params, msa_context **ou
     ctx->ops = ops;
     ctx->device = params->device;
     int n = params->num_threads;
-    if (n == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cores > 0 ? (int)(cores > 256 ? 256 : cores) : 1;
+    if (n == 0) { /* the CPUs this process may use, not the machine's */
+        msa_cpu_budget budget;
+        msa_cpu_budget_read(&budget);
+        n = msa_cpu_budget_threads(&budget);
     }
     ctx->num_threads = n;
     msa_status st = params->parallel_for ? msa_threadpool_create_engine(n, params->parallel_for,

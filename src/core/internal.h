@@ -265,4 +265,22 @@ void msa_threadpool_free(msa_threadpool *pool);
 void msa_threadpool_run(msa_threadpool *pool, msa_work_fn fn, void *arg);
 int msa_threadpool_size(const msa_threadpool *pool);
 
+/* The CPUs this process may use (cpu_budget.c): the online CPUs, those of
+ * its affinity mask (0: unknown) and the whole CPUs of its cgroup's CPU
+ * bandwidth limit (0: none).  The default number of a context's threads
+ * is the smallest of the three that is known, at most 256. */
+typedef struct msa_cpu_budget {
+    int online;
+    int affinity;
+    int quota;
+} msa_cpu_budget;
+void msa_cpu_budget_read(msa_cpu_budget *b);
+int msa_cpu_budget_threads(const msa_cpu_budget *b);
+/* The cgroup CPU limit in whole CPUs (at least 1; 0: none found) of the
+ * process whose cgroup file (/proc/self/cgroup) is proc_cgroup: the v2
+ * hierarchy mounted at v2_root (cpu.max), the v1 cpu controller at
+ * v1_root (cpu.cfs_quota_us, cpu.cfs_period_us); the smallest limit of
+ * the process's cgroup and its ancestors. */
+int msa_cgroup_cpu_limit(const char *proc_cgroup, const char *v2_root, const char *v1_root);
+
 #endif /* MSA_INTERNAL_H */
