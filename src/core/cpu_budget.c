@@ -199,7 +199,11 @@ void msa_cpu_budget_read(msa_cpu_budget *b)
             b->affinity = CPU_COUNT_S(size, set);
         CPU_FREE(set);
     }
-    b->quota = msa_cgroup_cpu_limit("/proc/self/cgroup", "/sys/fs/cgroup", "/sys/fs/cgroup/cpu");
+    /* v1: systemd and container runtimes link cpu to cpu,cpuacct; some
+     * systems mount only the latter */
+    const char *v1 = access("/sys/fs/cgroup/cpu", F_OK) == 0 ? "/sys/fs/cgroup/cpu"
+                                                             : "/sys/fs/cgroup/cpu,cpuacct";
+    b->quota = msa_cgroup_cpu_limit("/proc/self/cgroup", "/sys/fs/cgroup", v1);
 #endif
 }
 
