@@ -117,7 +117,7 @@ static int64_t scratch_floats(const msa_model *m)
     int64_t rows_i = (int64_t)MSA_CPU_INDEX_CHUNK * m->cfg.num_index_heads;
     const int64_t TW16 = (TW + 15) & ~15;
     int64_t index = rows_i * m->cfg.index_dim + TW16 * m->cfg.index_dim + rows_i * TW16 +
-                    rows_i * 3 + ((rows_i + 15) & ~(int64_t)15) * m->cfg.index_dim / 2;
+                    rows_i * 3 + ((rows_i + 15) & ~(int64_t)15) * m->cfg.index_dim;
     int64_t select = (int64_t)m->cfg.num_index_heads * m->cfg.topk_blocks;
     return max64(max64(max64(attn, index), select), msa_cpu_blocked_scratch(m)) + 64;
 }

@@ -68,7 +68,8 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
     const int32_t *pt = p->page_table + (int64_t)ch->request * p->cap_pages_per_request;
 
     /* scratch: q [rows][Di] | key tile [TW16][Di] | raw scores [rows][TW16] | acc [rows] |
-     * (vdpbf16ps rows along the lanes) bf16 pairs [Di / 2][rows rounded up to 16] */
+     * (rows along the lanes) bf16 pairs [Di / 2][rows rounded up to 16] for vdpbf16ps, or
+     * fp32 [Di][rows rounded up to 16] */
     float *q = scratch;
     float *tile = q + (int64_t)rows * Di;
     const int32_t TW16 = (TW + 15) & ~15;
@@ -129,6 +130,20 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
         dq_fp8_bf16_tables(lut);
 #else
     const int dr_nv = 0;
+    const int dr_dot = 0;
+#endif
+#if MSA_CPU_DECODE_ROWS
+    /* The fp32 scan of a verify step's many rows: the rows along the lanes
+     * (dr_index_scores_lanes), their queries transposed into the scratch
+     * past acc ([Di][rows rounded up to 16]). */
+    const int32_t rpl = (rows + 15) & ~15;
+    const int dr_lanes = dr_scan && !dr_dot && rows >= DR_ROWS_LANES_MIN &&
+                         rpl <= DR_ROWS_LANES_MAX;
+    float *qtl = (float *)(acc + rows);
+    if (dr_lanes)
+        dr_transpose_rows(qtl, rpl, q, rows, Di);
+#else
+    (void)dr_dot;
 #endif
     const int64_t p_last = ch->pos0 + ch->n - 1;
     float *out = cp->scores + ch->score_off;
@@ -188,8 +203,13 @@ static void score_task(select_job *job, int64_t c, int32_t b0, int32_t b1, float
                         continue;
                     }
 #endif
-                    dr_index_scores(sr + jj, TW16, q, rows, kd + (int64_t)jj * Di * key_bytes, Di,
-                                    ng, dr_fp8, ik.scale);
+                    if (dr_lanes)
+                        dr_index_scores_lanes(sr + jj, TW16, qtl, rpl, rows,
+                                              kd + (int64_t)jj * Di * key_bytes, Di, ng, dr_fp8,
+                                              ik.scale);
+                    else
+                        dr_index_scores(sr + jj, TW16, q, rows, kd + (int64_t)jj * Di * key_bytes,
+                                        Di, ng, dr_fp8, ik.scale);
                 }
             } else
 #endif
