@@ -79,67 +79,67 @@ static void remove_tree(void)
         fprintf(stderr, "could not remove %s\n", base);
 }
 
-static void test_v2(void)
+/* One step of a made-up cgroup tree: write text to base/path (NULL:
+ * remove it), then, where expect >= 0, the limit must be expect. */
+typedef struct tree_step {
+    const char *path, *text;
+    int expect;
+    const char *what;
+} tree_step;
+
+static void run_steps(const char *name, const tree_step *steps, size_t n)
 {
-    put("v2/cgroup.controllers", "cpuset cpu io memory pids\n");
-    put("proc", "0::/kubepods/pod1/c1\n");
-    CHECK(limit() == 0, "no cpu.max anywhere: no limit (got %d)", limit());
-    put("v2/kubepods/pod1/c1/cpu.max", "max 100000\n");
-    CHECK(limit() == 0, "\"max\": no limit (got %d)", limit());
-    put("v2/kubepods/pod1/c1/cpu.max", "250000 100000\n");
-    CHECK(limit() == 2, "2.5 CPUs: 2 threads (got %d)", limit());
-    put("v2/kubepods/pod1/cpu.max", "150000 100000\n");
-    CHECK(limit() == 1, "a parent's smaller limit holds (got %d)", limit());
-    put("v2/kubepods/pod1/cpu.max", "max 100000\n");
-    put("v2/kubepods/pod1/c1/cpu.max", "20000 100000\n");
-    CHECK(limit() == 1, "a fifth of a CPU: still one thread (got %d)", limit());
-    put("v2/kubepods/pod1/c1/cpu.max", "400000 50000\n");
-    CHECK(limit() == 8, "another period: 8 CPUs (got %d)", limit());
-    put("v2/kubepods/pod1/c1/cpu.max", "garbage\n");
-    CHECK(limit() == 0, "malformed cpu.max: ignored (got %d)", limit());
-    put("v2/kubepods/pod1/c1/cpu.max", "300000x 100000\n");
-    CHECK(limit() == 0, "a number with trailing letters: ignored (got %d)", limit());
-    put("v2/kubepods/pod1/c1/cpu.max", "");
-    CHECK(limit() == 0, "empty cpu.max: ignored (got %d)", limit());
-    put("v2/kubepods/pod1/c1/cpu.max", "-5 100000\n");
-    CHECK(limit() == 0, "negative quota: ignored (got %d)", limit());
-    /* A container without a cgroup namespace: its own cgroup is the mount's
-     * root, the path names the host's cgroup, which is not there. */
-    put("proc", "0::/system.slice/docker-abc.scope\n");
-    put("v2/cpu.max", "300000 100000\n");
-    CHECK(limit() == 3, "the root's limit when the path is not mounted (got %d)", limit());
-    put("proc", "0::/\n");
-    CHECK(limit() == 3, "the root cgroup itself (got %d)", limit());
-    /* No v2 hierarchy at v2 (a v1 or hybrid machine): its files are not read. */
     char path[512];
-    unlink(at(path, sizeof path, "v2/cgroup.controllers"));
-    CHECK(limit() == 0, "no cgroup.controllers: v2 files not read (got %d)", limit());
+    for (size_t i = 0; i < n; i++) {
+        if (steps[i].text)
+            put(steps[i].path, steps[i].text);
+        else
+            unlink(at(path, sizeof path, steps[i].path));
+        if (steps[i].expect >= 0) {
+            const int got = limit();
+            CHECK(got == steps[i].expect, "%s: %s: limit %d, want %d", name, steps[i].what, got,
+                  steps[i].expect);
+        }
+    }
 }
 
-static void test_v1(void)
-{
-    put("proc", "12:pids:/docker/abc\n4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n0::/\n");
-    put("v1/cpu.cfs_quota_us", "-1\n");
-    put("v1/cpu.cfs_period_us", "100000\n");
-    CHECK(limit() == 0, "quota -1: no limit (got %d)", limit());
-    put("v1/docker/abc/cpu.cfs_quota_us", "600000\n");
-    put("v1/docker/abc/cpu.cfs_period_us", "100000\n");
-    CHECK(limit() == 6, "the cgroup's quota: 6 CPUs (got %d)", limit());
-    put("v1/docker/cpu.cfs_quota_us", "200000\n");
-    put("v1/docker/cpu.cfs_period_us", "100000\n");
-    CHECK(limit() == 2, "the parent's smaller quota (got %d)", limit());
-    put("v1/docker/abc/cpu.cfs_period_us", "0\n");
-    CHECK(limit() == 2, "a zero period is ignored, the parent's holds (got %d)", limit());
-    put("proc", "4:cpuacct:/docker/abc\n");
-    CHECK(limit() == 0, "no cpu controller in the list: nothing read (got %d)", limit());
-    put("proc", "4:cpuset,cpu:/docker/abc");
-    CHECK(limit() == 2, "cpu last in the list, no final newline (got %d)", limit());
-    put("proc", "not a cgroup file\n:::\n1:cpu:relative\n");
-    CHECK(limit() == 0, "malformed lines: no limit (got %d)", limit());
-    char path[512];
-    unlink(at(path, sizeof path, "proc"));
-    CHECK(limit() == 0, "no cgroup file: no limit (got %d)", limit());
-}
+static const tree_step v2_steps[] = {
+    {"v2/cgroup.controllers", "cpuset cpu io memory pids\n", -1, ""},
+    {"proc", "0::/kubepods/pod1/c1\n", 0, "no cpu.max anywhere: no limit"},
+    {"v2/kubepods/pod1/c1/cpu.max", "max 100000\n", 0, "\"max\": no limit"},
+    {"v2/kubepods/pod1/c1/cpu.max", "250000 100000\n", 2, "2.5 CPUs: 2 threads"},
+    {"v2/kubepods/pod1/cpu.max", "150000 100000\n", 1, "a parent's smaller limit holds"},
+    {"v2/kubepods/pod1/cpu.max", "max 100000\n", -1, ""},
+    {"v2/kubepods/pod1/c1/cpu.max", "20000 100000\n", 1, "a fifth of a CPU: one thread"},
+    {"v2/kubepods/pod1/c1/cpu.max", "400000 50000\n", 8, "another period: 8 CPUs"},
+    {"v2/kubepods/pod1/c1/cpu.max", "garbage\n", 0, "malformed cpu.max: ignored"},
+    {"v2/kubepods/pod1/c1/cpu.max", "300000x 100000\n", 0, "trailing letters: ignored"},
+    {"v2/kubepods/pod1/c1/cpu.max", "", 0, "empty cpu.max: ignored"},
+    {"v2/kubepods/pod1/c1/cpu.max", "-5 100000\n", 0, "negative quota: ignored"},
+    /* A container without a cgroup namespace: its own cgroup is the
+     * mount's root, the path names the host's cgroup, which is not there. */
+    {"proc", "0::/system.slice/docker-abc.scope\n", -1, ""},
+    {"v2/cpu.max", "300000 100000\n", 3, "the root's limit when the path is not mounted"},
+    {"proc", "0::/\n", 3, "the root cgroup itself"},
+    /* No v2 hierarchy at v2 (a v1 or hybrid machine): its files are not read. */
+    {"v2/cgroup.controllers", NULL, 0, "no cgroup.controllers: v2 files not read"},
+};
+
+static const tree_step v1_steps[] = {
+    {"proc", "12:pids:/docker/abc\n4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n0::/\n", -1,
+     ""},
+    {"v1/cpu.cfs_quota_us", "-1\n", -1, ""},
+    {"v1/cpu.cfs_period_us", "100000\n", 0, "quota -1: no limit"},
+    {"v1/docker/abc/cpu.cfs_quota_us", "600000\n", -1, ""},
+    {"v1/docker/abc/cpu.cfs_period_us", "100000\n", 6, "the cgroup's quota: 6 CPUs"},
+    {"v1/docker/cpu.cfs_quota_us", "200000\n", -1, ""},
+    {"v1/docker/cpu.cfs_period_us", "100000\n", 2, "the parent's smaller quota"},
+    {"v1/docker/abc/cpu.cfs_period_us", "0\n", 2, "a zero period is ignored, the parent's holds"},
+    {"proc", "4:cpuacct:/docker/abc\n", 0, "no cpu controller in the list: nothing read"},
+    {"proc", "4:cpuset,cpu:/docker/abc", 2, "cpu last in the list, no final newline"},
+    {"proc", "not a cgroup file\n:::\n1:cpu:relative\n", 0, "malformed lines: no limit"},
+    {"proc", NULL, 0, "no cgroup file: no limit"},
+};
 
 static void test_threads(void)
 {
@@ -233,11 +233,11 @@ int main(void)
 {
     if (!fresh_base())
         return 1;
-    test_v2();
+    run_steps("v2", v2_steps, sizeof v2_steps / sizeof v2_steps[0]);
     remove_tree();
     if (!fresh_base())
         return 1;
-    test_v1();
+    run_steps("v1", v1_steps, sizeof v1_steps / sizeof v1_steps[0]);
     remove_tree();
     test_threads();
     test_pinned();
