@@ -674,8 +674,8 @@ static void dr_scores_heads(float *restrict s, const float *restrict qt, int gp,
         dr_scores_heads_dim(s, qt, gp, k, k8, s256, dim, n, nx);
 }
 
-/* Index rows from which a verify step's scan takes the rows along the
- * lanes (dr_index_scores_lanes), and the most it takes so. */
+/* Index rows from which an AVX2 verify step's scan takes the rows along
+ * the lanes (dr_index_scores_lanes), and the most it takes so. */
 #define DR_ROWS_LANES_MIN 16
 #define DR_ROWS_LANES_MAX 64
 
