@@ -193,6 +193,15 @@ static inline void dr_transpose_sum(float *out, const dr_vec *p)
 #endif
 }
 
+/* sr[r * ld + j] = t[j * rp + r] for r < rows, j < n: scores computed with
+ * the rows along the lanes ([key][rp]) as the scan stores them (rows). */
+static inline void dr_store_rows(float *sr, int64_t ld, const float *t, int rp, int rows, int n)
+{
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++)
+            sr[(int64_t)r * ld + j] = t[j * rp + r];
+}
+
 /* The DR_LANES elements from element i of a row of format `kind`
  * (DR_KEY_*), widened to fp32: bf16 or fp16 bits at bf, or fp8 e4m3 codes
  * at codes; fp8 values are code times the scale of which s256 is 256
@@ -429,9 +438,7 @@ static inline void dr_dot_keys(float *sr, int64_t ld, const dr_qrows *qr, const 
     }
     float t[16 * DR_DOT_MAX_ROWS]; /* [key][rp] */
     msa_scores_heads_bf16(t, qr->qt2, qr->rp, kb, dim, n, mul);
-    for (int r = 0; r < qr->rows; r++)
-        for (int j = 0; j < n; j++)
-            sr[(int64_t)r * ld + j] = t[j * qr->rp + r];
+    dr_store_rows(sr, ld, t, qr->rp, qr->rows, n);
 }
 
 /* The same for the n <= 16 fp8 keys at codes ([n][dim], dim at most
@@ -707,9 +714,7 @@ static void dr_index_scores_lanes(float *sr, int64_t ld, const float *qt, int rp
     const dr_vec s256 = DR_SET1(fp8 ? fp8_scale * 256.0f : 0.0f);
     dr_scores_heads(t, qt, rp, fp8 ? NULL : (const uint16_t *)keys,
                     fp8 ? (const uint8_t *)keys : NULL, s256, dim, n, &nx);
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < n; j++)
-            sr[(int64_t)r * ld + j] = t[j * rp + r];
+    dr_store_rows(sr, ld, t, rp, rows, n);
 }
 
 /* The largest of x[0 .. n) that is a number (-inf when none is), and *nan
