@@ -28,7 +28,13 @@
  *     (q_f16.cuh, GPU only): per warp a power of two that takes the
  *     largest finite magnitude into [2^14, 2^15) (or 2^24 for warps below
  *     2^-10), every value exact where SPEC's products need it, infinities
- *     and NaNs kept.
+ *     and NaNs kept;
+ *   - bf16 queries as two E4M3 terms for fp8 products (q_e4m3.cuh, GPU
+ *     only, sm_89 and later): per row a power of two that takes the
+ *     largest finite magnitude into [2^7, 2^8) (2^126 for rows below
+ *     2^-119), NaN for rows with an infinity or a NaN, each value's two
+ *     terms at its fragment place, their sum the value times 2^s exactly
+ *     from 2^-2 up and within 2^-10 below.
  *   test_cuda_quant [--host]
  * The same checks run on the host (the functions compile for both) and, on
  * a GPU, in kernels; --host runs only the first.  Without a GPU the device
@@ -45,6 +51,7 @@
 #include "cuda/common/quant.cuh"
 #include "cuda/common/quant_widen.cuh"
 #include "cuda/common/q_f16.cuh"
+#include "cuda/common/q_e4m3.cuh"
 
 extern "C" {
 #include "core/internal.h" /* msa_f32_to_bf16 */
@@ -815,6 +822,177 @@ static void run_q_f16_device(void)
     cudaFree(dback);
 }
 
+/* ---- bf16 queries as two E4M3 terms ---------------------------------------- */
+
+/* Warps of test queries: 16 rows of 128 bf16 values each, as the
+ * attention's warps hold them (row lane / 4 and that + 8). */
+#define QE_WARPS 6
+#define QE_VALUES (16 * 128)
+
+/* Per lane: 32 words of codes (hi, then lo, k-steps 0-3, registers 0-3)
+ * and the two rows' factors; ran[0] = 1 where the kernel had the code. */
+__global__ static void q_e4m3_kernel(const uint16_t *in, uint32_t *codes, float *back, int *ran)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    const int lane = threadIdx.x;
+    uint32_t qh[4][4], ql[4][4];
+    float b_lo, b_hi;
+    cu_q_bf16_to_e4m3(in + (size_t)blockIdx.x * QE_VALUES, lane / 4, lane / 4 + 8, true, true, qh,
+                      ql, b_lo, b_hi);
+    uint32_t *out = codes + ((size_t)blockIdx.x * 32 + lane) * 32;
+    for (int i = 0; i < 16; ++i) {
+        out[i] = qh[i / 4][i % 4];
+        out[16 + i] = ql[i / 4][i % 4];
+    }
+    back[(blockIdx.x * 32 + lane) * 2] = b_lo;
+    back[(blockIdx.x * 32 + lane) * 2 + 1] = b_hi;
+    if (blockIdx.x == 0 && lane == 0)
+        ran[0] = 1;
+#else
+    (void)in;
+    (void)codes;
+    (void)back;
+    (void)ran;
+#endif
+}
+
+/* Row r of warp w, value i: 0 Gaussian-like; 1 magnitudes spread over
+ * 2^-30 .. 2^10 in each row; 2 rows with an infinity (row 3), a NaN (row
+ * 7), the largest finite bf16 (row 12); 3 zero rows (signed), bf16
+ * subnormal rows, rows below 2^-119; 4 every 7-bit mantissa within 2^9 of
+ * each row's largest, rows at exponents from 2^-40 to 2^40; 5 one value
+ * of 2^-3 among values near 2^-20. */
+static uint16_t q_e4m3_input(int w, int r, int i)
+{
+    const float sign = (rng_u32() & 1u) ? -1.0f : 1.0f;
+    const float u = rng_unit();
+    switch (w) {
+    case 0: return msa_f32_to_bf16(u * 2.5f);
+    case 1: return msa_f32_to_bf16(sign * ldexpf(1.0f + fabsf(u), (int)(rng_u32() % 41) - 30));
+    case 2:
+        if (r == 3 && i == 77)
+            return 0xff80u; /* -inf */
+        if (r == 7 && i == 5)
+            return 0x7fc1u; /* NaN */
+        if (r == 12 && i == 100)
+            return 0x7f7fu;
+        return msa_f32_to_bf16(u);
+    case 3:
+        if (r < 4)
+            return (i & 1) ? 0x8000u : 0u;
+        if (r < 10)
+            return (uint16_t)((sign < 0 ? 0x8000u : 0u) | (1u + rng_u32() % 0x7fu));
+        return msa_f32_to_bf16(sign * ldexpf(1.0f + fabsf(u), -121 - (int)(rng_u32() % 5)));
+    case 4: {
+        const uint32_t e = (uint32_t)(87 + 5 * r) + (uint32_t)(i % 10); /* biased, 2^-40 up */
+        return (uint16_t)((sign < 0 ? 0x8000u : 0u) | (e << 7) | (uint32_t)(i & 0x7f));
+    }
+    default:
+        return i == 64 ? msa_f32_to_bf16(0.125f)
+                       : msa_f32_to_bf16(sign * ldexpf(1.0f + fabsf(u), -20));
+    }
+}
+
+/* One warp's results against the rule in the file's head. */
+static long q_e4m3_check(int w, const uint16_t *in, const uint32_t *codes, const float *back)
+{
+    long bad = 0;
+    for (int row = 0; row < 16; ++row) {
+        const uint16_t *v = in + row * 128;
+        int nonfinite = 0;
+        float mx = 0.0f;
+        for (int i = 0; i < 128; ++i) {
+            const float x = bf16_value(v[i]);
+            if (!isfinite(x))
+                nonfinite = 1;
+            else
+                mx = fmaxf(mx, fabsf(x));
+        }
+        /* Lanes 4 (row % 8) .. + 3 hold the row, as row lo or row hi. */
+        const int half = row >= 8, lane0 = 4 * (row % 8);
+        const float b = back[lane0 * 2 + half];
+        for (int l = 1; l < 4; ++l)
+            bad += memcmp(&back[(lane0 + l) * 2 + half], &b, sizeof b) != 0;
+        if (nonfinite) {
+            bad += !isnan(b);
+            continue;
+        }
+        int e = 0;
+        if (frexpf(b, &e) != 0.5f) {
+            ++bad;
+            continue;
+        }
+        const int s = 1 - e; /* b = 2^-s */
+        if (mx < ldexpf(1.0f, -119))
+            bad += s != 126;
+        else
+            bad += !(ldexpf(mx, s) >= 128.0f && ldexpf(mx, s) < 256.0f);
+        for (int i = 0; i < 128; ++i) {
+            /* Dimension i: k-step i / 32, register 2 ((i % 32) / 16) + half
+             * of lane lane0 + (i % 16) / 4, byte i % 4. */
+            const int ks = i / 32, reg = 2 * ((i % 32) / 16) + half, lane = lane0 + (i % 16) / 4;
+            const int byte = i % 4;
+            const uint32_t *lw = codes + (size_t)lane * 32;
+            const uint32_t ch = (lw[ks * 4 + reg] >> (8 * byte)) & 0xffu;
+            const uint32_t cl = (lw[16 + ks * 4 + reg] >> (8 * byte)) & 0xffu;
+            const double got = (double)cu_e4m3_to_f32(ch) + (double)cu_e4m3_to_f32(cl);
+            const double want = ldexp((double)bf16_value(v[i]), s);
+            if (fabs(want) >= 0.25)
+                bad += got != want;
+            else
+                bad += !(fabs(got - want) <= ldexp(1.0, -10));
+        }
+    }
+    if (bad)
+        fprintf(stderr, "q_e4m3 warp %d: %ld wrong\n", w, bad);
+    return bad;
+}
+
+static void run_q_e4m3_device(void)
+{
+    static uint16_t in[QE_WARPS * QE_VALUES];
+    static uint32_t codes[QE_WARPS * 32 * 32];
+    static float back[QE_WARPS * 64];
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (major * 10 + minor < 89) {
+        printf("skipped: queries as E4M3 terms (sm_89 and later)\n");
+        return;
+    }
+    for (int w = 0; w < QE_WARPS; ++w)
+        for (int r = 0; r < 16; ++r)
+            for (int i = 0; i < 128; ++i)
+                in[w * QE_VALUES + r * 128 + i] = q_e4m3_input(w, r, i);
+    uint16_t *din = to_device(in, sizeof in);
+    uint32_t *dcodes = NULL;
+    float *dback = NULL;
+    int *dran = NULL, ran = 0;
+    const int ok = din && cudaMalloc(&dcodes, sizeof codes) == cudaSuccess &&
+                   cudaMalloc(&dback, sizeof back) == cudaSuccess &&
+                   cudaMalloc(&dran, sizeof ran) == cudaSuccess &&
+                   cudaMemset(dran, 0, sizeof ran) == cudaSuccess;
+    CHECK(ok, "device: q_e4m3 buffers");
+    if (ok) {
+        q_e4m3_kernel<<<QE_WARPS, 32>>>(din, dcodes, dback, dran);
+        const int copied =
+            cudaDeviceSynchronize() == cudaSuccess &&
+            cudaMemcpy(codes, dcodes, sizeof codes, cudaMemcpyDeviceToHost) == cudaSuccess &&
+            cudaMemcpy(back, dback, sizeof back, cudaMemcpyDeviceToHost) == cudaSuccess &&
+            cudaMemcpy(&ran, dran, sizeof ran, cudaMemcpyDeviceToHost) == cudaSuccess;
+        CHECK(copied && ran == 1, "device: q_e4m3 kernel and copies (ran %d)", ran);
+        long bad = 0;
+        for (int w = 0; copied && ran && w < QE_WARPS; ++w)
+            bad += q_e4m3_check(w, in + w * QE_VALUES, codes + w * 32 * 32, back + w * 64);
+        CHECK(copied && ran && bad == 0, "device: bf16 queries as E4M3 terms: %ld wrong", bad);
+    }
+    cudaFree(din);
+    cudaFree(dcodes);
+    cudaFree(dback);
+    cudaFree(dran);
+}
+
 static void run_device(const inputs &in)
 {
     inputs din = in;
@@ -892,6 +1070,7 @@ int main(int argc, char **argv)
             run_widen_device();
             run_pair_device();
             run_q_f16_device();
+            run_q_e4m3_device();
             run_nvf_device();
         }
     }

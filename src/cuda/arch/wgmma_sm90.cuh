@@ -154,6 +154,33 @@ CU_WGMMA_PRODUCTS(cu_bf16_tag, "bf16")
 CU_WGMMA_PRODUCTS(cu_f16_tag, "f16")
 #undef CU_WGMMA_PRODUCTS
 
+/* d (64 x 64, fp32) = (accumulate ? d : 0) + A (64 x 32 fp8_e4m3,
+ * registers) x B (64 x 32 fp8_e4m3 at descriptor b, K-major; fp8 products
+ * take no transposed operand).  The A fragment holds the same bytes of a
+ * row as the 16-bit one: a0 row lane/4, k 4(lane%4) .. 4(lane%4) + 3
+ * (low byte first); a1 row + 8; a2 k + 16; a3 both.  A k-step is 32
+ * bytes of a B row, as for 16-bit operands.  The _first form writes d
+ * only (the first step of a product). */
+#define CU_WG_M64N64K32_E4M3()                                            \
+    "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                        \
+    " wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " CU_WG_REGS32 \
+    ", {%32,%33,%34,%35}, %36, p, 1, 1;\n}\n"
+__device__ __forceinline__ void cu_wgmma_m64n64k32_e4m3(float (&d)[8][4], const uint32_t (&a)[4],
+                                                        uint64_t b, int accumulate)
+{
+    asm volatile(CU_WG_M64N64K32_E4M3()
+                 : CU_WG_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+__device__ __forceinline__ void cu_wgmma_m64n64k32_e4m3_first(float (&d)[8][4],
+                                                              const uint32_t (&a)[4], uint64_t b)
+{
+    asm volatile(CU_WG_M64N64K32_E4M3()
+                 : CU_WG_W32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0));
+}
+#undef CU_WG_M64N64K32_E4M3
+
 #undef CU_WG_D4
 #undef CU_WG_W4
 #undef CU_WG_W32

@@ -41,12 +41,17 @@
  * score scale, V's multiplies the finished rows.  Each group widens only
  * the tiles it computes: of a pair, a tile both items use is widened
  * twice, once per group, which costs less than a CTA-wide barrier per
- * tile between groups that otherwise never wait for each other.
+ * tile between groups that otherwise never wait for each other.  With
+ * bf16 activations over fp8_e4m3 planes a group widens V only: S runs on
+ * the fp8 tensor cores straight over the slot's K codes, each query row
+ * held as two E4M3 terms times a power of two (q_e4m3.cuh), and the
+ * softmax takes each row's power back with the score scale.
  */
 #include "cuda/kernels/attention/attention_decode_tma_sm90_layout.cuh"
 #include "cuda/kernels/attention/attention_decode_tma_sm90_producer.cuh"
 #include "cuda/common/widen_tile.cuh"
 #include "cuda/common/q_f16.cuh"
+#include "cuda/common/q_e4m3.cuh"
 #include "cuda/arch/launch.cuh"
 #include "cuda/common/timeline.cuh"
 
@@ -74,12 +79,45 @@ __device__ __forceinline__ void cu_attt_qk(uint32_t ka, const uint32_t (&qa)[8][
     cu_wgmma_hold(sc);
 }
 
+/* Whether the consumers take S = Q K^T over fp8_e4m3 K codes on the fp8
+ * products (q_e4m3.cuh) instead of widening K first: bf16 activations over
+ * fp8_e4m3 planes.  fp16 queries have three significant bits more than
+ * two E4M3 terms hold, and keep the widening. */
+template <typename Tag, int KF>
+struct cu_attt_qk8 {
+    static constexpr bool value = false;
+};
+template <>
+struct cu_attt_qk8<cu_bf16_tag, CU_PLANE_FP8> {
+    static constexpr bool value = true;
+};
+
+/* S = Q K^T over the tile's K codes (one tensor-map box of 64 rows x 128
+ * code bytes, 128-byte swizzle, at ka): the queries' hi and lo terms
+ * against the same codes, eight fp8 products into one accumulator, issued
+ * and committed; the caller waits for them. */
+__device__ __forceinline__ void cu_attt_qk_e4m3_issue(uint32_t ka, const uint32_t (&qh)[4][4],
+                                                      const uint32_t (&ql)[4][4], float (&sc)[8][4])
+{
+    cu_wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+        const uint64_t b = cu_wgmma_desc(ka + (uint32_t)ks * 32u, 16);
+        if (ks == 0)
+            cu_wgmma_m64n64k32_e4m3_first(sc, qh[ks], b);
+        else
+            cu_wgmma_m64n64k32_e4m3(sc, qh[ks], b, 1);
+        cu_wgmma_m64n64k32_e4m3(sc, ql[ks], b, 1);
+    }
+    cu_wgmma_commit();
+}
+
 /* A member warp's rows take one tile: raw scores sc, keys k <= lim of the
- * tile visible (lim >= 63: all), the scale sl2 (log2 units, > 0) applied
- * inside the exponent. */
-__device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, float sl2,
-                                                float (&o)[16][4], float &m_lo, float &m_hi,
-                                                float &l_lo, float &l_hi)
+ * tile visible (lim >= 63: all), the scales sl2_lo / sl2_hi of the
+ * thread's two rows (log2 units, > 0) applied inside the exponent. */
+__device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, float sl2_lo,
+                                                float sl2_hi, float (&o)[16][4], float &m_lo,
+                                                float &m_hi, float &l_lo, float &l_hi)
 {
     const int lane = threadIdx.x & 31;
     if (lim < ATT_TMA_TILE - 1) {
@@ -93,7 +131,7 @@ __device__ __forceinline__ void cu_attt_softmax(float (&sc)[8][4], int32_t lim, 
             }
         }
     }
-    cu_rows_softmax_scaled<8>(sc, sl2, o, m_lo, m_hi, l_lo, l_hi);
+    cu_rows_softmax_scaled2<8>(sc, sl2_lo, sl2_hi, o, m_lo, m_hi, l_lo, l_hi);
 }
 
 /* O += P V: the weights (rounded to the 16-bit type, in the A-fragment
@@ -272,17 +310,26 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
 
     const int64_t q_lo = (int64_t)(it.t0 + tok) * params.q_heads + it.group * 16 + (lane >> 2);
     const int64_t q_hi = q_lo + 8;
-    /* The products' type: fp16 over codes (q_f16.cuh). */
+    /* The products' type: fp16 over codes (q_f16.cuh), and S over fp8
+     * codes on the fp8 products (QK8: the queries as two E4M3 terms a row,
+     * q_e4m3.cuh; V still widened to fp16). */
     typedef typename cu_compute_tag<Tag, KF>::type CTag;
-    uint32_t qa[8][4];
-    cu_rows_load_q(params.q, q_lo, q_hi, active, active, qa);
-    const float q_back = cu_q_converts<Tag, CTag>::value ? cu_q_bf16_to_f16(qa) : 1.0f;
+    constexpr bool QK8 = cu_attt_qk8<Tag, KF>::value;
+    uint32_t qa[8][4], qh[4][4], ql[4][4];
+    float back_lo = 1.0f, back_hi = 1.0f;
+    if (QK8) {
+        cu_q_bf16_to_e4m3(params.q, q_lo, q_hi, active, active, qh, ql, back_lo, back_hi);
+    } else {
+        cu_rows_load_q(params.q, q_lo, q_hi, active, active, qa);
+        if (cu_q_converts<Tag, CTag>::value)
+            back_lo = back_hi = cu_q_bf16_to_f16(qa);
+    }
     float o[16][4], m_lo, m_hi, l_lo, l_hi;
     cu_rows_clear(o, m_lo, m_hi, l_lo, l_hi);
     /* Codes: the products take their values; K's scale joins the score
-     * scale, and so does the queries' power of two. */
-    const float sl2 =
-        params.scale * CU_LOG2E * (KF != CU_PLANE_16 ? params.k_scale : 1.0f) * q_back;
+     * scale, and so do the queries' powers of two. */
+    const float sl2 = params.scale * CU_LOG2E * (KF != CU_PLANE_16 ? params.k_scale : 1.0f);
+    const float sl2_lo = sl2 * back_lo, sl2_hi = sl2 * back_hi;
 
     for (int32_t c = 0;; ++c) {
         const int s = ring_uses % ATT_TMA_STAGES;
@@ -304,7 +351,30 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
         }
         /* Group-uniform: whether this group computes the tile. */
         const bool computes = (mt.bits & gbits) && (pair || (c & 1) == h);
-        if (computes) {
+        if (computes && QK8) {
+            const uint32_t ka = cu_smem_addr(sm.ring + s * cu_attt_stage_bytes<KF>());
+            const uint32_t va =
+                cu_smem_addr(sm.ring + ATT_Q_WIDE_OFFSET + h * ATT_TMA_STAGE_BYTES) +
+                ATT_TMA_HALF_BYTES;
+            /* The group's product of its previous tile is done with the
+             * widened V; S runs on the K codes while the group widens this
+             * tile's V codes, then the slot goes back and V is whole
+             * before O += P V. */
+            cu_attt_group_sync(h);
+            float sc[8][4];
+            cu_attt_qk_e4m3_issue(ka, qh, ql, sc);
+            cu_widen_fp8_tile<CTag, ATT_TMA_TILE>(ka + ATT_Q_HALF_BYTES, va,
+                                                  threadIdx.x & (ATT_TMA_GROUP_THREADS - 1));
+            cu_wgmma_wait_all();
+            cu_wgmma_hold(sc);
+            cu_attt_release(sm, s);
+            cu_fence_proxy_async();
+            cu_attt_group_sync(h);
+            const bool member = (mt.bits & tbit) != 0u;
+            if (member)
+                cu_attt_softmax(sc, last - mt.pos0, sl2_lo, sl2_hi, o, m_lo, m_hi, l_lo, l_hi);
+            cu_attt_pv<CTag>(va, sc, member, o);
+        } else if (computes) {
             uint32_t ka = cu_smem_addr(sm.ring + s * cu_attt_stage_bytes<KF>());
             if (KF != CU_PLANE_16) {
                 const uint32_t wide =
@@ -326,7 +396,7 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
              * window count (rows past kv_len are beyond every window). */
             const bool member = (mt.bits & tbit) != 0u;
             if (member)
-                cu_attt_softmax(sc, last - mt.pos0, sl2, o, m_lo, m_hi, l_lo, l_hi);
+                cu_attt_softmax(sc, last - mt.pos0, sl2_lo, sl2_hi, o, m_lo, m_hi, l_lo, l_hi);
             cu_attt_pv<CTag>(va, sc, member, o);
         }
         if (KF == CU_PLANE_16 || !computes)
