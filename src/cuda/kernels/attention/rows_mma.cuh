@@ -183,20 +183,19 @@ __device__ __forceinline__ float cu_rows_exp2_ftz(float x)
     return y;
 }
 
-/* The weights of cu_rows_softmax for raw scores sc (masked keys -inf),
- * with the scales sl2_lo / sl2_hi of the thread's two rows (log2 units,
- * > 0) applied inside the exponent (the max of the scaled scores is the
- * scaled max) and cu_rows_exp2_ftz: the rows' maxima and sums updated and
- * sc turned into weights, O left alone: corr_lo / corr_hi are the
- * factors O's rows take (cu_rows_rescale_changed) before the weights are
- * added to it. */
+/* As cu_rows_softmax for raw scores sc (masked keys -inf), with the scales
+ * sl2_lo / sl2_hi of the thread's two rows (log2 units, > 0) applied
+ * inside the exponent (the max of the scaled scores is the scaled max) and
+ * cu_rows_exp2_ftz.  O keeps its scale while both rows' maxima hold in
+ * every lane of the warp, as they do on most tiles once the max has
+ * settled. */
 template <int NS>
-__device__ __forceinline__ void cu_rows_weights_scaled2(float (&sc)[NS][4], float sl2_lo,
-                                                        float sl2_hi, float &m_lo, float &m_hi,
-                                                        float &l_lo, float &l_hi, float &corr_lo,
-                                                        float &corr_hi)
+__device__ __forceinline__ void cu_rows_softmax_scaled2(float (&sc)[NS][4], float sl2_lo,
+                                                        float sl2_hi, float (&o)[16][4],
+                                                        float &m_lo, float &m_hi, float &l_lo,
+                                                        float &l_hi)
 {
-    float mx_lo, mx_hi, ref_lo, ref_hi;
+    float mx_lo, mx_hi, ref_lo, ref_hi, corr_lo, corr_hi;
     cu_rows_tile_max<NS>(sc, mx_lo, mx_hi);
     cu_rows_new_max(mx_lo * sl2_lo, mx_hi * sl2_hi, m_lo, m_hi, ref_lo, ref_hi, corr_lo, corr_hi);
     float ps_lo = 0.0f, ps_hi = 0.0f;
@@ -212,30 +211,11 @@ __device__ __forceinline__ void cu_rows_weights_scaled2(float (&sc)[NS][4], floa
     }
     l_lo = l_lo * corr_lo + ps_lo;
     l_hi = l_hi * corr_hi + ps_hi;
-}
-
-/* O's rows scaled by their corrections, skipped while both rows' maxima
- * hold in every lane of the warp, as they do on most tiles once the max
- * has settled. */
-__device__ __forceinline__ void cu_rows_rescale_changed(float (&o)[16][4], float corr_lo,
-                                                        float corr_hi)
-{
     if (__any_sync(0xffffffffu, corr_lo != 1.0f || corr_hi != 1.0f))
         cu_rows_rescale(o, corr_lo, corr_hi);
 }
 
-/* cu_rows_weights_scaled2 with O rescaled at once, and the same with one
- * scale for both rows. */
-template <int NS>
-__device__ __forceinline__ void cu_rows_softmax_scaled2(float (&sc)[NS][4], float sl2_lo,
-                                                        float sl2_hi, float (&o)[16][4],
-                                                        float &m_lo, float &m_hi, float &l_lo,
-                                                        float &l_hi)
-{
-    float corr_lo, corr_hi;
-    cu_rows_weights_scaled2<NS>(sc, sl2_lo, sl2_hi, m_lo, m_hi, l_lo, l_hi, corr_lo, corr_hi);
-    cu_rows_rescale_changed(o, corr_lo, corr_hi);
-}
+/* The same with one scale for both rows. */
 template <int NS>
 __device__ __forceinline__ void cu_rows_softmax_scaled(float (&sc)[NS][4], float sl2,
                                                        float (&o)[16][4], float &m_lo, float &m_hi,
