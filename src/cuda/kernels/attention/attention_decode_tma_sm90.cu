@@ -351,47 +351,43 @@ __device__ void cu_attt_consumer(const cu_attn_params &params, const cu_attt_sme
         }
         /* Group-uniform: whether this group computes the tile. */
         const bool computes = (mt.bits & gbits) && (pair || (c & 1) == h);
-        if (computes && QK8) {
-            const uint32_t ka = cu_smem_addr(sm.ring + s * cu_attt_stage_bytes<KF>());
-            const uint32_t va =
-                cu_smem_addr(sm.ring + ATT_Q_WIDE_OFFSET + h * ATT_TMA_STAGE_BYTES) +
-                ATT_TMA_HALF_BYTES;
-            /* The group's product of its previous tile is done with the
-             * widened V; S runs on the K codes while the group widens this
-             * tile's V codes, then the slot goes back and V is whole
-             * before O += P V. */
-            cu_attt_group_sync(h);
-            float sc[8][4];
-            cu_attt_qk_e4m3_issue(ka, qh, ql, sc);
-            cu_widen_fp8_tile<CTag, ATT_TMA_TILE>(ka + ATT_Q_HALF_BYTES, va,
-                                                  threadIdx.x & (ATT_TMA_GROUP_THREADS - 1));
-            cu_wgmma_wait_all();
-            cu_wgmma_hold(sc);
-            cu_attt_release(sm, s);
-            cu_fence_proxy_async();
-            cu_attt_group_sync(h);
-            const bool member = (mt.bits & tbit) != 0u;
-            if (member)
-                cu_attt_softmax(sc, last - mt.pos0, sl2_lo, sl2_hi, o, m_lo, m_hi, l_lo, l_hi);
-            cu_attt_pv<CTag>(va, sc, member, o);
-        } else if (computes) {
+        if (computes) {
             uint32_t ka = cu_smem_addr(sm.ring + s * cu_attt_stage_bytes<KF>());
-            if (KF != CU_PLANE_16) {
-                const uint32_t wide =
-                    cu_smem_addr(sm.ring + ATT_Q_WIDE_OFFSET + h * ATT_TMA_STAGE_BYTES);
-                /* The group's products of its previous tile are done with
-                 * the widened tiles; then the codes go in and the slot
-                 * back, and the tiles are whole before any product. */
+            const uint32_t wide =
+                cu_smem_addr(sm.ring + ATT_Q_WIDE_OFFSET + h * ATT_TMA_STAGE_BYTES);
+            uint32_t va;
+            float sc[8][4];
+            if (QK8) {
+                /* The group's product of its previous tile is done with
+                 * the widened V; S runs on the K codes while the group
+                 * widens this tile's V codes, then the slot goes back and
+                 * V is whole before O += P V. */
+                va = wide + ATT_TMA_HALF_BYTES;
                 cu_attt_group_sync(h);
-                cu_attt_widen<CTag, KF>(ka, wide);
+                cu_attt_qk_e4m3_issue(ka, qh, ql, sc);
+                cu_widen_fp8_tile<CTag, ATT_TMA_TILE>(ka + ATT_Q_HALF_BYTES, va,
+                                                      threadIdx.x & (ATT_TMA_GROUP_THREADS - 1));
+                cu_wgmma_wait_all();
+                cu_wgmma_hold(sc);
                 cu_attt_release(sm, s);
                 cu_fence_proxy_async();
                 cu_attt_group_sync(h);
-                ka = wide;
+            } else {
+                if (KF != CU_PLANE_16) {
+                    /* The group's products of its previous tile are done
+                     * with the widened tiles; then the codes go in and
+                     * the slot back, and the tiles are whole before any
+                     * product. */
+                    cu_attt_group_sync(h);
+                    cu_attt_widen<CTag, KF>(ka, wide);
+                    cu_attt_release(sm, s);
+                    cu_fence_proxy_async();
+                    cu_attt_group_sync(h);
+                    ka = wide;
+                }
+                va = ka + ATT_TMA_HALF_BYTES;
+                cu_attt_qk<CTag>(ka, qa, sc);
             }
-            const uint32_t va = ka + ATT_TMA_HALF_BYTES;
-            float sc[8][4];
-            cu_attt_qk<CTag>(ka, qa, sc);
             /* The warp's token uses the tile: its keys inside the causal
              * window count (rows past kv_len are beyond every window). */
             const bool member = (mt.bits & tbit) != 0u;
